@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# scripts/test.sh -- build everything and run every test; the last line printed is the total of
+# GoogleTest cases executed, "N passed, N failed" (", N skipped" when any were skipped).
+#
+#   usage: scripts/test.sh
+#
+# Stages: setup, build (default and --config=opt), tests, tests again under --config=asan,
+# clang-format check. Each stage prints how long it took. Exit status is non-zero on any failure.
+# Environment: HERD_SKIP_ASAN=1 skips the sanitizer stage (local iteration only; CI runs it).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+./scripts/setup.sh --quiet || exit 1
+
+status=0
+total_passed=0
+total_failed=0
+total_skipped=0
+
+stage() {  # stage NAME COMMAND...: run, time and record one stage.
+  local name=$1 start rc
+  shift
+  start=$(date +%s)
+  echo "==== ${name}"
+  "$@"
+  rc=$?
+  echo "==== ${name}: $([ $rc = 0 ] && echo ok || echo "FAILED (rc=$rc)") in $(($(date +%s) - start)) s"
+  [ $rc = 0 ] || status=1
+  return $rc
+}
+
+count_cases() {  # count_cases LABEL: add the cases in the current bazel-testlogs to the totals.
+  local passed failed skipped
+  read -r passed failed skipped < <(python3 scripts/gtest_totals.py \
+    "$(bazel info bazel-testlogs "${@:2}" 2>/dev/null)" $(bazel query 'tests(//...) except attr(tags, manual, //...)' 2>/dev/null))
+  echo "==== $1 cases: ${passed} passed, ${failed} failed, ${skipped} skipped"
+  total_passed=$((total_passed + passed))
+  total_failed=$((total_failed + failed))
+  total_skipped=$((total_skipped + skipped))
+}
+
+run_tests() {  # run_tests LABEL BAZEL_FLAGS...: bazel test //... then count its cases.
+  local label=$1
+  shift
+  stage "test (${label})" bazel test "$@" //...
+  count_cases "${label}" "$@"
+}
+
+check_format() {
+  local bad
+  bad=$(git ls-files '*.cc' '*.h' | xargs clang-format --dry-run -Werror 2>&1 | grep -o '^[^:]*:' | sort -u)
+  [ -z "$bad" ] && return 0
+  echo "not clang-formatted (fix with: clang-format -i FILE):" $bad
+  return 1
+}
+
+stage "build (default)" bazel build //...
+stage "build (opt)" bazel build --config=opt //...
+run_tests default
+if [ "${HERD_SKIP_ASAN:-0}" != 1 ]; then
+  run_tests asan --config=asan
+fi
+stage "clang-format" check_format
+
+line="${total_passed} passed, ${total_failed} failed"
+[ "$total_skipped" -gt 0 ] && line="${line}, ${total_skipped} skipped"
+[ "$total_failed" -gt 0 ] && status=1
+echo "$line"
+exit $status
