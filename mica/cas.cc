@@ -1,0 +1,29 @@
+// CAS: replace a key's value only if its version is still the expected one.
+#include "mica/keyhash.h"
+#include "mica/partition.h"
+
+namespace mica {
+
+Response Partition::Cas(std::string_view key, uint64_t keyhash, uint64_t expected_version,
+                        std::string_view value) {
+  if (const Result check = CheckWrite(key, value); check != Result::kOk) {
+    return Response{check, 0, 0};
+  }
+  Bucket* bucket = BucketFor(keyhash);
+  const uint16_t tag = TagOf(keyhash);
+  uint64_t* slot = FindSlot(bucket, tag, key, keyhash);
+  if (slot == nullptr) {
+    stats_.cas_misses.Add();
+    return Response{Result::kNotFound, 0, 0};
+  }
+  const uint64_t current = ItemAt(SlotOffset(*slot))->version;
+  if (current != expected_version) {
+    stats_.cas_failed.Add();
+    return Response{Result::kCasFailed, 0, current};
+  }
+  const uint64_t version = WriteItem(bucket, slot, tag, key, keyhash, value);
+  stats_.cas_ok.Add();
+  return Response{Result::kOk, 0, version};
+}
+
+}  // namespace mica

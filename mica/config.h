@@ -1,0 +1,35 @@
+// Sizing and limits of one MICA partition.
+#ifndef HERD_MICA_CONFIG_H_
+#define HERD_MICA_CONFIG_H_
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+
+namespace mica {
+
+inline constexpr uint32_t kMaxKeyBytes = 256;
+inline constexpr uint32_t kDefaultMaxValueBytes = uint32_t{1} << 20;  // 1 MiB
+
+// Index load the derived bucket count aims at: half-full buckets keep lossy evictions rare.
+inline constexpr double kTargetSlotLoad = 0.5;
+
+struct PartitionConfig {
+  // Circular log capacity in bytes; rounded up to a power of two (offset -> position is a mask).
+  uint64_t log_bytes = uint64_t{64} << 20;
+  // Index buckets, a power of two; 0 derives it from expected_items at kTargetSlotLoad.
+  uint64_t bucket_count = 0;
+  // Items the partition should index without evictions; sizes the index when bucket_count is 0.
+  uint64_t expected_items = uint64_t{1} << 20;
+  // Largest value a PUT or CAS accepts; the log must hold at least one such item.
+  uint32_t max_value_bytes = kDefaultMaxValueBytes;
+  // Back the partition with 2 MiB pages when the hugepage pool has them.
+  bool try_hugepages = true;
+};
+
+// Checks a config for contradictions (e.g. a log smaller than one largest item).
+absl::Status ValidateConfig(const PartitionConfig& config);
+
+}  // namespace mica
+
+#endif  // HERD_MICA_CONFIG_H_

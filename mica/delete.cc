@@ -1,0 +1,25 @@
+// DELETE: drop a key from the index. Its log bytes stay until the log overwrites them, but no
+// slot points at them any more.
+#include "mica/keyhash.h"
+#include "mica/partition.h"
+
+namespace mica {
+
+Response Partition::Delete(std::string_view key, uint64_t keyhash) {
+  if (key.empty() || key.size() > kMaxKeyBytes) {
+    stats_.rejected.Add();
+    return Response{Result::kKeyTooLong, 0, 0};
+  }
+  Bucket* bucket = BucketFor(keyhash);
+  uint64_t* slot = FindSlot(bucket, TagOf(keyhash), key, keyhash);
+  if (slot == nullptr) {
+    stats_.delete_misses.Add();
+    return Response{Result::kNotFound, 0, 0};
+  }
+  *slot = 0;
+  ++bucket->version;
+  stats_.deletes.Add();
+  return Response{Result::kOk, 0, ++version_clock_};
+}
+
+}  // namespace mica

@@ -1,0 +1,29 @@
+// GET: copy the latest value of a key into the caller's buffer.
+#include <cstring>
+
+#include "mica/keyhash.h"
+#include "mica/partition.h"
+
+namespace mica {
+
+Response Partition::Get(std::string_view key, uint64_t keyhash, char* value_out,
+                        uint32_t value_out_bytes) {
+  if (key.empty() || key.size() > kMaxKeyBytes) {
+    stats_.rejected.Add();
+    return Response{Result::kKeyTooLong, 0, 0};
+  }
+  const uint64_t* slot = FindSlot(BucketFor(keyhash), TagOf(keyhash), key, keyhash);
+  if (slot == nullptr) {
+    stats_.get_misses.Add();
+    return Response{Result::kNotFound, 0, 0};
+  }
+  const ItemHeader* item = ItemAt(SlotOffset(*slot));
+  if (item->value_bytes > value_out_bytes) {
+    return Response{Result::kBufferTooSmall, item->value_bytes, item->version};
+  }
+  std::memcpy(value_out, ItemValue(item), item->value_bytes);
+  stats_.get_hits.Add();
+  return Response{Result::kOk, item->value_bytes, item->version};
+}
+
+}  // namespace mica

@@ -1,0 +1,124 @@
+#include "mica/mirrored_region.h"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_format.h"
+#include "glog/logging.h"
+
+namespace mica {
+namespace {
+
+size_t RoundUp(size_t n, size_t unit) { return (n + unit - 1) / unit * unit; }
+
+absl::Status Errno(const char* what) {
+  return absl::InternalError(absl::StrFormat("%s: %s", what, std::strerror(errno)));
+}
+
+// Maps [head | ring | mirror] from a new memfd with the given page size, or fails (e.g. ENOMEM
+// when the hugepage pool is too small: hugetlbfs reserves all pages at mmap time, so a shortage
+// shows here and never as a SIGBUS later).
+absl::Status MapRegion(size_t page, size_t head, size_t ring, size_t mirror, int* fd_out,
+                       uint8_t** reservation_out, size_t* reserved_out, uint8_t** base_out) {
+  const unsigned flags = MFD_CLOEXEC | (page > MirroredRegion::kSmallPageBytes ? MFD_HUGETLB : 0);
+  const int fd = memfd_create("herd-mica-partition", flags);
+  if (fd < 0) return Errno("memfd_create");
+  if (ftruncate(fd, static_cast<off_t>(head + ring)) != 0) {
+    const absl::Status status = Errno("ftruncate");
+    close(fd);
+    return status;
+  }
+  // Reserve address space with slack so the base can be page-aligned, then map over it.
+  const size_t total = head + ring + mirror;
+  const size_t reserved = total + page;
+  void* reservation = mmap(nullptr, reserved, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                           -1, 0);
+  if (reservation == MAP_FAILED) {
+    const absl::Status status = Errno("mmap reserve");
+    close(fd);
+    return status;
+  }
+  auto* base = reinterpret_cast<uint8_t*>(
+      RoundUp(reinterpret_cast<uintptr_t>(reservation), page));
+  const int prot = PROT_READ | PROT_WRITE;
+  const int map = MAP_SHARED | MAP_FIXED | MAP_POPULATE;
+  if (mmap(base, head + ring, prot, map, fd, 0) == MAP_FAILED ||
+      (mirror > 0 &&
+       mmap(base + head + ring, mirror, prot, map, fd, static_cast<off_t>(head)) == MAP_FAILED)) {
+    const absl::Status status = Errno("mmap memfd");
+    munmap(reservation, reserved);
+    close(fd);
+    return status;
+  }
+  *fd_out = fd;
+  *reservation_out = static_cast<uint8_t*>(reservation);
+  *reserved_out = reserved;
+  *base_out = base;
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<MirroredRegion> MirroredRegion::Create(const RegionRequest& request) {
+  if (request.ring_bytes == 0) return absl::InvalidArgumentError("ring_bytes must be positive");
+  if (request.mirror_bytes > request.ring_bytes) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "mirror_bytes %d exceeds ring_bytes %d", request.mirror_bytes, request.ring_bytes));
+  }
+  MirroredRegion region;
+  absl::Status last = absl::OkStatus();
+  for (const size_t page : {kHugePageBytes, kSmallPageBytes}) {
+    if (page == kHugePageBytes && (!request.try_hugepages || request.ring_bytes < page)) continue;
+    const size_t head = RoundUp(request.head_bytes, page);
+    const size_t ring = RoundUp(request.ring_bytes, page);
+    const size_t mirror = RoundUp(request.mirror_bytes, page);
+    last = MapRegion(page, head, ring, mirror, &region.fd_, &region.reservation_,
+                     &region.reserved_bytes_, &region.base_);
+    if (last.ok()) {
+      region.head_bytes_ = head;
+      region.ring_bytes_ = ring;
+      region.mirror_bytes_ = mirror;
+      region.page_bytes_ = page;
+      return region;
+    }
+    if (page == kHugePageBytes) {
+      VLOG(1) << "no hugepages for a " << (head + ring) << "-byte partition (" << last.message()
+              << "); using 4 KiB pages";
+    }
+  }
+  return last;
+}
+
+MirroredRegion::MirroredRegion(MirroredRegion&& other) noexcept { *this = std::move(other); }
+
+MirroredRegion& MirroredRegion::operator=(MirroredRegion&& other) noexcept {
+  if (this != &other) {
+    Release();
+    base_ = std::exchange(other.base_, nullptr);
+    reservation_ = std::exchange(other.reservation_, nullptr);
+    reserved_bytes_ = std::exchange(other.reserved_bytes_, 0);
+    head_bytes_ = std::exchange(other.head_bytes_, 0);
+    ring_bytes_ = std::exchange(other.ring_bytes_, 0);
+    mirror_bytes_ = std::exchange(other.mirror_bytes_, 0);
+    page_bytes_ = std::exchange(other.page_bytes_, kSmallPageBytes);
+    fd_ = std::exchange(other.fd_, -1);
+  }
+  return *this;
+}
+
+MirroredRegion::~MirroredRegion() { Release(); }
+
+void MirroredRegion::Release() {
+  if (reservation_ != nullptr) munmap(reservation_, reserved_bytes_);
+  if (fd_ >= 0) close(fd_);
+  reservation_ = nullptr;
+  base_ = nullptr;
+  fd_ = -1;
+}
+
+}  // namespace mica

@@ -1,0 +1,229 @@
+// Partition creation, sizing, and the helpers every operation shares.
+#include "mica/partition.h"
+
+#include <algorithm>
+#include <bit>
+#include <cstring>
+
+#include "absl/strings/str_format.h"
+#include "mica/keyhash.h"
+
+namespace mica {
+namespace {
+
+// The log keeps 48-bit offsets in index slots; an offset distance must never wrap.
+constexpr uint64_t kMaxLogBytes = uint64_t{1} << 46;
+
+uint64_t DerivedBucketCount(uint64_t expected_items) {
+  const double slots = static_cast<double>(expected_items) / kTargetSlotLoad;
+  const auto buckets = static_cast<uint64_t>(slots / kSlotsPerBucket) + 1;
+  return std::bit_ceil(buckets);
+}
+
+}  // namespace
+
+absl::Status ValidateConfig(const PartitionConfig& config) {
+  if (config.log_bytes == 0 || config.log_bytes > kMaxLogBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("log_bytes must be in 1..%d, got %d", kMaxLogBytes, config.log_bytes));
+  }
+  if (config.bucket_count != 0 && !std::has_single_bit(config.bucket_count)) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("bucket_count must be a power of two, got %d", config.bucket_count));
+  }
+  const uint64_t buckets =
+      config.bucket_count != 0 ? config.bucket_count : DerivedBucketCount(config.expected_items);
+  if (buckets > (uint64_t{1} << kMaxBucketBits)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%d buckets exceed the 2^%d that the key hash can address", buckets, kMaxBucketBits));
+  }
+  const uint64_t max_item = ItemBytes(kMaxKeyBytes, config.max_value_bytes);
+  if (max_item > std::bit_ceil(config.log_bytes)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "a log of %d bytes cannot hold one largest item (%d bytes for a %d-byte key and a %d-byte "
+        "value): raise the log size or lower the value limit",
+        config.log_bytes, max_item, kMaxKeyBytes, config.max_value_bytes));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<Partition>> Partition::Create(const PartitionConfig& config) {
+  if (absl::Status status = ValidateConfig(config); !status.ok()) return status;
+  PartitionLayout layout;
+  layout.bucket_count =
+      config.bucket_count != 0 ? config.bucket_count : DerivedBucketCount(config.expected_items);
+  layout.log_bytes = std::bit_ceil(std::max<uint64_t>(config.log_bytes, 4096));
+  layout.max_value_bytes = config.max_value_bytes;
+  layout.max_item_bytes = ItemBytes(kMaxKeyBytes, config.max_value_bytes);
+  RegionRequest request;
+  request.head_bytes = layout.bucket_count * sizeof(Bucket);
+  request.ring_bytes = layout.log_bytes;
+  request.mirror_bytes = layout.max_item_bytes;
+  request.try_hugepages = config.try_hugepages;
+  absl::StatusOr<MirroredRegion> region = MirroredRegion::Create(request);
+  if (!region.ok()) return region.status();
+  // The ring is a power of two >= 4 KiB, so page rounding kept it as is.
+  layout.index_bytes = region->head_bytes();
+  layout.mirror_bytes = region->mirror_bytes();
+  layout.hugepages = region->hugepages();
+  return std::unique_ptr<Partition>(new Partition(*std::move(region), layout));
+}
+
+Partition::Partition(MirroredRegion region, const PartitionLayout& layout)
+    : region_(std::move(region)),
+      layout_(layout),
+      buckets_(reinterpret_cast<Bucket*>(region_.head())),
+      bucket_mask_(layout.bucket_count - 1),
+      log_(region_.ring()),
+      log_mask_(layout.log_bytes - 1) {}
+
+uint64_t* Partition::FindSlot(Bucket* bucket, uint16_t tag, std::string_view key,
+                              uint64_t keyhash) {
+  for (uint64_t& slot : bucket->slots) {
+    if (slot == 0 || SlotTag(slot) != tag) continue;
+    if (!IsAlive(SlotOffset(slot))) {
+      slot = 0;
+      ++bucket->version;
+      continue;
+    }
+    const ItemHeader* item = ItemAt(SlotOffset(slot));
+    if (item->keyhash == keyhash && item->key_bytes == key.size() &&
+        std::memcmp(ItemKey(item), key.data(), key.size()) == 0) {
+      return &slot;
+    }
+  }
+  return nullptr;
+}
+
+uint64_t* Partition::ClaimSlot(Bucket* bucket) {
+  uint64_t* oldest = nullptr;
+  uint64_t oldest_age = 0;
+  for (uint64_t& slot : bucket->slots) {
+    if (slot == 0 || !IsAlive(SlotOffset(slot))) return &slot;
+    const uint64_t age = (tail_ - SlotOffset(slot)) & kSlotOffsetMask;
+    if (oldest == nullptr || age > oldest_age) {
+      oldest = &slot;
+      oldest_age = age;
+    }
+  }
+  stats_.evictions.Add();
+  return oldest;
+}
+
+uint64_t Partition::Append(std::string_view key, uint64_t keyhash, std::string_view value,
+                           uint64_t version) {
+  const uint64_t offset = tail_;
+  const uint64_t position = offset & log_mask_;
+  // The mirror makes [position, position + bytes) contiguous even past the ring's end.
+  auto* item = reinterpret_cast<ItemHeader*>(log_ + position);
+  item->keyhash = keyhash;
+  item->version = version;
+  item->value_bytes = static_cast<uint32_t>(value.size());
+  item->key_bytes = static_cast<uint16_t>(key.size());
+  item->reserved = 0;
+  char* bytes = reinterpret_cast<char*>(item) + sizeof(ItemHeader);
+  std::memcpy(bytes, key.data(), key.size());
+  std::memcpy(bytes + key.size(), value.data(), value.size());
+  const uint64_t item_bytes = ItemBytes(key.size(), value.size());
+  if (position + item_bytes >= layout_.log_bytes) stats_.log_wraps.Add();
+  tail_ += item_bytes;
+  return offset;
+}
+
+Result Partition::CheckWrite(std::string_view key, std::string_view value) {
+  if (key.empty() || key.size() > kMaxKeyBytes) {
+    stats_.rejected.Add();
+    return Result::kKeyTooLong;
+  }
+  if (value.size() > layout_.max_value_bytes) {
+    stats_.rejected.Add();
+    return Result::kValueTooLong;
+  }
+  return Result::kOk;
+}
+
+uint64_t Partition::WriteItem(Bucket* bucket, uint64_t* slot, uint16_t tag, std::string_view key,
+                              uint64_t keyhash, std::string_view value) {
+  const uint64_t version = ++version_clock_;
+  const uint64_t offset = Append(key, keyhash, value, version);
+  *slot = MakeSlot(tag, offset);
+  ++bucket->version;
+  return version;
+}
+
+Response Partition::Execute(const Request& request) {
+  switch (request.op) {
+    case OpCode::kGet:
+      return Get(request.key, request.keyhash, request.value_out, request.value_out_bytes);
+    case OpCode::kPut:
+      return Put(request.key, request.keyhash, request.value);
+    case OpCode::kDelete:
+      return Delete(request.key, request.keyhash);
+    case OpCode::kCas:
+      return Cas(request.key, request.keyhash, request.expected_version, request.value);
+  }
+  // An OpCode cast from untrusted bytes.
+  stats_.rejected.Add();
+  return Response{Result::kInvalidOp, 0, 0};
+}
+
+absl::Status ToStatus(Result result) {
+  switch (result) {
+    case Result::kOk:
+      return absl::OkStatus();
+    case Result::kNotFound:
+      return absl::NotFoundError("key not found");
+    case Result::kCasFailed:
+      return absl::FailedPreconditionError("CAS failed: version mismatch");
+    case Result::kKeyTooLong:
+      return absl::InvalidArgumentError("key empty or longer than 256 bytes");
+    case Result::kValueTooLong:
+      return absl::OutOfRangeError("value longer than the partition's limit");
+    case Result::kBufferTooSmall:
+      return absl::ResourceExhaustedError("value does not fit the caller's buffer");
+    case Result::kInvalidOp:
+      return absl::InvalidArgumentError("opcode is none of GET, PUT, DELETE, CAS");
+  }
+  return absl::InternalError("unknown mica::Result");
+}
+
+std::string_view ResultName(Result result) {
+  switch (result) {
+    case Result::kOk:
+      return "OK";
+    case Result::kNotFound:
+      return "NOT_FOUND";
+    case Result::kCasFailed:
+      return "CAS_FAILED";
+    case Result::kKeyTooLong:
+      return "KEY_TOO_LONG";
+    case Result::kValueTooLong:
+      return "VALUE_TOO_LONG";
+    case Result::kBufferTooSmall:
+      return "BUFFER_TOO_SMALL";
+    case Result::kInvalidOp:
+      return "INVALID_OP";
+  }
+  return "UNKNOWN";
+}
+
+uint64_t PartitionLayout::LogCapacityItems(uint32_t key_bytes, uint32_t value_bytes) const {
+  return log_bytes / ItemBytes(key_bytes, value_bytes);
+}
+
+double PartitionLayout::BytesPerItem(uint32_t key_bytes, uint32_t value_bytes) const {
+  const uint64_t items = std::min<uint64_t>(LogCapacityItems(key_bytes, value_bytes),
+                                            bucket_count * kSlotsPerBucket);
+  return items == 0 ? 0.0 : static_cast<double>(index_bytes + log_bytes) / items;
+}
+
+std::string PartitionLayout::Describe(uint32_t key_bytes, uint32_t value_bytes) const {
+  return absl::StrFormat(
+      "%d buckets (%.1f MiB index, %d slots), %.1f MiB log holding %d items of %d+%d bytes, "
+      "%.1f bytes/item, %s pages",
+      bucket_count, index_bytes / 1048576.0, bucket_count * kSlotsPerBucket,
+      log_bytes / 1048576.0, LogCapacityItems(key_bytes, value_bytes), key_bytes, value_bytes,
+      BytesPerItem(key_bytes, value_bytes), hugepages ? "2 MiB" : "4 KiB");
+}
+
+}  // namespace mica

@@ -1,0 +1,146 @@
+// One MICA partition: a lossy hash index over a circular log, owned by exactly one thread (EREW:
+// no locks, no atomics on the hot path).
+//
+// Contract:
+// - GET returns the latest value and version of a key, or kNotFound. Being lossy, the partition
+//   may forget a key (a full bucket evicts its OLDEST item; the log overwrites its oldest bytes),
+//   but it never returns a stale value or another key's bytes: every hit compares the full key
+//   and checks that the item is still alive in the log.
+// - Versions come from a per-partition clock: every successful PUT, CAS and DELETE takes the next
+//   value, so a key's version strictly increases, even across DELETE and re-insert (no ABA).
+// - GET copies the value into the caller's buffer: results never point into the log, so no
+//   later operation can change bytes a caller holds.
+// - Nothing on the operation path allocates, locks or makes a system call.
+#ifndef HERD_MICA_PARTITION_H_
+#define HERD_MICA_PARTITION_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "mica/bucket.h"
+#include "mica/config.h"
+#include "mica/item.h"
+#include "mica/mirrored_region.h"
+#include "mica/stats.h"
+
+namespace mica {
+
+enum class OpCode : uint8_t { kGet = 0, kPut = 1, kDelete = 2, kCas = 3 };
+
+// Outcome of one operation. A wire-friendly byte; ToStatus() gives the absl::Status equivalent.
+enum class Result : uint8_t {
+  kOk = 0,
+  kNotFound = 1,       // no such key (never stored, deleted, or evicted)
+  kCasFailed = 2,      // CAS: the key's version is not the expected one
+  kKeyTooLong = 3,     // key empty or longer than kMaxKeyBytes
+  kValueTooLong = 4,   // value longer than the partition's max_value_bytes
+  kBufferTooSmall = 5, // GET: the caller's buffer cannot hold the value (value_bytes says how big)
+  kInvalidOp = 6,      // opcode is none of GET, PUT, DELETE, CAS
+};
+
+absl::Status ToStatus(Result result);
+std::string_view ResultName(Result result);
+
+struct Request {
+  OpCode op = OpCode::kGet;
+  uint64_t keyhash = 0;  // KeyHash(key); the caller computes it (it also routes the key)
+  std::string_view key;
+  std::string_view value;         // PUT, CAS: the new value
+  uint64_t expected_version = 0;  // CAS only
+  char* value_out = nullptr;      // GET: where the value is copied
+  uint32_t value_out_bytes = 0;   // GET: capacity of value_out
+};
+
+struct Response {
+  Result result = Result::kOk;
+  uint32_t value_bytes = 0;  // GET: the value's length (also when kBufferTooSmall)
+  // GET: the value's version; PUT/CAS/DELETE: the version they created; kCasFailed: the key's
+  // current version.
+  uint64_t version = 0;
+};
+
+// Sizes the partition ended up with (after rounding) and what they mean per item.
+struct PartitionLayout {
+  uint64_t bucket_count = 0;
+  uint64_t index_bytes = 0;
+  uint64_t log_bytes = 0;     // ring size, a power of two
+  uint64_t mirror_bytes = 0;  // extra mapping of the ring's start (no extra memory)
+  uint64_t max_item_bytes = 0;
+  uint32_t max_value_bytes = 0;
+  bool hugepages = false;
+
+  // Items of the given sizes the log holds before it overwrites, and memory (index + log) each.
+  uint64_t LogCapacityItems(uint32_t key_bytes, uint32_t value_bytes) const;
+  double BytesPerItem(uint32_t key_bytes, uint32_t value_bytes) const;
+  std::string Describe(uint32_t key_bytes, uint32_t value_bytes) const;
+};
+
+class Partition {
+ public:
+  static absl::StatusOr<std::unique_ptr<Partition>> Create(const PartitionConfig& config);
+
+  Partition(const Partition&) = delete;
+  Partition& operator=(const Partition&) = delete;
+
+  // One file per operation: get.cc, put.cc, delete.cc, cas.cc.
+  Response Get(std::string_view key, uint64_t keyhash, char* value_out, uint32_t value_out_bytes);
+  Response Put(std::string_view key, uint64_t keyhash, std::string_view value);
+  Response Delete(std::string_view key, uint64_t keyhash);
+  Response Cas(std::string_view key, uint64_t keyhash, uint64_t expected_version,
+               std::string_view value);
+  Response Execute(const Request& request);
+
+  // The worker's hot path (batch.cc): prefetches every request's bucket, then each candidate
+  // item's first cache lines, then executes the requests in order. responses.size() must be
+  // >= requests.size().
+  void ExecuteBatch(absl::Span<const Request> requests, absl::Span<Response> responses);
+
+  const PartitionStats& stats() const { return stats_; }
+  const PartitionLayout& layout() const { return layout_; }
+  // The partition's memory (index, log, mirror) for registration with a NIC, and its memfd.
+  const MirroredRegion& region() const { return region_; }
+
+ private:
+  Partition(MirroredRegion region, const PartitionLayout& layout);
+
+  Bucket* BucketFor(uint64_t keyhash) const { return &buckets_[keyhash & bucket_mask_]; }
+  bool IsAlive(uint64_t slot_offset) const {
+    return ((tail_ - slot_offset) & kSlotOffsetMask) <= log_mask_ + 1;
+  }
+  const ItemHeader* ItemAt(uint64_t slot_offset) const {
+    return reinterpret_cast<const ItemHeader*>(log_ + (slot_offset & log_mask_));
+  }
+  // The slot of `bucket` that indexes a live item holding exactly `key`, or nullptr.
+  // Clears slots with this tag whose item died, so a long-dead slot can never alias a live
+  // offset once the 48-bit offsets wrap.
+  uint64_t* FindSlot(Bucket* bucket, uint16_t tag, std::string_view key, uint64_t keyhash);
+  // A slot for a new key: an empty or dead one, else the one of the bucket's oldest item.
+  uint64_t* ClaimSlot(Bucket* bucket);
+  // Appends an item and returns its log offset.
+  uint64_t Append(std::string_view key, uint64_t keyhash, std::string_view value,
+                  uint64_t version);
+  // Validates sizes for a write; kOk when they fit.
+  Result CheckWrite(std::string_view key, std::string_view value);
+  // Points `slot` at a new item holding key/value under the next version; returns the version.
+  uint64_t WriteItem(Bucket* bucket, uint64_t* slot, uint16_t tag, std::string_view key,
+                     uint64_t keyhash, std::string_view value);
+
+  MirroredRegion region_;
+  PartitionLayout layout_;
+  Bucket* buckets_;
+  uint64_t bucket_mask_;
+  uint8_t* log_;
+  uint64_t log_mask_;
+  uint64_t tail_ = 0;           // virtual log offset of the next append
+  uint64_t version_clock_ = 0;  // last version handed out
+  PartitionStats stats_;
+};
+
+}  // namespace mica
+
+#endif  // HERD_MICA_PARTITION_H_

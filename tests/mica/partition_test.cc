@@ -1,0 +1,274 @@
+#include "mica/partition.h"
+
+#include <map>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "mica/keyhash.h"
+
+namespace mica {
+namespace {
+
+struct Found {
+  std::string value;
+  uint64_t version;
+};
+
+// Small helpers over the raw API, for readable tests.
+class Store {
+ public:
+  explicit Store(const PartitionConfig& config) {
+    auto partition = Partition::Create(config);
+    EXPECT_TRUE(partition.ok()) << partition.status();
+    partition_ = *std::move(partition);
+    buffer_.resize(config.max_value_bytes);
+  }
+  Partition& p() { return *partition_; }
+
+  Response Put(const std::string& key, const std::string& value) {
+    return partition_->Put(key, KeyHash(key), value);
+  }
+  Response Delete(const std::string& key) { return partition_->Delete(key, KeyHash(key)); }
+  Response Cas(const std::string& key, uint64_t expected, const std::string& value) {
+    return partition_->Cas(key, KeyHash(key), expected, value);
+  }
+  std::optional<Found> Get(const std::string& key) {
+    const Response r = partition_->Get(key, KeyHash(key), buffer_.data(), buffer_.size());
+    if (r.result == Result::kNotFound) return std::nullopt;
+    EXPECT_EQ(r.result, Result::kOk) << ResultName(r.result);
+    return Found{std::string(buffer_.data(), r.value_bytes), r.version};
+  }
+
+ private:
+  std::unique_ptr<Partition> partition_;
+  std::vector<char> buffer_;
+};
+
+PartitionConfig SmallConfig() {
+  PartitionConfig config;
+  config.log_bytes = 1 << 20;
+  config.expected_items = 1024;
+  config.max_value_bytes = 4096;
+  config.try_hugepages = false;
+  return config;
+}
+
+TEST(Partition, PutGetOverwriteDelete) {
+  Store store(SmallConfig());
+  EXPECT_FALSE(store.Get("k").has_value());
+  const Response first = store.Put("k", "v1");
+  ASSERT_EQ(first.result, Result::kOk);
+  auto got = store.Get("k");
+  ASSERT_TRUE(got.has_value());
+  EXPECT_EQ(got->value, "v1");
+  EXPECT_EQ(got->version, first.version);
+
+  const Response second = store.Put("k", "a longer second value");
+  EXPECT_GT(second.version, first.version);
+  EXPECT_EQ(store.Get("k")->value, "a longer second value");
+  EXPECT_EQ(store.p().stats().overwrites.Get(), 1u);
+
+  EXPECT_EQ(store.Delete("k").result, Result::kOk);
+  EXPECT_FALSE(store.Get("k").has_value());
+  EXPECT_EQ(store.Delete("k").result, Result::kNotFound);
+}
+
+TEST(Partition, EmptyValueIsAValue) {
+  Store store(SmallConfig());
+  ASSERT_EQ(store.Put("k", "").result, Result::kOk);
+  auto got = store.Get("k");
+  ASSERT_TRUE(got.has_value());
+  EXPECT_EQ(got->value, "");
+}
+
+TEST(Partition, VersionsIncreaseAcrossDeleteAndReinsert) {
+  Store store(SmallConfig());
+  const uint64_t v1 = store.Put("k", "a").version;
+  const uint64_t deleted = store.Delete("k").version;
+  const uint64_t v2 = store.Put("k", "a").version;
+  EXPECT_LT(v1, deleted);
+  EXPECT_LT(deleted, v2);
+  // A CAS that remembers the pre-delete version must not succeed (no ABA).
+  EXPECT_EQ(store.Cas("k", v1, "b").result, Result::kCasFailed);
+}
+
+TEST(Partition, CasSucceedsOnlyOnTheCurrentVersion) {
+  Store store(SmallConfig());
+  EXPECT_EQ(store.Cas("k", 0, "x").result, Result::kNotFound);
+  const uint64_t v1 = store.Put("k", "one").version;
+  const Response stale = store.Cas("k", v1 + 100, "two");
+  EXPECT_EQ(stale.result, Result::kCasFailed);
+  EXPECT_EQ(stale.version, v1);  // the current version, so the caller can retry
+  EXPECT_EQ(store.Get("k")->value, "one");
+  const Response ok = store.Cas("k", v1, "two");
+  ASSERT_EQ(ok.result, Result::kOk);
+  EXPECT_GT(ok.version, v1);
+  auto got = store.Get("k");
+  EXPECT_EQ(got->value, "two");
+  EXPECT_EQ(got->version, ok.version);
+  EXPECT_EQ(store.Cas("k", v1, "three").result, Result::kCasFailed);
+  EXPECT_EQ(store.p().stats().cas_ok.Get(), 1u);
+  EXPECT_EQ(store.p().stats().cas_failed.Get(), 2u);
+  EXPECT_EQ(store.p().stats().cas_misses.Get(), 1u);
+}
+
+TEST(Partition, KeyAndValueLimits) {
+  PartitionConfig config = SmallConfig();
+  config.max_value_bytes = 1000;
+  Store store(config);
+  const std::string max_key(kMaxKeyBytes, 'k');
+  const std::string max_value(1000, 'v');
+  ASSERT_EQ(store.Put(max_key, max_value).result, Result::kOk);
+  EXPECT_EQ(store.Get(max_key)->value, max_value);
+  EXPECT_EQ(store.Put(max_key + "x", "v").result, Result::kKeyTooLong);
+  EXPECT_EQ(store.Put("", "v").result, Result::kKeyTooLong);
+  EXPECT_EQ(store.Put("k", max_value + "v").result, Result::kValueTooLong);
+  EXPECT_EQ(store.Cas(max_key, 1, max_value + "v").result, Result::kValueTooLong);
+  EXPECT_EQ(store.Delete(max_key + "x").result, Result::kKeyTooLong);
+  EXPECT_EQ(store.p().stats().rejected.Get(), 5u);
+}
+
+TEST(Partition, OneMebibyteValues) {
+  PartitionConfig config = SmallConfig();
+  config.log_bytes = 8 << 20;
+  config.max_value_bytes = 1 << 20;
+  Store store(config);
+  for (int i = 0; i < 20; ++i) {  // 20 MiB through an 8 MiB log: several wraps
+    std::string value(1 << 20, static_cast<char>('a' + i));
+    value[0] = static_cast<char>(i);
+    ASSERT_EQ(store.Put(absl::StrCat("big", i), value).result, Result::kOk);
+    auto got = store.Get(absl::StrCat("big", i));
+    ASSERT_TRUE(got.has_value());
+    ASSERT_EQ(got->value, value);
+  }
+  EXPECT_FALSE(store.Get("big0").has_value());  // overwritten by the log
+  EXPECT_GE(store.p().stats().log_wraps.Get(), 2u);
+}
+
+TEST(Partition, GetIntoASmallBufferReportsTheSize) {
+  Store store(SmallConfig());
+  store.Put("k", std::string(100, 'v'));
+  char small[10];
+  const Response r = store.p().Get("k", KeyHash("k"), small, sizeof(small));
+  EXPECT_EQ(r.result, Result::kBufferTooSmall);
+  EXPECT_EQ(r.value_bytes, 100u);
+}
+
+TEST(Partition, ItemsStraddlingTheLogEndReadBackIntact) {
+  PartitionConfig config = SmallConfig();
+  config.log_bytes = 64 * 1024;
+  config.max_value_bytes = 3000;
+  Store store(config);
+  std::mt19937_64 rng(7);
+  uint64_t tail = 0;
+  int straddled = 0;
+  for (int i = 0; i < 5000; ++i) {
+    const std::string key = absl::StrCat("key", i % 300);
+    std::string value(rng() % 3000, '\0');
+    for (char& c : value) c = static_cast<char>(rng());
+    const uint64_t bytes = ItemBytes(key.size(), value.size());
+    const uint64_t position = tail % store.p().layout().log_bytes;
+    if (position + bytes > store.p().layout().log_bytes) ++straddled;
+    tail += bytes;
+    ASSERT_EQ(store.Put(key, value).result, Result::kOk);
+    auto got = store.Get(key);
+    ASSERT_TRUE(got.has_value()) << i;
+    ASSERT_EQ(got->value, value) << i;
+  }
+  EXPECT_GT(straddled, 50);
+  EXPECT_GT(store.p().stats().log_wraps.Get(), 100u);
+}
+
+// With one bucket every key collides, so the seven slots show the eviction order directly.
+TEST(Partition, FullBucketEvictsItsOldestItem) {
+  PartitionConfig config = SmallConfig();
+  config.bucket_count = 1;
+  Store store(config);
+  for (int i = 0; i < kSlotsPerBucket; ++i) store.Put(absl::StrCat("k", i), "v");
+  store.Put("k7", "v");  // bucket full: k0, the oldest, goes
+  EXPECT_FALSE(store.Get("k0").has_value());
+  for (int i = 1; i <= 7; ++i) EXPECT_TRUE(store.Get(absl::StrCat("k", i)).has_value()) << i;
+  EXPECT_EQ(store.p().stats().evictions.Get(), 1u);
+
+  store.Put("k1", "newer");  // k1 becomes the newest; k2 is now the oldest
+  store.Put("k8", "v");
+  EXPECT_FALSE(store.Get("k2").has_value());
+  EXPECT_EQ(store.Get("k1")->value, "newer");
+  EXPECT_TRUE(store.Get("k3").has_value());
+}
+
+TEST(Partition, DeletedSlotsAreReusedBeforeEvicting) {
+  PartitionConfig config = SmallConfig();
+  config.bucket_count = 1;
+  Store store(config);
+  for (int i = 0; i < kSlotsPerBucket; ++i) store.Put(absl::StrCat("k", i), "v");
+  store.Delete("k3");
+  store.Put("new", "v");
+  EXPECT_EQ(store.p().stats().evictions.Get(), 0u);
+  for (int i = 0; i < kSlotsPerBucket; ++i) {
+    EXPECT_EQ(store.Get(absl::StrCat("k", i)).has_value(), i != 3) << i;
+  }
+}
+
+TEST(Partition, ItemsOverwrittenByTheLogAreMissesNotGarbage) {
+  PartitionConfig config = SmallConfig();
+  config.log_bytes = 4096;
+  config.max_value_bytes = 100;
+  Store store(config);
+  store.Put("old", "old value");
+  for (int i = 0; i < 200; ++i) store.Put(absl::StrCat("filler", i), std::string(50, 'f'));
+  EXPECT_FALSE(store.Get("old").has_value());
+}
+
+TEST(Partition, InvalidOpcodeIsRejected) {
+  Store store(SmallConfig());
+  Request request;
+  request.op = static_cast<OpCode>(9);
+  request.key = "k";
+  request.keyhash = KeyHash("k");
+  EXPECT_EQ(store.p().Execute(request).result, Result::kInvalidOp);
+}
+
+TEST(PartitionConfig, Validation) {
+  PartitionConfig config = SmallConfig();
+  config.log_bytes = 4096;
+  config.max_value_bytes = 1 << 20;
+  EXPECT_EQ(Partition::Create(config).status().code(), absl::StatusCode::kInvalidArgument);
+  config = SmallConfig();
+  config.bucket_count = 3;
+  EXPECT_EQ(Partition::Create(config).status().code(), absl::StatusCode::kInvalidArgument);
+  config = SmallConfig();
+  config.log_bytes = 0;
+  EXPECT_EQ(Partition::Create(config).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(PartitionLayout, SizesAreRoundedAndReported) {
+  PartitionConfig config = SmallConfig();
+  config.log_bytes = 3 << 20;  // rounds up to 4 MiB
+  config.expected_items = 1000;
+  auto partition = Partition::Create(config);
+  ASSERT_TRUE(partition.ok());
+  const PartitionLayout& layout = (*partition)->layout();
+  EXPECT_EQ(layout.log_bytes, 4u << 20);
+  // 1000 items at half load over 7-slot buckets: 286 buckets -> 512.
+  EXPECT_EQ(layout.bucket_count, 512u);
+  EXPECT_EQ(layout.LogCapacityItems(16, 32), (4u << 20) / ItemBytes(16, 32));
+  EXPECT_GT(layout.BytesPerItem(16, 32), 0.0);
+  EXPECT_NE(layout.Describe(16, 32).find("512 buckets"), std::string::npos);
+}
+
+TEST(Status, ResultsMapToAbslCodes) {
+  EXPECT_TRUE(ToStatus(Result::kOk).ok());
+  EXPECT_EQ(ToStatus(Result::kNotFound).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(ToStatus(Result::kCasFailed).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(ToStatus(Result::kKeyTooLong).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ToStatus(Result::kValueTooLong).code(), absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(ResultName(Result::kCasFailed), "CAS_FAILED");
+}
+
+}  // namespace
+}  // namespace mica
