@@ -1,5 +1,6 @@
 #include "mica/partition.h"
 
+#include <cstring>
 #include <map>
 #include <optional>
 #include <random>
@@ -222,6 +223,43 @@ TEST(Partition, ItemsOverwrittenByTheLogAreMissesNotGarbage) {
   store.Put("old", "old value");
   for (int i = 0; i < 200; ++i) store.Put(absl::StrCat("filler", i), std::string(50, 'f'));
   EXPECT_FALSE(store.Get("old").has_value());
+}
+
+// A client controls value bytes. A value that carries a forged item header for another key and
+// lands exactly where that key's dead item was must never be served: liveness is checked by
+// offset, not by trusting whatever bytes sit at the old position.
+TEST(Partition, ForgedHeadersInOverwritingValuesAreNeverServed) {
+  PartitionConfig config = SmallConfig();
+  config.log_bytes = 4096;
+  config.max_value_bytes = 1000;
+  Store store(config);
+  const uint64_t log_bytes = store.p().layout().log_bytes;
+  ASSERT_EQ(store.Put("victim", "real").result, Result::kOk);  // item at offset 0
+  uint64_t tail = ItemBytes(6, 4);
+
+  // The forged item: the victim's header with a huge version and a fake value.
+  std::string forged(sizeof(ItemHeader) + 6 + 6, '\0');
+  ItemHeader header{KeyHash("victim"), 1u << 30, 6, 6, 0};
+  std::memcpy(forged.data(), &header, sizeof(header));
+  std::memcpy(forged.data() + sizeof(header), "victimforged", 12);
+
+  // Fillers up to just before the ring's end, then one whose value spans position 0.
+  const std::string filler_key = "f";
+  int i = 0;
+  while (tail + ItemBytes(8, 200) + 300 < log_bytes) {
+    const std::string key = absl::StrCat("filler", i++);
+    store.Put(key.substr(0, 8), std::string(200 - key.substr(0, 8).size() + 8, 'x'));
+    tail += ItemBytes(8, 200);
+  }
+  const uint64_t value_start = tail + sizeof(ItemHeader) + filler_key.size();
+  const uint64_t pad = log_bytes - value_start;  // value bytes before the ring wraps to 0
+  std::string value(pad, 'p');
+  value += forged;
+  ASSERT_EQ(store.Put(filler_key, value).result, Result::kOk);
+  // The forged bytes now sit exactly at the victim's old position.
+  const auto* ring = reinterpret_cast<const char*>(store.p().region().ring());
+  ASSERT_EQ(std::memcmp(ring, forged.data(), forged.size()), 0);
+  EXPECT_FALSE(store.Get("victim").has_value());
 }
 
 TEST(Partition, InvalidOpcodeIsRejected) {
