@@ -1,0 +1,231 @@
+// mica_bench: single-core batched GET and PUT on one MICA partition, against
+// absl::flat_hash_map<std::string, std::string> doing the same work in the same run.
+//
+//   bazel run -c opt //bench:mica_bench [-- --items=1048576,16777216 --dists=uniform,zipf]
+//
+// Prints one JSON line per (store, items, dist, op) and a final comparison line for the largest
+// uniform GET case: {"case":"16M_uniform_get","mica_mops":..,"flat_hash_map_mops":..,"ratio":..}.
+// Key ranks are generated before timing; key hashing is timed (a server hashes every key).
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <random>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "bench/keys.h"
+#include "bench/zipf.h"
+#include "gflags/gflags.h"
+#include "glog/logging.h"
+#include "mica/keyhash.h"
+#include "mica/partition.h"
+
+DEFINE_string(items, "1048576,16777216", "Comma-separated item counts, one store each.");
+DEFINE_string(dists, "uniform,zipf", "Key distributions: uniform, zipf.");
+DEFINE_uint64(ops, 8000000, "Operations timed per case.");
+DEFINE_uint32(batch, 16, "Requests per ExecuteBatch call (a worker's postlist).");
+DEFINE_uint32(key_bytes, 16, "Key size.");
+DEFINE_uint32(value_bytes, 32, "Value size.");
+DEFINE_double(zipf_theta, bench::kYcsbZipfTheta, "Zipf skew (YCSB's default 0.99).");
+DEFINE_uint64(seed, 1, "Seed of the key-rank generator.");
+DEFINE_bool(hugepages, true, "Try 2 MiB pages for the MICA partition.");
+
+namespace {
+
+// Log room per preloaded byte: overwrites during the PUT phase must not push live keys out
+// before the GET phases ran (GETs run first; this keeps the PUT phase itself mostly hits).
+constexpr double kLogSlack = 1.25;
+// Distinct value patterns PUTs cycle through (built before timing).
+constexpr int kValuePatterns = 64;
+
+using Clock = std::chrono::steady_clock;
+
+struct Keys {
+  uint32_t key_bytes;
+  std::vector<char> bytes;
+  std::string_view operator[](uint64_t i) const {
+    return std::string_view(bytes.data() + i * key_bytes, key_bytes);
+  }
+};
+
+struct Outcome {
+  double mops;
+  uint64_t hits;
+  uint64_t checksum;  // keeps the compiler from dropping the copied values
+};
+
+std::vector<uint64_t> MakeRanks(const std::string& dist, uint64_t items, uint64_t ops) {
+  std::mt19937_64 rng(FLAGS_seed);
+  std::vector<uint64_t> ranks(ops);
+  if (dist == "zipf") {
+    bench::ZipfGenerator zipf(items, FLAGS_zipf_theta, /*scrambled=*/true);
+    for (uint64_t& r : ranks) r = zipf.Next(rng);
+  } else {
+    CHECK_EQ(dist, "uniform") << "unknown --dists entry";
+    std::uniform_int_distribution<uint64_t> uniform(0, items - 1);
+    for (uint64_t& r : ranks) r = uniform(rng);
+  }
+  return ranks;
+}
+
+double MopsSince(Clock::time_point start, uint64_t ops) {
+  const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  return static_cast<double>(ops) / seconds / 1e6;
+}
+
+Outcome RunMica(mica::Partition& partition, const Keys& keys, const std::vector<uint64_t>& ranks,
+                bool is_get, const std::vector<std::string>& values) {
+  const uint32_t batch = FLAGS_batch;
+  std::vector<mica::Request> requests(batch);
+  std::vector<mica::Response> responses(batch);
+  std::vector<char> out(static_cast<size_t>(batch) * FLAGS_value_bytes);
+  for (uint32_t i = 0; i < batch; ++i) {
+    requests[i].op = is_get ? mica::OpCode::kGet : mica::OpCode::kPut;
+    requests[i].value_out = out.data() + static_cast<size_t>(i) * FLAGS_value_bytes;
+    requests[i].value_out_bytes = FLAGS_value_bytes;
+  }
+  Outcome outcome{0, 0, 0};
+  const auto start = Clock::now();
+  for (size_t done = 0; done < ranks.size(); done += batch) {
+    const size_t n = std::min<size_t>(batch, ranks.size() - done);
+    for (size_t i = 0; i < n; ++i) {
+      mica::Request& r = requests[i];
+      r.key = keys[ranks[done + i]];
+      r.keyhash = mica::KeyHash(r.key);
+      r.value = values[(done + i) % kValuePatterns];
+    }
+    partition.ExecuteBatch(absl::MakeConstSpan(requests.data(), n),
+                           absl::MakeSpan(responses.data(), n));
+    for (size_t i = 0; i < n; ++i) {
+      outcome.hits += responses[i].result == mica::Result::kOk;
+      outcome.checksum += static_cast<unsigned char>(out[i * FLAGS_value_bytes]);
+    }
+  }
+  outcome.mops = MopsSince(start, ranks.size());
+  return outcome;
+}
+
+using FlatMap = absl::flat_hash_map<std::string, std::string>;
+
+Outcome RunFlatMap(FlatMap& map, const Keys& keys, const std::vector<uint64_t>& ranks,
+                   bool is_get, const std::vector<std::string>& values) {
+  std::vector<char> out(FLAGS_value_bytes);
+  Outcome outcome{0, 0, 0};
+  const auto start = Clock::now();
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    const std::string_view key = keys[ranks[i]];
+    auto it = map.find(absl::string_view(key.data(), key.size()));
+    if (it == map.end()) continue;
+    ++outcome.hits;
+    if (is_get) {
+      std::memcpy(out.data(), it->second.data(), it->second.size());
+      outcome.checksum += static_cast<unsigned char>(out[0]);
+    } else {
+      it->second.assign(values[i % kValuePatterns]);
+    }
+  }
+  outcome.mops = MopsSince(start, ranks.size());
+  return outcome;
+}
+
+void PrintCase(const char* store, uint64_t items, const std::string& dist, const char* op,
+               const Outcome& outcome, uint64_t ops, double bytes_per_item) {
+  std::printf(
+      "{\"store\":\"%s\",\"items\":%lu,\"dist\":\"%s\",\"op\":\"%s\",\"mops\":%.3f,"
+      "\"hit_ratio\":%.4f,\"batch\":%u,\"key_bytes\":%u,\"value_bytes\":%u,"
+      "\"bytes_per_item\":%.1f,\"checksum\":%lu}\n",
+      store, items, dist.c_str(), op, outcome.mops, static_cast<double>(outcome.hits) / ops,
+      FLAGS_batch, FLAGS_key_bytes, FLAGS_value_bytes, bytes_per_item, outcome.checksum);
+  std::fflush(stdout);
+}
+
+std::string CaseName(uint64_t items) {
+  return items % (1 << 20) == 0 ? absl::StrFormat("%dM", items >> 20) : absl::StrCat(items);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  gflags::SetUsageMessage("single-core MICA partition vs absl::flat_hash_map, batched GET/PUT");
+  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  google::InitGoogleLogging(argv[0]);
+  FLAGS_logtostderr = true;
+  if (FLAGS_batch == 0 || FLAGS_key_bytes == 0 || FLAGS_key_bytes > mica::kMaxKeyBytes) {
+    LOG(ERROR) << "--batch must be positive and --key_bytes in 1.." << mica::kMaxKeyBytes;
+    return 2;
+  }
+  std::vector<uint64_t> item_counts;
+  // Debian builds Abseil with its own absl::string_view (not std::string_view).
+  for (absl::string_view part : absl::StrSplit(FLAGS_items, ',', absl::SkipEmpty())) {
+    uint64_t n;
+    if (!absl::SimpleAtoi(part, &n) || n < 2) {
+      LOG(ERROR) << "--items entries must be integers >= 2, got '" << part << "'";
+      return 2;
+    }
+    item_counts.push_back(n);
+  }
+  const std::vector<std::string> dists = absl::StrSplit(FLAGS_dists, ',', absl::SkipEmpty());
+  std::vector<std::string> values(kValuePatterns, std::string(FLAGS_value_bytes, '\0'));
+  for (int i = 0; i < kValuePatterns; ++i) {
+    bench::MakeValue(i, i, FLAGS_value_bytes, values[i].data());
+  }
+
+  double final_mica = 0, final_map = 0;
+  uint64_t final_items = 0;
+  for (const uint64_t items : item_counts) {
+    Keys keys{FLAGS_key_bytes, std::vector<char>(items * FLAGS_key_bytes)};
+    for (uint64_t i = 0; i < items; ++i) {
+      bench::MakeKey(i, FLAGS_key_bytes, keys.bytes.data() + i * FLAGS_key_bytes);
+    }
+    mica::PartitionConfig config;
+    config.expected_items = items;
+    config.max_value_bytes = FLAGS_value_bytes;
+    config.log_bytes = static_cast<uint64_t>(
+        kLogSlack * items * mica::ItemBytes(FLAGS_key_bytes, FLAGS_value_bytes));
+    config.try_hugepages = FLAGS_hugepages;
+    auto partition = mica::Partition::Create(config);
+    CHECK(partition.ok()) << partition.status();
+    LOG(INFO) << "mica: " << (*partition)->layout().Describe(FLAGS_key_bytes, FLAGS_value_bytes);
+    FlatMap map;
+    map.reserve(items);
+    for (uint64_t i = 0; i < items; ++i) {
+      (*partition)->Put(keys[i], mica::KeyHash(keys[i]), values[i % kValuePatterns]);
+      map.emplace(std::string(keys[i]), values[i % kValuePatterns]);
+    }
+    const double mica_bytes = (*partition)->layout().BytesPerItem(FLAGS_key_bytes,
+                                                                  FLAGS_value_bytes);
+    // Table memory of the map: slots of two std::strings plus a control byte, plus the heap
+    // bytes of strings too long for the small-string buffer (rounded to malloc's 16 bytes).
+    auto heap = [](uint32_t n) { return n > 15 ? ((n + 1 + 8 + 15) / 16) * 16 : 0u; };
+    const double map_bytes = static_cast<double>(map.capacity()) * (sizeof(FlatMap::value_type) + 1) /
+                                 items + heap(FLAGS_key_bytes) + heap(FLAGS_value_bytes);
+    // All GET phases first, so every GET finds its key; then the PUT phases.
+    for (const bool is_get : {true, false}) {
+      for (const std::string& dist : dists) {
+        const std::vector<uint64_t> ranks = MakeRanks(dist, items, FLAGS_ops);
+        const char* op = is_get ? "get" : "put";
+        const Outcome m = RunMica(**partition, keys, ranks, is_get, values);
+        PrintCase("mica", items, dist, op, m, FLAGS_ops, mica_bytes);
+        const Outcome f = RunFlatMap(map, keys, ranks, is_get, values);
+        PrintCase("flat_hash_map", items, dist, op, f, FLAGS_ops, map_bytes);
+        if (is_get && dist == "uniform" && items >= final_items) {
+          final_items = items;
+          final_mica = m.mops;
+          final_map = f.mops;
+        }
+      }
+    }
+  }
+  if (final_items > 0) {
+    std::printf("{\"case\":\"%s_uniform_get\",\"mica_mops\":%.3f,\"flat_hash_map_mops\":%.3f,"
+                "\"ratio\":%.2f}\n",
+                CaseName(final_items).c_str(), final_mica, final_map, final_mica / final_map);
+  }
+  return 0;
+}
