@@ -1,0 +1,120 @@
+#include "transport/fabric.h"
+
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "transport/shm/shm_internal.h"
+
+namespace transport {
+
+absl::StatusOr<std::unique_ptr<Device>> OpenDevice(const DeviceOptions& options) {
+  if (options.name == "shm") {
+    absl::StatusOr<std::unique_ptr<shm::ShmDevice>> device = shm::ShmDevice::Open(options);
+    if (!device.ok()) return device.status();
+    return std::unique_ptr<Device>(std::move(*device));
+  }
+  // The libibverbs backend is issue 3's second half; until it lands, say so plainly.
+  return absl::NotFoundError(absl::StrFormat(
+      "no device '%s': this build has the shm fabric only (devices: %s)", options.name,
+      absl::StrJoin(ListDevices(), ", ")));
+}
+
+std::vector<std::string> ListDevices() { return {"shm"}; }
+
+const char* ToString(QpType type) {
+  switch (type) {
+    case QpType::kRc:
+      return "RC";
+    case QpType::kUc:
+      return "UC";
+    case QpType::kUd:
+      return "UD";
+  }
+  return "?";
+}
+
+const char* ToString(QpState state) {
+  switch (state) {
+    case QpState::kReset:
+      return "RESET";
+    case QpState::kInit:
+      return "INIT";
+    case QpState::kRtr:
+      return "RTR";
+    case QpState::kRts:
+      return "RTS";
+    case QpState::kError:
+      return "ERR";
+  }
+  return "?";
+}
+
+const char* ToString(Opcode opcode) {
+  switch (opcode) {
+    case Opcode::kSend:
+      return "SEND";
+    case Opcode::kSendWithImm:
+      return "SEND_WITH_IMM";
+    case Opcode::kWrite:
+      return "RDMA_WRITE";
+    case Opcode::kWriteWithImm:
+      return "RDMA_WRITE_WITH_IMM";
+    case Opcode::kRead:
+      return "RDMA_READ";
+    case Opcode::kCompareSwap:
+      return "CMP_AND_SWP";
+    case Opcode::kFetchAdd:
+      return "FETCH_AND_ADD";
+  }
+  return "?";
+}
+
+const char* ToString(CompletionStatus status) {
+  switch (status) {
+    case CompletionStatus::kSuccess:
+      return "SUCCESS";
+    case CompletionStatus::kLocalLengthError:
+      return "LOC_LEN_ERR";
+    case CompletionStatus::kLocalProtectionError:
+      return "LOC_PROT_ERR";
+    case CompletionStatus::kLocalQpOperationError:
+      return "LOC_QP_OP_ERR";
+    case CompletionStatus::kRemoteAccessError:
+      return "REM_ACCESS_ERR";
+    case CompletionStatus::kRemoteInvalidRequest:
+      return "REM_INV_REQ_ERR";
+    case CompletionStatus::kRnrRetryExceeded:
+      return "RNR_RETRY_EXC_ERR";
+    case CompletionStatus::kRetryExceeded:
+      return "RETRY_EXC_ERR";
+    case CompletionStatus::kFlushed:
+      return "WR_FLUSH_ERR";
+  }
+  return "?";
+}
+
+void CounterSnapshot::Add(const QpCounters& qp) {
+  doorbells += qp.doorbells.Get();
+  wrs += qp.wrs.Get();
+  signaled_wrs += qp.signaled_wrs.Get();
+  inline_wrs += qp.inline_wrs.Get();
+  bytes += qp.bytes.Get();
+  recv_wrs += qp.recv_wrs.Get();
+  dropped += qp.dropped.Get();
+}
+
+void CounterSnapshot::Add(const CqCounters& cq) {
+  polls += cq.polls.Get();
+  empty_polls += cq.empty_polls.Get();
+  completions += cq.completions.Get();
+}
+
+std::string CounterSnapshot::ToJson() const {
+  return absl::StrFormat(
+      "{\"doorbells\":%d,\"wrs\":%d,\"signaled_wrs\":%d,\"inline_wrs\":%d,\"bytes\":%d,"
+      "\"recv_wrs\":%d,\"dropped\":%d,\"cq_polls\":%d,\"cq_empty_polls\":%d,"
+      "\"completions\":%d}",
+      doorbells, wrs, signaled_wrs, inline_wrs, bytes, recv_wrs, dropped, polls, empty_polls,
+      completions);
+}
+
+}  // namespace transport

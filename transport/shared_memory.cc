@@ -1,0 +1,121 @@
+#include "transport/shared_memory.h"
+
+#include <dirent.h>
+#include <sys/mman.h>
+#include <sys/sysmacros.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cinttypes>
+#include <cstdio>
+#include <cstring>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_format.h"
+
+namespace transport {
+namespace {
+
+absl::Status Errno(const char* what) {
+  return absl::InternalError(absl::StrFormat("%s: %s", what, std::strerror(errno)));
+}
+
+// A descriptor of this process that refers to the file with this device and inode, or -1.
+int FindFdOf(dev_t device, ino_t inode) {
+  DIR* dir = opendir("/proc/self/fd");
+  if (dir == nullptr) return -1;
+  int found = -1;
+  while (dirent* entry = readdir(dir)) {
+    char* end = nullptr;
+    const long fd = std::strtol(entry->d_name, &end, 10);
+    if (end == entry->d_name || *end != '\0' || fd == dirfd(dir)) continue;
+    struct stat st;
+    if (fstat(static_cast<int>(fd), &st) == 0 && st.st_dev == device && st.st_ino == inode) {
+      found = static_cast<int>(fd);
+      break;
+    }
+  }
+  closedir(dir);
+  return found;
+}
+
+}  // namespace
+
+absl::StatusOr<SharedMemory> SharedMemory::Allocate(size_t bytes, const char* name) {
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  const size_t size = (bytes + page - 1) / page * page;
+  if (size == 0) return absl::InvalidArgumentError("cannot allocate 0 bytes of shared memory");
+  SharedMemory memory;
+  memory.fd_ = memfd_create(name, MFD_CLOEXEC);
+  if (memory.fd_ < 0) return Errno("memfd_create");
+  if (ftruncate(memory.fd_, static_cast<off_t>(size)) != 0) return Errno("ftruncate");
+  void* data = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, memory.fd_, 0);
+  if (data == MAP_FAILED) return Errno("mmap");
+  memory.data_ = static_cast<uint8_t*>(data);
+  memory.size_ = size;
+  return memory;
+}
+
+SharedMemory::SharedMemory(SharedMemory&& other) noexcept { *this = std::move(other); }
+
+SharedMemory& SharedMemory::operator=(SharedMemory&& other) noexcept {
+  if (this != &other) {
+    this->~SharedMemory();
+    data_ = std::exchange(other.data_, nullptr);
+    size_ = std::exchange(other.size_, 0);
+    fd_ = std::exchange(other.fd_, -1);
+  }
+  return *this;
+}
+
+SharedMemory::~SharedMemory() {
+  if (data_ != nullptr) munmap(data_, size_);
+  if (fd_ >= 0) close(fd_);
+  data_ = nullptr;
+  fd_ = -1;
+}
+
+absl::StatusOr<Backing> FindBacking(const void* addr, size_t length) {
+  const auto begin = reinterpret_cast<uintptr_t>(addr);
+  const uintptr_t end = begin + length;
+  FILE* maps = std::fopen("/proc/self/maps", "r");
+  if (maps == nullptr) return Errno("open /proc/self/maps");
+  char line[4096];
+  absl::StatusOr<Backing> result = absl::InvalidArgumentError(absl::StrFormat(
+      "memory at %p (+%d bytes) is not shared memory; the shm fabric can only register "
+      "memfd or /dev/shm mappings (allocate with transport::SharedMemory::Allocate)",
+      addr, length));
+  while (std::fgets(line, sizeof(line), maps) != nullptr) {
+    uintptr_t lo, hi;
+    char perms[8];
+    uint64_t offset;
+    unsigned major, minor;
+    unsigned long inode;
+    if (std::sscanf(line, "%" SCNxPTR "-%" SCNxPTR " %7s %" SCNx64 " %x:%x %lu", &lo, &hi, perms,
+                    &offset, &major, &minor, &inode) != 7) {
+      continue;
+    }
+    if (begin < lo || begin >= hi) continue;
+    if (end > hi) {
+      result = absl::InvalidArgumentError(absl::StrFormat(
+          "range %p (+%d bytes) spans more than one mapping; register each part", addr, length));
+      break;
+    }
+    if (perms[3] != 's' || inode == 0) break;  // private or anonymous: not shareable
+    const int fd = FindFdOf(makedev(major, minor), inode);
+    if (fd < 0) {
+      result = absl::FailedPreconditionError(absl::StrFormat(
+          "the file mapped at %p has no open descriptor in this process; keep it open while "
+          "registered", addr));
+      break;
+    }
+    result = Backing{fd, offset + (begin - lo)};
+    break;
+  }
+  std::fclose(maps);
+  return result;
+}
+
+}  // namespace transport

@@ -1,0 +1,110 @@
+// Memory layouts of the shared-memory fabric. Everything a PEER touches lives in the owning
+// device's segment, a memfd that peers map through /proc/<pid>/fd/<fd>: no named segments exist,
+// so a crashed or kill -9'd run leaves nothing behind (the kernel frees a memfd with its last
+// mapping). A device's address (its GID) is {fabric id, pid, segment fd}.
+//
+// All cross-process synchronisation is lock-free atomics on shared memory (address-free on
+// x86-64): receive rings are single-producer (the owner posts) multi-consumer (senders claim);
+// completion rings are multi-producer (local sends, remote senders) single-consumer (the poller).
+#ifndef HERD_TRANSPORT_SHM_SEGMENT_H_
+#define HERD_TRANSPORT_SHM_SEGMENT_H_
+
+#include <atomic>
+#include <cstdint>
+
+#include "transport/types.h"
+
+namespace transport::shm {
+
+inline constexpr uint64_t kSegmentMagic = 0x6865726473686d31ULL;  // "herdshm1"
+// Virtual size of a segment; memfd pages are allocated only when touched.
+inline constexpr uint64_t kSegmentBytes = uint64_t{256} << 20;
+inline constexpr uint32_t kMaxMrs = 4096;  // registered regions per device
+inline constexpr uint32_t kMaxQps = 4096;  // QPs per device (qp_num = generation << 12 | index)
+inline constexpr uint32_t kQpIndexBits = 12;
+inline constexpr uint32_t kMrIndexShift = 8;  // key = index << 8 | generation (never 0)
+
+struct MrEntry {
+  std::atomic<uint32_t> key;  // 0: free
+  uint32_t access;
+  uint64_t addr;  // in the owner's address space
+  uint64_t length;
+  int32_t fd;  // the owner's descriptor of the backing file
+  uint32_t reserved;
+  uint64_t file_offset;
+};
+
+struct RecvEntry {
+  uint64_t wr_id;
+  uint64_t addr;
+  uint32_t length;
+  uint32_t lkey;
+};
+
+// Owner posts at tail; senders claim at head with a CAS.
+struct RecvRing {
+  std::atomic<uint64_t> head;
+  std::atomic<uint64_t> tail;
+  uint32_t depth;
+  uint32_t reserved;
+  RecvEntry entries[];  // depth entries follow
+};
+
+struct CqEntry {
+  std::atomic<uint64_t> sequence;  // slot i is free for ticket t when sequence == t
+  uint64_t wr_id;
+  uint64_t sq_sequence;  // send completions: the WR's send-queue position
+  uint32_t byte_len;
+  uint32_t imm_data;
+  uint32_t qp_num;
+  uint32_t src_qp;
+  uint8_t status;
+  uint8_t opcode;
+  uint8_t has_imm;
+  uint8_t reserved[5];
+};
+
+struct CqRing {
+  std::atomic<uint64_t> head;  // consumer
+  std::atomic<uint64_t> tail;  // producers reserve tickets
+  std::atomic<uint64_t> overflows;
+  uint32_t depth;
+  uint32_t reserved;
+  CqEntry entries[];
+};
+
+struct QpEntry {
+  std::atomic<uint32_t> qp_num;  // 0: free
+  std::atomic<uint8_t> state;    // QpState
+  uint8_t type;                  // QpType
+  uint16_t reserved;
+  uint32_t qkey;
+  uint32_t reserved2;
+  uint64_t recv_ring_offset;  // in the segment
+  uint64_t recv_cq_offset;
+  std::atomic<uint64_t> dropped;  // inbound messages dropped (written by senders)
+};
+
+struct SegmentHeader {
+  uint64_t magic;
+  uint64_t fabric_id;
+  int32_t pid;
+  int32_t fd;
+  std::atomic<uint32_t> alive;  // cleared on close: peers fail fast instead of writing on
+  uint32_t mtu;
+  std::atomic<uint64_t> arena_used;  // bump allocator for rings, from the segment's start
+  MrEntry mrs[kMaxMrs];
+  QpEntry qps[kMaxQps];
+};
+
+// The GID of a shm device.
+struct ShmAddress {
+  uint64_t fabric_id;
+  int32_t pid;
+  int32_t fd;
+};
+static_assert(sizeof(ShmAddress) == sizeof(Gid));
+
+}  // namespace transport::shm
+
+#endif  // HERD_TRANSPORT_SHM_SEGMENT_H_

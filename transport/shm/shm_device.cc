@@ -1,0 +1,368 @@
+// The shared-memory fabric's control path: segments, peers, devices, PDs, regions, CQs, AHs.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <new>
+
+#include "absl/strings/str_format.h"
+#include "glog/logging.h"
+#include "transport/shared_memory.h"
+#include "transport/shm/shm_internal.h"
+#include "transport/shm/shm_qp.h"
+
+namespace transport::shm {
+namespace {
+
+absl::Status Errno(const std::string& what) {
+  return absl::UnavailableError(absl::StrFormat("%s: %s", what, std::strerror(errno)));
+}
+
+uint64_t RoundUp(uint64_t n, uint64_t unit) { return (n + unit - 1) / unit * unit; }
+
+uint64_t FabricId(const std::string& name) {
+  uint64_t h = 0xcbf29ce484222325ULL;  // FNV-1a: stable across processes and builds
+  for (const char c : name) h = (h ^ static_cast<uint8_t>(c)) * 0x100000001b3ULL;
+  return h;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------- segments
+absl::StatusOr<std::unique_ptr<SegmentMapping>> SegmentMapping::Create(uint64_t fabric_id,
+                                                                       uint32_t mtu) {
+  const int fd = memfd_create("herd-shm-fabric", MFD_CLOEXEC);
+  if (fd < 0) return Errno("memfd_create");
+  if (ftruncate(fd, kSegmentBytes) != 0) {
+    close(fd);
+    return Errno("ftruncate");
+  }
+  void* base = mmap(nullptr, kSegmentBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (base == MAP_FAILED) {
+    close(fd);
+    return Errno("mmap segment");
+  }
+  auto* header = new (base) SegmentHeader();
+  header->magic = kSegmentMagic;
+  header->fabric_id = fabric_id;
+  header->pid = getpid();
+  header->fd = fd;
+  header->mtu = mtu;
+  header->arena_used.store(RoundUp(sizeof(SegmentHeader), 64));
+  header->alive.store(1, std::memory_order_release);
+  return std::unique_ptr<SegmentMapping>(new SegmentMapping(header, fd));
+}
+
+absl::StatusOr<std::unique_ptr<SegmentMapping>> SegmentMapping::Attach(const ShmAddress& address) {
+  const std::string path = absl::StrFormat("/proc/%d/fd/%d", address.pid, address.fd);
+  const int fd = open(path.c_str(), O_RDWR | O_CLOEXEC);
+  if (fd < 0) {
+    return Errno(absl::StrFormat("shm peer (pid %d) is unreachable: open %s", address.pid, path));
+  }
+  void* base = mmap(nullptr, kSegmentBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);  // the mapping keeps the file alive
+  if (base == MAP_FAILED) return Errno("mmap peer segment");
+  auto* header = static_cast<SegmentHeader*>(base);
+  if (header->magic != kSegmentMagic || header->fabric_id != address.fabric_id ||
+      header->pid != address.pid) {
+    munmap(base, kSegmentBytes);
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "pid %d fd %d is not a shm device of this fabric (stale address?)", address.pid,
+        address.fd));
+  }
+  return std::unique_ptr<SegmentMapping>(new SegmentMapping(header, -1));
+}
+
+SegmentMapping::~SegmentMapping() {
+  if (owned_fd_ >= 0) {
+    header_->alive.store(0, std::memory_order_release);
+    close(owned_fd_);
+  }
+  munmap(header_, kSegmentBytes);
+}
+
+// --------------------------------------------------------------------------------- peers
+absl::StatusOr<std::unique_ptr<Peer>> Peer::Connect(const ShmAddress& address) {
+  absl::StatusOr<std::unique_ptr<SegmentMapping>> segment = SegmentMapping::Attach(address);
+  if (!segment.ok()) return segment.status();
+  return std::unique_ptr<Peer>(new Peer(*std::move(segment)));
+}
+
+Peer::Peer(std::unique_ptr<SegmentMapping> segment)
+    : segment_(std::move(segment)),
+      same_process_(segment_->header()->pid == getpid()),
+      regions_(kMaxMrs) {}
+
+Peer::~Peer() {
+  for (MappedRegion& region : regions_) {
+    if (region.mapping != nullptr) munmap(region.mapping, region.mapping_bytes);
+  }
+}
+
+uint8_t* Peer::Resolve(uint32_t key, uint64_t addr, uint64_t length, uint32_t access) {
+  const uint32_t index = key >> kMrIndexShift;
+  if (index >= kMaxMrs) return nullptr;
+  const MrEntry& entry = header()->mrs[index];
+  if (entry.key.load(std::memory_order_acquire) != key || key == 0) return nullptr;
+  if ((entry.access & access) != access || addr < entry.addr ||
+      length > entry.length || addr - entry.addr > entry.length - length) {
+    return nullptr;
+  }
+  MappedRegion& region = regions_[index];
+  if (region.key != key) {
+    if (region.mapping != nullptr) munmap(region.mapping, region.mapping_bytes);
+    region = MappedRegion{};
+    if (same_process_) {
+      region.local = reinterpret_cast<uint8_t*>(entry.addr);
+    } else {
+      const std::string path = absl::StrFormat("/proc/%d/fd/%d", header()->pid, entry.fd);
+      const int fd = open(path.c_str(), O_RDWR | O_CLOEXEC);
+      if (fd < 0) return nullptr;
+      const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+      const uint64_t start = entry.file_offset / page * page;
+      const uint64_t bytes = entry.file_offset - start + entry.length;
+      void* mapping = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd,
+                           static_cast<off_t>(start));
+      close(fd);
+      if (mapping == MAP_FAILED) return nullptr;
+      region.mapping = mapping;
+      region.mapping_bytes = bytes;
+      region.local = static_cast<uint8_t*>(mapping) + (entry.file_offset - start);
+    }
+    region.key = key;
+  }
+  return region.local + (addr - entry.addr);
+}
+
+// ----------------------------------------------------------------------------- rings
+bool PushCompletion(CqRing* ring, const Completion& c, uint64_t sq_sequence) {
+  uint64_t ticket = ring->tail.load(std::memory_order_relaxed);
+  do {
+    if (ticket - ring->head.load(std::memory_order_acquire) >= ring->depth) {
+      ring->overflows.fetch_add(1, std::memory_order_relaxed);
+      return false;
+    }
+  } while (!ring->tail.compare_exchange_weak(ticket, ticket + 1, std::memory_order_acq_rel));
+  CqEntry& e = ring->entries[ticket % ring->depth];
+  e.wr_id = c.wr_id;
+  e.sq_sequence = sq_sequence;
+  e.byte_len = c.byte_len;
+  e.imm_data = c.imm_data;
+  e.qp_num = c.qp_num;
+  e.src_qp = c.src_qp;
+  e.status = static_cast<uint8_t>(c.status);
+  e.opcode = static_cast<uint8_t>(c.opcode);
+  e.has_imm = c.has_imm;
+  e.sequence.store(ticket + 1, std::memory_order_release);
+  return true;
+}
+
+bool PopReceive(RecvRing* ring, RecvEntry* out) {
+  uint64_t head = ring->head.load(std::memory_order_acquire);
+  while (true) {
+    if (head == ring->tail.load(std::memory_order_acquire)) return false;
+    *out = ring->entries[head % ring->depth];
+    if (ring->head.compare_exchange_weak(head, head + 1, std::memory_order_acq_rel)) return true;
+  }
+}
+
+size_t ShmCq::Poll(absl::Span<Completion> out) {
+  counters_.polls.Add();
+  size_t n = 0;
+  uint64_t head = ring_->head.load(std::memory_order_relaxed);
+  for (; n < out.size(); ++n, ++head) {
+    CqEntry& e = ring_->entries[head % ring_->depth];
+    if (e.sequence.load(std::memory_order_acquire) != head + 1) break;
+    Completion& c = out[n];
+    c.wr_id = e.wr_id;
+    c.byte_len = e.byte_len;
+    c.imm_data = e.imm_data;
+    c.qp_num = e.qp_num;
+    c.src_qp = e.src_qp;
+    c.status = static_cast<CompletionStatus>(e.status);
+    c.opcode = static_cast<CompletionOpcode>(e.opcode);
+    c.has_imm = e.has_imm != 0;
+    const uint64_t sq_sequence = e.sq_sequence;
+    e.sequence.store(head + ring_->depth, std::memory_order_release);
+    ring_->head.store(head + 1, std::memory_order_release);
+    if (sq_sequence != 0) {
+      if (ShmQp* qp = device_->FindQp(c.qp_num)) qp->Retire(sq_sequence);
+    }
+  }
+  if (n == 0) counters_.empty_polls.Add();
+  counters_.completions.Add(n);
+  return n;
+}
+
+// ------------------------------------------------------------------------- PD, MR, AH
+namespace {
+
+class ShmMr : public MemoryRegion {
+ public:
+  ShmMr(ShmDevice* device, void* addr, size_t length, uint32_t key, uint32_t access)
+      : MemoryRegion(addr, length, key, key, access), device_(device) {}
+  ~ShmMr() override { device_->RemoveRegion(lkey()); }
+
+ private:
+  ShmDevice* device_;
+};
+
+class ShmAh : public AddressHandle {
+ public:
+  explicit ShmAh(const Gid& gid) : gid_(gid) {}
+  const Gid& gid() const { return gid_; }
+
+ private:
+  Gid gid_;
+};
+
+class ShmPd : public ProtectionDomain {
+ public:
+  explicit ShmPd(ShmDevice* device) : device_(device) {}
+
+  absl::StatusOr<std::unique_ptr<MemoryRegion>> RegisterMemory(void* addr, size_t length,
+                                                               uint32_t access) override {
+    if (length == 0) return absl::InvalidArgumentError("cannot register 0 bytes");
+    absl::StatusOr<Backing> backing = FindBacking(addr, length);
+    if (!backing.ok()) return backing.status();
+    absl::StatusOr<uint32_t> key = device_->AddRegion(reinterpret_cast<uint64_t>(addr), length,
+                                                      access, backing->fd, backing->file_offset);
+    if (!key.ok()) return key.status();
+    return std::unique_ptr<MemoryRegion>(new ShmMr(device_, addr, length, *key, access));
+  }
+
+  absl::StatusOr<std::unique_ptr<QueuePair>> CreateQp(const QpConfig& config) override {
+    absl::StatusOr<std::unique_ptr<ShmQp>> qp = ShmQp::Create(device_, config);
+    if (!qp.ok()) return qp.status();
+    return std::unique_ptr<QueuePair>(std::move(*qp));
+  }
+
+  absl::StatusOr<std::unique_ptr<AddressHandle>> CreateAddressHandle(
+      const AddressInfo& info) override {
+    ShmAddress address;
+    std::memcpy(&address, info.gid.data(), sizeof(address));
+    if (address.fabric_id != device_->segment().header()->fabric_id) {
+      return absl::InvalidArgumentError(
+          "address handle: GID is not a shm device of this fabric (wrong fabric name?)");
+    }
+    return std::unique_ptr<AddressHandle>(new ShmAh(info.gid));
+  }
+
+ private:
+  ShmDevice* device_;
+};
+
+}  // namespace
+
+const Gid& AddressHandleGid(const AddressHandle* ah) {
+  return static_cast<const ShmAh*>(ah)->gid();
+}
+
+// ------------------------------------------------------------------------------ device
+absl::StatusOr<std::unique_ptr<ShmDevice>> ShmDevice::Open(const DeviceOptions& options) {
+  if (options.mtu < 256 || options.mtu > 65536) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("shm fabric MTU must be in 256..65536 bytes, got %d", options.mtu));
+  }
+  absl::StatusOr<std::unique_ptr<SegmentMapping>> segment =
+      SegmentMapping::Create(FabricId(options.fabric), options.mtu);
+  if (!segment.ok()) return segment.status();
+  return std::unique_ptr<ShmDevice>(new ShmDevice(*std::move(segment)));
+}
+
+ShmDevice::~ShmDevice() = default;
+
+PortInfo ShmDevice::port() const {
+  PortInfo info;
+  const ShmAddress address = segment_->address();
+  std::memcpy(info.gid.data(), &address, sizeof(address));
+  info.active_mtu = segment_->header()->mtu;
+  info.ethernet = false;
+  return info;
+}
+
+absl::StatusOr<std::unique_ptr<ProtectionDomain>> ShmDevice::AllocatePd() {
+  return std::unique_ptr<ProtectionDomain>(new ShmPd(this));
+}
+
+absl::StatusOr<std::unique_ptr<CompletionQueue>> ShmDevice::CreateCq(uint32_t depth) {
+  if (depth == 0) return absl::InvalidArgumentError("CQ depth must be positive");
+  absl::StatusOr<uint64_t> offset = Carve(sizeof(CqRing) + uint64_t{depth} * sizeof(CqEntry));
+  if (!offset.ok()) return offset.status();
+  auto* ring = new (segment_->base() + *offset) CqRing();
+  ring->depth = depth;
+  for (uint32_t i = 0; i < depth; ++i) new (&ring->entries[i]) CqEntry{};
+  for (uint32_t i = 0; i < depth; ++i) ring->entries[i].sequence.store(i);
+  return std::unique_ptr<CompletionQueue>(new ShmCq(this, *offset));
+}
+
+absl::StatusOr<uint64_t> ShmDevice::Carve(uint64_t bytes) {
+  absl::MutexLock lock(&control_mutex_);
+  const uint64_t offset = segment_->header()->arena_used.load();
+  const uint64_t end = RoundUp(offset + bytes, 64);
+  if (end > kSegmentBytes) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "shm device segment full (%d bytes): too many or too deep queues", kSegmentBytes));
+  }
+  segment_->header()->arena_used.store(end);
+  return offset;
+}
+
+absl::StatusOr<uint32_t> ShmDevice::AddRegion(uint64_t addr, uint64_t length, uint32_t access,
+                                              int fd, uint64_t file_offset) {
+  absl::MutexLock lock(&control_mutex_);
+  for (uint32_t index = 0; index < kMaxMrs; ++index) {
+    MrEntry& entry = segment_->header()->mrs[index];
+    if (entry.key.load(std::memory_order_relaxed) != 0) continue;
+    const uint32_t generation = next_generation_++ & ((1u << kMrIndexShift) - 1);
+    const uint32_t key = (index << kMrIndexShift) | (generation == 0 ? 1 : generation);
+    entry.access = access;
+    entry.addr = addr;
+    entry.length = length;
+    entry.fd = fd;
+    entry.file_offset = file_offset;
+    entry.key.store(key, std::memory_order_release);
+    return key;
+  }
+  return absl::ResourceExhaustedError(
+      absl::StrFormat("shm device: all %d memory regions in use", kMaxMrs));
+}
+
+void ShmDevice::RemoveRegion(uint32_t key) {
+  absl::MutexLock lock(&control_mutex_);
+  segment_->header()->mrs[key >> kMrIndexShift].key.store(0, std::memory_order_release);
+}
+
+absl::StatusOr<QpEntry*> ShmDevice::AddQp(ShmQp* qp, QpType type) {
+  absl::MutexLock lock(&control_mutex_);
+  for (uint32_t index = 0; index < kMaxQps; ++index) {
+    QpEntry& entry = segment_->header()->qps[index];
+    if (entry.qp_num.load(std::memory_order_relaxed) != 0) continue;
+    const uint32_t generation = (next_generation_++ % 4095) + 1;  // 12 bits, never 0
+    entry.type = static_cast<uint8_t>(type);
+    entry.state.store(static_cast<uint8_t>(QpState::kReset));
+    entry.dropped.store(0);
+    entry.qp_num.store((generation << kQpIndexBits) | index, std::memory_order_release);
+    qps_[index].store(qp, std::memory_order_release);
+    return &entry;
+  }
+  return absl::ResourceExhaustedError(absl::StrFormat("shm device: all %d QPs in use", kMaxQps));
+}
+
+void ShmDevice::RemoveQp(QpEntry* entry) {
+  absl::MutexLock lock(&control_mutex_);
+  const uint32_t index = entry->qp_num.load() & ((1u << kQpIndexBits) - 1);
+  qps_[index].store(nullptr, std::memory_order_release);
+  entry->state.store(static_cast<uint8_t>(QpState::kError));
+  entry->qp_num.store(0, std::memory_order_release);
+}
+
+ShmQp* ShmDevice::FindQp(uint32_t qp_num) const {
+  ShmQp* qp = qps_[qp_num & ((1u << kQpIndexBits) - 1)].load(std::memory_order_acquire);
+  return qp != nullptr && qp->qp_num() == qp_num ? qp : nullptr;
+}
+
+}  // namespace transport::shm

@@ -1,0 +1,114 @@
+// Internal classes of the shared-memory fabric (not part of the transport interface).
+#ifndef HERD_TRANSPORT_SHM_SHM_INTERNAL_H_
+#define HERD_TRANSPORT_SHM_SHM_INTERNAL_H_
+
+#include <atomic>
+#include <memory>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
+#include "transport/fabric.h"
+#include "transport/shm/segment.h"
+
+namespace transport::shm {
+
+// A mapping of some device's segment: our own, or a peer's through /proc/<pid>/fd/<fd>.
+class SegmentMapping {
+ public:
+  static absl::StatusOr<std::unique_ptr<SegmentMapping>> Create(uint64_t fabric_id,
+                                                                 uint32_t mtu);
+  static absl::StatusOr<std::unique_ptr<SegmentMapping>> Attach(const ShmAddress& address);
+  ~SegmentMapping();
+
+  SegmentHeader* header() const { return header_; }
+  uint8_t* base() const { return reinterpret_cast<uint8_t*>(header_); }
+  template <typename T>
+  T* At(uint64_t offset) const {
+    return reinterpret_cast<T*>(base() + offset);
+  }
+  ShmAddress address() const { return {header_->fabric_id, header_->pid, header_->fd}; }
+
+ private:
+  SegmentMapping(SegmentHeader* header, int owned_fd) : header_(header), owned_fd_(owned_fd) {}
+  SegmentHeader* header_;
+  int owned_fd_;  // -1 for a peer's segment
+};
+
+// A peer device as one sender sees it: its segment and the regions of it we have mapped.
+class Peer {
+ public:
+  static absl::StatusOr<std::unique_ptr<Peer>> Connect(const ShmAddress& address);
+  ~Peer();
+  SegmentHeader* header() const { return segment_->header(); }
+  const SegmentMapping& segment() const { return *segment_; }
+  // Our address for [addr, addr + length) of the peer's region `key` if the key is live, the
+  // range lies inside it and `access` is granted; nullptr otherwise. The first access to a
+  // region maps it (control-path cost once per region).
+  uint8_t* Resolve(uint32_t key, uint64_t addr, uint64_t length, uint32_t access);
+
+ private:
+  struct MappedRegion {
+    uint32_t key = 0;
+    uint8_t* local = nullptr;   // where the region's first byte is mapped here
+    void* mapping = nullptr;    // for munmap (page-aligned); nullptr when in-process
+    size_t mapping_bytes = 0;
+  };
+  explicit Peer(std::unique_ptr<SegmentMapping> segment);
+  std::unique_ptr<SegmentMapping> segment_;
+  bool same_process_;
+  std::vector<MappedRegion> regions_;  // indexed by region index
+};
+
+class ShmQp;
+
+class ShmDevice : public Device {
+ public:
+  static absl::StatusOr<std::unique_ptr<ShmDevice>> Open(const DeviceOptions& options);
+  ~ShmDevice() override;
+  std::string name() const override { return "shm"; }
+  PortInfo port() const override;
+  absl::StatusOr<std::unique_ptr<ProtectionDomain>> AllocatePd() override;
+  absl::StatusOr<std::unique_ptr<CompletionQueue>> CreateCq(uint32_t depth) override;
+
+  SegmentMapping& segment() { return *segment_; }
+  // Carves `bytes` from the segment's arena; returns its offset.
+  absl::StatusOr<uint64_t> Carve(uint64_t bytes);
+  absl::StatusOr<uint32_t> AddRegion(uint64_t addr, uint64_t length, uint32_t access, int fd,
+                                     uint64_t file_offset);
+  void RemoveRegion(uint32_t key);
+  absl::StatusOr<QpEntry*> AddQp(ShmQp* qp, QpType type);
+  void RemoveQp(QpEntry* entry);
+  // The live QP object with this number, or nullptr (used by CQ polls to retire send slots).
+  ShmQp* FindQp(uint32_t qp_num) const;
+
+ private:
+  explicit ShmDevice(std::unique_ptr<SegmentMapping> segment) : segment_(std::move(segment)) {}
+  std::unique_ptr<SegmentMapping> segment_;
+  absl::Mutex control_mutex_;  // control path only: table slots and the arena
+  uint32_t next_generation_ ABSL_GUARDED_BY(control_mutex_) = 1;
+  std::atomic<ShmQp*> qps_[kMaxQps] = {};
+};
+
+class ShmCq : public CompletionQueue {
+ public:
+  ShmCq(ShmDevice* device, uint64_t offset)
+      : device_(device), offset_(offset), ring_(device->segment().At<CqRing>(offset)) {}
+  size_t Poll(absl::Span<Completion> out) override;
+  uint64_t offset() const { return offset_; }
+  ShmDevice* device() const { return device_; }
+
+ private:
+  ShmDevice* device_;
+  uint64_t offset_;
+  CqRing* ring_;
+};
+
+// Pushes one completion into a ring (any process); false when the ring is full (overrun).
+bool PushCompletion(CqRing* ring, const Completion& completion, uint64_t sq_sequence);
+// Takes one posted receive from a ring; false when none is posted.
+bool PopReceive(RecvRing* ring, RecvEntry* out);
+
+}  // namespace transport::shm
+
+#endif  // HERD_TRANSPORT_SHM_SHM_INTERNAL_H_

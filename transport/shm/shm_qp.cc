@@ -1,0 +1,408 @@
+// The shared-memory fabric's data path: PostSend executes each WR against the peer's segment.
+#include "transport/shm/shm_qp.h"
+
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+#include "absl/strings/str_format.h"
+#include "transport/shm/ordered_copy.h"
+
+namespace transport::shm {
+
+const Gid& AddressHandleGid(const AddressHandle* ah);  // shm_device.cc
+
+namespace {
+
+// rnr_retry = 7 means "retry forever" in verbs; a synchronous sender cannot wait forever inside
+// PostSend, so it gives up after this long and reports kRnrRetryExceeded.
+constexpr auto kInfiniteRnrWait = std::chrono::seconds(1);
+constexpr uint8_t kRnrRetryForever = 7;
+constexpr uint32_t kAtomicBytes = 8;
+
+bool IsError(QpState state) { return state == QpState::kError; }
+
+CompletionOpcode CompletionOpcodeOf(Opcode opcode) {
+  switch (opcode) {
+    case Opcode::kSend:
+    case Opcode::kSendWithImm:
+      return CompletionOpcode::kSend;
+    case Opcode::kWrite:
+    case Opcode::kWriteWithImm:
+      return CompletionOpcode::kWrite;
+    case Opcode::kRead:
+      return CompletionOpcode::kRead;
+    case Opcode::kCompareSwap:
+      return CompletionOpcode::kCompareSwap;
+    case Opcode::kFetchAdd:
+      return CompletionOpcode::kFetchAdd;
+  }
+  return CompletionOpcode::kSend;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ShmQp>> ShmQp::Create(ShmDevice* device, const QpConfig& config) {
+  if (config.send_cq == nullptr || config.recv_cq == nullptr) {
+    return absl::InvalidArgumentError("a QP needs a send CQ and a receive CQ");
+  }
+  auto* send_cq = dynamic_cast<ShmCq*>(config.send_cq);
+  auto* recv_cq = dynamic_cast<ShmCq*>(config.recv_cq);
+  if (send_cq == nullptr || recv_cq == nullptr || send_cq->device() != device ||
+      recv_cq->device() != device) {
+    return absl::InvalidArgumentError("the QP's CQs must belong to the same shm device");
+  }
+  if (config.max_send_wr == 0 || config.max_recv_wr == 0 || config.max_send_sge == 0) {
+    return absl::InvalidArgumentError("max_send_wr, max_recv_wr and max_send_sge must be > 0");
+  }
+  if (config.max_recv_sge != 1) {
+    return absl::InvalidArgumentError("the shm fabric supports exactly one SGE per receive");
+  }
+  std::unique_ptr<ShmQp> qp(new ShmQp(device, config));
+  absl::StatusOr<uint64_t> ring = device->Carve(sizeof(RecvRing) +
+                                                uint64_t{config.max_recv_wr} * sizeof(RecvEntry));
+  if (!ring.ok()) return ring.status();
+  qp->recv_ring_ = new (device->segment().base() + *ring) RecvRing();
+  qp->recv_ring_->depth = config.max_recv_wr;
+  absl::StatusOr<QpEntry*> entry = device->AddQp(qp.get(), config.type);
+  if (!entry.ok()) return entry.status();
+  qp->entry_ = *entry;
+  qp->entry_->recv_ring_offset = *ring;
+  qp->entry_->recv_cq_offset = recv_cq->offset();
+  qp->send_cq_ = send_cq;
+  return qp;
+}
+
+ShmQp::~ShmQp() {
+  if (entry_ != nullptr) device_->RemoveQp(entry_);
+}
+
+QpState ShmQp::state() const {
+  return static_cast<QpState>(entry_->state.load(std::memory_order_acquire));
+}
+
+QpEndpoint ShmQp::endpoint() const {
+  QpEndpoint endpoint;
+  endpoint.qp_num = entry_->qp_num.load(std::memory_order_relaxed);
+  endpoint.gid = device_->port().gid;
+  return endpoint;
+}
+
+void ShmQp::SetError() {
+  entry_->state.store(static_cast<uint8_t>(QpState::kError), std::memory_order_release);
+}
+
+absl::Status ShmQp::Connect(const ConnectConfig& config) {
+  if (state() != QpState::kReset) {
+    return absl::FailedPreconditionError(
+        absl::StrFormat("Connect needs a QP in RESET, this one is %s", ToString(state())));
+  }
+  connect_ = config;
+  if (config_.type != QpType::kUd) {
+    ShmAddress address;
+    std::memcpy(&address, config.remote.gid.data(), sizeof(address));
+    if (address.fabric_id != device_->segment().header()->fabric_id) {
+      return absl::InvalidArgumentError("remote GID is not a shm device of this fabric");
+    }
+    absl::StatusOr<std::unique_ptr<Peer>> peer = Peer::Connect(address);
+    if (!peer.ok()) return peer.status();
+    const QpEntry& remote =
+        (*peer)->header()->qps[config.remote.qp_num & ((1u << kQpIndexBits) - 1)];
+    if (remote.qp_num.load(std::memory_order_acquire) != config.remote.qp_num ||
+        remote.type != static_cast<uint8_t>(config_.type)) {
+      return absl::NotFoundError(absl::StrFormat(
+          "remote QP %d does not exist or is not %s", config.remote.qp_num,
+          ToString(config_.type)));
+    }
+    connected_peer_ = *std::move(peer);
+  }
+  entry_->qkey = config.qkey;
+  entry_->state.store(static_cast<uint8_t>(QpState::kRts), std::memory_order_release);
+  return absl::OkStatus();
+}
+
+absl::Status ShmQp::PostRecv(RecvWr* chain, RecvWr** bad) {
+  if (state() == QpState::kReset) {
+    *bad = chain;
+    return absl::FailedPreconditionError("PostRecv on a QP in RESET");
+  }
+  for (RecvWr* wr = chain; wr != nullptr; wr = wr->next) {
+    const uint64_t tail = recv_ring_->tail.load(std::memory_order_relaxed);
+    if (wr->num_sge != 1) {
+      *bad = wr;
+      return absl::InvalidArgumentError("shm receives take exactly one SGE");
+    }
+    if (tail - recv_ring_->head.load(std::memory_order_acquire) >= recv_ring_->depth) {
+      *bad = wr;
+      return absl::ResourceExhaustedError(
+          absl::StrFormat("receive queue full (%d)", recv_ring_->depth));
+    }
+    recv_ring_->entries[tail % recv_ring_->depth] =
+        RecvEntry{wr->wr_id, wr->sg_list[0].addr, wr->sg_list[0].length, wr->sg_list[0].lkey};
+    recv_ring_->tail.store(tail + 1, std::memory_order_release);
+    counters_.recv_wrs.Add();
+  }
+  return absl::OkStatus();
+}
+
+uint64_t ShmQp::TotalLength(const SendWr& wr) const {
+  uint64_t total = 0;
+  for (uint32_t i = 0; i < wr.num_sge; ++i) total += wr.sg_list[i].length;
+  return total;
+}
+
+absl::Status ShmQp::ValidateSend(const SendWr& wr) const {
+  if (wr.num_sge > config_.max_send_sge) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("WR has %d SGEs, the QP allows %d", wr.num_sge, config_.max_send_sge));
+  }
+  if ((wr.flags & kInline) != 0 && TotalLength(wr) > config_.max_inline_data) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "inline WR of %d bytes exceeds max_inline_data %d", TotalLength(wr),
+        config_.max_inline_data));
+  }
+  if (config_.type == QpType::kUd) {
+    if (wr.opcode != Opcode::kSend && wr.opcode != Opcode::kSendWithImm) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("UD QPs only SEND; %s is not allowed", ToString(wr.opcode)));
+    }
+    if (wr.ah == nullptr) return absl::InvalidArgumentError("UD send without an address handle");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ShmQp::PostSend(SendWr* chain, SendWr** bad) {
+  if (state() == QpState::kReset || state() == QpState::kInit) {
+    *bad = chain;
+    return absl::FailedPreconditionError(
+        absl::StrFormat("PostSend on a QP in %s", ToString(state())));
+  }
+  bool rang = false;
+  for (SendWr* wr = chain; wr != nullptr; wr = wr->next) {
+    if (absl::Status status = ValidateSend(*wr); !status.ok()) {
+      *bad = wr;
+      return status;
+    }
+    if (posted_ - retired_.load(std::memory_order_acquire) >= config_.max_send_wr) {
+      *bad = wr;
+      return absl::ResourceExhaustedError(absl::StrFormat(
+          "send queue full (%d WRs outstanding): signal a WR and poll its completion",
+          config_.max_send_wr));
+    }
+    const uint64_t sequence = ++posted_;
+    const uint64_t bytes = TotalLength(*wr);
+    rang = true;
+    counters_.wrs.Add();
+    counters_.bytes.Add(bytes);
+    if (wr->flags & kSignaled) counters_.signaled_wrs.Add();
+    if (wr->flags & kInline) counters_.inline_wrs.Add();
+    uint32_t byte_len = static_cast<uint32_t>(bytes);
+    const CompletionStatus status =
+        IsError(state()) ? CompletionStatus::kFlushed : Execute(*wr, &byte_len);
+    if (status != CompletionStatus::kSuccess) SetError();
+    Complete(*wr, status, byte_len, sequence);
+  }
+  if (rang) counters_.doorbells.Add();
+  return absl::OkStatus();
+}
+
+void ShmQp::Complete(const SendWr& wr, CompletionStatus status, uint32_t byte_len,
+                     uint64_t sequence) {
+  // Errors always complete, signalled or not, as on hardware; an unsignalled success does not.
+  if ((wr.flags & kSignaled) == 0 && status == CompletionStatus::kSuccess) return;
+  Completion c;
+  c.wr_id = wr.wr_id;
+  c.status = status;
+  c.opcode = CompletionOpcodeOf(wr.opcode);
+  c.byte_len = byte_len;
+  c.qp_num = qp_num();
+  PushCompletion(device_->segment().At<CqRing>(send_cq_->offset()), c, sequence);
+}
+
+uint8_t* ShmQp::LocalBuffer(const Sge& sge, uint32_t need_access) const {
+  const uint32_t index = sge.lkey >> kMrIndexShift;
+  if (index >= kMaxMrs) return nullptr;
+  const MrEntry& entry = device_->segment().header()->mrs[index];
+  if (sge.lkey == 0 || entry.key.load(std::memory_order_acquire) != sge.lkey) return nullptr;
+  if ((entry.access & need_access) != need_access || sge.addr < entry.addr ||
+      sge.length > entry.length || sge.addr - entry.addr > entry.length - sge.length) {
+    return nullptr;
+  }
+  return reinterpret_cast<uint8_t*>(sge.addr);
+}
+
+Peer* ShmQp::PeerFor(const SendWr& wr) {
+  if (config_.type != QpType::kUd) return connected_peer_.get();
+  const Gid& gid = AddressHandleGid(wr.ah);
+  ShmAddress address;
+  std::memcpy(&address, gid.data(), sizeof(address));
+  const uint64_t key = (uint64_t{static_cast<uint32_t>(address.pid)} << 32) |
+                       static_cast<uint32_t>(address.fd);
+  auto it = ud_peers_.find(key);
+  if (it != ud_peers_.end()) return it->second.get();
+  absl::StatusOr<std::unique_ptr<Peer>> peer = Peer::Connect(address);  // first message only
+  if (!peer.ok()) return nullptr;
+  return ud_peers_.emplace(key, *std::move(peer)).first->second.get();
+}
+
+CompletionStatus ShmQp::Execute(const SendWr& wr, uint32_t* byte_len) {
+  const bool reliable = config_.type == QpType::kRc;
+  // Local buffers first: a bad lkey is the sender's own error on every QP type.
+  if ((wr.flags & kInline) == 0 && wr.opcode != Opcode::kRead &&
+      wr.opcode != Opcode::kCompareSwap && wr.opcode != Opcode::kFetchAdd) {
+    for (uint32_t i = 0; i < wr.num_sge; ++i) {
+      if (LocalBuffer(wr.sg_list[i], 0) == nullptr) return CompletionStatus::kLocalProtectionError;
+    }
+  }
+  Peer* peer = PeerFor(wr);
+  if (peer == nullptr || peer->header()->alive.load(std::memory_order_acquire) == 0) {
+    if (reliable) return CompletionStatus::kRetryExceeded;
+    counters_.dropped.Add();
+    return CompletionStatus::kSuccess;
+  }
+  switch (wr.opcode) {
+    case Opcode::kSend:
+    case Opcode::kSendWithImm: {
+      const uint32_t dst = config_.type == QpType::kUd ? wr.remote_qpn : connect_.remote.qp_num;
+      return Deliver(*peer, dst, wr, byte_len);
+    }
+    case Opcode::kWrite:
+      return RdmaWrite(*peer, wr);
+    case Opcode::kWriteWithImm:
+      return Deliver(*peer, connect_.remote.qp_num, wr, byte_len);
+    case Opcode::kRead:
+      if (!reliable) return CompletionStatus::kLocalQpOperationError;
+      return RdmaRead(*peer, wr, byte_len);
+    case Opcode::kCompareSwap:
+    case Opcode::kFetchAdd:
+      if (!reliable) return CompletionStatus::kLocalQpOperationError;
+      return Atomic(*peer, wr);
+  }
+  return CompletionStatus::kLocalQpOperationError;
+}
+
+CompletionStatus ShmQp::RdmaWrite(Peer& peer, const SendWr& wr) {
+  const uint64_t length = TotalLength(wr);
+  uint8_t* dst = peer.Resolve(wr.rkey, wr.remote_addr, length, kRemoteWrite);
+  if (dst == nullptr) {
+    if (config_.type == QpType::kRc) return CompletionStatus::kRemoteAccessError;
+    counters_.dropped.Add();  // UC: the responder silently drops a bad WRITE
+    return CompletionStatus::kSuccess;
+  }
+  for (uint32_t i = 0; i < wr.num_sge; ++i) {
+    OrderedCopy(dst, reinterpret_cast<const uint8_t*>(wr.sg_list[i].addr), wr.sg_list[i].length);
+    dst += wr.sg_list[i].length;
+  }
+  return CompletionStatus::kSuccess;
+}
+
+CompletionStatus ShmQp::Deliver(Peer& peer, uint32_t dst_qpn, const SendWr& wr,
+                                uint32_t* byte_len) {
+  const bool reliable = config_.type == QpType::kRc;
+  QpEntry& dst = peer.header()->qps[dst_qpn & ((1u << kQpIndexBits) - 1)];
+  const auto dst_state = static_cast<QpState>(dst.state.load(std::memory_order_acquire));
+  auto drop = [&]() {
+    counters_.dropped.Add();
+    dst.dropped.fetch_add(1, std::memory_order_relaxed);
+    return CompletionStatus::kSuccess;
+  };
+  if (dst.qp_num.load(std::memory_order_acquire) != dst_qpn || dst_state == QpState::kError ||
+      dst_state == QpState::kReset || dst.type != static_cast<uint8_t>(config_.type)) {
+    return reliable ? CompletionStatus::kRetryExceeded : drop();
+  }
+  const uint64_t length = TotalLength(wr);
+  const uint32_t grh = config_.type == QpType::kUd ? kGrhBytes : 0;
+  if (config_.type == QpType::kUd &&
+      (length > peer.header()->mtu || wr.remote_qkey != dst.qkey)) {
+    return drop();
+  }
+  // WRITE_WITH_IMM: the data goes to remote_addr; the receive only carries the immediate.
+  const bool write_with_imm = wr.opcode == Opcode::kWriteWithImm;
+  if (write_with_imm && peer.Resolve(wr.rkey, wr.remote_addr, length, kRemoteWrite) == nullptr) {
+    return reliable ? CompletionStatus::kRemoteAccessError : drop();
+  }
+  auto* ring = peer.segment().At<RecvRing>(dst.recv_ring_offset);
+  RecvEntry recv;
+  const auto started = std::chrono::steady_clock::now();
+  for (uint32_t attempt = 0; !PopReceive(ring, &recv); ++attempt) {
+    if (!reliable) return drop();
+    const bool forever = connect_.rnr_retry == kRnrRetryForever;
+    if ((!forever && attempt >= connect_.rnr_retry) ||
+        (forever && std::chrono::steady_clock::now() - started > kInfiniteRnrWait)) {
+      return CompletionStatus::kRnrRetryExceeded;
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(connect_.min_rnr_timer_us));
+  }
+  Completion c;
+  c.wr_id = recv.wr_id;
+  c.qp_num = dst_qpn;
+  c.src_qp = qp_num();
+  c.has_imm = wr.opcode == Opcode::kSendWithImm || write_with_imm;
+  c.imm_data = wr.imm_data;
+  c.opcode = c.has_imm ? CompletionOpcode::kRecvWithImm : CompletionOpcode::kRecv;
+  c.byte_len = static_cast<uint32_t>(length) + grh;
+  CompletionStatus sender_status = CompletionStatus::kSuccess;
+  if (write_with_imm) {
+    if (RdmaWrite(peer, wr) != CompletionStatus::kSuccess) return CompletionStatus::kRemoteAccessError;
+  } else {
+    uint8_t* buffer =
+        recv.length < length + grh
+            ? nullptr
+            : peer.Resolve(recv.lkey, recv.addr, length + grh, kLocalWrite);
+    if (buffer == nullptr) {
+      c.status = recv.length < length + grh ? CompletionStatus::kLocalLengthError
+                                            : CompletionStatus::kLocalProtectionError;
+      dst.state.store(static_cast<uint8_t>(QpState::kError), std::memory_order_release);
+      sender_status = reliable ? CompletionStatus::kRemoteInvalidRequest : sender_status;
+    } else {
+      buffer += grh;
+      for (uint32_t i = 0; i < wr.num_sge; ++i) {
+        OrderedCopy(buffer, reinterpret_cast<const uint8_t*>(wr.sg_list[i].addr),
+                    wr.sg_list[i].length);
+        buffer += wr.sg_list[i].length;
+      }
+    }
+  }
+  if (!PushCompletion(peer.segment().At<CqRing>(dst.recv_cq_offset), c, 0)) {
+    dst.dropped.fetch_add(1, std::memory_order_relaxed);  // receiver's CQ overran
+  }
+  *byte_len = static_cast<uint32_t>(length);
+  return sender_status;
+}
+
+CompletionStatus ShmQp::RdmaRead(Peer& peer, const SendWr& wr, uint32_t* byte_len) {
+  const uint64_t length = TotalLength(wr);
+  const uint8_t* src = peer.Resolve(wr.rkey, wr.remote_addr, length, kRemoteRead);
+  if (src == nullptr) return CompletionStatus::kRemoteAccessError;
+  for (uint32_t i = 0; i < wr.num_sge; ++i) {
+    uint8_t* dst = LocalBuffer(wr.sg_list[i], kLocalWrite);
+    if (dst == nullptr) return CompletionStatus::kLocalProtectionError;
+    std::memcpy(dst, src, wr.sg_list[i].length);
+    src += wr.sg_list[i].length;
+  }
+  *byte_len = static_cast<uint32_t>(length);
+  return CompletionStatus::kSuccess;
+}
+
+CompletionStatus ShmQp::Atomic(Peer& peer, const SendWr& wr) {
+  if (wr.num_sge != 1 || wr.sg_list[0].length != kAtomicBytes) {
+    return CompletionStatus::kLocalLengthError;
+  }
+  if (wr.remote_addr % kAtomicBytes != 0) return CompletionStatus::kRemoteInvalidRequest;
+  uint8_t* target = peer.Resolve(wr.rkey, wr.remote_addr, kAtomicBytes, kRemoteAtomic);
+  if (target == nullptr) return CompletionStatus::kRemoteAccessError;
+  uint8_t* result = LocalBuffer(wr.sg_list[0], kLocalWrite);
+  if (result == nullptr) return CompletionStatus::kLocalProtectionError;
+  std::atomic_ref<uint64_t> word(*reinterpret_cast<uint64_t*>(target));
+  uint64_t original;
+  if (wr.opcode == Opcode::kFetchAdd) {
+    original = word.fetch_add(wr.compare_add, std::memory_order_acq_rel);
+  } else {
+    original = wr.compare_add;
+    word.compare_exchange_strong(original, wr.swap, std::memory_order_acq_rel);
+  }
+  std::memcpy(result, &original, kAtomicBytes);
+  return CompletionStatus::kSuccess;
+}
+
+}  // namespace transport::shm

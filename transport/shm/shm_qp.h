@@ -1,0 +1,59 @@
+// A queue pair of the shared-memory fabric. In this (synchronous) mode the sender performs each
+// transfer inside PostSend, in order, so RC's ordering and reliability hold by construction.
+#ifndef HERD_TRANSPORT_SHM_SHM_QP_H_
+#define HERD_TRANSPORT_SHM_SHM_QP_H_
+
+#include <atomic>
+#include <memory>
+
+#include "absl/container/flat_hash_map.h"
+#include "transport/fabric.h"
+#include "transport/shm/shm_internal.h"
+
+namespace transport::shm {
+
+class ShmQp : public QueuePair {
+ public:
+  static absl::StatusOr<std::unique_ptr<ShmQp>> Create(ShmDevice* device, const QpConfig& config);
+  ~ShmQp() override;
+
+  absl::Status PostSend(SendWr* chain, SendWr** bad) override;
+  absl::Status PostRecv(RecvWr* chain, RecvWr** bad) override;
+  absl::Status Connect(const ConnectConfig& config) override;
+  void SetError() override;
+  QpState state() const override;
+  QpEndpoint endpoint() const override;
+
+  // A signalled send completion up to `sq_sequence` was polled: its queue slots are free.
+  void Retire(uint64_t sq_sequence) { retired_.store(sq_sequence, std::memory_order_release); }
+
+ private:
+  ShmQp(ShmDevice* device, const QpConfig& config) : QueuePair(config), device_(device) {}
+  absl::Status ValidateSend(const SendWr& wr) const;
+  // Executes one WR; returns its completion status (kSuccess also for silent UC/UD drops).
+  CompletionStatus Execute(const SendWr& wr, uint32_t* byte_len);
+  CompletionStatus Deliver(Peer& peer, uint32_t dst_qpn, const SendWr& wr, uint32_t* byte_len);
+  CompletionStatus RdmaWrite(Peer& peer, const SendWr& wr);
+  CompletionStatus RdmaRead(Peer& peer, const SendWr& wr, uint32_t* byte_len);
+  CompletionStatus Atomic(Peer& peer, const SendWr& wr);
+  // Our address for a local SGE, or nullptr if its key or range is wrong.
+  uint8_t* LocalBuffer(const Sge& sge, uint32_t need_access) const;
+  Peer* PeerFor(const SendWr& wr);
+  uint64_t TotalLength(const SendWr& wr) const;
+  void Complete(const SendWr& wr, CompletionStatus status, uint32_t byte_len, uint64_t seq);
+
+  ShmDevice* device_;
+  QpEntry* entry_ = nullptr;
+  RecvRing* recv_ring_ = nullptr;
+  ShmCq* send_cq_ = nullptr;
+  ConnectConfig connect_{};
+  std::unique_ptr<Peer> connected_peer_;  // RC/UC
+  // UD: peers reached through address handles, mapped on the first message to each.
+  absl::flat_hash_map<uint64_t, std::unique_ptr<Peer>> ud_peers_;
+  uint64_t posted_ = 0;                // send WRs posted, ever
+  std::atomic<uint64_t> retired_{0};   // send WRs whose queue slots are free again
+};
+
+}  // namespace transport::shm
+
+#endif  // HERD_TRANSPORT_SHM_SHM_QP_H_

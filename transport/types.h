@@ -1,0 +1,172 @@
+// Verbs-shaped value types shared by every fabric backend: work requests, completions, flags,
+// addresses and counters. They mirror libibverbs closely so the verbs backend maps them 1:1, and
+// they carry no backend state.
+#ifndef HERD_TRANSPORT_TYPES_H_
+#define HERD_TRANSPORT_TYPES_H_
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <string>
+
+namespace transport {
+
+enum class QpType : uint8_t { kRc, kUc, kUd };
+enum class QpState : uint8_t { kReset, kInit, kRtr, kRts, kError };
+
+enum class Opcode : uint8_t {
+  kSend,
+  kSendWithImm,
+  kWrite,
+  kWriteWithImm,
+  kRead,
+  kCompareSwap,
+  kFetchAdd,
+};
+
+// What a completion reports (a receive is kRecv, or kRecvWithImm for SEND/WRITE_WITH_IMM).
+enum class CompletionOpcode : uint8_t {
+  kSend,
+  kWrite,
+  kRead,
+  kCompareSwap,
+  kFetchAdd,
+  kRecv,
+  kRecvWithImm,
+};
+
+enum class CompletionStatus : uint8_t {
+  kSuccess,
+  kLocalLengthError,       // receive buffer too small, or a WR longer than allowed
+  kLocalProtectionError,   // lkey invalid or the buffer lies outside its region
+  kLocalQpOperationError,  // the QP type cannot do this opcode (e.g. READ on UC)
+  kRemoteAccessError,      // rkey invalid, range outside the region, or access not granted
+  kRemoteInvalidRequest,   // e.g. a misaligned atomic
+  kRnrRetryExceeded,       // RC SEND found no posted RECV through every retry
+  kRetryExceeded,          // the peer is unreachable (dead process, closed QP)
+  kFlushed,                // the QP was in the error state
+};
+
+const char* ToString(QpType type);
+const char* ToString(QpState state);
+const char* ToString(Opcode opcode);
+const char* ToString(CompletionStatus status);
+
+// Memory region access (IBV_ACCESS_* equivalents). Local read is always granted.
+enum Access : uint32_t {
+  kLocalWrite = 1u << 0,
+  kRemoteWrite = 1u << 1,
+  kRemoteRead = 1u << 2,
+  kRemoteAtomic = 1u << 3,
+};
+
+// Send flags (IBV_SEND_* equivalents).
+enum SendFlag : uint32_t {
+  kSignaled = 1u << 0,
+  kInline = 1u << 1,
+};
+
+struct Sge {
+  uint64_t addr = 0;
+  uint32_t length = 0;
+  uint32_t lkey = 0;
+};
+
+class AddressHandle;
+
+struct SendWr {
+  uint64_t wr_id = 0;
+  SendWr* next = nullptr;  // a chain of WRs is posted with ONE call (one doorbell)
+  Sge* sg_list = nullptr;
+  uint32_t num_sge = 0;
+  Opcode opcode = Opcode::kSend;
+  uint32_t flags = 0;     // SendFlag bits
+  uint32_t imm_data = 0;  // *_WITH_IMM
+  // RDMA WRITE/READ and atomics.
+  uint64_t remote_addr = 0;
+  uint32_t rkey = 0;
+  // Atomics: CMP_AND_SWP compares with compare_add and writes swap; FETCH_AND_ADD adds
+  // compare_add. The 8-byte original value lands in sg_list[0].
+  uint64_t compare_add = 0;
+  uint64_t swap = 0;
+  // UD only.
+  const AddressHandle* ah = nullptr;
+  uint32_t remote_qpn = 0;
+  uint32_t remote_qkey = 0;
+};
+
+struct RecvWr {
+  uint64_t wr_id = 0;
+  RecvWr* next = nullptr;
+  Sge* sg_list = nullptr;
+  uint32_t num_sge = 0;
+};
+
+struct Completion {
+  uint64_t wr_id = 0;
+  CompletionStatus status = CompletionStatus::kSuccess;
+  CompletionOpcode opcode = CompletionOpcode::kSend;
+  bool has_imm = false;
+  uint32_t byte_len = 0;  // receives: payload bytes (UD: plus the 40-byte GRH area)
+  uint32_t imm_data = 0;
+  uint32_t qp_num = 0;  // the local QP this completion belongs to
+  uint32_t src_qp = 0;  // UD receives: the sender's QP number
+};
+
+// UD receive buffers start with this many bytes of GRH area (filled or not), as on hardware.
+inline constexpr uint32_t kGrhBytes = 40;
+
+using Gid = std::array<uint8_t, 16>;
+
+// What a peer needs to reach one QP: exchanged over the control plane.
+struct QpEndpoint {
+  uint32_t qp_num = 0;
+  uint16_t lid = 0;  // InfiniBand; 0 on RoCE and on the shm fabric
+  Gid gid{};         // RoCE (and the shm fabric's process address)
+  uint32_t psn = 0;  // initial packet sequence number
+};
+
+// Where a UD address handle points.
+struct AddressInfo {
+  uint16_t lid = 0;
+  Gid gid{};
+};
+
+// Counters that show a program's verb economy. Kept identically by every backend: one writer (the
+// thread that owns the QP or CQ), relaxed atomics so a progress thread may read them.
+struct Counter {
+  std::atomic<uint64_t> value{0};
+  void Add(uint64_t n = 1) {
+    value.store(value.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
+  }
+  uint64_t Get() const { return value.load(std::memory_order_relaxed); }
+};
+
+struct QpCounters {
+  Counter doorbells;     // PostSend calls that posted at least one WR
+  Counter wrs;           // send WRs posted
+  Counter signaled_wrs;  // ... of which signalled
+  Counter inline_wrs;    // ... of which inline
+  Counter bytes;         // payload bytes of posted send WRs
+  Counter recv_wrs;      // receive WRs posted
+  Counter dropped;       // inbound messages dropped (UD/UC: no RECV, over MTU, bad key)
+};
+
+struct CqCounters {
+  Counter polls;        // Poll calls
+  Counter empty_polls;  // ... that returned nothing
+  Counter completions;  // completions returned
+};
+
+// Plain copy of the counters, for printing and JSON.
+struct CounterSnapshot {
+  uint64_t doorbells = 0, wrs = 0, signaled_wrs = 0, inline_wrs = 0, bytes = 0, recv_wrs = 0,
+           dropped = 0, polls = 0, empty_polls = 0, completions = 0;
+  void Add(const QpCounters& qp);
+  void Add(const CqCounters& cq);
+  std::string ToJson() const;
+};
+
+}  // namespace transport
+
+#endif  // HERD_TRANSPORT_TYPES_H_
