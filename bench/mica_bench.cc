@@ -113,8 +113,8 @@ Outcome RunMica(mica::Partition& partition, const Keys& keys, const std::vector<
 
 using FlatMap = absl::flat_hash_map<std::string, std::string>;
 
-Outcome RunFlatMap(FlatMap& map, const Keys& keys, const std::vector<uint64_t>& ranks,
-                   bool is_get, const std::vector<std::string>& values) {
+Outcome RunFlatMap(FlatMap& map, const Keys& keys, const std::vector<uint64_t>& ranks, bool is_get,
+                   const std::vector<std::string>& values) {
   std::vector<char> out(FLAGS_value_bytes);
   Outcome outcome{0, 0, 0};
   const auto start = Clock::now();
@@ -186,8 +186,8 @@ int main(int argc, char** argv) {
     mica::PartitionConfig config;
     config.expected_items = items;
     config.max_value_bytes = FLAGS_value_bytes;
-    config.log_bytes = static_cast<uint64_t>(
-        kLogSlack * items * mica::ItemBytes(FLAGS_key_bytes, FLAGS_value_bytes));
+    config.log_bytes = static_cast<uint64_t>(kLogSlack * items *
+                                             mica::ItemBytes(FLAGS_key_bytes, FLAGS_value_bytes));
     config.try_hugepages = FLAGS_hugepages;
     auto partition = mica::Partition::Create(config);
     CHECK(partition.ok()) << partition.status();
@@ -198,13 +198,14 @@ int main(int argc, char** argv) {
       (*partition)->Put(keys[i], mica::KeyHash(keys[i]), values[i % kValuePatterns]);
       map.emplace(std::string(keys[i]), values[i % kValuePatterns]);
     }
-    const double mica_bytes = (*partition)->layout().BytesPerItem(FLAGS_key_bytes,
-                                                                  FLAGS_value_bytes);
+    const double mica_bytes =
+        (*partition)->layout().BytesPerItem(FLAGS_key_bytes, FLAGS_value_bytes);
     // Table memory of the map: slots of two std::strings plus a control byte, plus the heap
     // bytes of strings too long for the small-string buffer (rounded to malloc's 16 bytes).
     auto heap = [](uint32_t n) { return n > 15 ? ((n + 1 + 8 + 15) / 16) * 16 : 0u; };
-    const double map_bytes = static_cast<double>(map.capacity()) * (sizeof(FlatMap::value_type) + 1) /
-                                 items + heap(FLAGS_key_bytes) + heap(FLAGS_value_bytes);
+    const double map_bytes =
+        static_cast<double>(map.capacity()) * (sizeof(FlatMap::value_type) + 1) / items +
+        heap(FLAGS_key_bytes) + heap(FLAGS_value_bytes);
     // All GET phases first, so every GET finds its key; then the PUT phases.
     for (const bool is_get : {true, false}) {
       for (const std::string& dist : dists) {
@@ -223,9 +224,10 @@ int main(int argc, char** argv) {
     }
   }
   if (final_items > 0) {
-    std::printf("{\"case\":\"%s_uniform_get\",\"mica_mops\":%.3f,\"flat_hash_map_mops\":%.3f,"
-                "\"ratio\":%.2f}\n",
-                CaseName(final_items).c_str(), final_mica, final_map, final_mica / final_map);
+    std::printf(
+        "{\"case\":\"%s_uniform_get\",\"mica_mops\":%.3f,\"flat_hash_map_mops\":%.3f,"
+        "\"ratio\":%.2f}\n",
+        CaseName(final_items).c_str(), final_mica, final_map, final_mica / final_map);
   }
   return 0;
 }

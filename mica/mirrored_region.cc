@@ -36,15 +36,14 @@ absl::Status MapRegion(size_t page, size_t head, size_t ring, size_t mirror, int
   // Reserve address space with slack so the base can be page-aligned, then map over it.
   const size_t total = head + ring + mirror;
   const size_t reserved = total + page;
-  void* reservation = mmap(nullptr, reserved, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
-                           -1, 0);
+  void* reservation =
+      mmap(nullptr, reserved, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (reservation == MAP_FAILED) {
     const absl::Status status = Errno("mmap reserve");
     close(fd);
     return status;
   }
-  auto* base = reinterpret_cast<uint8_t*>(
-      RoundUp(reinterpret_cast<uintptr_t>(reservation), page));
+  auto* base = reinterpret_cast<uint8_t*>(RoundUp(reinterpret_cast<uintptr_t>(reservation), page));
   const int prot = PROT_READ | PROT_WRITE;
   const int map = MAP_SHARED | MAP_FIXED | MAP_POPULATE;
   if (mmap(base, head + ring, prot, map, fd, 0) == MAP_FAILED ||
@@ -67,8 +66,8 @@ absl::Status MapRegion(size_t page, size_t head, size_t ring, size_t mirror, int
 absl::StatusOr<MirroredRegion> MirroredRegion::Create(const RegionRequest& request) {
   if (request.ring_bytes == 0) return absl::InvalidArgumentError("ring_bytes must be positive");
   if (request.mirror_bytes > request.ring_bytes) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "mirror_bytes %d exceeds ring_bytes %d", request.mirror_bytes, request.ring_bytes));
+    return absl::InvalidArgumentError(absl::StrFormat("mirror_bytes %d exceeds ring_bytes %d",
+                                                      request.mirror_bytes, request.ring_bytes));
   }
   MirroredRegion region;
   absl::Status last = absl::OkStatus();

@@ -17,9 +17,9 @@
 namespace mica {
 
 struct RegionRequest {
-  size_t head_bytes = 0;    // rounded up to the page size
-  size_t ring_bytes = 0;    // rounded up to the page size; mirror_bytes <= ring_bytes
-  size_t mirror_bytes = 0;  // rounded up to the page size
+  size_t head_bytes = 0;      // rounded up to the page size
+  size_t ring_bytes = 0;      // rounded up to the page size; mirror_bytes <= ring_bytes
+  size_t mirror_bytes = 0;    // rounded up to the page size
   bool try_hugepages = true;  // 2 MiB pages when the pool has them, else 4 KiB pages
 };
 

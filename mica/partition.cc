@@ -212,8 +212,8 @@ uint64_t PartitionLayout::LogCapacityItems(uint32_t key_bytes, uint32_t value_by
 }
 
 double PartitionLayout::BytesPerItem(uint32_t key_bytes, uint32_t value_bytes) const {
-  const uint64_t items = std::min<uint64_t>(LogCapacityItems(key_bytes, value_bytes),
-                                            bucket_count * kSlotsPerBucket);
+  const uint64_t items =
+      std::min<uint64_t>(LogCapacityItems(key_bytes, value_bytes), bucket_count * kSlotsPerBucket);
   return items == 0 ? 0.0 : static_cast<double>(index_bytes + log_bytes) / items;
 }
 
@@ -221,8 +221,8 @@ std::string PartitionLayout::Describe(uint32_t key_bytes, uint32_t value_bytes) 
   return absl::StrFormat(
       "%d buckets (%.1f MiB index, %d slots), %.1f MiB log holding %d items of %d+%d bytes, "
       "%.1f bytes/item, %s pages",
-      bucket_count, index_bytes / 1048576.0, bucket_count * kSlotsPerBucket,
-      log_bytes / 1048576.0, LogCapacityItems(key_bytes, value_bytes), key_bytes, value_bytes,
+      bucket_count, index_bytes / 1048576.0, bucket_count * kSlotsPerBucket, log_bytes / 1048576.0,
+      LogCapacityItems(key_bytes, value_bytes), key_bytes, value_bytes,
       BytesPerItem(key_bytes, value_bytes), hugepages ? "2 MiB" : "4 KiB");
 }
 

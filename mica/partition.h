@@ -35,12 +35,12 @@ enum class OpCode : uint8_t { kGet = 0, kPut = 1, kDelete = 2, kCas = 3 };
 // Outcome of one operation. A wire-friendly byte; ToStatus() gives the absl::Status equivalent.
 enum class Result : uint8_t {
   kOk = 0,
-  kNotFound = 1,       // no such key (never stored, deleted, or evicted)
-  kCasFailed = 2,      // CAS: the key's version is not the expected one
-  kKeyTooLong = 3,     // key empty or longer than kMaxKeyBytes
-  kValueTooLong = 4,   // value longer than the partition's max_value_bytes
-  kBufferTooSmall = 5, // GET: the caller's buffer cannot hold the value (value_bytes says how big)
-  kInvalidOp = 6,      // opcode is none of GET, PUT, DELETE, CAS
+  kNotFound = 1,        // no such key (never stored, deleted, or evicted)
+  kCasFailed = 2,       // CAS: the key's version is not the expected one
+  kKeyTooLong = 3,      // key empty or longer than kMaxKeyBytes
+  kValueTooLong = 4,    // value longer than the partition's max_value_bytes
+  kBufferTooSmall = 5,  // GET: the caller's buffer cannot hold the value (value_bytes says how big)
+  kInvalidOp = 6,       // opcode is none of GET, PUT, DELETE, CAS
 };
 
 absl::Status ToStatus(Result result);
@@ -122,8 +122,7 @@ class Partition {
   // A slot for a new key: an empty or dead one, else the one of the bucket's oldest item.
   uint64_t* ClaimSlot(Bucket* bucket);
   // Appends an item and returns its log offset.
-  uint64_t Append(std::string_view key, uint64_t keyhash, std::string_view value,
-                  uint64_t version);
+  uint64_t Append(std::string_view key, uint64_t keyhash, std::string_view value, uint64_t version);
   // Validates sizes for a write; kOk when they fit.
   Result CheckWrite(std::string_view key, std::string_view value);
   // Points `slot` at a new item holding key/value under the next version; returns the version.

@@ -11,8 +11,9 @@ namespace mica {
 // keep concurrent readers free of data races.
 class Counter {
  public:
-  void Add(uint64_t n = 1) { value_.store(value_.load(std::memory_order_relaxed) + n,
-                                          std::memory_order_relaxed); }
+  void Add(uint64_t n = 1) {
+    value_.store(value_.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
+  }
   uint64_t Get() const { return value_.load(std::memory_order_relaxed); }
 
  private:
@@ -29,9 +30,9 @@ struct PartitionStats {
   Counter cas_ok;
   Counter cas_failed;  // version mismatch
   Counter cas_misses;
-  Counter evictions;   // live index entries displaced from a full bucket
-  Counter rejected;    // key or value out of bounds
-  Counter log_wraps;   // times the log tail passed the ring's end
+  Counter evictions;  // live index entries displaced from a full bucket
+  Counter rejected;   // key or value out of bounds
+  Counter log_wraps;  // times the log tail passed the ring's end
 };
 
 }  // namespace mica

@@ -13,9 +13,9 @@ absl::StatusOr<std::unique_ptr<Device>> OpenDevice(const DeviceOptions& options)
     return std::unique_ptr<Device>(std::move(*device));
   }
   // The libibverbs backend is issue 3's second half; until it lands, say so plainly.
-  return absl::NotFoundError(absl::StrFormat(
-      "no device '%s': this build has the shm fabric only (devices: %s)", options.name,
-      absl::StrJoin(ListDevices(), ", ")));
+  return absl::NotFoundError(
+      absl::StrFormat("no device '%s': this build has the shm fabric only (devices: %s)",
+                      options.name, absl::StrJoin(ListDevices(), ", ")));
 }
 
 std::vector<std::string> ListDevices() { return {"shm"}; }

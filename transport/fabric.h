@@ -76,10 +76,10 @@ struct QpConfig {
 
 // Connection parameters for INIT -> RTR -> RTS.
 struct ConnectConfig {
-  QpEndpoint remote;             // RC/UC: the peer QP; UD: ignored
-  uint32_t qkey = 0x11111111;    // UD: accepted qkey
-  uint8_t rnr_retry = 7;         // RC: RNR retries (7 = retry forever, as in verbs)
-  uint8_t retry_count = 7;       // RC: transport retries
+  QpEndpoint remote;               // RC/UC: the peer QP; UD: ignored
+  uint32_t qkey = 0x11111111;      // UD: accepted qkey
+  uint8_t rnr_retry = 7;           // RC: RNR retries (7 = retry forever, as in verbs)
+  uint8_t retry_count = 7;         // RC: transport retries
   uint32_t min_rnr_timer_us = 10;  // RC: wait between RNR retries
 };
 
@@ -139,11 +139,11 @@ class Device {
 
 // Options for opening a device; the verbs fields are ignored by the shm fabric and vice versa.
 struct DeviceOptions {
-  std::string name = "shm";          // "shm" or a verbs device name
-  std::string fabric = "default";    // shm: runs with different names never see each other
-  uint32_t mtu = 4096;               // shm: UD payload limit; verbs: requested path MTU
-  uint8_t port = 1;                  // verbs
-  int gid_index = -1;                // verbs: -1 picks the first RoCE v2 / IB GID
+  std::string name = "shm";        // "shm" or a verbs device name
+  std::string fabric = "default";  // shm: runs with different names never see each other
+  uint32_t mtu = 4096;             // shm: UD payload limit; verbs: requested path MTU
+  uint8_t port = 1;                // verbs
+  int gid_index = -1;              // verbs: -1 picks the first RoCE v2 / IB GID
 };
 
 absl::StatusOr<std::unique_ptr<Device>> OpenDevice(const DeviceOptions& options);

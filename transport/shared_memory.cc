@@ -2,8 +2,8 @@
 
 #include <dirent.h>
 #include <sys/mman.h>
-#include <sys/sysmacros.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -108,7 +108,8 @@ absl::StatusOr<Backing> FindBacking(const void* addr, size_t length) {
     if (fd < 0) {
       result = absl::FailedPreconditionError(absl::StrFormat(
           "the file mapped at %p has no open descriptor in this process; keep it open while "
-          "registered", addr));
+          "registered",
+          addr));
       break;
     }
     result = Backing{fd, offset + (begin - lo)};

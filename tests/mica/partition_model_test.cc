@@ -130,18 +130,17 @@ TEST_P(ModelTest, NeverStaleNeverForeign) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Scenarios, ModelTest,
-    ::testing::Values(
-        // Roomy: almost nothing is lost.
-        Scenario{"roomy", 8 << 20, 1024, 2048, 500, 40000},
-        // Tiny log, many wraps with mixed sizes.
-        Scenario{"wrapping_log", 16 << 10, 256, 1500, 300, 40000},
-        // Tiny index, constant bucket evictions.
-        Scenario{"full_buckets", 4 << 20, 8, 512, 400, 40000},
-        // Both at once.
-        Scenario{"everything_lossy", 32 << 10, 4, 1024, 200, 40000}),
-    [](const auto& info) { return std::string(info.param.name); });
+INSTANTIATE_TEST_SUITE_P(Scenarios, ModelTest,
+                         ::testing::Values(
+                             // Roomy: almost nothing is lost.
+                             Scenario{"roomy", 8 << 20, 1024, 2048, 500, 40000},
+                             // Tiny log, many wraps with mixed sizes.
+                             Scenario{"wrapping_log", 16 << 10, 256, 1500, 300, 40000},
+                             // Tiny index, constant bucket evictions.
+                             Scenario{"full_buckets", 4 << 20, 8, 512, 400, 40000},
+                             // Both at once.
+                             Scenario{"everything_lossy", 32 << 10, 4, 1024, 200, 40000}),
+                         [](const auto& info) { return std::string(info.param.name); });
 
 // ExecuteBatch must give exactly what executing the same requests one at a time gives, even
 // when a batch holds several operations on one key.

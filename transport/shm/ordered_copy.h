@@ -21,8 +21,8 @@ inline void OrderedCopy(uint8_t* dst, const uint8_t* src, size_t n) {
   for (; n >= 8; n -= 8, dst += 8, src += 8) {
     uint64_t word;
     std::memcpy(&word, src, 8);
-    std::atomic_ref<uint64_t>(*reinterpret_cast<uint64_t*>(dst)).store(word,
-                                                                       std::memory_order_release);
+    std::atomic_ref<uint64_t>(*reinterpret_cast<uint64_t*>(dst))
+        .store(word, std::memory_order_release);
   }
   for (; n > 0; --n) std::atomic_ref<uint8_t>(*dst++).store(*src++, std::memory_order_release);
 }

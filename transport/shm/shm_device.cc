@@ -69,9 +69,9 @@ absl::StatusOr<std::unique_ptr<SegmentMapping>> SegmentMapping::Attach(const Shm
   if (header->magic != kSegmentMagic || header->fabric_id != address.fabric_id ||
       header->pid != address.pid) {
     munmap(base, kSegmentBytes);
-    return absl::FailedPreconditionError(absl::StrFormat(
-        "pid %d fd %d is not a shm device of this fabric (stale address?)", address.pid,
-        address.fd));
+    return absl::FailedPreconditionError(
+        absl::StrFormat("pid %d fd %d is not a shm device of this fabric (stale address?)",
+                        address.pid, address.fd));
   }
   return std::unique_ptr<SegmentMapping>(new SegmentMapping(header, -1));
 }
@@ -107,8 +107,8 @@ uint8_t* Peer::Resolve(uint32_t key, uint64_t addr, uint64_t length, uint32_t ac
   if (index >= kMaxMrs) return nullptr;
   const MrEntry& entry = header()->mrs[index];
   if (entry.key.load(std::memory_order_acquire) != key || key == 0) return nullptr;
-  if ((entry.access & access) != access || addr < entry.addr ||
-      length > entry.length || addr - entry.addr > entry.length - length) {
+  if ((entry.access & access) != access || addr < entry.addr || length > entry.length ||
+      addr - entry.addr > entry.length - length) {
     return nullptr;
   }
   MappedRegion& region = regions_[index];
@@ -124,8 +124,8 @@ uint8_t* Peer::Resolve(uint32_t key, uint64_t addr, uint64_t length, uint32_t ac
       const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
       const uint64_t start = entry.file_offset / page * page;
       const uint64_t bytes = entry.file_offset - start + entry.length;
-      void* mapping = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd,
-                           static_cast<off_t>(start));
+      void* mapping =
+          mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, static_cast<off_t>(start));
       close(fd);
       if (mapping == MAP_FAILED) return nullptr;
       region.mapping = mapping;

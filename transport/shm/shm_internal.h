@@ -16,8 +16,7 @@ namespace transport::shm {
 // A mapping of some device's segment: our own, or a peer's through /proc/<pid>/fd/<fd>.
 class SegmentMapping {
  public:
-  static absl::StatusOr<std::unique_ptr<SegmentMapping>> Create(uint64_t fabric_id,
-                                                                 uint32_t mtu);
+  static absl::StatusOr<std::unique_ptr<SegmentMapping>> Create(uint64_t fabric_id, uint32_t mtu);
   static absl::StatusOr<std::unique_ptr<SegmentMapping>> Attach(const ShmAddress& address);
   ~SegmentMapping();
 
@@ -50,8 +49,8 @@ class Peer {
  private:
   struct MappedRegion {
     uint32_t key = 0;
-    uint8_t* local = nullptr;   // where the region's first byte is mapped here
-    void* mapping = nullptr;    // for munmap (page-aligned); nullptr when in-process
+    uint8_t* local = nullptr;  // where the region's first byte is mapped here
+    void* mapping = nullptr;   // for munmap (page-aligned); nullptr when in-process
     size_t mapping_bytes = 0;
   };
   explicit Peer(std::unique_ptr<SegmentMapping> segment);

@@ -59,8 +59,8 @@ absl::StatusOr<std::unique_ptr<ShmQp>> ShmQp::Create(ShmDevice* device, const Qp
     return absl::InvalidArgumentError("the shm fabric supports exactly one SGE per receive");
   }
   std::unique_ptr<ShmQp> qp(new ShmQp(device, config));
-  absl::StatusOr<uint64_t> ring = device->Carve(sizeof(RecvRing) +
-                                                uint64_t{config.max_recv_wr} * sizeof(RecvEntry));
+  absl::StatusOr<uint64_t> ring =
+      device->Carve(sizeof(RecvRing) + uint64_t{config.max_recv_wr} * sizeof(RecvEntry));
   if (!ring.ok()) return ring.status();
   qp->recv_ring_ = new (device->segment().base() + *ring) RecvRing();
   qp->recv_ring_->depth = config.max_recv_wr;
@@ -110,9 +110,8 @@ absl::Status ShmQp::Connect(const ConnectConfig& config) {
         (*peer)->header()->qps[config.remote.qp_num & ((1u << kQpIndexBits) - 1)];
     if (remote.qp_num.load(std::memory_order_acquire) != config.remote.qp_num ||
         remote.type != static_cast<uint8_t>(config_.type)) {
-      return absl::NotFoundError(absl::StrFormat(
-          "remote QP %d does not exist or is not %s", config.remote.qp_num,
-          ToString(config_.type)));
+      return absl::NotFoundError(absl::StrFormat("remote QP %d does not exist or is not %s",
+                                                 config.remote.qp_num, ToString(config_.type)));
     }
     connected_peer_ = *std::move(peer);
   }
@@ -157,9 +156,9 @@ absl::Status ShmQp::ValidateSend(const SendWr& wr) const {
         absl::StrFormat("WR has %d SGEs, the QP allows %d", wr.num_sge, config_.max_send_sge));
   }
   if ((wr.flags & kInline) != 0 && TotalLength(wr) > config_.max_inline_data) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "inline WR of %d bytes exceeds max_inline_data %d", TotalLength(wr),
-        config_.max_inline_data));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("inline WR of %d bytes exceeds max_inline_data %d", TotalLength(wr),
+                        config_.max_inline_data));
   }
   if (config_.type == QpType::kUd) {
     if (wr.opcode != Opcode::kSend && wr.opcode != Opcode::kSendWithImm) {
@@ -236,8 +235,8 @@ Peer* ShmQp::PeerFor(const SendWr& wr) {
   const Gid& gid = AddressHandleGid(wr.ah);
   ShmAddress address;
   std::memcpy(&address, gid.data(), sizeof(address));
-  const uint64_t key = (uint64_t{static_cast<uint32_t>(address.pid)} << 32) |
-                       static_cast<uint32_t>(address.fd);
+  const uint64_t key =
+      (uint64_t{static_cast<uint32_t>(address.pid)} << 32) | static_cast<uint32_t>(address.fd);
   auto it = ud_peers_.find(key);
   if (it != ud_peers_.end()) return it->second.get();
   absl::StatusOr<std::unique_ptr<Peer>> peer = Peer::Connect(address);  // first message only
@@ -312,8 +311,7 @@ CompletionStatus ShmQp::Deliver(Peer& peer, uint32_t dst_qpn, const SendWr& wr,
   }
   const uint64_t length = TotalLength(wr);
   const uint32_t grh = config_.type == QpType::kUd ? kGrhBytes : 0;
-  if (config_.type == QpType::kUd &&
-      (length > peer.header()->mtu || wr.remote_qkey != dst.qkey)) {
+  if (config_.type == QpType::kUd && (length > peer.header()->mtu || wr.remote_qkey != dst.qkey)) {
     return drop();
   }
   // WRITE_WITH_IMM: the data goes to remote_addr; the receive only carries the immediate.
@@ -343,12 +341,12 @@ CompletionStatus ShmQp::Deliver(Peer& peer, uint32_t dst_qpn, const SendWr& wr,
   c.byte_len = static_cast<uint32_t>(length) + grh;
   CompletionStatus sender_status = CompletionStatus::kSuccess;
   if (write_with_imm) {
-    if (RdmaWrite(peer, wr) != CompletionStatus::kSuccess) return CompletionStatus::kRemoteAccessError;
+    if (RdmaWrite(peer, wr) != CompletionStatus::kSuccess)
+      return CompletionStatus::kRemoteAccessError;
   } else {
-    uint8_t* buffer =
-        recv.length < length + grh
-            ? nullptr
-            : peer.Resolve(recv.lkey, recv.addr, length + grh, kLocalWrite);
+    uint8_t* buffer = recv.length < length + grh
+                          ? nullptr
+                          : peer.Resolve(recv.lkey, recv.addr, length + grh, kLocalWrite);
     if (buffer == nullptr) {
       c.status = recv.length < length + grh ? CompletionStatus::kLocalLengthError
                                             : CompletionStatus::kLocalProtectionError;

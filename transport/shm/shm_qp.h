@@ -50,8 +50,8 @@ class ShmQp : public QueuePair {
   std::unique_ptr<Peer> connected_peer_;  // RC/UC
   // UD: peers reached through address handles, mapped on the first message to each.
   absl::flat_hash_map<uint64_t, std::unique_ptr<Peer>> ud_peers_;
-  uint64_t posted_ = 0;                // send WRs posted, ever
-  std::atomic<uint64_t> retired_{0};   // send WRs whose queue slots are free again
+  uint64_t posted_ = 0;               // send WRs posted, ever
+  std::atomic<uint64_t> retired_{0};  // send WRs whose queue slots are free again
 };
 
 }  // namespace transport::shm

@@ -1,0 +1,445 @@
+// The transport conformance suite: every backend must pass it. It runs on the shm fabric
+// everywhere, and on a verbs device wherever one exists (skipped, saying so, where none does).
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+#include <thread>
+
+#include "tests/transport/fabric_fixture.h"
+
+namespace transport::testing {
+namespace {
+
+class Conformance : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    a_ = MakeNode(GetParam());
+    b_ = MakeNode(GetParam());
+    if (a_ == nullptr || b_ == nullptr) {
+      GTEST_SKIP() << "no '" << GetParam() << "' device on this machine";
+    }
+  }
+  std::unique_ptr<Node> a_, b_;
+};
+
+SendWr Write(const Node& from, size_t offset, uint32_t length, const Node& to, size_t remote,
+             Sge* sge) {
+  *sge = from.sge(offset, length);
+  SendWr wr;
+  wr.wr_id = 7;
+  wr.sg_list = sge;
+  wr.num_sge = 1;
+  wr.opcode = Opcode::kWrite;
+  wr.flags = kSignaled;
+  wr.remote_addr = to.addr(remote);
+  wr.rkey = to.mr->rkey();
+  return wr;
+}
+
+TEST_P(Conformance, RcWriteLandsInRemoteMemory) {
+  auto qa = MakeQp(*a_, QpType::kRc);
+  auto qb = MakeQp(*b_, QpType::kRc);
+  ConnectPair(*qa, *qb);
+  for (int i = 0; i < 100; ++i) a_->bytes()[i] = static_cast<uint8_t>(i);
+  Sge sge;
+  SendWr wr = Write(*a_, 0, 100, *b_, 1000, &sge);
+  ASSERT_TRUE(Post(*qa, wr).ok());
+  auto done = PollN(*a_->send_cq, 1);
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].status, CompletionStatus::kSuccess);
+  EXPECT_EQ(done[0].wr_id, 7u);
+  EXPECT_EQ(done[0].opcode, CompletionOpcode::kWrite);
+  EXPECT_EQ(std::memcmp(b_->bytes() + 1000, a_->bytes(), 100), 0);
+}
+
+TEST_P(Conformance, RcSendWithImmCarriesEverythingToTheReceiver) {
+  auto qa = MakeQp(*a_, QpType::kRc);
+  auto qb = MakeQp(*b_, QpType::kRc);
+  ConnectPair(*qa, *qb);
+  ASSERT_TRUE(PostRecv(*qb, *b_, 99, 0, 256).ok());
+  std::memcpy(a_->bytes(), "hello", 5);
+  Sge sge = a_->sge(0, 5);
+  SendWr wr;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.opcode = Opcode::kSendWithImm;
+  wr.imm_data = 0xabcd;
+  ASSERT_TRUE(Post(*qa, wr).ok());
+  auto got = PollN(*b_->recv_cq, 1);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].status, CompletionStatus::kSuccess);
+  EXPECT_EQ(got[0].wr_id, 99u);
+  EXPECT_EQ(got[0].opcode, CompletionOpcode::kRecvWithImm);
+  EXPECT_TRUE(got[0].has_imm);
+  EXPECT_EQ(got[0].imm_data, 0xabcdu);
+  EXPECT_EQ(got[0].byte_len, 5u);
+  EXPECT_EQ(got[0].qp_num, qb->qp_num());
+  EXPECT_EQ(std::memcmp(b_->bytes(), "hello", 5), 0);
+  EXPECT_TRUE(PollN(*a_->send_cq, 1).empty());  // unsignalled: no send completion
+}
+
+TEST_P(Conformance, RcSendsArriveInOrder) {
+  auto qa = MakeQp(*a_, QpType::kRc);
+  auto qb = MakeQp(*b_, QpType::kRc);
+  ConnectPair(*qa, *qb);
+  constexpr int kMessages = 32;
+  for (int i = 0; i < kMessages; ++i) ASSERT_TRUE(PostRecv(*qb, *b_, i, i * 8, 8).ok());
+  SendWr wrs[kMessages];
+  Sge sges[kMessages];
+  for (int i = 0; i < kMessages; ++i) {
+    a_->bytes()[i] = static_cast<uint8_t>(i);
+    sges[i] = a_->sge(i, 1);
+    wrs[i].sg_list = &sges[i];
+    wrs[i].num_sge = 1;
+    wrs[i].next = i + 1 < kMessages ? &wrs[i + 1] : nullptr;
+  }
+  SendWr* bad = nullptr;
+  ASSERT_TRUE(qa->PostSend(&wrs[0], &bad).ok());
+  auto got = PollN(*b_->recv_cq, kMessages);
+  ASSERT_EQ(got.size(), static_cast<size_t>(kMessages));
+  for (int i = 0; i < kMessages; ++i) {
+    EXPECT_EQ(got[i].wr_id, static_cast<uint64_t>(i));
+    EXPECT_EQ(b_->bytes()[i * 8], i);
+  }
+  // One chain, one doorbell.
+  EXPECT_EQ(qa->counters().doorbells.Get(), 1u);
+  EXPECT_EQ(qa->counters().wrs.Get(), static_cast<uint64_t>(kMessages));
+}
+
+TEST_P(Conformance, RcSendWithoutReceiveEndsInRnrErrorAndFlushes) {
+  auto qa = MakeQp(*a_, QpType::kRc);
+  auto qb = MakeQp(*b_, QpType::kRc);
+  ConnectPair(*qa, *qb, /*rnr_retry=*/2);
+  Sge sge = a_->sge(0, 8);
+  SendWr wr;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  ASSERT_TRUE(Post(*qa, wr).ok());
+  auto done = PollN(*a_->send_cq, 1);  // errors complete even when unsignalled
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].status, CompletionStatus::kRnrRetryExceeded);
+  EXPECT_EQ(qa->state(), QpState::kError);
+  ASSERT_TRUE(Post(*qa, wr).ok());
+  done = PollN(*a_->send_cq, 1);
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].status, CompletionStatus::kFlushed);
+}
+
+TEST_P(Conformance, RcRemoteAccessViolationsFailAndBreakTheQp) {
+  struct Case {
+    const char* what;
+    uint32_t rkey_delta;
+    size_t remote_offset;
+    uint32_t length;
+  };
+  for (const Case& c :
+       {Case{"bad rkey", 0x55, 0, 8}, Case{"out of bounds", 0, kNodeMemoryBytes - 4, 8}}) {
+    auto qa = MakeQp(*a_, QpType::kRc);
+    auto qb = MakeQp(*b_, QpType::kRc);
+    ConnectPair(*qa, *qb);
+    Sge sge;
+    SendWr wr = Write(*a_, 0, c.length, *b_, c.remote_offset, &sge);
+    wr.rkey += c.rkey_delta;
+    ASSERT_TRUE(Post(*qa, wr).ok());
+    auto done = PollN(*a_->send_cq, 1);
+    ASSERT_EQ(done.size(), 1u) << c.what;
+    EXPECT_EQ(done[0].status, CompletionStatus::kRemoteAccessError) << c.what;
+    EXPECT_EQ(qa->state(), QpState::kError) << c.what;
+  }
+}
+
+TEST_P(Conformance, RcWriteWithoutRemoteWriteAccessFails) {
+  auto read_only = MakeNode(GetParam(), kLocalWrite | kRemoteRead);
+  auto qa = MakeQp(*a_, QpType::kRc);
+  auto qb = MakeQp(*read_only, QpType::kRc);
+  ConnectPair(*qa, *qb);
+  Sge sge;
+  SendWr wr = Write(*a_, 0, 8, *read_only, 0, &sge);
+  ASSERT_TRUE(Post(*qa, wr).ok());
+  auto done = PollN(*a_->send_cq, 1);
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].status, CompletionStatus::kRemoteAccessError);
+}
+
+TEST_P(Conformance, RcReadAndAtomics) {
+  auto qa = MakeQp(*a_, QpType::kRc);
+  auto qb = MakeQp(*b_, QpType::kRc);
+  ConnectPair(*qa, *qb);
+  std::memcpy(b_->bytes() + 64, "remote bytes", 12);
+  Sge sge = a_->sge(0, 12);
+  SendWr read;
+  read.sg_list = &sge;
+  read.num_sge = 1;
+  read.opcode = Opcode::kRead;
+  read.flags = kSignaled;
+  read.remote_addr = b_->addr(64);
+  read.rkey = b_->mr->rkey();
+  ASSERT_TRUE(Post(*qa, read).ok());
+  auto done = PollN(*a_->send_cq, 1);
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].status, CompletionStatus::kSuccess);
+  EXPECT_EQ(std::memcmp(a_->bytes(), "remote bytes", 12), 0);
+
+  uint64_t counter = 40;
+  std::memcpy(b_->bytes() + 128, &counter, 8);
+  Sge result = a_->sge(256, 8);
+  SendWr add;
+  add.sg_list = &result;
+  add.num_sge = 1;
+  add.opcode = Opcode::kFetchAdd;
+  add.flags = kSignaled;
+  add.remote_addr = b_->addr(128);
+  add.rkey = b_->mr->rkey();
+  add.compare_add = 2;
+  ASSERT_TRUE(Post(*qa, add).ok());
+  ASSERT_EQ(PollN(*a_->send_cq, 1).at(0).status, CompletionStatus::kSuccess);
+  uint64_t value;
+  std::memcpy(&value, a_->bytes() + 256, 8);
+  EXPECT_EQ(value, 40u);  // the original
+  std::memcpy(&value, b_->bytes() + 128, 8);
+  EXPECT_EQ(value, 42u);
+
+  SendWr cas = add;
+  cas.opcode = Opcode::kCompareSwap;
+  cas.compare_add = 41;  // wrong: no swap
+  cas.swap = 100;
+  ASSERT_TRUE(Post(*qa, cas).ok());
+  ASSERT_EQ(PollN(*a_->send_cq, 1).at(0).status, CompletionStatus::kSuccess);
+  std::memcpy(&value, b_->bytes() + 128, 8);
+  EXPECT_EQ(value, 42u);
+  cas.compare_add = 42;
+  ASSERT_TRUE(Post(*qa, cas).ok());
+  ASSERT_EQ(PollN(*a_->send_cq, 1).at(0).status, CompletionStatus::kSuccess);
+  std::memcpy(&value, b_->bytes() + 128, 8);
+  EXPECT_EQ(value, 100u);
+
+  add.remote_addr = b_->addr(129);  // misaligned atomic
+  ASSERT_TRUE(Post(*qa, add).ok());
+  EXPECT_EQ(PollN(*a_->send_cq, 1).at(0).status, CompletionStatus::kRemoteInvalidRequest);
+}
+
+TEST_P(Conformance, UcReadFailsAndBreaksTheQp) {
+  auto qa = MakeQp(*a_, QpType::kUc);
+  auto qb = MakeQp(*b_, QpType::kUc);
+  ConnectPair(*qa, *qb);
+  Sge sge = a_->sge(0, 8);
+  SendWr read;
+  read.sg_list = &sge;
+  read.num_sge = 1;
+  read.opcode = Opcode::kRead;
+  read.remote_addr = b_->addr();
+  read.rkey = b_->mr->rkey();
+  ASSERT_TRUE(Post(*qa, read).ok());
+  auto done = PollN(*a_->send_cq, 1);
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].status, CompletionStatus::kLocalQpOperationError);
+  EXPECT_EQ(qa->state(), QpState::kError);
+}
+
+TEST_P(Conformance, UcWriteAndWriteWithImm) {
+  auto qa = MakeQp(*a_, QpType::kUc);
+  auto qb = MakeQp(*b_, QpType::kUc);
+  ConnectPair(*qa, *qb);
+  std::memcpy(a_->bytes(), "uc-write", 8);
+  Sge sge;
+  SendWr wr = Write(*a_, 0, 8, *b_, 512, &sge);
+  wr.opcode = Opcode::kWriteWithImm;
+  wr.imm_data = 5;
+  // No receive posted: UC drops the whole message silently; the sender still succeeds.
+  ASSERT_TRUE(Post(*qa, wr).ok());
+  EXPECT_EQ(PollN(*a_->send_cq, 1).at(0).status, CompletionStatus::kSuccess);
+  EXPECT_EQ(qa->counters().dropped.Get(), 1u);
+  EXPECT_NE(std::memcmp(b_->bytes() + 512, "uc-write", 8), 0);
+  // With a receive posted, the data lands and the receive carries the immediate.
+  ASSERT_TRUE(PostRecv(*qb, *b_, 3, 0, 0).ok());
+  ASSERT_TRUE(Post(*qa, wr).ok());
+  auto got = PollN(*b_->recv_cq, 1);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].opcode, CompletionOpcode::kRecvWithImm);
+  EXPECT_EQ(got[0].imm_data, 5u);
+  EXPECT_EQ(std::memcmp(b_->bytes() + 512, "uc-write", 8), 0);
+  EXPECT_EQ(qa->state(), QpState::kRts);
+}
+
+TEST_P(Conformance, UdSendsCarryGrhAndSourceAndObeyTheMtu) {
+  auto small_mtu = MakeNode(GetParam(), kAllAccess, /*mtu=*/256);
+  auto qa = MakeQp(*a_, QpType::kUd);
+  auto qb = MakeQp(*b_, QpType::kUd);
+  auto qc = MakeQp(*small_mtu, QpType::kUd);
+  ConnectConfig ud;
+  for (QueuePair* qp : {qa.get(), qb.get(), qc.get()}) ASSERT_TRUE(qp->Connect(ud).ok());
+  ASSERT_TRUE(PostRecv(*qb, *b_, 1, 0, kGrhBytes + 512).ok());
+  ASSERT_TRUE(PostRecv(*qc, *small_mtu, 2, 0, kGrhBytes + 512).ok());
+  auto ah_b = *a_->pd->CreateAddressHandle(AddressInfo{0, b_->device->port().gid});
+  auto ah_c = *a_->pd->CreateAddressHandle(AddressInfo{0, small_mtu->device->port().gid});
+  std::memset(a_->bytes(), 'u', 300);
+  Sge sge = a_->sge(0, 300);
+  SendWr wr;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.opcode = Opcode::kSend;
+  wr.flags = kSignaled;
+  wr.ah = ah_b.get();
+  wr.remote_qpn = qb->qp_num();
+  wr.remote_qkey = ud.qkey;
+  ASSERT_TRUE(Post(*qa, wr).ok());  // one UD QP, two peers
+  wr.ah = ah_c.get();
+  wr.remote_qpn = qc->qp_num();
+  ASSERT_TRUE(Post(*qa, wr).ok());  // 300 > 256: dropped, the sender still succeeds
+  auto got = PollN(*b_->recv_cq, 1);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].byte_len, kGrhBytes + 300);
+  EXPECT_EQ(got[0].src_qp, qa->qp_num());
+  EXPECT_EQ(b_->bytes()[kGrhBytes], 'u');
+  EXPECT_EQ(b_->bytes()[kGrhBytes + 299], 'u');
+  EXPECT_TRUE(PollN(*small_mtu->recv_cq, 1).empty());
+  EXPECT_EQ(qa->counters().dropped.Get(), 1u);
+  auto sent = PollN(*a_->send_cq, 2);
+  ASSERT_EQ(sent.size(), 2u);
+  EXPECT_EQ(sent[1].status, CompletionStatus::kSuccess);
+}
+
+TEST_P(Conformance, UdWithoutReceiveOrWithWrongQkeyIsDropped) {
+  auto qa = MakeQp(*a_, QpType::kUd);
+  auto qb = MakeQp(*b_, QpType::kUd);
+  ConnectConfig ud;
+  ASSERT_TRUE(qa->Connect(ud).ok());
+  ASSERT_TRUE(qb->Connect(ud).ok());
+  auto ah = *a_->pd->CreateAddressHandle(AddressInfo{0, b_->device->port().gid});
+  Sge sge = a_->sge(0, 8);
+  SendWr wr;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.ah = ah.get();
+  wr.remote_qpn = qb->qp_num();
+  wr.remote_qkey = ud.qkey;
+  ASSERT_TRUE(Post(*qa, wr).ok());  // no receive posted
+  ASSERT_TRUE(PostRecv(*qb, *b_, 1, 0, 128).ok());
+  wr.remote_qkey = ud.qkey + 1;
+  ASSERT_TRUE(Post(*qa, wr).ok());  // wrong qkey
+  EXPECT_TRUE(PollN(*b_->recv_cq, 1).empty());
+  EXPECT_EQ(qa->counters().dropped.Get(), 2u);
+}
+
+TEST_P(Conformance, UdRejectsRdmaOpcodesAtPostTime) {
+  auto qa = MakeQp(*a_, QpType::kUd);
+  ASSERT_TRUE(qa->Connect(ConnectConfig{}).ok());
+  Sge sge;
+  SendWr wr = Write(*a_, 0, 8, *b_, 0, &sge);
+  SendWr* bad = nullptr;
+  EXPECT_EQ(qa->PostSend(&wr, &bad).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(bad, &wr);
+}
+
+TEST_P(Conformance, SendQueueDepthIsEnforcedUntilASignalledCompletionIsPolled) {
+  auto qa = MakeQp(*a_, QpType::kRc, /*max_send_wr=*/4);
+  auto qb = MakeQp(*b_, QpType::kRc);
+  ConnectPair(*qa, *qb);
+  Sge sge;
+  SendWr wr = Write(*a_, 0, 8, *b_, 0, &sge);
+  wr.flags = 0;
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(Post(*qa, wr).ok()) << i;
+  EXPECT_EQ(Post(*qa, wr).code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(PollN(*a_->send_cq, 1).empty());  // unsignalled: nothing to reap
+  // Nothing can be signalled while the queue is full; a fresh QP shows the recovery path.
+  auto qc = MakeQp(*a_, QpType::kRc, 4);
+  auto qd = MakeQp(*b_, QpType::kRc);
+  ConnectPair(*qc, *qd);
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(Post(*qc, wr).ok());
+  wr.flags = kSignaled;
+  ASSERT_TRUE(Post(*qc, wr).ok());
+  EXPECT_EQ(Post(*qc, wr).code(), absl::StatusCode::kResourceExhausted);
+  ASSERT_EQ(PollN(*a_->send_cq, 1).size(), 1u);  // reaping the signalled WR frees all four
+  for (int i = 0; i < 4; ++i) EXPECT_TRUE(Post(*qc, wr).ok()) << i;
+  EXPECT_EQ(qc->counters().signaled_wrs.Get(), 5u);
+}
+
+TEST_P(Conformance, InlineSendsNeedNoRegisteredBuffer) {
+  auto qa = MakeQp(*a_, QpType::kRc);
+  auto qb = MakeQp(*b_, QpType::kRc);
+  ConnectPair(*qa, *qb);
+  char payload[16] = "inline payload";
+  Sge sge{reinterpret_cast<uint64_t>(payload), sizeof(payload), 0};
+  SendWr wr;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.opcode = Opcode::kWrite;
+  wr.flags = kInline | kSignaled;
+  wr.remote_addr = b_->addr(0);
+  wr.rkey = b_->mr->rkey();
+  ASSERT_TRUE(Post(*qa, wr).ok());
+  ASSERT_EQ(PollN(*a_->send_cq, 1).at(0).status, CompletionStatus::kSuccess);
+  EXPECT_STREQ(reinterpret_cast<const char*>(b_->bytes()), "inline payload");
+  EXPECT_EQ(qa->counters().inline_wrs.Get(), 1u);
+  // Too long for max_inline_data: refused at post time.
+  char big[200] = {};
+  sge = Sge{reinterpret_cast<uint64_t>(big), sizeof(big), 0};
+  SendWr* bad = nullptr;
+  EXPECT_EQ(qa->PostSend(&wr, &bad).code(), absl::StatusCode::kInvalidArgument);
+  // Not inline and not registered: a local protection error.
+  wr.flags = kSignaled;
+  ASSERT_TRUE(Post(*qa, wr).ok());
+  EXPECT_EQ(PollN(*a_->send_cq, 1).at(0).status, CompletionStatus::kLocalProtectionError);
+}
+
+// A poller that sees a WRITE's last 8 bytes must see every byte before them.
+TEST_P(Conformance, WriteMakesItsLastEightBytesVisibleLast) {
+  auto qa = MakeQp(*a_, QpType::kUc);
+  auto qb = MakeQp(*b_, QpType::kUc);
+  ConnectPair(*qa, *qb);
+  constexpr uint32_t kSlot = 1024;
+  constexpr int kRounds = 2000;
+  std::atomic<bool> torn{false};
+  std::atomic<int> consumed{0};
+  volatile uint8_t* slot = b_->bytes();
+  std::thread poller([&] {
+    for (int round = 1; round <= kRounds; ++round) {
+      const auto marker = static_cast<uint8_t>(round);
+      while (slot[kSlot - 1] != marker) {
+      }
+      for (uint32_t i = 0; i < kSlot; ++i) {
+        if (slot[i] != marker) torn = true;
+      }
+      consumed.store(round, std::memory_order_release);
+    }
+  });
+  Sge sge;
+  for (int round = 1; round <= kRounds; ++round) {
+    std::memset(a_->bytes(), round & 0xff, kSlot);
+    SendWr wr = Write(*a_, 0, kSlot, *b_, 0, &sge);
+    const bool posted = Post(*qa, wr).ok() && PollN(*a_->send_cq, 1).size() == 1;
+    EXPECT_TRUE(posted) << round;
+    if (!posted) break;
+    while (consumed.load(std::memory_order_acquire) != round) {
+    }
+  }
+  poller.join();
+  EXPECT_FALSE(torn);
+}
+
+TEST_P(Conformance, FabricNamesIsolateRuns) {
+  auto other = MakeNode(GetParam(), kAllAccess, 4096, "another-fabric");
+  if (GetParam() != "shm") GTEST_SKIP() << "fabric names are a shm fabric notion";
+  auto qa = MakeQp(*a_, QpType::kRc);
+  auto qo = MakeQp(*other, QpType::kRc);
+  ConnectConfig config;
+  config.remote = qo->endpoint();
+  EXPECT_FALSE(qa->Connect(config).ok());
+  EXPECT_FALSE(a_->pd->CreateAddressHandle(AddressInfo{0, other->device->port().gid}).ok());
+}
+
+TEST_P(Conformance, PrivateMemoryCannotBeRegisteredOnShm) {
+  if (GetParam() != "shm") GTEST_SKIP() << "verbs registers any memory";
+  std::vector<char> heap(4096);
+  auto mr = a_->pd->RegisterMemory(heap.data(), heap.size(), kLocalWrite);
+  EXPECT_EQ(mr.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(mr.status().message().find("SharedMemory::Allocate"), std::string::npos);
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, Conformance, ::testing::Values("shm", "rxe0"),
+                         [](const auto& info) { return info.param; });
+
+}  // namespace
+}  // namespace transport::testing

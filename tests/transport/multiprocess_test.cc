@@ -1,0 +1,145 @@
+// The shm fabric across processes: a forked peer with its own device, as a separate server or
+// client process would be. Also: a kill -9'd peer leaves nothing behind and gets clear errors.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+
+#include "tests/transport/fabric_fixture.h"
+
+namespace transport::testing {
+namespace {
+
+struct Exchange {
+  QpEndpoint uc;
+  QpEndpoint ud;
+  uint64_t addr;
+  uint32_t rkey;
+};
+
+bool WriteAll(int fd, const void* data, size_t n) {
+  return write(fd, data, n) == static_cast<ssize_t>(n);
+}
+bool ReadAll(int fd, void* data, size_t n) { return read(fd, data, n) == static_cast<ssize_t>(n); }
+
+// The child: serve one WRITE + one UD request, answer by UD, exit 0 on success.
+int RunPeer(int to_parent, int from_parent) {
+  auto node = MakeNode("shm");
+  if (node == nullptr) return 10;
+  auto uc = MakeQp(*node, QpType::kUc);
+  auto ud = MakeQp(*node, QpType::kUd);
+  if (!ud->Connect(ConnectConfig{}).ok()) return 11;
+  Exchange mine{uc->endpoint(), ud->endpoint(), node->addr(), node->mr->rkey()};
+  Exchange theirs;
+  if (!WriteAll(to_parent, &mine, sizeof(mine)) || !ReadAll(from_parent, &theirs, sizeof(theirs))) {
+    return 12;
+  }
+  ConnectConfig config;
+  config.remote = theirs.uc;
+  if (!uc->Connect(config).ok()) return 13;
+  if (!PostRecv(*ud, *node, 1, 4096, kGrhBytes + 64).ok()) return 14;
+  auto got = PollN(*node->recv_cq, 1);
+  if (got.size() != 1 || got[0].src_qp != theirs.ud.qp_num) return 15;
+  if (std::memcmp(node->bytes() + 100, "cross-process write", 19) != 0) return 16;
+  auto ah = node->pd->CreateAddressHandle(AddressInfo{0, theirs.ud.gid});
+  if (!ah.ok()) return 17;
+  std::memcpy(node->bytes() + 8192, "reply", 5);
+  Sge sge = node->sge(8192, 5);
+  SendWr wr;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.ah = ah->get();
+  wr.remote_qpn = theirs.ud.qp_num;
+  wr.remote_qkey = ConnectConfig{}.qkey;
+  return Post(*ud, wr).ok() ? 0 : 18;
+}
+
+TEST(MultiProcess, WriteAndUdRoundTripWithAForkedPeer) {
+  int down[2], up[2];
+  ASSERT_EQ(pipe(down), 0);
+  ASSERT_EQ(pipe(up), 0);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) _exit(RunPeer(up[1], down[0]));
+
+  auto node = MakeNode("shm");
+  ASSERT_NE(node, nullptr);
+  auto uc = MakeQp(*node, QpType::kUc);
+  auto ud = MakeQp(*node, QpType::kUd);
+  ASSERT_TRUE(ud->Connect(ConnectConfig{}).ok());
+  ASSERT_TRUE(PostRecv(*ud, *node, 9, 0, kGrhBytes + 64).ok());
+  Exchange theirs;
+  ASSERT_TRUE(ReadAll(up[0], &theirs, sizeof(theirs)));
+  Exchange mine{uc->endpoint(), ud->endpoint(), node->addr(), node->mr->rkey()};
+  ASSERT_TRUE(WriteAll(down[1], &mine, sizeof(mine)));
+  ConnectConfig config;
+  config.remote = theirs.uc;
+  ASSERT_TRUE(uc->Connect(config).ok());
+
+  std::memcpy(node->bytes() + 512, "cross-process write", 19);
+  Sge sge = node->sge(512, 19);
+  SendWr write;
+  write.sg_list = &sge;
+  write.num_sge = 1;
+  write.opcode = Opcode::kWrite;
+  write.remote_addr = theirs.addr + 100;
+  write.rkey = theirs.rkey;
+  ASSERT_TRUE(Post(*uc, write).ok());
+
+  auto ah = *node->pd->CreateAddressHandle(AddressInfo{0, theirs.ud.gid});
+  Sge ping = node->sge(512, 4);
+  SendWr send;
+  send.sg_list = &ping;
+  send.num_sge = 1;
+  send.ah = ah.get();
+  send.remote_qpn = theirs.ud.qp_num;
+  send.remote_qkey = ConnectConfig{}.qkey;
+  // The peer may not have posted its receive yet (UD drops): resend until it answers.
+  std::vector<Completion> reply;
+  for (int attempt = 0; attempt < 200 && reply.empty(); ++attempt) {
+    ASSERT_TRUE(Post(*ud, send).ok());
+    reply = PollN(*node->recv_cq, 1);
+  }
+  ASSERT_EQ(reply.size(), 1u);
+  EXPECT_EQ(reply[0].byte_len, kGrhBytes + 5);
+  EXPECT_EQ(reply[0].src_qp, theirs.ud.qp_num);
+  EXPECT_EQ(std::memcmp(node->bytes() + kGrhBytes, "reply", 5), 0);
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+}
+
+TEST(MultiProcess, AKilledPeerLeavesNothingAndGetsAClearError) {
+  int up[2];
+  ASSERT_EQ(pipe(up), 0);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    auto node = MakeNode("shm");
+    auto qp = MakeQp(*node, QpType::kRc);
+    const QpEndpoint endpoint = qp->endpoint();
+    WriteAll(up[1], &endpoint, sizeof(endpoint));
+    pause();  // until killed
+    _exit(0);
+  }
+  QpEndpoint dead;
+  ASSERT_TRUE(ReadAll(up[0], &dead, sizeof(dead)));
+  ASSERT_EQ(kill(child, SIGKILL), 0);
+  ASSERT_EQ(waitpid(child, nullptr, 0), child);
+
+  // A new run starts cleanly (no named segment can be left over), and connecting to the dead
+  // peer fails with a message that names it.
+  auto node = MakeNode("shm");
+  ASSERT_NE(node, nullptr);
+  auto qp = MakeQp(*node, QpType::kRc);
+  ConnectConfig config;
+  config.remote = dead;
+  const absl::Status status = qp->Connect(config);
+  EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
+  EXPECT_NE(status.message().find("unreachable"), std::string::npos) << status;
+}
+
+}  // namespace
+}  // namespace transport::testing
