@@ -34,6 +34,14 @@ struct MrEntry {
   uint64_t file_offset;
 };
 
+// Whether `entry` is live under `key` and grants `access` to all of [addr, addr + length).
+inline bool Grants(const MrEntry& entry, uint32_t key, uint64_t addr, uint64_t length,
+                   uint32_t access) {
+  return key != 0 && entry.key.load(std::memory_order_acquire) == key &&
+         (entry.access & access) == access && addr >= entry.addr && length <= entry.length &&
+         addr - entry.addr <= entry.length - length;
+}
+
 struct RecvEntry {
   uint64_t wr_id;
   uint64_t addr;

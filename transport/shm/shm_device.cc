@@ -106,11 +106,7 @@ uint8_t* Peer::Resolve(uint32_t key, uint64_t addr, uint64_t length, uint32_t ac
   const uint32_t index = key >> kMrIndexShift;
   if (index >= kMaxMrs) return nullptr;
   const MrEntry& entry = header()->mrs[index];
-  if (entry.key.load(std::memory_order_acquire) != key || key == 0) return nullptr;
-  if ((entry.access & access) != access || addr < entry.addr || length > entry.length ||
-      addr - entry.addr > entry.length - length) {
-    return nullptr;
-  }
+  if (!Grants(entry, key, addr, length, access)) return nullptr;
   MappedRegion& region = regions_[index];
   if (region.key != key) {
     if (region.mapping != nullptr) munmap(region.mapping, region.mapping_bytes);

@@ -222,11 +222,7 @@ uint8_t* ShmQp::LocalBuffer(const Sge& sge, uint32_t need_access) const {
   const uint32_t index = sge.lkey >> kMrIndexShift;
   if (index >= kMaxMrs) return nullptr;
   const MrEntry& entry = device_->segment().header()->mrs[index];
-  if (sge.lkey == 0 || entry.key.load(std::memory_order_acquire) != sge.lkey) return nullptr;
-  if ((entry.access & need_access) != need_access || sge.addr < entry.addr ||
-      sge.length > entry.length || sge.addr - entry.addr > entry.length - sge.length) {
-    return nullptr;
-  }
+  if (!Grants(entry, sge.lkey, sge.addr, sge.length, need_access)) return nullptr;
   return reinterpret_cast<uint8_t*>(sge.addr);
 }
 
