@@ -358,7 +358,7 @@ void ShmDevice::RemoveQp(QpEntry* entry) {
 
 ShmQp* ShmDevice::FindQp(uint32_t qp_num) const {
   ShmQp* qp = qps_[qp_num & ((1u << kQpIndexBits) - 1)].load(std::memory_order_acquire);
-  return qp != nullptr && qp->qp_num() == qp_num ? qp : nullptr;
+  return qp != nullptr && qp->number() == qp_num ? qp : nullptr;
 }
 
 }  // namespace transport::shm

@@ -214,7 +214,7 @@ void ShmQp::Complete(const SendWr& wr, CompletionStatus status, uint32_t byte_le
   c.status = status;
   c.opcode = CompletionOpcodeOf(wr.opcode);
   c.byte_len = byte_len;
-  c.qp_num = qp_num();
+  c.qp_num = number();
   PushCompletion(device_->segment().At<CqRing>(send_cq_->offset()), c, sequence);
 }
 
@@ -330,7 +330,7 @@ CompletionStatus ShmQp::Deliver(Peer& peer, uint32_t dst_qpn, const SendWr& wr,
   Completion c;
   c.wr_id = recv.wr_id;
   c.qp_num = dst_qpn;
-  c.src_qp = qp_num();
+  c.src_qp = number();
   c.has_imm = wr.opcode == Opcode::kSendWithImm || write_with_imm;
   c.imm_data = wr.imm_data;
   c.opcode = c.has_imm ? CompletionOpcode::kRecvWithImm : CompletionOpcode::kRecv;

@@ -24,6 +24,8 @@ class ShmQp : public QueuePair {
   QpState state() const override;
   QpEndpoint endpoint() const override;
 
+  // qp_num() without building a whole endpoint: for the data path.
+  uint32_t number() const { return entry_->qp_num.load(std::memory_order_relaxed); }
   // A signalled send completion up to `sq_sequence` was polled: its queue slots are free.
   void Retire(uint64_t sq_sequence) { retired_.store(sq_sequence, std::memory_order_release); }
 
