@@ -95,10 +95,12 @@ TEST(MultiProcess, WriteAndUdRoundTripWithAForkedPeer) {
   send.ah = ah.get();
   send.remote_qpn = theirs.ud.qp_num;
   send.remote_qkey = ConnectConfig{}.qkey;
+  send.flags = kSignaled;  // reaping each resend keeps the send queue from filling up
   // The peer may not have posted its receive yet (UD drops): resend until it answers.
   std::vector<Completion> reply;
   for (int attempt = 0; attempt < 200 && reply.empty(); ++attempt) {
     ASSERT_TRUE(Post(*ud, send).ok());
+    ASSERT_EQ(PollN(*node->send_cq, 1).size(), 1u);
     reply = PollN(*node->recv_cq, 1);
   }
   ASSERT_EQ(reply.size(), 1u);
