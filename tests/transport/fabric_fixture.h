@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "gtest/gtest.h"
 #include "transport/fabric.h"
 #include "transport/shared_memory.h"
@@ -74,16 +76,29 @@ inline void ConnectPair(QueuePair& a, QueuePair& b, uint8_t rnr_retry = 7) {
   ASSERT_TRUE(b.Connect(to_a).ok());
 }
 
-// Polls until n completions arrived or a generous deadline passed; returns what arrived.
-inline std::vector<Completion> PollN(CompletionQueue& cq, size_t n) {
+// How long a test waits for a completion that must come. Generous: ASan, a loaded 2-core CI
+// machine or Soft-RoCE under qemu TCG can be thousands of times slower than a NIC.
+inline constexpr absl::Duration kCompletionDeadline = absl::Seconds(20);
+// How long a test watches a CQ to see that nothing arrives (an unsignalled WR, a dropped
+// message). A NIC or rxe delivers in microseconds to milliseconds.
+inline constexpr absl::Duration kQuietPeriod = absl::Milliseconds(50);
+
+// Polls until n completions arrived or `deadline` passed; returns what arrived.
+inline std::vector<Completion> PollN(CompletionQueue& cq, size_t n,
+                                     absl::Duration deadline = kCompletionDeadline) {
   std::vector<Completion> got;
   Completion buffer[16];
-  for (int spin = 0; spin < 1000000 && got.size() < n; ++spin) {
+  const absl::Time give_up = absl::Now() + deadline;
+  while (got.size() < n) {
     const size_t k = cq.Poll(absl::MakeSpan(buffer, 16));
     got.insert(got.end(), buffer, buffer + k);
+    if (k == 0 && absl::Now() > give_up) break;
   }
   return got;
 }
+
+// True when no completion arrives on `cq` during the quiet period.
+inline bool StaysQuiet(CompletionQueue& cq) { return PollN(cq, 1, kQuietPeriod).empty(); }
 
 inline absl::Status Post(QueuePair& qp, SendWr& wr) {
   SendWr* bad = nullptr;

@@ -30,6 +30,8 @@ int RunPeer(int to_parent, int from_parent) {
   auto uc = MakeQp(*node, QpType::kUc);
   auto ud = MakeQp(*node, QpType::kUd);
   if (!ud->Connect(ConnectConfig{}).ok()) return 11;
+  // Post the receive before announcing ourselves, so the parent's first UD SEND finds it.
+  if (!PostRecv(*ud, *node, 1, 4096, kGrhBytes + 64).ok()) return 14;
   Exchange mine{uc->endpoint(), ud->endpoint(), node->addr(), node->mr->rkey()};
   Exchange theirs;
   if (!WriteAll(to_parent, &mine, sizeof(mine)) || !ReadAll(from_parent, &theirs, sizeof(theirs))) {
@@ -38,7 +40,6 @@ int RunPeer(int to_parent, int from_parent) {
   ConnectConfig config;
   config.remote = theirs.uc;
   if (!uc->Connect(config).ok()) return 13;
-  if (!PostRecv(*ud, *node, 1, 4096, kGrhBytes + 64).ok()) return 14;
   auto got = PollN(*node->recv_cq, 1);
   if (got.size() != 1 || got[0].src_qp != theirs.ud.qp_num) return 15;
   if (std::memcmp(node->bytes() + 100, "cross-process write", 19) != 0) return 16;
@@ -96,21 +97,25 @@ TEST(MultiProcess, WriteAndUdRoundTripWithAForkedPeer) {
   send.remote_qpn = theirs.ud.qp_num;
   send.remote_qkey = ConnectConfig{}.qkey;
   send.flags = kSignaled;  // reaping each resend keeps the send queue from filling up
-  // The peer may not have posted its receive yet (UD drops): resend until it answers.
+  // The peer posted its receive before it announced itself, so one SEND should do; UD may still
+  // drop, so resend (as a UD client must) until it answers or the deadline passes.
+  constexpr absl::Duration kResendInterval = absl::Milliseconds(100);
   std::vector<Completion> reply;
-  for (int attempt = 0; attempt < 200 && reply.empty(); ++attempt) {
+  const absl::Time give_up = absl::Now() + kCompletionDeadline;
+  while (reply.empty() && absl::Now() < give_up) {
     ASSERT_TRUE(Post(*ud, send).ok());
     ASSERT_EQ(PollN(*node->send_cq, 1).size(), 1u);
-    reply = PollN(*node->recv_cq, 1);
+    reply = PollN(*node->recv_cq, 1, kResendInterval);
   }
+  // Reap the child first: its exit code says which step failed when no reply came.
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "the peer failed at step " << WEXITSTATUS(status);
   ASSERT_EQ(reply.size(), 1u);
   EXPECT_EQ(reply[0].byte_len, kGrhBytes + 5);
   EXPECT_EQ(reply[0].src_qp, theirs.ud.qp_num);
   EXPECT_EQ(std::memcmp(node->bytes() + kGrhBytes, "reply", 5), 0);
-  int status = 0;
-  ASSERT_EQ(waitpid(child, &status, 0), child);
-  EXPECT_TRUE(WIFEXITED(status));
-  EXPECT_EQ(WEXITSTATUS(status), 0);
 }
 
 TEST(MultiProcess, AKilledPeerLeavesNothingAndGetsAClearError) {
