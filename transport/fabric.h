@@ -137,6 +137,16 @@ class Device {
   virtual absl::StatusOr<std::unique_ptr<CompletionQueue>> CreateCq(uint32_t depth) = 0;
 };
 
+// Fault injection on the shm fabric (the verbs backend rejects non-zero values): loss that an
+// unreliable transport may show on a real fabric, so tests can prove a protocol survives it.
+// Each QP draws from its own generator seeded from `seed` and its QP number: reproducible.
+struct FaultOptions {
+  double ud_loss = 0;  // probability that a UD SEND is silently lost (counted as dropped)
+  double uc_loss = 0;  // probability that a UC WRITE or SEND is silently lost
+  uint64_t seed = 1;
+  bool any() const { return ud_loss > 0 || uc_loss > 0; }
+};
+
 // Options for opening a device; the verbs fields are ignored by the shm fabric and vice versa.
 struct DeviceOptions {
   std::string name = "shm";        // "shm" or a verbs device name
@@ -144,6 +154,7 @@ struct DeviceOptions {
   uint32_t mtu = 4096;             // shm: UD payload limit; verbs: requested path MTU
   uint8_t port = 1;                // verbs
   int gid_index = -1;              // verbs: -1 picks the first RoCE v2 / IB GID
+  FaultOptions faults;             // shm only
 };
 
 absl::StatusOr<std::unique_ptr<Device>> OpenDevice(const DeviceOptions& options);

@@ -323,6 +323,62 @@ TEST_P(Conformance, UdWithoutReceiveOrWithWrongQkeyIsDropped) {
   EXPECT_EQ(qa->counters().dropped.Get(), 2u);
 }
 
+// Fault injection (shm only): a UD QP loses about the configured fraction of its SENDs, counted
+// as drops; the receiver sees exactly the rest; a reliable QP on the same device loses nothing.
+TEST_P(Conformance, InjectedUdLossDropsTheConfiguredFraction) {
+  if (GetParam() != "shm") GTEST_SKIP() << "fault injection is a shm fabric feature";
+  constexpr int kSends = 2000;
+  constexpr double kLoss = 0.25;
+  auto lossy = MakeNode(GetParam(), kAllAccess, 4096, "test", FaultOptions{kLoss, 0, 7});
+  ASSERT_NE(lossy, nullptr);
+  auto qa = MakeQp(*lossy, QpType::kUd, kSends);
+  QpConfig receiver;
+  receiver.type = QpType::kUd;
+  receiver.send_cq = b_->send_cq.get();
+  receiver.recv_cq = b_->recv_cq.get();
+  receiver.max_recv_wr = kSends;
+  auto qb = *b_->pd->CreateQp(receiver);
+  ASSERT_TRUE(qa->Connect(ConnectConfig{}).ok());
+  ASSERT_TRUE(qb->Connect(ConnectConfig{}).ok());
+  for (int i = 0; i < kSends; ++i) ASSERT_TRUE(PostRecv(*qb, *b_, i, 0, kGrhBytes + 8).ok());
+  auto ah = *lossy->pd->CreateAddressHandle(AddressInfo{0, b_->device->port().gid});
+  Sge sge = lossy->sge(0, 8);
+  SendWr wr;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.ah = ah.get();
+  wr.remote_qpn = qb->qp_num();
+  wr.remote_qkey = ConnectConfig{}.qkey;
+  size_t received = 0;
+  constexpr int kRound = 100;  // drain between rounds: the receive CQ holds 256
+  for (int i = 0; i < kSends; i += kRound) {
+    for (int j = 0; j < kRound; ++j) ASSERT_TRUE(Post(*qa, wr).ok());
+    received += PollN(*b_->recv_cq, kRound, kQuietPeriod).size();
+  }
+  EXPECT_TRUE(StaysQuiet(*b_->recv_cq));
+  const uint64_t dropped = qa->counters().dropped.Get();
+  EXPECT_GT(dropped, kSends * kLoss * 0.7);
+  EXPECT_LT(dropped, kSends * kLoss * 1.3);
+  EXPECT_EQ(received, kSends - dropped);
+
+  auto rc_a = MakeQp(*lossy, QpType::kRc);
+  auto rc_b = MakeQp(*b_, QpType::kRc);
+  ConnectPair(*rc_a, *rc_b);
+  constexpr int kWrites = 50;  // unsignalled: stays within the send queue's 64
+  for (int i = 0; i < kWrites; ++i) {
+    SendWr write = Write(*lossy, 0, 8, *b_, 64, &sge);
+    ASSERT_TRUE(Post(*rc_a, write).ok());
+  }
+  EXPECT_EQ(rc_a->counters().dropped.Get(), 0u);
+}
+
+TEST_P(Conformance, ABadLossProbabilityIsRejected) {
+  if (GetParam() != "shm") GTEST_SKIP() << "fault injection is a shm fabric feature";
+  DeviceOptions options;
+  options.faults.ud_loss = 1.5;
+  EXPECT_EQ(OpenDevice(options).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST_P(Conformance, UdRejectsRdmaOpcodesAtPostTime) {
   auto qa = MakeQp(*a_, QpType::kUd);
   ASSERT_TRUE(qa->Connect(ConnectConfig{}).ok());

@@ -34,8 +34,10 @@ struct Node {
 // Opens a node on `backend` ("shm", or a verbs device name); empty optional-like nullptr when the
 // backend has no device here (the caller skips).
 inline std::unique_ptr<Node> MakeNode(const std::string& backend, uint32_t access = kAllAccess,
-                                      uint32_t mtu = 4096, const std::string& fabric = "test") {
+                                      uint32_t mtu = 4096, const std::string& fabric = "test",
+                                      const FaultOptions& faults = {}) {
   DeviceOptions options;
+  options.faults = faults;
   options.name = backend;
   options.fabric = fabric;
   options.mtu = mtu;

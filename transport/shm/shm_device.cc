@@ -206,13 +206,25 @@ class ShmMr : public MemoryRegion {
   ShmDevice* device_;
 };
 
+// The AH maps its peer's segment on the first SEND through it (like verbs, creating an AH never
+// checks that the peer is alive) and unmaps it when destroyed, so a server that drops the AHs of
+// departed clients keeps no mapping of them. Unlike verbs, one AH must not be used by two threads
+// at once (its first use maps); herd gives each worker its own AHs.
 class ShmAh : public AddressHandle {
  public:
-  explicit ShmAh(const Gid& gid) : gid_(gid) {}
-  const Gid& gid() const { return gid_; }
+  explicit ShmAh(const Gid& gid) { std::memcpy(&address_, gid.data(), sizeof(address_)); }
+
+  Peer* peer() const {
+    if (peer_ == nullptr) {
+      absl::StatusOr<std::unique_ptr<Peer>> peer = Peer::Connect(address_);
+      if (peer.ok()) peer_ = *std::move(peer);
+    }
+    return peer_.get();
+  }
 
  private:
-  Gid gid_;
+  ShmAddress address_;
+  mutable std::unique_ptr<Peer> peer_;
 };
 
 class ShmPd : public ProtectionDomain {
@@ -253,9 +265,7 @@ class ShmPd : public ProtectionDomain {
 
 }  // namespace
 
-const Gid& AddressHandleGid(const AddressHandle* ah) {
-  return static_cast<const ShmAh*>(ah)->gid();
-}
+Peer* AddressHandlePeer(const AddressHandle* ah) { return static_cast<const ShmAh*>(ah)->peer(); }
 
 // ------------------------------------------------------------------------------ device
 absl::StatusOr<std::unique_ptr<ShmDevice>> ShmDevice::Open(const DeviceOptions& options) {
@@ -263,10 +273,16 @@ absl::StatusOr<std::unique_ptr<ShmDevice>> ShmDevice::Open(const DeviceOptions& 
     return absl::InvalidArgumentError(
         absl::StrFormat("shm fabric MTU must be in 256..65536 bytes, got %d", options.mtu));
   }
+  const FaultOptions& faults = options.faults;
+  if (faults.ud_loss < 0 || faults.ud_loss > 1 || faults.uc_loss < 0 || faults.uc_loss > 1) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("loss probabilities must be in [0, 1], got ud_loss=%g uc_loss=%g",
+                        faults.ud_loss, faults.uc_loss));
+  }
   absl::StatusOr<std::unique_ptr<SegmentMapping>> segment =
       SegmentMapping::Create(FabricId(options.fabric), options.mtu);
   if (!segment.ok()) return segment.status();
-  return std::unique_ptr<ShmDevice>(new ShmDevice(*std::move(segment)));
+  return std::unique_ptr<ShmDevice>(new ShmDevice(*std::move(segment), faults));
 }
 
 ShmDevice::~ShmDevice() = default;

@@ -80,10 +80,13 @@ class ShmDevice : public Device {
   void RemoveQp(QpEntry* entry);
   // The live QP object with this number, or nullptr (used by CQ polls to retire send slots).
   ShmQp* FindQp(uint32_t qp_num) const;
+  const FaultOptions& faults() const { return faults_; }
 
  private:
-  explicit ShmDevice(std::unique_ptr<SegmentMapping> segment) : segment_(std::move(segment)) {}
+  ShmDevice(std::unique_ptr<SegmentMapping> segment, const FaultOptions& faults)
+      : segment_(std::move(segment)), faults_(faults) {}
   std::unique_ptr<SegmentMapping> segment_;
+  const FaultOptions faults_;
   absl::Mutex control_mutex_;  // control path only: table slots and the arena
   uint32_t next_generation_ ABSL_GUARDED_BY(control_mutex_) = 1;
   std::atomic<ShmQp*> qps_[kMaxQps] = {};

@@ -10,7 +10,7 @@
 
 namespace transport::shm {
 
-const Gid& AddressHandleGid(const AddressHandle* ah);  // shm_device.cc
+Peer* AddressHandlePeer(const AddressHandle* ah);  // shm_device.cc: nullptr if unreachable
 
 namespace {
 
@@ -70,6 +70,7 @@ absl::StatusOr<std::unique_ptr<ShmQp>> ShmQp::Create(ShmDevice* device, const Qp
   qp->entry_->recv_ring_offset = *ring;
   qp->entry_->recv_cq_offset = recv_cq->offset();
   qp->send_cq_ = send_cq;
+  qp->loss_state_ = device->faults().seed ^ (uint64_t{qp->number()} << 32);
   return qp;
 }
 
@@ -227,17 +228,7 @@ uint8_t* ShmQp::LocalBuffer(const Sge& sge, uint32_t need_access) const {
 }
 
 Peer* ShmQp::PeerFor(const SendWr& wr) {
-  if (config_.type != QpType::kUd) return connected_peer_.get();
-  const Gid& gid = AddressHandleGid(wr.ah);
-  ShmAddress address;
-  std::memcpy(&address, gid.data(), sizeof(address));
-  const uint64_t key =
-      (uint64_t{static_cast<uint32_t>(address.pid)} << 32) | static_cast<uint32_t>(address.fd);
-  auto it = ud_peers_.find(key);
-  if (it != ud_peers_.end()) return it->second.get();
-  absl::StatusOr<std::unique_ptr<Peer>> peer = Peer::Connect(address);  // first message only
-  if (!peer.ok()) return nullptr;
-  return ud_peers_.emplace(key, *std::move(peer)).first->second.get();
+  return config_.type == QpType::kUd ? AddressHandlePeer(wr.ah) : connected_peer_.get();
 }
 
 CompletionStatus ShmQp::Execute(const SendWr& wr, uint32_t* byte_len) {
@@ -248,6 +239,10 @@ CompletionStatus ShmQp::Execute(const SendWr& wr, uint32_t* byte_len) {
     for (uint32_t i = 0; i < wr.num_sge; ++i) {
       if (LocalBuffer(wr.sg_list[i], 0) == nullptr) return CompletionStatus::kLocalProtectionError;
     }
+  }
+  if (InjectLoss()) {
+    counters_.dropped.Add();
+    return CompletionStatus::kSuccess;
   }
   Peer* peer = PeerFor(wr);
   if (peer == nullptr || peer->header()->alive.load(std::memory_order_acquire) == 0) {
@@ -274,6 +269,20 @@ CompletionStatus ShmQp::Execute(const SendWr& wr, uint32_t* byte_len) {
       return Atomic(*peer, wr);
   }
   return CompletionStatus::kLocalQpOperationError;
+}
+
+bool ShmQp::InjectLoss() {
+  const FaultOptions& faults = device_->faults();
+  double probability = 0;
+  if (config_.type == QpType::kUd) probability = faults.ud_loss;
+  if (config_.type == QpType::kUc) probability = faults.uc_loss;
+  if (probability <= 0) return false;
+  // splitmix64: one multiply-xorshift step per WR; the top 53 bits make a uniform double.
+  uint64_t z = (loss_state_ += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  z ^= z >> 31;
+  return static_cast<double>(z >> 11) * 0x1.0p-53 < probability;
 }
 
 CompletionStatus ShmQp::RdmaWrite(Peer& peer, const SendWr& wr) {

@@ -6,7 +6,6 @@
 #include <atomic>
 #include <memory>
 
-#include "absl/container/flat_hash_map.h"
 #include "transport/fabric.h"
 #include "transport/shm/shm_internal.h"
 
@@ -50,9 +49,11 @@ class ShmQp : public QueuePair {
   ShmCq* send_cq_ = nullptr;
   ConnectConfig connect_{};
   std::unique_ptr<Peer> connected_peer_;  // RC/UC
-  // UD: peers reached through address handles, mapped on the first message to each.
-  absl::flat_hash_map<uint64_t, std::unique_ptr<Peer>> ud_peers_;
+  // True when fault injection loses the next WR (UD SEND; UC WRITE or SEND).
+  bool InjectLoss();
+
   uint64_t posted_ = 0;               // send WRs posted, ever
+  uint64_t loss_state_ = 0;           // fault injection generator (splitmix64 state)
   std::atomic<uint64_t> retired_{0};  // send WRs whose queue slots are free again
 };
 
