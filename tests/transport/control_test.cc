@@ -1,0 +1,160 @@
+// The control plane's framing: round trips, and every way a frame can be bad gets a clear error.
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "transport/control/channel.h"
+#include "transport/control/wire.h"
+
+namespace transport::control {
+namespace {
+
+constexpr absl::Duration kTimeout = absl::Seconds(10);
+
+// A connected pair of channels over loopback TCP.
+struct Pair {
+  Channel client{-1};
+  Channel server{-1};
+};
+
+Pair Connected() {
+  auto listener = Listener::Listen("127.0.0.1", 0);
+  EXPECT_TRUE(listener.ok()) << listener.status();
+  Pair pair;
+  auto client = Channel::Connect(absl::StrCat("127.0.0.1:", listener->port()), kTimeout);
+  EXPECT_TRUE(client.ok()) << client.status();
+  auto server = listener->Accept(kTimeout);
+  EXPECT_TRUE(server.ok()) << server.status();
+  pair.client = *std::move(client);
+  pair.server = *std::move(server);
+  return pair;
+}
+
+void WriteRaw(const Channel& channel, const void* data, size_t n) {
+  ASSERT_EQ(send(channel.fd(), data, n, MSG_NOSIGNAL), static_cast<ssize_t>(n));
+}
+
+TEST(Control, MessagesRoundTripInOrderOnOneConnection) {
+  Pair pair = Connected();
+  QpEndpoint endpoint;
+  endpoint.qp_num = 0x123456;
+  endpoint.lid = 7;
+  endpoint.psn = 99;
+  endpoint.gid[15] = 0xab;
+  ASSERT_TRUE(
+      pair.client.Send(1, WireWriter().U64(42).Bytes("key").Endpoint(endpoint).Take()).ok());
+  ASSERT_TRUE(pair.client.Send(2, {}).ok());
+  auto first = pair.server.Receive(kTimeout);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(first->type, 1);
+  WireReader reader(first->payload, "test message");
+  uint64_t number = 0;
+  std::string text;
+  QpEndpoint decoded;
+  ASSERT_TRUE(reader.U64(&number) && reader.Bytes(&text, 16) && reader.Endpoint(&decoded));
+  EXPECT_TRUE(reader.Finish().ok());
+  EXPECT_EQ(number, 42u);
+  EXPECT_EQ(text, "key");
+  EXPECT_EQ(decoded.qp_num, endpoint.qp_num);
+  EXPECT_EQ(decoded.lid, endpoint.lid);
+  EXPECT_EQ(decoded.psn, endpoint.psn);
+  EXPECT_EQ(decoded.gid, endpoint.gid);
+  auto second = pair.server.Receive(kTimeout);
+  ASSERT_TRUE(second.ok());
+  EXPECT_EQ(second->type, 2);
+  EXPECT_TRUE(second->payload.empty());
+}
+
+TEST(Control, TruncatedOrOverlongPayloadFieldsAreDataLoss) {
+  const std::vector<uint8_t> bytes = WireWriter().U32(5).Take();
+  WireReader short_read(bytes, "join request");
+  uint64_t v;
+  EXPECT_FALSE(short_read.U64(&v));
+  EXPECT_EQ(short_read.Finish().code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(short_read.Finish().message().find("join request"), std::string::npos);
+
+  WireReader lying(WireWriter().U32(1000).Take(), "join request");  // claims 1000 bytes
+  std::string s;
+  EXPECT_FALSE(lying.Bytes(&s, 4096));
+  EXPECT_EQ(lying.status().code(), absl::StatusCode::kDataLoss);
+
+  WireReader too_long(WireWriter().Bytes(std::string(300, 'k')).Take(), "key");
+  EXPECT_FALSE(too_long.Bytes(&s, 256));
+
+  WireReader trailing(WireWriter().U8(1).U8(2).Take(), "reply");
+  uint8_t b;
+  EXPECT_TRUE(trailing.U8(&b));
+  EXPECT_EQ(trailing.Finish().code(), absl::StatusCode::kDataLoss);
+}
+
+TEST(Control, BadMagicVersionAndLengthAreRejected) {
+  struct Case {
+    uint32_t magic;
+    uint16_t version;
+    uint32_t length;
+    const char* expect;
+  };
+  for (const Case& c : {Case{0xdeadbeef, kControlVersion, 0, "magic"},
+                        Case{kControlMagic, kControlVersion + 1, 0, "version"},
+                        Case{kControlMagic, kControlVersion, kMaxControlPayload + 1, "limit"}}) {
+    Pair pair = Connected();
+    uint8_t header[kFrameHeaderBytes] = {};
+    std::memcpy(header, &c.magic, 4);
+    std::memcpy(header + 4, &c.version, 2);
+    std::memcpy(header + 8, &c.length, 4);
+    WriteRaw(pair.client, header, sizeof(header));
+    auto got = pair.server.Receive(kTimeout);
+    EXPECT_EQ(got.status().code(), absl::StatusCode::kDataLoss) << c.expect;
+    EXPECT_NE(got.status().message().find(c.expect), std::string::npos) << got.status();
+  }
+}
+
+TEST(Control, APeerClosingMidFrameIsTruncationAndBetweenFramesIsUnavailable) {
+  {
+    Pair pair = Connected();
+    uint8_t header[kFrameHeaderBytes] = {};
+    const uint32_t magic = kControlMagic, length = 100;
+    const uint16_t version = kControlVersion;
+    std::memcpy(header, &magic, 4);
+    std::memcpy(header + 4, &version, 2);
+    std::memcpy(header + 8, &length, 4);
+    WriteRaw(pair.client, header, sizeof(header));
+    WriteRaw(pair.client, "only ten..", 10);
+    pair.client = Channel(-1);  // closes
+    auto got = pair.server.Receive(kTimeout);
+    EXPECT_EQ(got.status().code(), absl::StatusCode::kDataLoss) << got.status();
+    EXPECT_NE(got.status().message().find("10 of 100"), std::string::npos) << got.status();
+  }
+  {
+    Pair pair = Connected();
+    EXPECT_FALSE(pair.server.PeerClosed());
+    pair.client = Channel(-1);
+    EXPECT_EQ(pair.server.Receive(kTimeout).status().code(), absl::StatusCode::kUnavailable);
+    EXPECT_TRUE(pair.server.PeerClosed());
+  }
+}
+
+TEST(Control, ReceiveTimesOutAndConnectNamesTheAddress) {
+  Pair pair = Connected();
+  EXPECT_EQ(pair.server.Receive(absl::Milliseconds(20)).status().code(),
+            absl::StatusCode::kDeadlineExceeded);
+  // A port nobody listens on (bind one, close it): refused until the deadline.
+  uint16_t port = 0;
+  {
+    auto listener = Listener::Listen("127.0.0.1", 0);
+    ASSERT_TRUE(listener.ok());
+    port = listener->port();
+  }
+  auto refused = Channel::Connect(absl::StrCat("127.0.0.1:", port), absl::Milliseconds(100));
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(refused.status().message().find(absl::StrCat(port)), std::string::npos);
+  EXPECT_EQ(Channel::Connect("no-port-here", kTimeout).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace transport::control

@@ -1,0 +1,270 @@
+#include "transport/control/channel.h"
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <thread>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_format.h"
+
+namespace transport::control {
+namespace {
+
+// Pause between attempts while the server is not listening yet.
+constexpr absl::Duration kConnectRetryInterval = absl::Milliseconds(20);
+constexpr int kListenBacklog = 128;
+
+absl::Status Errno(std::string_view what) {
+  return absl::UnavailableError(absl::StrFormat("%s: %s", what, std::strerror(errno)));
+}
+
+int MillisUntil(absl::Time deadline) {
+  const int64_t ms = absl::ToInt64Milliseconds(deadline - absl::Now());
+  return ms < 0 ? 0 : static_cast<int>(std::min<int64_t>(ms, 1 << 30));
+}
+
+void Put32(uint8_t* p, uint32_t v) { std::memcpy(p, &v, 4); }
+void Put16(uint8_t* p, uint16_t v) { std::memcpy(p, &v, 2); }
+
+absl::Status SplitHostPort(std::string_view host_port, std::string* host, std::string* port) {
+  const size_t colon = host_port.rfind(':');
+  if (colon == std::string_view::npos || colon + 1 == host_port.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("'%s' is not host:port (e.g. 10.0.0.1:31850)", host_port));
+  }
+  *host = std::string(host_port.substr(0, colon));
+  *port = std::string(host_port.substr(colon + 1));
+  if (host->size() >= 2 && host->front() == '[' && host->back() == ']') {
+    *host = host->substr(1, host->size() - 2);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<Channel> Channel::Connect(std::string_view host_port, absl::Duration timeout) {
+  std::string host, port;
+  if (absl::Status status = SplitHostPort(host_port, &host, &port); !status.ok()) return status;
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (const int rc = getaddrinfo(host.c_str(), port.c_str(), &hints, &found); rc != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("cannot resolve '%s': %s", host_port, gai_strerror(rc)));
+  }
+  const absl::Time deadline = absl::Now() + timeout;
+  std::string last_error = "no address";
+  while (true) {
+    for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
+      const int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+      if (fd < 0) continue;
+      if (connect(fd, a->ai_addr, a->ai_addrlen) == 0) {
+        freeaddrinfo(found);
+        const int one = 1;  // setup messages are tiny and latency-bound
+        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+        return Channel(fd);
+      }
+      last_error = std::strerror(errno);
+      close(fd);
+    }
+    if (absl::Now() + kConnectRetryInterval > deadline) break;
+    std::this_thread::sleep_for(absl::ToChronoMilliseconds(kConnectRetryInterval));
+  }
+  freeaddrinfo(found);
+  return absl::UnavailableError(absl::StrFormat("cannot connect to %s within %s: %s", host_port,
+                                                absl::FormatDuration(timeout), last_error));
+}
+
+Channel& Channel::operator=(Channel&& other) noexcept {
+  if (this != &other) {
+    if (fd_ >= 0) close(fd_);
+    fd_ = other.fd_;
+    other.fd_ = -1;
+  }
+  return *this;
+}
+
+Channel::~Channel() {
+  if (fd_ >= 0) close(fd_);
+}
+
+absl::Status Channel::Send(uint16_t type, const std::vector<uint8_t>& payload) {
+  if (payload.size() > kMaxControlPayload) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "control message of %d bytes exceeds the limit of %d", payload.size(), kMaxControlPayload));
+  }
+  uint8_t header[kFrameHeaderBytes];
+  Put32(header, kControlMagic);
+  Put16(header + 4, kControlVersion);
+  Put16(header + 6, type);
+  Put32(header + 8, static_cast<uint32_t>(payload.size()));
+  iovec parts[2] = {{header, sizeof(header)},
+                    {const_cast<uint8_t*>(payload.data()), payload.size()}};
+  size_t total = sizeof(header) + payload.size();
+  msghdr msg{};
+  msg.msg_iov = parts;
+  msg.msg_iovlen = 2;
+  while (total > 0) {
+    const ssize_t n = sendmsg(fd_, &msg, MSG_NOSIGNAL);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return Errno("control send");
+    }
+    total -= static_cast<size_t>(n);
+    // Advance the iovecs past what was sent.
+    size_t sent = static_cast<size_t>(n);
+    while (sent > 0 && msg.msg_iovlen > 0) {
+      const size_t step = std::min(sent, msg.msg_iov->iov_len);
+      msg.msg_iov->iov_base = static_cast<uint8_t*>(msg.msg_iov->iov_base) + step;
+      msg.msg_iov->iov_len -= step;
+      sent -= step;
+      if (msg.msg_iov->iov_len == 0) {
+        ++msg.msg_iov;
+        --msg.msg_iovlen;
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Channel::ReadExactly(uint8_t* out, size_t n, absl::Time deadline, bool frame_started) {
+  size_t got = 0;
+  while (got < n) {
+    pollfd p{fd_, POLLIN, 0};
+    const int ready = poll(&p, 1, MillisUntil(deadline));
+    if (ready < 0 && errno == EINTR) continue;
+    if (ready < 0) return Errno("control poll");
+    if (ready == 0) {
+      if (!frame_started && got == 0) return absl::DeadlineExceededError("no control message");
+      return absl::DataLossError(
+          absl::StrFormat("truncated control frame: %d of %d bytes arrived in time", got, n));
+    }
+    const ssize_t r = recv(fd_, out + got, n - got, 0);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) return Errno("control receive");
+    if (r == 0) {
+      if (!frame_started && got == 0) {
+        return absl::UnavailableError("the control connection was closed by the peer");
+      }
+      return absl::DataLossError(
+          absl::StrFormat("truncated control frame: the peer closed after %d of %d bytes", got, n));
+    }
+    got += static_cast<size_t>(r);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Message> Channel::Receive(absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  uint8_t header[kFrameHeaderBytes];
+  if (absl::Status s = ReadExactly(header, sizeof(header), deadline, false); !s.ok()) return s;
+  uint32_t magic, length;
+  uint16_t version;
+  Message message;
+  std::memcpy(&magic, header, 4);
+  std::memcpy(&version, header + 4, 2);
+  std::memcpy(&message.type, header + 6, 2);
+  std::memcpy(&length, header + 8, 4);
+  if (magic != kControlMagic) {
+    return absl::DataLossError(absl::StrFormat(
+        "not a herd control frame (magic 0x%08x, expected 0x%08x)", magic, kControlMagic));
+  }
+  if (version != kControlVersion) {
+    return absl::DataLossError(
+        absl::StrFormat("control protocol version %d, this build speaks %d: run matching builds",
+                        version, kControlVersion));
+  }
+  if (length > kMaxControlPayload) {
+    return absl::DataLossError(absl::StrFormat(
+        "control frame claims %d payload bytes, the limit is %d", length, kMaxControlPayload));
+  }
+  message.payload.resize(length);
+  if (absl::Status s = ReadExactly(message.payload.data(), length, deadline, true); !s.ok()) {
+    return s;
+  }
+  return message;
+}
+
+bool Channel::PeerClosed() const {
+  pollfd p{fd_, POLLIN | POLLRDHUP, 0};
+  if (poll(&p, 1, 0) <= 0) return false;
+  if (p.revents & (POLLERR | POLLHUP | POLLNVAL)) return true;
+  if (p.revents & POLLRDHUP) {
+    uint8_t byte;
+    return recv(fd_, &byte, 1, MSG_PEEK | MSG_DONTWAIT) <= 0;
+  }
+  return false;
+}
+
+std::string Channel::peer_name() const {
+  sockaddr_storage addr{};
+  socklen_t len = sizeof(addr);
+  if (getpeername(fd_, reinterpret_cast<sockaddr*>(&addr), &len) != 0) return "?";
+  char host[NI_MAXHOST], port[NI_MAXSERV];
+  if (getnameinfo(reinterpret_cast<sockaddr*>(&addr), len, host, sizeof(host), port, sizeof(port),
+                  NI_NUMERICHOST | NI_NUMERICSERV) != 0) {
+    return "?";
+  }
+  return absl::StrFormat("%s:%s", host, port);
+}
+
+absl::StatusOr<Listener> Listener::Listen(std::string_view address, uint16_t port) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE | AI_NUMERICHOST;
+  addrinfo* found = nullptr;
+  const std::string host(address), service = std::to_string(port);
+  if (const int rc = getaddrinfo(host.c_str(), service.c_str(), &hints, &found); rc != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("bad listen address '%s': %s", address, gai_strerror(rc)));
+  }
+  const int fd = socket(found->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) {
+    freeaddrinfo(found);
+    return Errno("socket");
+  }
+  const int one = 1;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  const bool bound = bind(fd, found->ai_addr, found->ai_addrlen) == 0;
+  freeaddrinfo(found);
+  if (!bound || listen(fd, kListenBacklog) != 0) {
+    absl::Status status = Errno(absl::StrFormat("listen on %s port %d", address, port));
+    close(fd);
+    return status;
+  }
+  sockaddr_storage bound_addr{};
+  socklen_t len = sizeof(bound_addr);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&bound_addr), &len);
+  const uint16_t actual = bound_addr.ss_family == AF_INET6
+                              ? ntohs(reinterpret_cast<sockaddr_in6*>(&bound_addr)->sin6_port)
+                              : ntohs(reinterpret_cast<sockaddr_in*>(&bound_addr)->sin_port);
+  return Listener(fd, actual);
+}
+
+Listener::~Listener() {
+  if (fd_ >= 0) close(fd_);
+}
+
+absl::StatusOr<Channel> Listener::Accept(absl::Duration timeout) {
+  pollfd p{fd_, POLLIN, 0};
+  const int ready = poll(&p, 1, MillisUntil(absl::Now() + timeout));
+  if (ready < 0) return Errno("accept poll");
+  if (ready == 0) return absl::DeadlineExceededError("no connection");
+  const int fd = accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC);
+  if (fd < 0) return Errno("accept");
+  const int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  return Channel(fd);
+}
+
+}  // namespace transport::control
