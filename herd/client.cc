@@ -1,0 +1,506 @@
+#include "herd/client.h"
+
+#include <atomic>
+#include <cstring>
+
+#include "absl/strings/str_format.h"
+#include "glog/logging.h"
+#include "mica/keyhash.h"
+
+namespace herd {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Receives posted per outstanding request: room for a duplicate answer (a replay racing the
+// original) without starving the next response.
+constexpr uint32_t kReceivesPerOutstanding = 2;
+constexpr uint64_t kSyncTag = ~uint64_t{0};
+
+template <typename T>
+absl::Status Take(absl::StatusOr<T> value, T* out) {
+  if (!value.ok()) return value.status();
+  *out = *std::move(value);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<transport::SharedMemory>> Allocate(uint64_t bytes) {
+  absl::StatusOr<transport::SharedMemory> memory = transport::SharedMemory::Allocate(bytes);
+  if (!memory.ok()) return memory.status();
+  return std::make_unique<transport::SharedMemory>(*std::move(memory));
+}
+
+}  // namespace
+
+struct Client::Outstanding {
+  bool active = false;
+  Op op = Op::kGet;
+  uint32_t client = 0, worker = 0, slot = 0;
+  uint32_t length = 0;  // staged request bytes
+  uint32_t attempts = 0;
+  uint64_t seq = 0, tag = 0, keyhash = 0;
+  Clock::time_point submitted, deadline;
+};
+
+absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {
+  if (options.clients == 0) return absl::InvalidArgumentError("a Client needs at least 1 client");
+  std::unique_ptr<Client> client(new Client(options));
+  if (absl::Status s = client->Handshake(); !s.ok()) return s;
+  return client;
+}
+
+Client::Client(const ClientOptions& options) : options_(options) {}
+
+Client::~Client() = default;
+
+absl::Status Client::Handshake() {
+  if (absl::Status s = Take(transport::OpenDevice(options_.device), &device_); !s.ok()) return s;
+  absl::StatusOr<transport::control::Channel> channel =
+      transport::control::Channel::Connect(options_.server, options_.connect_timeout);
+  if (!channel.ok()) return channel.status();
+  channel_ = *std::move(channel);
+  if (absl::Status s = channel_.Send(kHello, Encode(Hello{options_.clients})); !s.ok()) return s;
+  absl::StatusOr<transport::control::Message> reply =
+      Expect(channel_, kServerConfig, options_.connect_timeout);
+  if (!reply.ok()) return reply.status();
+  absl::StatusOr<Config> config = DecodeConfig(reply->payload);
+  if (!config.ok()) return config.status();
+  if (absl::Status s = Validate(*config, device_->port().active_mtu); !s.ok()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the server's configuration does not work on this device: ", s.message()));
+  }
+  if (absl::Status s = CreateResources(*config); !s.ok()) return s;
+
+  Join join;
+  join.ud = ud_qp_->endpoint();
+  for (auto& qp : request_qps_) join.request_qps.push_back(qp->endpoint());
+  for (auto& qp : response_qps_) join.response_qps.push_back(qp->endpoint());
+  if (responses_mr_) {
+    join.response_region_addr = reinterpret_cast<uint64_t>(responses_->data());
+    join.response_region_rkey = responses_mr_->rkey();
+  }
+  if (absl::Status s = channel_.Send(kJoin, Encode(join)); !s.ok()) return s;
+  reply = Expect(channel_, kWelcome, options_.connect_timeout);
+  if (!reply.ok()) return reply.status();
+  absl::StatusOr<Welcome> welcome = DecodeWelcome(reply->payload, config_.workers);
+  if (!welcome.ok()) return welcome.status();
+  welcome_ = *std::move(welcome);
+  first_client_id_ = welcome_.first_client_id;
+  if (welcome_.worker_ud.size() != config_.workers ||
+      welcome_.request_qps.size() != request_qps_.size() ||
+      welcome_.response_qps.size() != response_qps_.size()) {
+    return absl::DataLossError("welcome: endpoint lists do not match the server's config");
+  }
+  for (uint32_t w = 0; w < config_.workers; ++w) {
+    transport::ConnectConfig connect;
+    if (!request_qps_.empty()) {
+      connect.remote = welcome_.request_qps[w];
+      if (absl::Status s = request_qps_[w]->Connect(connect); !s.ok()) return s;
+    }
+    if (!response_qps_.empty()) {
+      connect.remote = welcome_.response_qps[w];
+      if (absl::Status s = response_qps_[w]->Connect(connect); !s.ok()) return s;
+    }
+    std::unique_ptr<transport::AddressHandle> ah;
+    const transport::QpEndpoint& ud = welcome_.worker_ud[w];
+    if (absl::Status s = Take(pd_->CreateAddressHandle({ud.lid, ud.gid}), &ah); !s.ok()) return s;
+    worker_ahs_.push_back(std::move(ah));
+  }
+  next_retry_check_ = Clock::now();
+  return absl::OkStatus();
+}
+
+absl::Status Client::CreateResources(const Config& config) {
+  config_ = config;
+  const Config& c = config_;
+  if (absl::Status s = ValidateClientLoad(c, options_.clients); !s.ok()) return s;
+  const uint64_t slot_count = uint64_t{options_.clients} * c.workers * c.window;
+  receive_count_ = static_cast<uint32_t>(
+      std::min<uint64_t>(slot_count * kReceivesPerOutstanding, kMaxClientReceives));
+  receive_bytes_ = transport::kGrhBytes + ResponseBytes(c.max_value_bytes());
+  if (absl::Status s = Take(device_->AllocatePd(), &pd_); !s.ok()) return s;
+  if (absl::Status s = Take(device_->CreateCq((c.workers + 1) * c.sq_depth), &send_cq_); !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = Take(device_->CreateCq(receive_count_ + 1), &recv_cq_); !s.ok()) return s;
+  auto make_qp = [&](transport::QpType type, uint32_t receives,
+                     std::unique_ptr<transport::QueuePair>* out) {
+    transport::QpConfig qc;
+    qc.type = type;
+    qc.send_cq = send_cq_.get();
+    qc.recv_cq = recv_cq_.get();
+    qc.max_send_wr = c.sq_depth;
+    qc.max_recv_wr = receives;
+    qc.max_inline_data = c.max_inline;
+    return Take(pd_->CreateQp(qc), out);
+  };
+  if (absl::Status s = make_qp(transport::QpType::kUd, receive_count_, &ud_qp_); !s.ok()) return s;
+  transport::ConnectConfig ud;
+  ud.qkey = kQkey;
+  if (absl::Status s = ud_qp_->Connect(ud); !s.ok()) return s;
+  for (uint32_t w = 0; w < c.workers; ++w) {
+    if (c.request_uses_slots()) {
+      request_qps_.emplace_back();
+      const auto type = c.request_verb == RequestVerb::kRcWrite ? transport::QpType::kRc
+                                                                : transport::QpType::kUc;
+      if (absl::Status s = make_qp(type, 1, &request_qps_.back()); !s.ok()) return s;
+    }
+    if (c.response_uses_slots()) {
+      response_qps_.emplace_back();
+      const auto type = c.response_verb == ResponseVerb::kRcWrite ? transport::QpType::kRc
+                                                                  : transport::QpType::kUc;
+      if (absl::Status s = make_qp(type, 1, &response_qps_.back()); !s.ok()) return s;
+    }
+  }
+  auto region = [&](uint64_t bytes, uint32_t access, std::unique_ptr<transport::SharedMemory>* mem,
+                    std::unique_ptr<transport::MemoryRegion>* mr) -> absl::Status {
+    if (absl::Status s = Take(Allocate(bytes), mem); !s.ok()) return s;
+    return Take(pd_->RegisterMemory((*mem)->data(), (*mem)->size(), access), mr);
+  };
+  if (absl::Status s = region(slot_count * c.slot_bytes, transport::kLocalWrite, &staging_,
+                              &staging_mr_);
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = region(uint64_t{receive_count_} * receive_bytes_, transport::kLocalWrite,
+                              &receives_, &receives_mr_);
+      !s.ok()) {
+    return s;
+  }
+  if (c.response_uses_slots()) {
+    if (absl::Status s = region(slot_count * c.response_slot_bytes(),
+                                transport::kLocalWrite | transport::kRemoteWrite, &responses_,
+                                &responses_mr_);
+        !s.ok()) {
+      return s;
+    }
+  }
+  queues_.resize(1 + request_qps_.size());
+  for (size_t q = 0; q < queues_.size(); ++q) {
+    queues_[q].qp = q == 0 ? ud_qp_.get() : request_qps_[q - 1].get();
+    queues_[q].depth = c.sq_depth;
+    queues_[q].unsig_batch = c.unsig_batch;
+    queues_[q].table_slot = static_cast<uint16_t>(q);
+  }
+  slots_.resize(slot_count);
+  next_seq_.assign(uint64_t{options_.clients} * c.workers, 1);
+  completions_.resize(std::max<uint32_t>(c.sq_depth, 64));
+  recv_wrs_.resize(receive_count_);
+  recv_sges_.resize(receive_count_);
+  to_repost_.reserve(receive_count_);
+  for (uint32_t i = 0; i < receive_count_; ++i) to_repost_.push_back(i);
+  RepostReceives();
+  return absl::OkStatus();
+}
+
+uint32_t Client::WorkerOf(uint64_t keyhash) const {
+  return mica::PartitionOf(keyhash, config_.workers);
+}
+
+bool Client::CanSubmit(uint32_t client, uint64_t keyhash) const {
+  const uint32_t worker = WorkerOf(keyhash);
+  const uint64_t seq = next_seq_[uint64_t{client} * config_.workers + worker];
+  return !slots_[SlotIndex(client, worker, static_cast<uint32_t>(seq % config_.window))].active;
+}
+
+absl::Status Client::Submit(uint32_t client, Op op, std::string_view key, std::string_view value,
+                            uint64_t expected_version, uint64_t tag) {
+  if (client >= options_.clients) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("client %d: this connection hosts %d", client, options_.clients));
+  }
+  if (key.empty() || key.size() > config_.max_key_bytes) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "key of %d bytes: the server takes 1..%d", key.size(), config_.max_key_bytes));
+  }
+  const bool carries_value = op == Op::kPut || op == Op::kCas;
+  if (!carries_value) value = {};
+  if (value.size() > config_.max_value_bytes()) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("value of %d bytes: the server's slots take at most %d", value.size(),
+                        config_.max_value_bytes()));
+  }
+  const uint64_t keyhash = mica::KeyHash(key);
+  const uint32_t worker = WorkerOf(keyhash);
+  uint64_t& next = next_seq_[uint64_t{client} * config_.workers + worker];
+  const auto slot = static_cast<uint32_t>(next % config_.window);
+  const uint64_t index = SlotIndex(client, worker, slot);
+  Outstanding& o = slots_[index];
+  if (o.active) {
+    return absl::ResourceExhaustedError("the window to this key's worker is full: Poll first");
+  }
+  RequestHeader header{};
+  header.keyhash = keyhash;
+  header.expected_version = op == Op::kCas ? expected_version : 0;
+  header.value_bytes = static_cast<uint32_t>(value.size());
+  header.key_bytes = static_cast<uint16_t>(key.size());
+  header.op = static_cast<uint8_t>(op);
+  header.client_id = first_client_id_ + client;
+  header.seq = next;
+  o.length = EncodeRequest(header, key, value, staging_->data() + index * config_.slot_bytes);
+  o.active = true;
+  o.op = op;
+  o.client = client;
+  o.worker = worker;
+  o.slot = slot;
+  o.attempts = 0;
+  o.seq = next;
+  o.tag = tag;
+  o.keyhash = keyhash;
+  o.submitted = Clock::now();
+  ++next;
+  ++outstanding_;
+  ++stats_.submitted;
+  return Send(o);
+}
+
+absl::Status Client::Send(Outstanding& o) {
+  const bool write = config_.request_uses_slots();
+  SendQueue& queue = queues_[write ? 1 + o.worker : 0];
+  while (!queue.broken && !queue.HasRoom()) Reap();
+  if (queue.broken) {
+    return absl::UnavailableError(
+        "the request QP is in the error state (the server is gone?): reconnect");
+  }
+  const uint64_t index = SlotIndex(o.client, o.worker, o.slot);
+  transport::Sge sge{reinterpret_cast<uint64_t>(staging_->data() + index * config_.slot_bytes),
+                     o.length, staging_mr_->lkey()};
+  transport::SendWr wr;
+  wr.wr_id = queue.WrId(queue.posted);
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.flags = queue.Signal(queue.posted) ? uint32_t{transport::kSignaled} : 0u;
+  if (config_.use_inline && o.length <= config_.max_inline) wr.flags |= transport::kInline;
+  if (write) {
+    wr.opcode = transport::Opcode::kWrite;
+    // End-aligned: the sequence word lands in the slot's last 8 bytes, and lands last.
+    wr.remote_addr = welcome_.region_addr +
+                     config_.SlotOffset(o.worker, first_client_id_ + o.client, o.slot) +
+                     config_.slot_bytes - o.length;
+    wr.rkey = welcome_.region_rkey;
+  } else {
+    wr.opcode = transport::Opcode::kSend;
+    wr.ah = worker_ahs_[o.worker].get();
+    wr.remote_qpn = welcome_.worker_ud[o.worker].qp_num;
+    wr.remote_qkey = kQkey;
+  }
+  transport::SendWr* bad = nullptr;
+  if (absl::Status s = queue.qp->PostSend(&wr, &bad); !s.ok()) return s;
+  ++queue.posted;
+  ++o.attempts;
+  o.deadline = Clock::now() + absl::ToChronoNanoseconds(options_.retry_timeout);
+  return absl::OkStatus();
+}
+
+void Client::Reap() {
+  const size_t got = send_cq_->Poll(absl::MakeSpan(completions_));
+  for (size_t i = 0; i < got; ++i) {
+    const uint16_t slot = TableSlotOf(completions_[i].wr_id);
+    if (slot < queues_.size()) {
+      queues_[slot].Complete(completions_[i].wr_id,
+                             completions_[i].status == transport::CompletionStatus::kSuccess);
+    }
+  }
+}
+
+void Client::RepostReceives() {
+  if (to_repost_.empty()) return;
+  for (size_t i = 0; i < to_repost_.size(); ++i) {
+    const uint32_t buffer = to_repost_[i];
+    recv_sges_[i] = transport::Sge{
+        reinterpret_cast<uint64_t>(receives_->data() + uint64_t{buffer} * receive_bytes_),
+        receive_bytes_, receives_mr_->lkey()};
+    recv_wrs_[i] = transport::RecvWr{};
+    recv_wrs_[i].wr_id = buffer;
+    recv_wrs_[i].sg_list = &recv_sges_[i];
+    recv_wrs_[i].num_sge = 1;
+    recv_wrs_[i].next = i + 1 < to_repost_.size() ? &recv_wrs_[i + 1] : nullptr;
+  }
+  transport::RecvWr* bad = nullptr;
+  if (absl::Status s = ud_qp_->PostRecv(recv_wrs_.data(), &bad); !s.ok()) {
+    LOG_EVERY_N(ERROR, 1000) << "re-posting receives failed: " << s;
+  }
+  to_repost_.clear();
+}
+
+bool Client::Accept(const uint8_t* message, uint32_t length, Result* out) {
+  ParsedResponse response;
+  if (!ParseResponse(message, length, &response)) return false;
+  const ResponseHeader& h = response.header;
+  const uint32_t client = h.client_id - first_client_id_;  // wraps for foreign ids
+  if (client >= options_.clients || h.worker >= config_.workers ||
+      h.value_bytes > config_.max_value_bytes()) {
+    return false;
+  }
+  const auto slot = static_cast<uint32_t>(h.seq % config_.window);
+  Outstanding& o = slots_[SlotIndex(client, h.worker, slot)];
+  if (!o.active || o.seq != h.seq || o.keyhash != h.keyhash) return false;
+  const auto status = static_cast<Status>(h.status);
+  if (o.op != Op::kGet && h.value_bytes != 0) return false;
+  out->tag = o.tag;
+  out->client = client;
+  out->op = o.op;
+  out->status = status;
+  out->version = h.version;
+  out->value = std::string_view(reinterpret_cast<const char*>(response.value), h.value_bytes);
+  out->attempts = o.attempts;
+  out->latency_ns = static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - o.submitted).count());
+  o.active = false;
+  --outstanding_;
+  ++stats_.completed;
+  return true;
+}
+
+size_t Client::Poll(absl::Span<Result> out) {
+  RepostReceives();
+  Reap();
+  size_t n = 0;
+  if (!config_.response_uses_slots()) {
+    const size_t want = std::min(out.size(), completions_.size());
+    const size_t got = recv_cq_->Poll(absl::MakeSpan(completions_.data(), want));
+    for (size_t i = 0; i < got; ++i) {
+      const transport::Completion& c = completions_[i];
+      to_repost_.push_back(static_cast<uint32_t>(c.wr_id));
+      const bool ok = c.status == transport::CompletionStatus::kSuccess &&
+                      c.byte_len >= transport::kGrhBytes &&
+                      Accept(receives_->data() + c.wr_id * receive_bytes_ + transport::kGrhBytes,
+                             c.byte_len - transport::kGrhBytes, &out[n]);
+      if (ok) {
+        ++n;
+      } else {
+        ++stats_.stray;
+      }
+    }
+  } else if (outstanding_ > 0) {
+    const uint32_t bytes = config_.response_slot_bytes();
+    for (uint64_t i = 0; i < slots_.size() && n < out.size(); ++i) {
+      Outstanding& o = slots_[i];
+      if (!o.active) continue;
+      // The server writes [worker][client][window] response slots.
+      const uint64_t at =
+          ((uint64_t{o.worker} * options_.clients + o.client) * config_.window + o.slot) * bytes;
+      uint8_t* slot = responses_->data() + at;
+      auto* marker = reinterpret_cast<uint64_t*>(slot + bytes - sizeof(uint64_t));
+      const uint64_t seq = std::atomic_ref<uint64_t>(*marker).load(std::memory_order_acquire);
+      if (seq == 0) continue;
+      if (seq != o.seq) {
+        std::atomic_ref<uint64_t>(*marker).store(0, std::memory_order_relaxed);
+        ++stats_.stray;  // a late answer to this slot's previous request
+        continue;
+      }
+      if (Accept(slot, bytes, &out[n])) {
+        ++n;
+      } else {
+        ++stats_.stray;
+      }
+      std::atomic_ref<uint64_t>(*marker).store(0, std::memory_order_relaxed);
+    }
+  }
+  const Clock::time_point now = Clock::now();
+  if (outstanding_ > 0 && now >= next_retry_check_) {
+    next_retry_check_ = now + absl::ToChronoNanoseconds(options_.retry_timeout) / 4;
+    for (Outstanding& o : slots_) {
+      if (!o.active || o.deadline > now) continue;
+      if (o.attempts >= options_.max_attempts) {
+        if (n == out.size()) break;
+        Result& r = out[n++];
+        r = Result{};
+        r.tag = o.tag;
+        r.client = o.client;
+        r.op = o.op;
+        r.status = Status::kTimedOut;
+        r.attempts = o.attempts;
+        o.active = false;
+        --outstanding_;
+        ++stats_.timed_out;
+        continue;
+      }
+      ++stats_.retransmissions;
+      if (absl::Status s = Send(o); !s.ok()) {
+        LOG_EVERY_N(WARNING, 1000) << "retransmission failed: " << s;
+      }
+    }
+  }
+  return n;
+}
+
+absl::StatusOr<Result> Client::RunOne(Op op, std::string_view key, std::string_view value,
+                                      uint64_t expected_version) {
+  if (outstanding_ != 0) {
+    return absl::FailedPreconditionError("synchronous calls need no requests outstanding");
+  }
+  if (absl::Status s = Submit(0, op, key, value, expected_version, kSyncTag); !s.ok()) return s;
+  Result result;
+  while (true) {
+    if (Poll(absl::MakeSpan(&result, 1)) == 1 && result.tag == kSyncTag) return result;
+  }
+}
+
+absl::StatusOr<Value> Client::Get(std::string_view key) {
+  absl::StatusOr<Result> r = RunOne(Op::kGet, key, {}, 0);
+  if (!r.ok()) return r.status();
+  if (r->status == Status::kNotFound) return absl::NotFoundError("no such key");
+  if (r->status != Status::kOk) return absl::InternalError(std::string(StatusName(r->status)));
+  return Value{std::string(r->value), r->version};
+}
+
+namespace {
+absl::StatusOr<uint64_t> VersionOf(const absl::StatusOr<Result>& r) {
+  if (!r.ok()) return r.status();
+  switch (r->status) {
+    case Status::kOk:
+      return r->version;
+    case Status::kNotFound:
+      return absl::NotFoundError("no such key");
+    case Status::kCasFailed:
+      return absl::FailedPreconditionError(
+          absl::StrFormat("CAS_FAILED: the current version is %d", r->version));
+    case Status::kTimedOut:
+      return absl::DeadlineExceededError("no response through every retransmission");
+    default:
+      return absl::InvalidArgumentError(std::string(StatusName(r->status)));
+  }
+}
+}  // namespace
+
+absl::StatusOr<uint64_t> Client::Put(std::string_view key, std::string_view value) {
+  return VersionOf(RunOne(Op::kPut, key, value, 0));
+}
+
+absl::StatusOr<uint64_t> Client::Delete(std::string_view key) {
+  return VersionOf(RunOne(Op::kDelete, key, {}, 0));
+}
+
+absl::StatusOr<uint64_t> Client::Cas(std::string_view key, uint64_t expected_version,
+                                     std::string_view value) {
+  return VersionOf(RunOne(Op::kCas, key, value, expected_version));
+}
+
+absl::Status Client::SendRaw(uint32_t client, uint32_t worker, uint32_t slot,
+                             absl::Span<const uint8_t> bytes) {
+  if (client >= options_.clients || worker >= config_.workers || slot >= config_.window ||
+      bytes.size() > config_.slot_bytes) {
+    return absl::InvalidArgumentError("SendRaw: no such slot, or more bytes than a slot holds");
+  }
+  const uint64_t index = SlotIndex(client, worker, slot);
+  if (slots_[index].active) return absl::FailedPreconditionError("SendRaw: slot in use");
+  std::memcpy(staging_->data() + index * config_.slot_bytes, bytes.data(), bytes.size());
+  Outstanding& o = slots_[index];
+  o.client = client;
+  o.worker = worker;
+  o.slot = slot;
+  o.length = static_cast<uint32_t>(bytes.size());
+  return Send(o);
+}
+
+ClientStats Client::stats() const {
+  ClientStats s = stats_;
+  s.fabric.Add(ud_qp_->counters());
+  for (const auto& qp : request_qps_) s.fabric.Add(qp->counters());
+  s.fabric.Add(send_cq_->counters());
+  s.fabric.Add(recv_cq_->counters());
+  return s;
+}
+
+}  // namespace herd

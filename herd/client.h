@@ -1,0 +1,153 @@
+// The herd client library. One Client is one connection to a server and hosts `clients` logical
+// clients (each with its own client id, sequence numbers and window of request slots per
+// worker), driven by ONE thread: a client process runs many threads, each with its own Client.
+//
+// Asynchronous use: Submit() requests while Submit returns OK, Poll() for results. A logical
+// client has at most `window` requests outstanding to each worker; Submit answers
+// kResourceExhausted when the key's worker has no free slot for that client.
+//
+// Every response is checked before it is delivered: it must carry the client id, worker,
+// sequence number and key hash of an outstanding request, and lengths that add up. Anything
+// else is counted (stats().stray) and dropped. UD responses (and UC requests) can be lost: a
+// request not answered within retry_timeout is written again, same slot, same sequence number;
+// the worker answers a repeated mutation from its dedupe table instead of applying it twice.
+#ifndef HERD_HERD_CLIENT_H_
+#define HERD_HERD_CLIENT_H_
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "herd/config.h"
+#include "herd/join.h"
+#include "herd/protocol.h"
+#include "herd/send_queue.h"
+#include "transport/control/channel.h"
+#include "transport/fabric.h"
+#include "transport/shared_memory.h"
+
+namespace herd {
+
+struct ClientOptions {
+  std::string server = "127.0.0.1:31850";  // host:port of the server's control plane
+  uint32_t clients = 1;                     // logical clients on this connection
+  transport::DeviceOptions device;
+  absl::Duration retry_timeout = absl::Milliseconds(20);  // per attempt
+  uint32_t max_attempts = 250;  // then the request completes with kTimedOut
+  absl::Duration connect_timeout = absl::Seconds(10);
+};
+
+struct Result {
+  uint64_t tag = 0;  // the caller's, from Submit
+  uint32_t client = 0;
+  Op op = Op::kGet;
+  Status status = Status::kOk;
+  uint64_t version = 0;
+  // GET: the value. Valid until the next Poll() or Submit() on this Client.
+  std::string_view value;
+  uint32_t attempts = 1;
+  uint64_t latency_ns = 0;  // Submit to delivery
+};
+
+struct ClientStats {
+  uint64_t submitted = 0, completed = 0, retransmissions = 0, timed_out = 0, stray = 0;
+  transport::CounterSnapshot fabric;
+};
+
+// A synchronous result.
+struct Value {
+  std::string value;
+  uint64_t version = 0;
+};
+
+class Client {
+ public:
+  static absl::StatusOr<std::unique_ptr<Client>> Connect(const ClientOptions& options);
+  ~Client();
+
+  const Config& config() const { return config_; }
+  uint32_t clients() const { return options_.clients; }
+  uint32_t first_client_id() const { return first_client_id_; }
+  // The worker that owns `key` (clients route by the key hash, as the server partitions).
+  uint32_t WorkerOf(uint64_t keyhash) const;
+
+  // True when `client` may have another request outstanding to `keyhash`'s worker.
+  bool CanSubmit(uint32_t client, uint64_t keyhash) const;
+  // Sends one request of logical client `client` (0..clients-1). expected_version: CAS only.
+  absl::Status Submit(uint32_t client, Op op, std::string_view key, std::string_view value,
+                      uint64_t expected_version, uint64_t tag);
+  // Delivers up to out.size() results; also retransmits overdue requests. Never blocks.
+  size_t Poll(absl::Span<Result> out);
+  uint64_t outstanding() const { return outstanding_; }
+
+  // Synchronous wrappers on logical client 0 (for tests and examples): submit, poll until done.
+  absl::StatusOr<Value> Get(std::string_view key);
+  absl::StatusOr<uint64_t> Put(std::string_view key, std::string_view value);  // new version
+  absl::StatusOr<uint64_t> Delete(std::string_view key);
+  // OK with the new version, or kFailedPrecondition (CAS_FAILED) naming the current version.
+  absl::StatusOr<uint64_t> Cas(std::string_view key, uint64_t expected_version,
+                               std::string_view value);
+
+  ClientStats stats() const;
+
+  // Tests only (a hostile client): puts `bytes` into request slot `slot` of logical client
+  // `client` at `worker` exactly as a request would go (end-aligned WRITE, or a UD SEND),
+  // with no checks at all.
+  absl::Status SendRaw(uint32_t client, uint32_t worker, uint32_t slot,
+                       absl::Span<const uint8_t> bytes);
+
+ private:
+  struct Outstanding;
+  explicit Client(const ClientOptions& options);
+  absl::Status Handshake();
+  absl::Status CreateResources(const Config& config);
+  absl::StatusOr<Result> RunOne(Op op, std::string_view key, std::string_view value,
+                                uint64_t expected_version);
+  uint64_t SlotIndex(uint32_t client, uint32_t worker, uint32_t slot) const {
+    return (uint64_t{client} * config_.workers + worker) * config_.window + slot;
+  }
+  absl::Status Send(Outstanding& o);  // posts (or re-posts) a staged request
+  // Validates a response and fills `out`; false for a stray.
+  bool Accept(const uint8_t* message, uint32_t length, Result* out);
+  void RepostReceives();
+  void Reap();
+  void Retransmit(std::chrono::steady_clock::time_point now);
+
+  const ClientOptions options_;
+  Config config_;
+  transport::control::Channel channel_{-1};
+  uint32_t first_client_id_ = 0;
+  Welcome welcome_;
+
+  std::unique_ptr<transport::Device> device_;
+  std::unique_ptr<transport::ProtectionDomain> pd_;
+  std::unique_ptr<transport::CompletionQueue> send_cq_, recv_cq_;
+  std::unique_ptr<transport::QueuePair> ud_qp_;
+  std::vector<std::unique_ptr<transport::QueuePair>> request_qps_, response_qps_;
+  std::vector<std::unique_ptr<transport::AddressHandle>> worker_ahs_;
+  std::unique_ptr<transport::SharedMemory> staging_, receives_, responses_;
+  std::unique_ptr<transport::MemoryRegion> staging_mr_, receives_mr_, responses_mr_;
+  std::vector<SendQueue> queues_;  // [0] = UD QP, then one per worker request QP
+
+  std::vector<Outstanding> slots_;           // [client][worker][window]
+  std::vector<uint64_t> next_seq_;           // [client][worker]
+  std::vector<uint32_t> to_repost_;          // receive buffers consumed by the last Poll
+  std::vector<transport::Completion> completions_;
+  std::vector<transport::RecvWr> recv_wrs_;
+  std::vector<transport::Sge> recv_sges_;
+  uint64_t outstanding_ = 0;
+  uint32_t receive_bytes_ = 0;
+  uint32_t receive_count_ = 0;
+  std::chrono::steady_clock::time_point next_retry_check_;
+  ClientStats stats_;
+};
+
+}  // namespace herd
+
+#endif  // HERD_HERD_CLIENT_H_

@@ -1,0 +1,148 @@
+#include "herd/join.h"
+
+#include "absl/strings/str_format.h"
+#include "transport/control/wire.h"
+
+namespace herd {
+namespace {
+
+using transport::QpEndpoint;
+using transport::control::WireReader;
+using transport::control::WireWriter;
+
+constexpr uint32_t kMaxErrorBytes = 4096;
+
+void PutEndpoints(WireWriter& w, const std::vector<QpEndpoint>& endpoints) {
+  w.U32(static_cast<uint32_t>(endpoints.size()));
+  for (const QpEndpoint& e : endpoints) w.Endpoint(e);
+}
+
+// A list must be empty or have one entry per worker.
+bool GetEndpoints(WireReader& r, uint32_t workers, std::vector<QpEndpoint>* out,
+                  absl::Status* error) {
+  uint32_t n = 0;
+  if (!r.U32(&n)) return false;
+  if (n != 0 && n != workers) {
+    *error = absl::DataLossError(
+        absl::StrFormat("endpoint list of %d entries for %d workers", n, workers));
+    return false;
+  }
+  out->resize(n);
+  for (QpEndpoint& e : *out) {
+    if (!r.Endpoint(&e)) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+std::vector<uint8_t> Encode(const Hello& hello) { return WireWriter().U32(hello.clients).Take(); }
+
+std::vector<uint8_t> Encode(const Config& c) {
+  return WireWriter()
+      .U8(static_cast<uint8_t>(c.request_verb))
+      .U8(static_cast<uint8_t>(c.response_verb))
+      .U8(c.use_inline ? 1 : 0)
+      .U32(c.workers)
+      .U32(c.ud_qps_per_worker)
+      .U32(c.window)
+      .U32(c.postlist)
+      .U32(c.unsig_batch)
+      .U32(c.max_inline)
+      .U32(c.slot_bytes)
+      .U32(c.max_key_bytes)
+      .U32(c.max_clients)
+      .U32(c.sq_depth)
+      .U32(c.recv_depth)
+      .Take();
+}
+
+std::vector<uint8_t> Encode(const Join& join) {
+  WireWriter w;
+  w.Endpoint(join.ud);
+  PutEndpoints(w, join.request_qps);
+  PutEndpoints(w, join.response_qps);
+  w.U64(join.response_region_addr).U32(join.response_region_rkey);
+  return w.Take();
+}
+
+std::vector<uint8_t> Encode(const Welcome& welcome) {
+  WireWriter w;
+  w.U32(welcome.first_client_id).U64(welcome.region_addr).U32(welcome.region_rkey);
+  PutEndpoints(w, welcome.worker_ud);
+  PutEndpoints(w, welcome.request_qps);
+  PutEndpoints(w, welcome.response_qps);
+  return w.Take();
+}
+
+absl::StatusOr<Hello> DecodeHello(const std::vector<uint8_t>& bytes) {
+  WireReader r(bytes, "hello");
+  Hello hello;
+  r.U32(&hello.clients);
+  if (absl::Status s = r.Finish(); !s.ok()) return s;
+  return hello;
+}
+
+absl::StatusOr<Config> DecodeConfig(const std::vector<uint8_t>& bytes) {
+  WireReader r(bytes, "server config");
+  Config c;
+  uint8_t request = 0, response = 0, use_inline = 0;
+  r.U8(&request) && r.U8(&response) && r.U8(&use_inline) && r.U32(&c.workers) &&
+      r.U32(&c.ud_qps_per_worker) && r.U32(&c.window) && r.U32(&c.postlist) &&
+      r.U32(&c.unsig_batch) && r.U32(&c.max_inline) && r.U32(&c.slot_bytes) &&
+      r.U32(&c.max_key_bytes) && r.U32(&c.max_clients) && r.U32(&c.sq_depth) &&
+      r.U32(&c.recv_depth);
+  if (absl::Status s = r.Finish(); !s.ok()) return s;
+  if (request > static_cast<uint8_t>(RequestVerb::kUdSend) ||
+      response > static_cast<uint8_t>(ResponseVerb::kRcWrite)) {
+    return absl::DataLossError("server config names an unknown verb");
+  }
+  c.request_verb = static_cast<RequestVerb>(request);
+  c.response_verb = static_cast<ResponseVerb>(response);
+  c.use_inline = use_inline != 0;
+  return c;
+}
+
+absl::StatusOr<Join> DecodeJoin(const std::vector<uint8_t>& bytes, uint32_t workers) {
+  WireReader r(bytes, "join");
+  Join join;
+  absl::Status error;
+  r.Endpoint(&join.ud) && GetEndpoints(r, workers, &join.request_qps, &error) &&
+      GetEndpoints(r, workers, &join.response_qps, &error) && r.U64(&join.response_region_addr) &&
+      r.U32(&join.response_region_rkey);
+  if (!error.ok()) return error;
+  if (absl::Status s = r.Finish(); !s.ok()) return s;
+  return join;
+}
+
+absl::StatusOr<Welcome> DecodeWelcome(const std::vector<uint8_t>& bytes, uint32_t workers) {
+  WireReader r(bytes, "welcome");
+  Welcome w;
+  absl::Status error;
+  r.U32(&w.first_client_id) && r.U64(&w.region_addr) && r.U32(&w.region_rkey) &&
+      GetEndpoints(r, workers, &w.worker_ud, &error) &&
+      GetEndpoints(r, workers, &w.request_qps, &error) &&
+      GetEndpoints(r, workers, &w.response_qps, &error);
+  if (!error.ok()) return error;
+  if (absl::Status s = r.Finish(); !s.ok()) return s;
+  return w;
+}
+
+absl::StatusOr<transport::control::Message> Expect(transport::control::Channel& channel,
+                                                   MessageType type, absl::Duration timeout) {
+  absl::StatusOr<transport::control::Message> message = channel.Receive(timeout);
+  if (!message.ok()) return message.status();
+  if (message->type == kError) {
+    WireReader r(message->payload, "error");
+    std::string text;
+    r.Bytes(&text, kMaxErrorBytes);
+    return absl::FailedPreconditionError(absl::StrCat("server refused: ", text));
+  }
+  if (message->type != type) {
+    return absl::DataLossError(
+        absl::StrFormat("expected control message %d, got %d", type, message->type));
+  }
+  return message;
+}
+
+}  // namespace herd

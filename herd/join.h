@@ -1,0 +1,64 @@
+// The join handshake over the control plane (transport/control). A client thread:
+//   Hello(logical clients)            -> ServerConfig(the server's Config)  [or Error]
+//   creates its QPs to match, then
+//   Join(its endpoints, response region) -> Welcome(client ids, region, the server's endpoints)
+// and keeps the connection open: closing it (or dying) is how it leaves.
+#ifndef HERD_HERD_JOIN_H_
+#define HERD_HERD_JOIN_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "herd/config.h"
+#include "transport/control/channel.h"
+#include "transport/types.h"
+
+namespace herd {
+
+enum MessageType : uint16_t {
+  kHello = 1,
+  kServerConfig = 2,
+  kJoin = 3,
+  kWelcome = 4,
+  kError = 5,
+};
+
+struct Hello {
+  uint32_t clients = 1;  // logical clients this connection hosts
+};
+
+struct Join {
+  transport::QpEndpoint ud;                          // receives UD responses; sends UD requests
+  std::vector<transport::QpEndpoint> request_qps;    // per worker, when requests are WRITEs
+  std::vector<transport::QpEndpoint> response_qps;   // per worker, when responses are WRITEs
+  uint64_t response_region_addr = 0;                 // [worker][client][window] response slots
+  uint32_t response_region_rkey = 0;
+};
+
+struct Welcome {
+  uint32_t first_client_id = 0;  // this connection's clients are first .. first + clients - 1
+  uint64_t region_addr = 0;      // the request region
+  uint32_t region_rkey = 0;
+  std::vector<transport::QpEndpoint> worker_ud;      // per worker: its request/first UD QP
+  std::vector<transport::QpEndpoint> request_qps;    // per worker, the server's end
+  std::vector<transport::QpEndpoint> response_qps;   // per worker, the server's end
+};
+
+std::vector<uint8_t> Encode(const Hello& hello);
+std::vector<uint8_t> Encode(const Config& config);
+std::vector<uint8_t> Encode(const Join& join);
+std::vector<uint8_t> Encode(const Welcome& welcome);
+absl::StatusOr<Hello> DecodeHello(const std::vector<uint8_t>& bytes);
+absl::StatusOr<Config> DecodeConfig(const std::vector<uint8_t>& bytes);
+absl::StatusOr<Join> DecodeJoin(const std::vector<uint8_t>& bytes, uint32_t workers);
+absl::StatusOr<Welcome> DecodeWelcome(const std::vector<uint8_t>& bytes, uint32_t workers);
+
+// Receives one message and checks its type; a kError message becomes its status.
+absl::StatusOr<transport::control::Message> Expect(transport::control::Channel& channel,
+                                                   MessageType type, absl::Duration timeout);
+
+}  // namespace herd
+
+#endif  // HERD_HERD_JOIN_H_

@@ -1,0 +1,422 @@
+#include "herd/server.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_format.h"
+#include "glog/logging.h"
+#include "herd/join.h"
+#include "mica/partition.h"
+#include "transport/control/wire.h"
+
+namespace herd {
+namespace {
+
+using transport::control::Channel;
+
+// How often the control thread looks for departed clients while waiting for new ones.
+constexpr absl::Duration kControlPollInterval = absl::Milliseconds(20);
+// A joining client has this long to send each handshake message.
+constexpr absl::Duration kHandshakeTimeout = absl::Seconds(10);
+// Completion queue entries per worker beyond its UD queues' signalled sends: error completions
+// of session queues (every failed WR completes).
+constexpr uint32_t kSendCqSlack = 4096;
+
+template <typename T>
+absl::Status Take(absl::StatusOr<T> value, T* out) {
+  if (!value.ok()) return value.status();
+  *out = *std::move(value);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+struct Server::Session {
+  Channel channel{-1};
+  std::string peer;
+  uint32_t first_client = 0;
+  uint32_t clients = 0;
+  uint32_t generation = 0;
+  uint16_t queue_slot = 0;  // response_verb = *_write
+  bool has_queue_slot = false;
+  struct PerWorker {
+    std::unique_ptr<transport::AddressHandle> ah;
+    std::unique_ptr<transport::QueuePair> request_qp;
+    std::unique_ptr<transport::QueuePair> response_qp;
+    std::unique_ptr<transport::SharedMemory> staging;
+    std::unique_ptr<transport::MemoryRegion> staging_mr;
+    SendQueue queue;
+    std::vector<ClientRoute> routes;
+  };
+  std::vector<PerWorker> workers;
+};
+
+absl::StatusOr<std::unique_ptr<Server>> Server::Create(const ServerOptions& options) {
+  absl::StatusOr<transport::control::Listener> listener =
+      transport::control::Listener::Listen(options.listen_address, options.port);
+  if (!listener.ok()) return listener.status();
+  std::unique_ptr<Server> server(new Server(options, *std::move(listener)));
+  if (absl::Status s = server->Init(); !s.ok()) return s;
+  return server;
+}
+
+absl::Status Server::Init() {
+  const Config& c = options_.config;
+  if (absl::Status s = Take(transport::OpenDevice(options_.device), &device_); !s.ok()) return s;
+  if (absl::Status s = Validate(c, device_->port().active_mtu); !s.ok()) return s;
+  if (absl::Status s = Take(Topology::Load(), &topology_); !s.ok()) return s;
+  if (options_.pin_workers) {
+    absl::StatusOr<std::vector<int>> cores = topology_->PickCores(
+        c.workers, options_.worker_cores, DeviceNumaNode(options_.device.name));
+    if (!cores.ok()) return cores.status();
+    cores_ = *cores;
+  }
+  if (absl::Status s = Take(device_->AllocatePd(), &pd_); !s.ok()) return s;
+  if (absl::Status s = Take(device_->CreateCq(1), &idle_cq_); !s.ok()) return s;
+  absl::StatusOr<transport::SharedMemory> region = transport::SharedMemory::Allocate(c.region_bytes());
+  if (!region.ok()) return region.status();
+  region_ = std::make_unique<transport::SharedMemory>(*std::move(region));
+  // The only remotely writable memory of the server.
+  if (absl::Status s = Take(pd_->RegisterMemory(region_->data(), region_->size(),
+                                                transport::kLocalWrite | transport::kRemoteWrite),
+                            &region_mr_);
+      !s.ok()) {
+    return s;
+  }
+  mica::PartitionConfig store = options_.store;
+  store.max_value_bytes = std::min(store.max_value_bytes, c.max_value_bytes());
+  const uint32_t response_bytes = ResponseBytes(c.max_value_bytes());
+  workers_.resize(c.workers);
+  for (uint32_t w = 0; w < c.workers; ++w) {
+    WorkerResources& r = workers_[w];
+    const uint32_t cq_depth = c.ud_qps_per_worker * c.sq_depth + kSendCqSlack;
+    if (absl::Status s = Take(device_->CreateCq(cq_depth), &r.send_cq); !s.ok()) return s;
+    if (absl::Status s = Take(device_->CreateCq(c.recv_depth + 1), &r.recv_cq); !s.ok()) return s;
+    std::vector<transport::QueuePair*> qps;
+    for (uint32_t q = 0; q < c.ud_qps_per_worker; ++q) {
+      transport::QpConfig qc;
+      qc.type = transport::QpType::kUd;
+      qc.send_cq = r.send_cq.get();
+      qc.recv_cq = r.recv_cq.get();
+      qc.max_send_wr = c.sq_depth;
+      qc.max_recv_wr = q == 0 && c.request_verb == RequestVerb::kUdSend ? c.recv_depth : 1;
+      qc.max_inline_data = c.max_inline;
+      std::unique_ptr<transport::QueuePair> qp;
+      if (absl::Status s = Take(pd_->CreateQp(qc), &qp); !s.ok()) return s;
+      transport::ConnectConfig connect;
+      connect.qkey = kQkey;
+      if (absl::Status s = qp->Connect(connect); !s.ok()) return s;
+      qps.push_back(qp.get());
+      r.ud_qps.push_back(std::move(qp));
+    }
+    absl::StatusOr<transport::SharedMemory> staging = transport::SharedMemory::Allocate(
+        uint64_t{c.ud_qps_per_worker} * c.sq_depth * response_bytes);
+    if (!staging.ok()) return staging.status();
+    r.staging = std::make_unique<transport::SharedMemory>(*std::move(staging));
+    if (absl::Status s = Take(pd_->RegisterMemory(r.staging->data(), r.staging->size(),
+                                                  transport::kLocalWrite),
+                              &r.staging_mr);
+        !s.ok()) {
+      return s;
+    }
+    WorkerMemory memory;
+    memory.region = region_->data();
+    memory.staging = r.staging->data();
+    memory.staging_lkey = r.staging_mr->lkey();
+    if (c.request_verb == RequestVerb::kUdSend) {
+      absl::StatusOr<transport::SharedMemory> receives = transport::SharedMemory::Allocate(
+          uint64_t{c.recv_depth} * (transport::kGrhBytes + c.slot_bytes));
+      if (!receives.ok()) return receives.status();
+      r.receives = std::make_unique<transport::SharedMemory>(*std::move(receives));
+      if (absl::Status s = Take(pd_->RegisterMemory(r.receives->data(), r.receives->size(),
+                                                    transport::kLocalWrite),
+                                &r.receives_mr);
+          !s.ok()) {
+        return s;
+      }
+      memory.receives = r.receives->data();
+      memory.receives_lkey = r.receives_mr->lkey();
+    }
+    std::unique_ptr<mica::Partition> partition;
+    if (absl::Status s = Take(mica::Partition::Create(store), &partition); !s.ok()) return s;
+    r.worker = std::make_unique<Worker>(w, c, std::move(partition), std::move(qps),
+                                        r.send_cq.get(), r.recv_cq.get(), memory);
+    if (absl::Status s = r.worker->PostInitialReceives(); !s.ok()) return s;
+  }
+  client_ids_used_.assign(c.max_clients, false);
+  queue_slots_used_.assign(c.max_clients, false);
+  queue_slot_generation_.assign(c.max_clients, 0);
+  return absl::OkStatus();
+}
+
+Server::Server(const ServerOptions& options, transport::control::Listener listener)
+    : options_(options), listener_(std::move(listener)) {}
+
+Server::~Server() { Stop(); }
+
+absl::Status Server::Start() {
+  if (started_) return absl::FailedPreconditionError("the server was already started");
+  started_ = true;
+  for (uint32_t w = 0; w < workers_.size(); ++w) {
+    Worker* worker = workers_[w].worker.get();
+    const int core = options_.pin_workers ? cores_[w] : -1;
+    threads_.emplace_back([this, worker, core] {
+      if (core >= 0) {
+        if (absl::Status s = topology_->PinCurrentThread(core); !s.ok()) {
+          LOG(WARNING) << "worker " << worker->index() << " runs unpinned: " << s;
+        }
+      }
+      worker->Run(stop_);
+    });
+  }
+  control_ = std::thread([this] { ControlLoop(); });
+  return absl::OkStatus();
+}
+
+void Server::Stop() {
+  if (!started_ || stop_.exchange(true)) return;
+  control_.join();  // retires every session first, while the workers still run
+  for (std::thread& t : threads_) t.join();
+  const ServerStats stats = Stats();
+  uint64_t requests = 0;
+  for (uint64_t r : stats.requests) requests += r;
+  LOG(INFO) << "server stopped: " << requests << " requests, " << stats.bad_requests
+            << " bad, " << stats.replays << " replayed, " << stats.dropped << " dropped; fabric "
+            << stats.fabric.ToJson();
+}
+
+void Server::ControlLoop() {
+  while (!stop_.load()) {
+    absl::StatusOr<Channel> channel = listener_.Accept(kControlPollInterval);
+    if (channel.ok()) {
+      const std::string peer = channel->peer_name();
+      if (absl::Status s = Admit(*std::move(channel)); !s.ok()) {
+        LOG(WARNING) << "client " << peer << " not admitted: " << s;
+      }
+    } else if (channel.status().code() != absl::StatusCode::kDeadlineExceeded) {
+      LOG(WARNING) << "accept: " << channel.status();
+    }
+    for (size_t i = 0; i < sessions_.size();) {
+      if (sessions_[i]->channel.PeerClosed()) {
+        LOG(INFO) << "clients " << sessions_[i]->first_client << ".."
+                  << sessions_[i]->first_client + sessions_[i]->clients - 1 << " ("
+                  << sessions_[i]->peer << ") left";
+        Retire(*sessions_[i]);
+        sessions_.erase(sessions_.begin() + static_cast<ptrdiff_t>(i));
+      } else {
+        ++i;
+      }
+    }
+  }
+  for (auto& session : sessions_) Retire(*session);
+  sessions_.clear();
+}
+
+absl::Status Server::Admit(Channel channel) {
+  const Config& c = options_.config;
+  auto refuse = [&](const absl::Status& why) {
+    (void)channel.Send(kError, transport::control::WireWriter().Bytes(why.ToString()).Take());
+    return why;
+  };
+  absl::StatusOr<transport::control::Message> hello_message =
+      Expect(channel, kHello, kHandshakeTimeout);
+  if (!hello_message.ok()) return hello_message.status();
+  absl::StatusOr<Hello> hello = DecodeHello(hello_message->payload);
+  if (!hello.ok()) return refuse(hello.status());
+  // First fit: a contiguous run of free client ids.
+  uint32_t first = 0, run = 0;
+  for (uint32_t id = 0; id < c.max_clients && run < hello->clients; ++id) {
+    run = client_ids_used_[id] ? 0 : run + 1;
+    if (run == 1) first = id;
+  }
+  if (hello->clients == 0 || run < hello->clients) {
+    return refuse(absl::ResourceExhaustedError(absl::StrFormat(
+        "%d clients asked for, but the server has room for %d in a row (of --max_clients=%d)",
+        hello->clients, run, c.max_clients)));
+  }
+  uint16_t slot = 0;
+  if (c.response_uses_slots()) {
+    while (slot < c.max_clients && queue_slots_used_[slot]) ++slot;
+  }
+  if (absl::Status s = channel.Send(kServerConfig, Encode(c)); !s.ok()) return s;
+  absl::StatusOr<transport::control::Message> join_message =
+      Expect(channel, kJoin, kHandshakeTimeout);
+  if (!join_message.ok()) return join_message.status();
+  absl::StatusOr<Join> join = DecodeJoin(join_message->payload, c.workers);
+  if (!join.ok()) return refuse(join.status());
+  if ((join->request_qps.size() == c.workers) != c.request_uses_slots() ||
+      (join->response_qps.size() == c.workers) != c.response_uses_slots()) {
+    return refuse(absl::InvalidArgumentError("join: the QP lists do not match the server's verbs"));
+  }
+  auto session = std::make_unique<Session>();
+  session->peer = channel.peer_name();
+  session->first_client = first;
+  session->clients = hello->clients;
+  session->generation = next_generation_++;
+  session->has_queue_slot = c.response_uses_slots();
+  session->queue_slot = slot;
+  if (absl::Status s = BuildSession(*session, *join); !s.ok()) return refuse(s);
+
+  Welcome welcome;
+  welcome.first_client_id = first;
+  welcome.region_addr = reinterpret_cast<uint64_t>(region_->data());
+  welcome.region_rkey = region_mr_->rkey();
+  for (uint32_t w = 0; w < c.workers; ++w) {
+    welcome.worker_ud.push_back(workers_[w].ud_qps[0]->endpoint());
+    Session::PerWorker& pw = session->workers[w];
+    if (pw.request_qp) welcome.request_qps.push_back(pw.request_qp->endpoint());
+    if (pw.response_qp) welcome.response_qps.push_back(pw.response_qp->endpoint());
+  }
+  if (absl::Status s = channel.Send(kWelcome, Encode(welcome)); !s.ok()) return s;
+  // Publish only now: the client starts sending after the welcome.
+  for (uint32_t id = first; id < first + hello->clients; ++id) client_ids_used_[id] = true;
+  if (session->has_queue_slot) {
+    queue_slots_used_[slot] = true;
+  }
+  for (uint32_t w = 0; w < c.workers; ++w) {
+    Session::PerWorker& pw = session->workers[w];
+    Worker& worker = *workers_[w].worker;
+    if (session->has_queue_slot) {
+      worker.PublishQueue(static_cast<uint16_t>(c.ud_qps_per_worker + slot), &pw.queue);
+    }
+    for (uint32_t i = 0; i < session->clients; ++i) {
+      worker.PublishRoute(first + i, &pw.routes[i]);
+    }
+  }
+  session->channel = std::move(channel);
+  LOG(INFO) << "clients " << first << ".." << first + hello->clients - 1 << " ("
+            << session->peer << ") joined";
+  sessions_.push_back(std::move(session));
+  session_count_.store(static_cast<uint32_t>(sessions_.size()));
+  client_count_.fetch_add(hello->clients);
+  return absl::OkStatus();
+}
+
+absl::Status Server::BuildSession(Session& session, const Join& join) {
+  const Config& c = options_.config;
+  const uint32_t response_bytes = ResponseBytes(c.max_value_bytes());
+  if (session.has_queue_slot && session.queue_slot >= c.max_clients) {
+    return absl::ResourceExhaustedError("no free response queue slot");
+  }
+  const uint8_t generation =
+      session.has_queue_slot ? ++queue_slot_generation_[session.queue_slot] : 0;
+  session.workers.resize(c.workers);
+  for (uint32_t w = 0; w < c.workers; ++w) {
+    Session::PerWorker& pw = session.workers[w];
+    WorkerResources& r = workers_[w];
+    if (absl::Status s = Take(pd_->CreateAddressHandle({join.ud.lid, join.ud.gid}), &pw.ah);
+        !s.ok()) {
+      return s;
+    }
+    auto connected = [&](transport::QpType type, transport::CompletionQueue* send_cq,
+                         const transport::QpEndpoint& remote,
+                         std::unique_ptr<transport::QueuePair>* out) -> absl::Status {
+      transport::QpConfig qc;
+      qc.type = type;
+      qc.send_cq = send_cq;
+      qc.recv_cq = idle_cq_.get();
+      qc.max_send_wr = c.sq_depth;
+      qc.max_recv_wr = 1;
+      qc.max_inline_data = c.max_inline;
+      if (absl::Status s = Take(pd_->CreateQp(qc), out); !s.ok()) return s;
+      transport::ConnectConfig connect;
+      connect.remote = remote;
+      return (*out)->Connect(connect);
+    };
+    if (c.request_uses_slots()) {
+      const auto type = c.request_verb == RequestVerb::kRcWrite ? transport::QpType::kRc
+                                                                : transport::QpType::kUc;
+      if (absl::Status s = connected(type, idle_cq_.get(), join.request_qps[w], &pw.request_qp);
+          !s.ok()) {
+        return s;
+      }
+    }
+    if (c.response_uses_slots()) {
+      const auto type = c.response_verb == ResponseVerb::kRcWrite ? transport::QpType::kRc
+                                                                  : transport::QpType::kUc;
+      if (absl::Status s =
+              connected(type, r.send_cq.get(), join.response_qps[w], &pw.response_qp);
+          !s.ok()) {
+        return s;
+      }
+      absl::StatusOr<transport::SharedMemory> staging =
+          transport::SharedMemory::Allocate(uint64_t{c.sq_depth} * response_bytes);
+      if (!staging.ok()) return staging.status();
+      pw.staging = std::make_unique<transport::SharedMemory>(*std::move(staging));
+      if (absl::Status s = Take(pd_->RegisterMemory(pw.staging->data(), pw.staging->size(),
+                                                    transport::kLocalWrite),
+                                &pw.staging_mr);
+          !s.ok()) {
+        return s;
+      }
+      pw.queue.qp = pw.response_qp.get();
+      pw.queue.depth = c.sq_depth;
+      pw.queue.unsig_batch = c.unsig_batch;
+      pw.queue.table_slot = static_cast<uint16_t>(c.ud_qps_per_worker + session.queue_slot);
+      pw.queue.generation = generation;
+      pw.queue.staging = pw.staging->data();
+      pw.queue.staging_lkey = pw.staging_mr->lkey();
+      pw.queue.buffer_bytes = response_bytes;
+    }
+    pw.routes.resize(session.clients);
+    for (uint32_t i = 0; i < session.clients; ++i) {
+      ClientRoute& route = pw.routes[i];
+      route.ah = pw.ah.get();
+      route.ud_qpn = join.ud.qp_num;
+      route.generation = session.generation;
+      route.response_queue = pw.queue.table_slot;
+      // The client's response region is [worker][its client][window] slots.
+      route.response_addr =
+          join.response_region_addr +
+          (uint64_t{w} * session.clients + i) * c.window * c.response_slot_bytes();
+      route.response_rkey = join.response_region_rkey;
+    }
+  }
+  return absl::OkStatus();
+}
+
+void Server::WaitForWorkers() {
+  for (WorkerResources& r : workers_) {
+    const uint64_t seen = r.worker->epoch();
+    while (r.worker->running() && r.worker->epoch() == seen) std::this_thread::yield();
+  }
+}
+
+void Server::Retire(Session& session) {
+  const Config& c = options_.config;
+  for (uint32_t w = 0; w < c.workers; ++w) {
+    for (uint32_t i = 0; i < session.clients; ++i) {
+      workers_[w].worker->PublishRoute(session.first_client + i, nullptr);
+    }
+    if (session.has_queue_slot) {
+      workers_[w].worker->PublishQueue(
+          static_cast<uint16_t>(c.ud_qps_per_worker + session.queue_slot), nullptr);
+    }
+  }
+  // Once every worker finished a loop iteration, none holds a pointer into this session.
+  WaitForWorkers();
+  for (uint32_t id = session.first_client; id < session.first_client + session.clients; ++id) {
+    client_ids_used_[id] = false;
+  }
+  if (session.has_queue_slot) queue_slots_used_[session.queue_slot] = false;
+  client_count_.fetch_sub(session.clients);
+  session_count_.store(static_cast<uint32_t>(sessions_.size() - 1));
+}
+
+ServerStats Server::Stats() const {
+  ServerStats stats;
+  for (const WorkerResources& r : workers_) {
+    const WorkerCounters& k = r.worker->counters();
+    stats.requests.push_back(k.requests.Get());
+    stats.batches.push_back(k.batches.Get());
+    stats.bad_requests += k.bad_requests.Get();
+    stats.replays += k.replays.Get();
+    stats.dropped += k.dropped.Get();
+    for (const auto& qp : r.ud_qps) stats.fabric.Add(qp->counters());
+    stats.fabric.Add(r.send_cq->counters());
+  }
+  stats.sessions = session_count_.load();
+  stats.clients = client_count_.load();
+  return stats;
+}
+
+}  // namespace herd

@@ -1,0 +1,102 @@
+// The herd server: one request region, N pinned workers (one MICA partition each), and a
+// control thread that admits and retires clients while the workers run.
+#ifndef HERD_HERD_SERVER_H_
+#define HERD_HERD_SERVER_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "herd/config.h"
+#include "herd/pinning.h"
+#include "herd/worker.h"
+#include "mica/config.h"
+#include "transport/control/channel.h"
+#include "transport/fabric.h"
+#include "transport/shared_memory.h"
+
+namespace herd {
+
+struct ServerOptions {
+  Config config;
+  transport::DeviceOptions device;
+  mica::PartitionConfig store;  // per worker; max_value_bytes is capped by the slot
+  std::string listen_address = "0.0.0.0";
+  uint16_t port = 0;         // 0 picks a free port (see port())
+  std::string worker_cores;  // "" = the device's NUMA node, in order
+  bool pin_workers = true;
+};
+
+struct ServerStats {
+  std::vector<uint64_t> requests;  // per worker
+  std::vector<uint64_t> batches;
+  uint64_t bad_requests = 0, replays = 0, dropped = 0;
+  uint32_t sessions = 0, clients = 0;
+  transport::CounterSnapshot fabric;  // all of the server's QPs and CQs
+};
+
+class Server {
+ public:
+  static absl::StatusOr<std::unique_ptr<Server>> Create(const ServerOptions& options);
+  ~Server();
+
+  // Starts the workers and the control thread.
+  absl::Status Start();
+  // Stops accepting, retires every client, joins every thread. Idempotent.
+  void Stop();
+
+  uint16_t port() const { return listener_.port(); }
+  const Config& config() const { return options_.config; }
+  const std::vector<int>& worker_cores() const { return cores_; }
+  std::string device_name() const { return device_->name(); }
+  ServerStats Stats() const;
+
+ private:
+  struct Session;
+  Server(const ServerOptions& options, transport::control::Listener listener);
+  absl::Status Init();
+  void ControlLoop();
+  absl::Status Admit(transport::control::Channel channel);
+  absl::Status BuildSession(Session& session, const struct Join& join);
+  void Retire(Session& session);
+  void WaitForWorkers();
+
+  const ServerOptions options_;
+  transport::control::Listener listener_;
+  std::unique_ptr<Topology> topology_;
+  std::vector<int> cores_;
+  std::unique_ptr<transport::Device> device_;
+  std::unique_ptr<transport::ProtectionDomain> pd_;
+  std::unique_ptr<transport::SharedMemory> region_;
+  std::unique_ptr<transport::MemoryRegion> region_mr_;
+  std::unique_ptr<transport::CompletionQueue> idle_cq_;  // server ends of request QPs: no traffic
+
+  struct WorkerResources {
+    std::unique_ptr<transport::CompletionQueue> send_cq, recv_cq;
+    std::vector<std::unique_ptr<transport::QueuePair>> ud_qps;
+    std::unique_ptr<transport::SharedMemory> staging, receives;
+    std::unique_ptr<transport::MemoryRegion> staging_mr, receives_mr;
+    std::unique_ptr<Worker> worker;
+  };
+  std::vector<WorkerResources> workers_;
+  std::vector<std::thread> threads_;
+  std::thread control_;
+  std::atomic<bool> stop_{false};
+  bool started_ = false;
+
+  // Control thread only.
+  std::vector<std::unique_ptr<Session>> sessions_;
+  std::vector<bool> client_ids_used_;
+  std::vector<uint8_t> queue_slot_generation_;  // per session queue slot
+  std::vector<bool> queue_slots_used_;
+  uint32_t next_generation_ = 1;
+  std::atomic<uint32_t> session_count_{0}, client_count_{0};
+};
+
+}  // namespace herd
+
+#endif  // HERD_HERD_SERVER_H_

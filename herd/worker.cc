@@ -1,0 +1,393 @@
+#include "herd/worker.h"
+
+#include <atomic>
+#include <cstring>
+#include <thread>
+
+#include "glog/logging.h"
+#include "mica/keyhash.h"
+
+namespace herd {
+namespace {
+
+// Consecutive empty polls before the worker yields its core once. On a dedicated core nothing
+// else is runnable and yield returns at once; on a shared development machine it lets the
+// clients run.
+constexpr uint32_t kIdlePollsBeforeYield = 256;
+// CQ polls a worker spends waiting for send-queue room before it drops a response (the peer
+// behind that queue is gone or stuck; the client will retransmit).
+constexpr uint32_t kMaxPollsForRoom = 1u << 16;
+constexpr uint32_t kFromReceive = UINT32_MAX;
+
+std::atomic_ref<uint64_t> Word(uint64_t* p) { return std::atomic_ref<uint64_t>(*p); }
+
+}  // namespace
+
+struct Worker::Pending {
+  ParsedRequest request;
+  Status status = Status::kOk;
+  bool replay = false;
+  uint32_t client = 0;
+  uint32_t slot = 0;
+  const ClientRoute* route = nullptr;
+  SendQueue* queue = nullptr;
+  uint64_t wr_index = 0;
+  uint8_t* staging = nullptr;
+  uint64_t version = 0;
+  uint32_t value_bytes = 0;
+};
+
+Worker::Worker(uint32_t index, const Config& config, std::unique_ptr<mica::Partition> partition,
+               std::vector<transport::QueuePair*> ud_qps, transport::CompletionQueue* send_cq,
+               transport::CompletionQueue* recv_cq, const WorkerMemory& memory)
+    : index_(index),
+      config_(config),
+      limits_{config.max_key_bytes, config.max_value_bytes()},
+      response_buffer_bytes_(ResponseBytes(config.max_value_bytes())),
+      partition_(std::move(partition)),
+      ud_qps_(std::move(ud_qps)),
+      send_cq_(send_cq),
+      recv_cq_(recv_cq),
+      memory_(memory),
+      routes_(config.max_clients),
+      queues_(config.ud_qps_per_worker + config.max_clients),
+      ud_queues_(ud_qps_.size()),
+      slots_(uint64_t{config.max_clients} * config.window),
+      generations_seen_(config.max_clients, 0),
+      batch_(config.postlist),
+      store_requests_(config.postlist),
+      store_responses_(config.postlist),
+      store_index_(config.postlist),
+      wrs_(config.postlist),
+      sges_(config.postlist),
+      recv_wrs_(config.postlist),
+      recv_sges_(config.postlist),
+      completions_(config.postlist + config.unsig_batch),
+      chain_queues_(config.postlist),
+      chain_heads_(config.postlist),
+      chain_tails_(config.postlist) {
+  for (uint32_t q = 0; q < ud_qps_.size(); ++q) {
+    SendQueue& queue = ud_queues_[q];
+    queue.qp = ud_qps_[q];
+    queue.depth = config.sq_depth;
+    queue.unsig_batch = config.unsig_batch;
+    queue.table_slot = static_cast<uint16_t>(q);
+    queue.staging = memory.staging + uint64_t{q} * config.sq_depth * response_buffer_bytes_;
+    queue.staging_lkey = memory.staging_lkey;
+    queue.buffer_bytes = response_buffer_bytes_;
+    queues_[q].store(&queue, std::memory_order_relaxed);
+  }
+}
+
+Worker::~Worker() = default;
+
+absl::Status Worker::PostInitialReceives() {
+  if (config_.request_verb != RequestVerb::kUdSend) return absl::OkStatus();
+  const uint32_t bytes = transport::kGrhBytes + config_.slot_bytes;
+  for (uint32_t i = 0; i < config_.recv_depth; ++i) {
+    transport::Sge sge{reinterpret_cast<uint64_t>(memory_.receives + uint64_t{i} * bytes), bytes,
+                       memory_.receives_lkey};
+    transport::RecvWr wr;
+    wr.wr_id = i;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    transport::RecvWr* bad = nullptr;
+    if (absl::Status s = ud_qps_[0]->PostRecv(&wr, &bad); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+void Worker::Run(const std::atomic<bool>& stop) {
+  running_.store(true, std::memory_order_release);
+  uint32_t idle = 0;
+  while (!stop.load(std::memory_order_relaxed)) {
+    epoch_.store(epoch_.load(std::memory_order_relaxed) + 1, std::memory_order_release);
+    const uint32_t count = config_.request_uses_slots() ? GatherFromSlots() : GatherFromReceives();
+    if (count > 0) ExecuteAndRespond(count);
+    if (reposts_ > 0) {
+      // Consumed receives go back only now: values were read from them until the store ran.
+      RepostReceives(reposts_);
+      reposts_ = 0;
+      idle = 0;
+      continue;
+    }
+    if (count == 0) {
+      Reap();
+      if (++idle >= kIdlePollsBeforeYield) {
+        idle = 0;
+        std::this_thread::yield();
+      }
+      continue;
+    }
+    idle = 0;
+  }
+  running_.store(false, std::memory_order_release);
+}
+
+uint32_t Worker::GatherFromSlots() {
+  const uint32_t total = config_.max_clients * config_.window;
+  uint32_t count = 0;
+  for (uint32_t scanned = 0; scanned < total && count < config_.postlist; ++scanned) {
+    const uint32_t position = cursor_;
+    cursor_ = cursor_ + 1 == total ? 0 : cursor_ + 1;
+    const uint32_t client = position / config_.window;
+    const uint32_t slot = position % config_.window;
+    uint8_t* start = memory_.region + config_.SlotOffset(index_, client, slot);
+    auto* marker = reinterpret_cast<uint64_t*>(start + config_.slot_bytes - sizeof(uint64_t));
+    uint64_t seq = Word(marker).load(std::memory_order_acquire);
+    if (seq == 0) continue;
+    Admit(client, slot, start, config_.slot_bytes, &count);
+    // Consume the marker (only if still this request's: a new WRITE may have replaced it).
+    Word(marker).compare_exchange_strong(seq, 0, std::memory_order_acq_rel);
+  }
+  return count;
+}
+
+uint32_t Worker::GatherFromReceives() {
+  const uint32_t got = static_cast<uint32_t>(
+      recv_cq_->Poll(absl::MakeSpan(completions_.data(), config_.postlist)));
+  uint32_t count = 0;
+  const uint32_t bytes = transport::kGrhBytes + config_.slot_bytes;
+  for (uint32_t i = 0; i < got; ++i) {
+    const transport::Completion& c = completions_[i];
+    const uint64_t buffer = c.wr_id;
+    recv_sges_[i] = transport::Sge{reinterpret_cast<uint64_t>(memory_.receives + buffer * bytes),
+                                   bytes, memory_.receives_lkey};
+    if (c.status != transport::CompletionStatus::kSuccess || c.byte_len < transport::kGrhBytes) {
+      counters_.dropped.Add();
+      continue;
+    }
+    const uint8_t* message = memory_.receives + buffer * bytes + transport::kGrhBytes;
+    const uint32_t length = c.byte_len - transport::kGrhBytes;
+    if (length < kRequestHeaderBytes) {
+      counters_.dropped.Add();
+      continue;
+    }
+    uint32_t client;
+    std::memcpy(&client, message + length - kRequestHeaderBytes + offsetof(RequestHeader, client_id),
+                sizeof(client));
+    if (client >= config_.max_clients) {
+      counters_.dropped.Add();
+      continue;
+    }
+    Admit(client, kFromReceive, message, length, &count);
+  }
+  reposts_ = got;
+  return count;
+}
+
+void Worker::Admit(uint32_t client, uint32_t slot, const uint8_t* message, uint32_t length,
+                   uint32_t* count) {
+  const ClientRoute* route = routes_[client].load(std::memory_order_acquire);
+  if (route == nullptr) {
+    counters_.dropped.Add();  // nobody to answer: the client id is not in use
+    return;
+  }
+  if (generations_seen_[client] != route->generation) {
+    // The id belongs to a new session: forget the old one's sequence numbers.
+    std::fill_n(slots_.begin() + uint64_t{client} * config_.window, config_.window, SlotState{});
+    generations_seen_[client] = route->generation;
+  }
+  Pending& p = batch_[*count];
+  p.status = ParseRequest(message, length, limits_, &p.request);
+  p.replay = false;
+  p.client = client;
+  p.route = route;
+  p.version = 0;
+  p.value_bytes = 0;
+  const RequestHeader& h = p.request.header;
+  p.slot = slot == kFromReceive ? static_cast<uint32_t>(h.seq % config_.window) : slot;
+  if (p.status == Status::kOk) {
+    if (h.client_id != client || h.seq == 0 || h.seq % config_.window != p.slot) {
+      p.status = Status::kBadRequest;
+    } else {
+      SlotState& state = slots_[uint64_t{client} * config_.window + p.slot];
+      if (h.seq < state.last_seq) {
+        counters_.dropped.Add();  // an old retransmission: its answer was already sent
+        return;
+      }
+      if (mica::PartitionOf(h.keyhash, config_.workers) != index_) {
+        p.status = Status::kWrongWorker;
+      } else if (h.seq == state.last_seq && IsMutation(static_cast<Op>(h.op))) {
+        p.replay = true;  // executed once already: answer from the table, never apply twice
+      } else {
+        state.last_seq = h.seq;  // claimed now: a duplicate later in this batch replays
+      }
+    }
+  }
+  if (p.status != Status::kOk) counters_.bad_requests.Add();
+  ++*count;
+}
+
+bool Worker::AssignResponse(Pending& p) {
+  SendQueue* queue;
+  if (config_.response_verb == ResponseVerb::kUdSend) {
+    queue = &ud_queues_[next_ud_qp_];
+    next_ud_qp_ = next_ud_qp_ + 1 == ud_queues_.size() ? 0 : next_ud_qp_ + 1;
+  } else {
+    queue = queues_[p.route->response_queue].load(std::memory_order_acquire);
+  }
+  for (uint32_t polls = 0; queue != nullptr && !queue->broken && !queue->HasRoom(); ++polls) {
+    if (polls == kMaxPollsForRoom) return false;
+    Reap();
+  }
+  if (queue == nullptr || queue->broken) return false;
+  p.queue = queue;
+  p.wr_index = queue->posted + queue->unposted++;
+  p.staging = queue->StagingFor(p.wr_index);
+  return true;
+}
+
+void Worker::ExecuteAndRespond(uint32_t count) {
+  uint32_t kept = 0;
+  for (uint32_t i = 0; i < count; ++i) {
+    if (!AssignResponse(batch_[i])) {
+      counters_.dropped.Add();
+      continue;
+    }
+    if (kept != i) std::swap(batch_[kept], batch_[i]);
+    ++kept;
+  }
+  count = kept;
+  // The store executes every valid, non-replayed request as one prefetched batch; GET values land
+  // directly in the response staging buffers.
+  uint32_t executed = 0;
+  for (uint32_t i = 0; i < count; ++i) {
+    Pending& p = batch_[i];
+    if (p.status != Status::kOk || p.replay) continue;
+    const RequestHeader& h = p.request.header;
+    mica::Request& r = store_requests_[executed];
+    r.op = static_cast<mica::OpCode>(h.op);
+    r.keyhash = h.keyhash;
+    r.key = p.request.key;
+    r.value = p.request.value;
+    r.expected_version = h.expected_version;
+    r.value_out = reinterpret_cast<char*>(p.staging);
+    r.value_out_bytes = limits_.max_value_bytes;
+    store_index_[executed++] = i;
+  }
+  partition_->ExecuteBatch(absl::MakeSpan(store_requests_.data(), executed),
+                           absl::MakeSpan(store_responses_.data(), executed));
+  for (uint32_t e = 0; e < executed; ++e) {
+    Pending& p = batch_[store_index_[e]];
+    const mica::Response& r = store_responses_[e];
+    p.status = static_cast<Status>(r.result);
+    p.version = r.version;
+    p.value_bytes = p.request.header.op == static_cast<uint8_t>(Op::kGet) &&
+                            r.result == mica::Result::kOk
+                        ? r.value_bytes
+                        : 0;
+    if (IsMutation(static_cast<Op>(p.request.header.op))) {
+      SlotState& state = slots_[uint64_t{p.client} * config_.window + p.slot];
+      state.version = r.version;
+      state.status = p.status;
+    }
+  }
+  for (uint32_t i = 0; i < count; ++i) {
+    Pending& p = batch_[i];
+    if (p.replay) {
+      const SlotState& state = slots_[uint64_t{p.client} * config_.window + p.slot];
+      p.status = state.status;
+      p.version = state.version;
+      p.value_bytes = 0;
+      counters_.replays.Add();
+    }
+    if (p.status != Status::kOk) p.value_bytes = 0;
+    ResponseHeader header{};
+    header.keyhash = p.request.header.keyhash;
+    header.version = p.version;
+    header.value_bytes = p.value_bytes;
+    header.client_id = p.client;
+    header.status = static_cast<uint8_t>(p.status);
+    header.worker = static_cast<uint16_t>(index_);
+    header.seq = p.request.header.seq;
+    EncodeResponseHeader(header, p.staging);
+  }
+  PostResponses(count);
+  counters_.requests.Add(count);
+  counters_.batches.Add();
+}
+
+void Worker::PostResponses(uint32_t count) {
+  // One chain (one doorbell) per queue the batch uses, in request order within each.
+  uint32_t chains = 0;
+  for (uint32_t i = 0; i < count; ++i) {
+    Pending& p = batch_[i];
+    const uint32_t length = ResponseBytes(p.value_bytes);
+    sges_[i] = transport::Sge{reinterpret_cast<uint64_t>(p.staging), length, p.queue->staging_lkey};
+    transport::SendWr& wr = wrs_[i];
+    wr = transport::SendWr{};
+    wr.wr_id = p.queue->WrId(p.wr_index);
+    wr.sg_list = &sges_[i];
+    wr.num_sge = 1;
+    wr.flags = p.queue->Signal(p.wr_index) ? uint32_t{transport::kSignaled} : 0u;
+    if (config_.use_inline && length <= config_.max_inline) wr.flags |= transport::kInline;
+    if (config_.response_verb == ResponseVerb::kUdSend) {
+      wr.opcode = transport::Opcode::kSend;
+      wr.ah = p.route->ah;
+      wr.remote_qpn = p.route->ud_qpn;
+      wr.remote_qkey = kQkey;
+    } else {
+      wr.opcode = transport::Opcode::kWrite;
+      wr.remote_addr =
+          p.route->response_addr + uint64_t{p.slot + 1} * config_.response_slot_bytes() - length;
+      wr.rkey = p.route->response_rkey;
+    }
+    uint32_t c = 0;
+    while (c < chains && chain_queues_[c] != p.queue) ++c;
+    if (c == chains) {
+      chain_queues_[chains++] = p.queue;
+      chain_heads_[c] = &wr;
+    } else {
+      chain_tails_[c]->next = &wr;
+    }
+    chain_tails_[c] = &wr;
+  }
+  for (uint32_t c = 0; c < chains; ++c) {
+    SendQueue& queue = *chain_queues_[c];
+    transport::SendWr* bad = nullptr;
+    const absl::Status status = queue.qp->PostSend(chain_heads_[c], &bad);
+    uint32_t posted = 0;
+    for (transport::SendWr* wr = chain_heads_[c]; wr != nullptr && wr != bad; wr = wr->next) {
+      ++posted;
+    }
+    if (!status.ok()) {
+      LOG_EVERY_N(WARNING, 1000) << "worker " << index_ << ": post_send failed: " << status;
+      counters_.dropped.Add(queue.unposted - posted);
+      queue.broken = queue.qp->state() == transport::QpState::kError;
+    }
+    queue.posted += posted;
+    queue.unposted = 0;
+  }
+}
+
+void Worker::RepostReceives(uint32_t count) {
+  if (count == 0) return;
+  for (uint32_t i = 0; i < count; ++i) {
+    recv_wrs_[i] = transport::RecvWr{};
+    const uint32_t bytes = transport::kGrhBytes + config_.slot_bytes;
+    recv_wrs_[i].wr_id = (recv_sges_[i].addr - reinterpret_cast<uint64_t>(memory_.receives)) / bytes;
+    recv_wrs_[i].sg_list = &recv_sges_[i];
+    recv_wrs_[i].num_sge = 1;
+    recv_wrs_[i].next = i + 1 < count ? &recv_wrs_[i + 1] : nullptr;
+  }
+  transport::RecvWr* bad = nullptr;
+  if (absl::Status s = ud_qps_[0]->PostRecv(recv_wrs_.data(), &bad); !s.ok()) {
+    LOG_EVERY_N(ERROR, 1000) << "worker " << index_ << ": re-posting receives failed: " << s;
+  }
+}
+
+void Worker::Reap() {
+  const size_t got = send_cq_->Poll(absl::MakeSpan(completions_));
+  for (size_t i = 0; i < got; ++i) {
+    const transport::Completion& c = completions_[i];
+    const uint16_t slot = TableSlotOf(c.wr_id);
+    if (slot >= queues_.size()) continue;
+    SendQueue* queue = queues_[slot].load(std::memory_order_acquire);
+    if (queue != nullptr) {
+      queue->Complete(c.wr_id, c.status == transport::CompletionStatus::kSuccess);
+    }
+  }
+}
+
+}  // namespace herd

@@ -1,0 +1,144 @@
+// One server worker: a pinned thread that polls its own request slots (or its UD receive
+// queue), runs what it finds through its MICA partition's batch API, and answers with one
+// chained post_send per response QP. EREW: the worker alone touches its partition, its
+// dedupe table, its staging buffers and its send queues; the control thread only publishes
+// and unpublishes routes (atomic pointers) and waits for the worker's epoch to advance before
+// freeing what it unpublished.
+#ifndef HERD_HERD_WORKER_H_
+#define HERD_HERD_WORKER_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "herd/config.h"
+#include "herd/protocol.h"
+#include "herd/send_queue.h"
+#include "mica/partition.h"
+#include "transport/fabric.h"
+
+namespace herd {
+
+// How a worker reaches one client. Built by the control thread, immutable once published.
+struct ClientRoute {
+  const transport::AddressHandle* ah = nullptr;  // UD responses (this worker's own AH)
+  uint32_t ud_qpn = 0;
+  uint32_t generation = 0;        // new for every session that takes this client id
+  uint16_t response_queue = 0;    // response_verb = *_write: the session's table slot
+  uint64_t response_addr = 0;     // ... this client's response slots for this worker
+  uint32_t response_rkey = 0;
+};
+
+// What the worker counts (single writer; the progress printer reads them relaxed).
+struct WorkerCounters {
+  transport::Counter requests;      // requests answered (OK or not)
+  transport::Counter batches;       // batches executed
+  transport::Counter bad_requests;  // answered with an error status
+  transport::Counter replays;       // retransmitted mutations answered from the dedupe table
+  transport::Counter dropped;       // stale sequence numbers, unknown clients, broken QPs
+};
+
+// Registered memory a worker uses; allocated by the server (one MR per piece).
+struct WorkerMemory {
+  uint8_t* region = nullptr;   // the server's whole request region
+  uint8_t* staging = nullptr;  // ud_qps * sq_depth response buffers
+  uint32_t staging_lkey = 0;
+  uint8_t* receives = nullptr;  // recv_depth UD request buffers (request_verb = ud_send)
+  uint32_t receives_lkey = 0;
+};
+
+class Worker {
+ public:
+  // `ud_qps`: the worker's response UD QPs; the first also receives UD requests.
+  Worker(uint32_t index, const Config& config, std::unique_ptr<mica::Partition> partition,
+         std::vector<transport::QueuePair*> ud_qps, transport::CompletionQueue* send_cq,
+         transport::CompletionQueue* recv_cq, const WorkerMemory& memory);
+  ~Worker();
+
+  // The thread body: runs until `stop` is set.
+  void Run(const std::atomic<bool>& stop);
+  // Posts the initial UD request receives (request_verb = ud_send); call before Run.
+  absl::Status PostInitialReceives();
+
+  // Control thread: publish/unpublish a client's route, and a session's response queue.
+  void PublishRoute(uint32_t client, const ClientRoute* route) {
+    routes_[client].store(route, std::memory_order_release);
+  }
+  void PublishQueue(uint16_t slot, SendQueue* queue) {
+    queues_[slot].store(queue, std::memory_order_release);
+  }
+  // A loop count: once it moves past a value read after unpublishing, the worker holds no
+  // pointer it read before.
+  uint64_t epoch() const { return epoch_.load(std::memory_order_acquire); }
+  bool running() const { return running_.load(std::memory_order_acquire); }
+
+  const WorkerCounters& counters() const { return counters_; }
+  const mica::Partition& partition() const { return *partition_; }
+  uint32_t index() const { return index_; }
+  // Queue table slots 0..ud_qps-1 are the UD QPs; sessions take the rest.
+  uint32_t queue_table_size() const { return static_cast<uint32_t>(queues_.size()); }
+
+ private:
+  struct Pending;  // one request of the batch being built
+  struct SlotState {
+    uint64_t last_seq = 0;
+    uint64_t version = 0;  // the last mutation's outcome, replayed to a retransmission
+    Status status = Status::kOk;
+  };
+
+  // Fills batch_ from slots or receives; returns how many requests it found.
+  uint32_t GatherFromSlots();
+  uint32_t GatherFromReceives();
+  // Validates one request and appends it to batch_[*count] (or counts a drop). `slot` is the
+  // window slot it was polled from, or kFromReceive.
+  void Admit(uint32_t client, uint32_t slot, const uint8_t* message, uint32_t length,
+             uint32_t* count);
+  void ExecuteAndRespond(uint32_t count);
+  // Picks the queue and staging buffer for a response; false if there is none (dropped).
+  bool AssignResponse(Pending& p);
+  void PostResponses(uint32_t count);
+  void RepostReceives(uint32_t count);
+  // Polls the send CQ once; applies signalled completions.
+  void Reap();
+
+  const uint32_t index_;
+  const Config config_;
+  const RequestLimits limits_;
+  const uint32_t response_buffer_bytes_;
+  std::unique_ptr<mica::Partition> partition_;
+  std::vector<transport::QueuePair*> ud_qps_;
+  transport::CompletionQueue* send_cq_;
+  transport::CompletionQueue* recv_cq_;
+  WorkerMemory memory_;
+
+  std::vector<std::atomic<const ClientRoute*>> routes_;  // by client id
+  std::vector<std::atomic<SendQueue*>> queues_;          // by table slot
+  std::vector<SendQueue> ud_queues_;
+  std::vector<SlotState> slots_;            // [client][window]
+  std::vector<uint32_t> generations_seen_;  // [client]
+  std::atomic<uint64_t> epoch_{0};
+  std::atomic<bool> running_{false};
+
+  // Per-batch scratch, sized once (the hot path allocates nothing).
+  std::vector<Pending> batch_;
+  std::vector<mica::Request> store_requests_;
+  std::vector<mica::Response> store_responses_;
+  std::vector<uint32_t> store_index_;  // batch position of each store request
+  std::vector<transport::SendWr> wrs_;
+  std::vector<transport::Sge> sges_;
+  std::vector<transport::RecvWr> recv_wrs_;
+  std::vector<transport::Sge> recv_sges_;
+  std::vector<transport::Completion> completions_;
+  std::vector<SendQueue*> chain_queues_;  // PostResponses: one chain per distinct queue
+  std::vector<transport::SendWr*> chain_heads_;
+  std::vector<transport::SendWr*> chain_tails_;
+  uint32_t reposts_ = 0;  // receives consumed by the current batch (recv_sges_[0..reposts_))
+  uint32_t cursor_ = 0;        // next (client * window + slot) to poll
+  uint32_t next_ud_qp_ = 0;    // round robin over the response UD QPs
+  WorkerCounters counters_;
+};
+
+}  // namespace herd
+
+#endif  // HERD_HERD_WORKER_H_

@@ -1,0 +1,99 @@
+// Runs a herd server in a forked child process (the clients stay in the test process), so every
+// end-to-end test crosses process boundaries as a real deployment does.
+#ifndef HERD_TESTS_HERD_SERVER_FIXTURE_H_
+#define HERD_TESTS_HERD_SERVER_FIXTURE_H_
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <memory>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "herd/client.h"
+#include "herd/server.h"
+
+namespace herd::testing {
+
+class ServerProcess {
+ public:
+  // Forks; the child runs a server with `options` until SIGTERM. Returns after it listens.
+  explicit ServerProcess(ServerOptions options) {
+    int ready[2];
+    if (pipe(ready) != 0) return;
+    options.port = 0;
+    options.listen_address = "127.0.0.1";
+    pid_ = fork();
+    if (pid_ == 0) {
+      close(ready[0]);
+      sigset_t term;
+      sigemptyset(&term);
+      sigaddset(&term, SIGTERM);
+      sigprocmask(SIG_BLOCK, &term, nullptr);
+      absl::StatusOr<std::unique_ptr<Server>> server = Server::Create(options);
+      uint16_t port = 0;
+      if (server.ok() && (*server)->Start().ok()) port = (*server)->port();
+      if (!server.ok()) fprintf(stderr, "server: %s\n", server.status().ToString().c_str());
+      (void)!write(ready[1], &port, sizeof(port));
+      if (port == 0) _exit(2);
+      int signal = 0;
+      sigwait(&term, &signal);
+      (*server)->Stop();
+      _exit(0);
+    }
+    close(ready[1]);
+    if (read(ready[0], &port_, sizeof(port_)) != sizeof(port_)) port_ = 0;
+    close(ready[0]);
+  }
+  ~ServerProcess() {
+    if (pid_ > 0) {
+      kill(pid_, SIGTERM);
+      int status = 0;
+      waitpid(pid_, &status, 0);
+      EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+          << "the server did not shut down cleanly: status " << status;
+    }
+  }
+  ServerProcess(const ServerProcess&) = delete;
+  ServerProcess& operator=(const ServerProcess&) = delete;
+
+  bool ok() const { return port_ != 0; }
+  std::string address() const { return absl::StrCat("127.0.0.1:", port_); }
+  pid_t pid() const { return pid_; }
+
+ private:
+  pid_t pid_ = -1;
+  uint16_t port_ = 0;
+};
+
+inline ServerOptions SmallServer(const std::string& fabric) {
+  ServerOptions options;
+  options.device.fabric = fabric;
+  options.store.log_bytes = uint64_t{4} << 20;
+  options.store.expected_items = 4096;
+  options.pin_workers = false;  // tests share the machine's cores with their clients
+  options.config.workers = 2;
+  options.config.max_clients = 16;
+  return options;
+}
+
+inline std::unique_ptr<Client> Join(const ServerProcess& server, const std::string& fabric,
+                                    uint32_t clients = 1, double ud_loss = 0,
+                                    double uc_loss = 0) {
+  ClientOptions options;
+  options.server = server.address();
+  options.clients = clients;
+  options.device.fabric = fabric;
+  options.device.faults.ud_loss = ud_loss;
+  options.device.faults.uc_loss = uc_loss;
+  options.retry_timeout = absl::Milliseconds(5);
+  auto client = Client::Connect(options);
+  EXPECT_TRUE(client.ok()) << client.status();
+  return client.ok() ? *std::move(client) : nullptr;
+}
+
+}  // namespace herd::testing
+
+#endif  // HERD_TESTS_HERD_SERVER_FIXTURE_H_
