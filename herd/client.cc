@@ -141,8 +141,8 @@ absl::Status Client::CreateResources(const Config& config) {
   for (uint32_t w = 0; w < c.workers; ++w) {
     if (c.request_uses_slots()) {
       request_qps_.emplace_back();
-      const auto type = c.request_verb == RequestVerb::kRcWrite ? transport::QpType::kRc
-                                                                : transport::QpType::kUc;
+      const auto type =
+          c.request_verb == RequestVerb::kRcWrite ? transport::QpType::kRc : transport::QpType::kUc;
       if (absl::Status s = make_qp(type, 1, &request_qps_.back()); !s.ok()) return s;
     }
     if (c.response_uses_slots()) {
@@ -157,8 +157,8 @@ absl::Status Client::CreateResources(const Config& config) {
     if (absl::Status s = Take(Allocate(bytes), mem); !s.ok()) return s;
     return Take(pd_->RegisterMemory((*mem)->data(), (*mem)->size(), access), mr);
   };
-  if (absl::Status s = region(slot_count * c.slot_bytes, transport::kLocalWrite, &staging_,
-                              &staging_mr_);
+  if (absl::Status s =
+          region(slot_count * c.slot_bytes, transport::kLocalWrite, &staging_, &staging_mr_);
       !s.ok()) {
     return s;
   }
@@ -168,9 +168,9 @@ absl::Status Client::CreateResources(const Config& config) {
     return s;
   }
   if (c.response_uses_slots()) {
-    if (absl::Status s = region(slot_count * c.response_slot_bytes(),
-                                transport::kLocalWrite | transport::kRemoteWrite, &responses_,
-                                &responses_mr_);
+    if (absl::Status s =
+            region(slot_count * c.response_slot_bytes(),
+                   transport::kLocalWrite | transport::kRemoteWrite, &responses_, &responses_mr_);
         !s.ok()) {
       return s;
     }
@@ -210,8 +210,8 @@ absl::Status Client::Submit(uint32_t client, Op op, std::string_view key, std::s
         absl::StrFormat("client %d: this connection hosts %d", client, options_.clients));
   }
   if (key.empty() || key.size() > config_.max_key_bytes) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "key of %d bytes: the server takes 1..%d", key.size(), config_.max_key_bytes));
+    return absl::InvalidArgumentError(absl::StrFormat("key of %d bytes: the server takes 1..%d",
+                                                      key.size(), config_.max_key_bytes));
   }
   const bool carries_value = op == Op::kPut || op == Op::kCas;
   if (!carries_value) value = {};

@@ -36,7 +36,7 @@ namespace herd {
 
 struct ClientOptions {
   std::string server = "127.0.0.1:31850";  // host:port of the server's control plane
-  uint32_t clients = 1;                     // logical clients on this connection
+  uint32_t clients = 1;                    // logical clients on this connection
   transport::DeviceOptions device;
   absl::Duration retry_timeout = absl::Milliseconds(20);  // per attempt
   uint32_t max_attempts = 250;  // then the request completes with kTimedOut
@@ -135,9 +135,9 @@ class Client {
   std::unique_ptr<transport::MemoryRegion> staging_mr_, receives_mr_, responses_mr_;
   std::vector<SendQueue> queues_;  // [0] = UD QP, then one per worker request QP
 
-  std::vector<Outstanding> slots_;           // [client][worker][window]
-  std::vector<uint64_t> next_seq_;           // [client][worker]
-  std::vector<uint32_t> to_repost_;          // receive buffers consumed by the last Poll
+  std::vector<Outstanding> slots_;   // [client][worker][window]
+  std::vector<uint64_t> next_seq_;   // [client][worker]
+  std::vector<uint32_t> to_repost_;  // receive buffers consumed by the last Poll
   std::vector<transport::Completion> completions_;
   std::vector<transport::RecvWr> recv_wrs_;
   std::vector<transport::Sge> recv_sges_;

@@ -70,9 +70,7 @@ std::string Config::ToJson() const {
 }
 
 absl::Status Validate(const Config& c, uint32_t mtu) {
-  auto bad = [](auto&&... args) {
-    return absl::InvalidArgumentError(absl::StrFormat(args...));
-  };
+  auto bad = [](auto&&... args) { return absl::InvalidArgumentError(absl::StrFormat(args...)); };
   if (c.workers < 1 || c.workers > kMaxWorkers) {
     return bad("--workers=%d: must be in 1..%d", c.workers, kMaxWorkers);
   }

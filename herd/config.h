@@ -33,10 +33,10 @@ absl::StatusOr<ResponseVerb> ParseResponseVerb(std::string_view name);
 inline constexpr uint32_t kQkey = 0x48455244;  // "HERD"
 
 // Hard bounds (the protocol's field widths and what one worker can poll).
-inline constexpr uint32_t kMaxWorkers = 256;     // ResponseHeader::worker is 16 bits; be sane
-inline constexpr uint32_t kMaxWindow = 1024;     // outstanding requests per client per worker
-inline constexpr uint32_t kMaxClients = 65536;   // logical clients the region is sized for
-inline constexpr uint32_t kMaxUdQps = 64;        // response UD QPs per worker
+inline constexpr uint32_t kMaxWorkers = 256;    // ResponseHeader::worker is 16 bits; be sane
+inline constexpr uint32_t kMaxWindow = 1024;    // outstanding requests per client per worker
+inline constexpr uint32_t kMaxClients = 65536;  // logical clients the region is sized for
+inline constexpr uint32_t kMaxUdQps = 64;       // response UD QPs per worker
 inline constexpr uint32_t kMaxSlotBytes = 1u << 20;
 
 struct Config {
@@ -51,9 +51,9 @@ struct Config {
   uint32_t max_inline = 188;  // inline limit asked of each QP (bytes; NICs round it)
   uint32_t slot_bytes = 256;  // one request slot: header + key + value, multiple of 8
   uint32_t max_key_bytes = 16;
-  uint32_t max_clients = 64;  // logical clients the request region has slots for
-  uint32_t sq_depth = 256;    // send queue depth of every QP
-  uint32_t recv_depth = 1024; // UD request receives per worker (request_verb=ud_send)
+  uint32_t max_clients = 64;   // logical clients the request region has slots for
+  uint32_t sq_depth = 256;     // send queue depth of every QP
+  uint32_t recv_depth = 1024;  // UD request receives per worker (request_verb=ud_send)
 
   // Largest value that fits a slot next to a max-size key (responses carry at most this too).
   uint32_t max_value_bytes() const;

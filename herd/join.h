@@ -30,10 +30,10 @@ struct Hello {
 };
 
 struct Join {
-  transport::QpEndpoint ud;                          // receives UD responses; sends UD requests
-  std::vector<transport::QpEndpoint> request_qps;    // per worker, when requests are WRITEs
-  std::vector<transport::QpEndpoint> response_qps;   // per worker, when responses are WRITEs
-  uint64_t response_region_addr = 0;                 // [worker][client][window] response slots
+  transport::QpEndpoint ud;                         // receives UD responses; sends UD requests
+  std::vector<transport::QpEndpoint> request_qps;   // per worker, when requests are WRITEs
+  std::vector<transport::QpEndpoint> response_qps;  // per worker, when responses are WRITEs
+  uint64_t response_region_addr = 0;                // [worker][client][window] response slots
   uint32_t response_region_rkey = 0;
 };
 
@@ -41,9 +41,9 @@ struct Welcome {
   uint32_t first_client_id = 0;  // this connection's clients are first .. first + clients - 1
   uint64_t region_addr = 0;      // the request region
   uint32_t region_rkey = 0;
-  std::vector<transport::QpEndpoint> worker_ud;      // per worker: its request/first UD QP
-  std::vector<transport::QpEndpoint> request_qps;    // per worker, the server's end
-  std::vector<transport::QpEndpoint> response_qps;   // per worker, the server's end
+  std::vector<transport::QpEndpoint> worker_ud;     // per worker: its request/first UD QP
+  std::vector<transport::QpEndpoint> request_qps;   // per worker, the server's end
+  std::vector<transport::QpEndpoint> response_qps;  // per worker, the server's end
 };
 
 std::vector<uint8_t> Encode(const Hello& hello);

@@ -15,8 +15,8 @@ hwloc_topology_t Handle(void* t) { return static_cast<hwloc_topology_t>(t); }
 
 absl::StatusOr<std::vector<int>> ParseCoreList(std::string_view listed) {
   std::vector<int> cores;
-  for (absl::string_view part : absl::StrSplit(absl::string_view(listed.data(), listed.size()),
-                                               ',', absl::SkipEmpty())) {
+  for (absl::string_view part :
+       absl::StrSplit(absl::string_view(listed.data(), listed.size()), ',', absl::SkipEmpty())) {
     const std::vector<absl::string_view> range = absl::StrSplit(part, '-');
     int first = 0, last = 0;
     if (range.size() > 2 || !absl::SimpleAtoi(range[0], &first) ||
@@ -53,9 +53,8 @@ absl::StatusOr<std::vector<int>> Topology::PickCores(uint32_t count, std::string
     if (!parsed.ok()) return parsed.status();
     for (int core : *parsed) {
       if (core >= cores()) {
-        return absl::InvalidArgumentError(
-            absl::StrFormat("--worker_cores names core %d; this machine has cores 0..%d", core,
-                            cores() - 1));
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "--worker_cores names core %d; this machine has cores 0..%d", core, cores() - 1));
       }
     }
     candidates = *std::move(parsed);
@@ -80,8 +79,8 @@ absl::StatusOr<std::vector<int>> Topology::PickCores(uint32_t count, std::string
 }
 
 absl::Status Topology::PinCurrentThread(int core) const {
-  hwloc_obj_t obj = hwloc_get_obj_by_type(Handle(topology_), HWLOC_OBJ_CORE,
-                                          static_cast<unsigned>(core));
+  hwloc_obj_t obj =
+      hwloc_get_obj_by_type(Handle(topology_), HWLOC_OBJ_CORE, static_cast<unsigned>(core));
   if (obj == nullptr) return absl::InvalidArgumentError(absl::StrFormat("no core %d", core));
   if (hwloc_set_cpubind(Handle(topology_), obj->cpuset, HWLOC_CPUBIND_THREAD) != 0) {
     return absl::InternalError(absl::StrFormat("hwloc could not bind a thread to core %d", core));

@@ -69,8 +69,8 @@ Status ParseRequest(const uint8_t* message, uint32_t length, const RequestLimits
   if (need > length) return Status::kBadRequest;
   const uint8_t* start = message + length - need;
   out->key = std::string_view(reinterpret_cast<const char*>(start), h.key_bytes);
-  out->value = std::string_view(reinterpret_cast<const char*>(start + Pad8(h.key_bytes)),
-                                h.value_bytes);
+  out->value =
+      std::string_view(reinterpret_cast<const char*>(start + Pad8(h.key_bytes)), h.value_bytes);
   if (mica::KeyHash(out->key) != h.keyhash) return Status::kBadRequest;
   return Status::kOk;
 }

@@ -24,10 +24,10 @@ struct SendQueue {
   uint32_t unsig_batch = 1;  // one WR in this many is signalled
   uint16_t table_slot = 0;
   uint8_t generation = 0;
-  uint64_t posted = 0;   // WRs posted, ever (the next WR's index)
-  uint64_t retired = 0;  // WRs known complete
-  bool broken = false;   // an error completion arrived: the QP is in ERR, post nothing more
-  uint32_t unposted = 0; // WRs assigned in the batch being built, not yet posted
+  uint64_t posted = 0;    // WRs posted, ever (the next WR's index)
+  uint64_t retired = 0;   // WRs known complete
+  bool broken = false;    // an error completion arrived: the QP is in ERR, post nothing more
+  uint32_t unposted = 0;  // WRs assigned in the batch being built, not yet posted
   // Staging buffers: WR i uses buffer i % depth, free again once WR i - depth retired (which
   // the depth limit guarantees before WR i can be posted).
   uint8_t* staging = nullptr;

@@ -72,7 +72,8 @@ absl::Status Server::Init() {
   }
   if (absl::Status s = Take(device_->AllocatePd(), &pd_); !s.ok()) return s;
   if (absl::Status s = Take(device_->CreateCq(1), &idle_cq_); !s.ok()) return s;
-  absl::StatusOr<transport::SharedMemory> region = transport::SharedMemory::Allocate(c.region_bytes());
+  absl::StatusOr<transport::SharedMemory> region =
+      transport::SharedMemory::Allocate(c.region_bytes());
   if (!region.ok()) return region.status();
   region_ = std::make_unique<transport::SharedMemory>(*std::move(region));
   // The only remotely writable memory of the server.
@@ -112,9 +113,9 @@ absl::Status Server::Init() {
         uint64_t{c.ud_qps_per_worker} * c.sq_depth * response_bytes);
     if (!staging.ok()) return staging.status();
     r.staging = std::make_unique<transport::SharedMemory>(*std::move(staging));
-    if (absl::Status s = Take(pd_->RegisterMemory(r.staging->data(), r.staging->size(),
-                                                  transport::kLocalWrite),
-                              &r.staging_mr);
+    if (absl::Status s =
+            Take(pd_->RegisterMemory(r.staging->data(), r.staging->size(), transport::kLocalWrite),
+                 &r.staging_mr);
         !s.ok()) {
       return s;
     }
@@ -127,9 +128,9 @@ absl::Status Server::Init() {
           uint64_t{c.recv_depth} * (transport::kGrhBytes + c.slot_bytes));
       if (!receives.ok()) return receives.status();
       r.receives = std::make_unique<transport::SharedMemory>(*std::move(receives));
-      if (absl::Status s = Take(pd_->RegisterMemory(r.receives->data(), r.receives->size(),
-                                                    transport::kLocalWrite),
-                                &r.receives_mr);
+      if (absl::Status s = Take(
+              pd_->RegisterMemory(r.receives->data(), r.receives->size(), transport::kLocalWrite),
+              &r.receives_mr);
           !s.ok()) {
         return s;
       }
@@ -138,8 +139,8 @@ absl::Status Server::Init() {
     }
     std::unique_ptr<mica::Partition> partition;
     if (absl::Status s = Take(mica::Partition::Create(store), &partition); !s.ok()) return s;
-    r.worker = std::make_unique<Worker>(w, c, std::move(partition), std::move(qps),
-                                        r.send_cq.get(), r.recv_cq.get(), memory);
+    r.worker = std::make_unique<Worker>(w, c, std::move(partition), std::move(qps), r.send_cq.get(),
+                                        r.recv_cq.get(), memory);
     if (absl::Status s = r.worker->PostInitialReceives(); !s.ok()) return s;
   }
   client_ids_used_.assign(c.max_clients, false);
@@ -179,8 +180,8 @@ void Server::Stop() {
   const ServerStats stats = Stats();
   uint64_t requests = 0;
   for (uint64_t r : stats.requests) requests += r;
-  LOG(INFO) << "server stopped: " << requests << " requests, " << stats.bad_requests
-            << " bad, " << stats.replays << " replayed, " << stats.dropped << " dropped; fabric "
+  LOG(INFO) << "server stopped: " << requests << " requests, " << stats.bad_requests << " bad, "
+            << stats.replays << " replayed, " << stats.dropped << " dropped; fabric "
             << stats.fabric.ToJson();
 }
 
@@ -223,15 +224,16 @@ absl::Status Server::Admit(Channel channel) {
   absl::StatusOr<Hello> hello = DecodeHello(hello_message->payload);
   if (!hello.ok()) return refuse(hello.status());
   // First fit: a contiguous run of free client ids.
-  uint32_t first = 0, run = 0;
+  uint32_t first = 0, run = 0, longest = 0;
   for (uint32_t id = 0; id < c.max_clients && run < hello->clients; ++id) {
     run = client_ids_used_[id] ? 0 : run + 1;
     if (run == 1) first = id;
+    longest = std::max(longest, run);
   }
   if (hello->clients == 0 || run < hello->clients) {
     return refuse(absl::ResourceExhaustedError(absl::StrFormat(
         "%d clients asked for, but the server has room for %d in a row (of --max_clients=%d)",
-        hello->clients, run, c.max_clients)));
+        hello->clients, longest, c.max_clients)));
   }
   uint16_t slot = 0;
   if (c.response_uses_slots()) {
@@ -283,8 +285,8 @@ absl::Status Server::Admit(Channel channel) {
     }
   }
   session->channel = std::move(channel);
-  LOG(INFO) << "clients " << first << ".." << first + hello->clients - 1 << " ("
-            << session->peer << ") joined";
+  LOG(INFO) << "clients " << first << ".." << first + hello->clients - 1 << " (" << session->peer
+            << ") joined";
   sessions_.push_back(std::move(session));
   session_count_.store(static_cast<uint32_t>(sessions_.size()));
   client_count_.fetch_add(hello->clients);
@@ -323,8 +325,8 @@ absl::Status Server::BuildSession(Session& session, const Join& join) {
       return (*out)->Connect(connect);
     };
     if (c.request_uses_slots()) {
-      const auto type = c.request_verb == RequestVerb::kRcWrite ? transport::QpType::kRc
-                                                                : transport::QpType::kUc;
+      const auto type =
+          c.request_verb == RequestVerb::kRcWrite ? transport::QpType::kRc : transport::QpType::kUc;
       if (absl::Status s = connected(type, idle_cq_.get(), join.request_qps[w], &pw.request_qp);
           !s.ok()) {
         return s;
@@ -333,8 +335,7 @@ absl::Status Server::BuildSession(Session& session, const Join& join) {
     if (c.response_uses_slots()) {
       const auto type = c.response_verb == ResponseVerb::kRcWrite ? transport::QpType::kRc
                                                                   : transport::QpType::kUc;
-      if (absl::Status s =
-              connected(type, r.send_cq.get(), join.response_qps[w], &pw.response_qp);
+      if (absl::Status s = connected(type, r.send_cq.get(), join.response_qps[w], &pw.response_qp);
           !s.ok()) {
         return s;
       }
@@ -342,9 +343,9 @@ absl::Status Server::BuildSession(Session& session, const Join& join) {
           transport::SharedMemory::Allocate(uint64_t{c.sq_depth} * response_bytes);
       if (!staging.ok()) return staging.status();
       pw.staging = std::make_unique<transport::SharedMemory>(*std::move(staging));
-      if (absl::Status s = Take(pd_->RegisterMemory(pw.staging->data(), pw.staging->size(),
-                                                    transport::kLocalWrite),
-                                &pw.staging_mr);
+      if (absl::Status s = Take(
+              pd_->RegisterMemory(pw.staging->data(), pw.staging->size(), transport::kLocalWrite),
+              &pw.staging_mr);
           !s.ok()) {
         return s;
       }
@@ -365,9 +366,8 @@ absl::Status Server::BuildSession(Session& session, const Join& join) {
       route.generation = session.generation;
       route.response_queue = pw.queue.table_slot;
       // The client's response region is [worker][its client][window] slots.
-      route.response_addr =
-          join.response_region_addr +
-          (uint64_t{w} * session.clients + i) * c.window * c.response_slot_bytes();
+      route.response_addr = join.response_region_addr + (uint64_t{w} * session.clients + i) *
+                                                            c.window * c.response_slot_bytes();
       route.response_rkey = join.response_region_rkey;
     }
   }

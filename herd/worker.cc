@@ -144,8 +144,8 @@ uint32_t Worker::GatherFromSlots() {
 }
 
 uint32_t Worker::GatherFromReceives() {
-  const uint32_t got = static_cast<uint32_t>(
-      recv_cq_->Poll(absl::MakeSpan(completions_.data(), config_.postlist)));
+  const uint32_t got =
+      static_cast<uint32_t>(recv_cq_->Poll(absl::MakeSpan(completions_.data(), config_.postlist)));
   uint32_t count = 0;
   const uint32_t bytes = transport::kGrhBytes + config_.slot_bytes;
   for (uint32_t i = 0; i < got; ++i) {
@@ -164,7 +164,8 @@ uint32_t Worker::GatherFromReceives() {
       continue;
     }
     uint32_t client;
-    std::memcpy(&client, message + length - kRequestHeaderBytes + offsetof(RequestHeader, client_id),
+    std::memcpy(&client,
+                message + length - kRequestHeaderBytes + offsetof(RequestHeader, client_id),
                 sizeof(client));
     if (client >= config_.max_clients) {
       counters_.dropped.Add();
@@ -273,10 +274,10 @@ void Worker::ExecuteAndRespond(uint32_t count) {
     const mica::Response& r = store_responses_[e];
     p.status = static_cast<Status>(r.result);
     p.version = r.version;
-    p.value_bytes = p.request.header.op == static_cast<uint8_t>(Op::kGet) &&
-                            r.result == mica::Result::kOk
-                        ? r.value_bytes
-                        : 0;
+    p.value_bytes =
+        p.request.header.op == static_cast<uint8_t>(Op::kGet) && r.result == mica::Result::kOk
+            ? r.value_bytes
+            : 0;
     if (IsMutation(static_cast<Op>(p.request.header.op))) {
       SlotState& state = slots_[uint64_t{p.client} * config_.window + p.slot];
       state.version = r.version;
@@ -366,7 +367,8 @@ void Worker::RepostReceives(uint32_t count) {
   for (uint32_t i = 0; i < count; ++i) {
     recv_wrs_[i] = transport::RecvWr{};
     const uint32_t bytes = transport::kGrhBytes + config_.slot_bytes;
-    recv_wrs_[i].wr_id = (recv_sges_[i].addr - reinterpret_cast<uint64_t>(memory_.receives)) / bytes;
+    recv_wrs_[i].wr_id =
+        (recv_sges_[i].addr - reinterpret_cast<uint64_t>(memory_.receives)) / bytes;
     recv_wrs_[i].sg_list = &recv_sges_[i];
     recv_wrs_[i].num_sge = 1;
     recv_wrs_[i].next = i + 1 < count ? &recv_wrs_[i + 1] : nullptr;

@@ -24,9 +24,9 @@ namespace herd {
 struct ClientRoute {
   const transport::AddressHandle* ah = nullptr;  // UD responses (this worker's own AH)
   uint32_t ud_qpn = 0;
-  uint32_t generation = 0;        // new for every session that takes this client id
-  uint16_t response_queue = 0;    // response_verb = *_write: the session's table slot
-  uint64_t response_addr = 0;     // ... this client's response slots for this worker
+  uint32_t generation = 0;      // new for every session that takes this client id
+  uint16_t response_queue = 0;  // response_verb = *_write: the session's table slot
+  uint64_t response_addr = 0;   // ... this client's response slots for this worker
   uint32_t response_rkey = 0;
 };
 
@@ -133,9 +133,9 @@ class Worker {
   std::vector<SendQueue*> chain_queues_;  // PostResponses: one chain per distinct queue
   std::vector<transport::SendWr*> chain_heads_;
   std::vector<transport::SendWr*> chain_tails_;
-  uint32_t reposts_ = 0;  // receives consumed by the current batch (recv_sges_[0..reposts_))
-  uint32_t cursor_ = 0;        // next (client * window + slot) to poll
-  uint32_t next_ud_qp_ = 0;    // round robin over the response UD QPs
+  uint32_t reposts_ = 0;     // receives consumed by the current batch (recv_sges_[0..reposts_))
+  uint32_t cursor_ = 0;      // next (client * window + slot) to poll
+  uint32_t next_ud_qp_ = 0;  // round robin over the response UD QPs
   WorkerCounters counters_;
 };
 

@@ -80,8 +80,7 @@ inline ServerOptions SmallServer(const std::string& fabric) {
 }
 
 inline std::unique_ptr<Client> Join(const ServerProcess& server, const std::string& fabric,
-                                    uint32_t clients = 1, double ud_loss = 0,
-                                    double uc_loss = 0) {
+                                    uint32_t clients = 1, double ud_loss = 0, double uc_loss = 0) {
   ClientOptions options;
   options.server = server.address();
   options.clients = clients;
