@@ -39,7 +39,8 @@ uint32_t EncodeRequest(const RequestHeader& header, std::string_view key, std::s
   const uint32_t value_space = Pad8(static_cast<uint32_t>(value.size()));
   std::memcpy(out, key.data(), key.size());
   std::memset(out + key.size(), 0, key_space - key.size());
-  std::memcpy(out + key_space, value.data(), value.size());
+  if (!value.empty())
+    std::memcpy(out + key_space, value.data(), value.size());  // data() may be null
   std::memset(out + key_space + value.size(), 0, value_space - value.size());
   std::memcpy(out + key_space + value_space, &header, sizeof(header));
   return key_space + value_space + kRequestHeaderBytes;

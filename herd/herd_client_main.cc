@@ -1,0 +1,281 @@
+// herd_client: --threads threads, each one Client hosting --clients_per_thread logical clients,
+// drive a workload against a herd server. A per-second progress line goes to stderr; the last
+// stdout line is one JSON result: every knob, Mops (total and per thread), latency percentiles,
+// the client's transport counters per operation, CPU time and the machine. Warm-up excluded.
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <fstream>
+#include <thread>
+
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "bench/histogram.h"
+#include "bench/keys.h"
+#include "bench/workload.h"
+#include "gflags/gflags.h"
+#include "glog/logging.h"
+#include "herd/client.h"
+#include "mica/keyhash.h"
+#include "transport/flags.h"
+
+DEFINE_string(server, "127.0.0.1:31850", "host:port of the server's control plane");
+DEFINE_uint32(threads, 1, "Client threads (each its own connection and QPs)");
+DEFINE_uint32(clients_per_thread, 1, "Logical clients per thread (HERD ran many per thread)");
+DEFINE_double(duration_s, 5, "Measured seconds (after the warm-up)");
+DEFINE_double(warmup_s, 1, "Seconds run before measuring");
+DEFINE_string(workload, "C", "YCSB core mix A (50/50), B (95/5), C (read only), or custom");
+DEFINE_double(get_fraction, 1, "custom: fraction of GETs");
+DEFINE_double(put_fraction, 0, "custom: fraction of PUTs");
+DEFINE_double(delete_fraction, 0, "custom: fraction of DELETEs");
+DEFINE_double(cas_fraction, 0, "custom: fraction of CASes");
+DEFINE_string(distribution, "uniform", "Key popularity: uniform or zipf");
+DEFINE_double(zipf_theta, bench::kYcsbZipfTheta, "Zipf skew (YCSB: 0.99)");
+DEFINE_uint64(keys, 100000, "Distinct keys");
+DEFINE_uint32(key_bytes, 16, "Key size");
+DEFINE_uint32(value_bytes, 32, "Value size");
+DEFINE_uint64(seed, 1, "Workload seed (threads derive their streams from it)");
+DEFINE_bool(preload, true, "PUT every key once before the run (thread t loads keys t mod T)");
+DEFINE_uint32(retry_timeout_us, 20000, "Retransmit a request unanswered for this long");
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct ThreadResult {
+  uint64_t ops = 0, errors = 0;
+  bench::Histogram latency;
+  herd::ClientStats stats;
+  absl::Status status;
+};
+
+struct Shared {
+  std::atomic<bool> measuring{false}, stop{false};
+  std::vector<std::atomic<uint64_t>> progress;  // completed ops per thread (relaxed)
+  explicit Shared(uint32_t threads) : progress(threads) {}
+};
+
+herd::Op ToOp(bench::Operation op) {
+  switch (op) {
+    case bench::Operation::kGet:
+      return herd::Op::kGet;
+    case bench::Operation::kPut:
+      return herd::Op::kPut;
+    case bench::Operation::kDelete:
+      return herd::Op::kDelete;
+    case bench::Operation::kCas:
+      return herd::Op::kCas;
+  }
+  return herd::Op::kGet;
+}
+
+void RunThread(uint32_t t, const herd::ClientOptions& options, const bench::WorkloadConfig& w,
+               Shared& shared, ThreadResult* out) {
+  absl::StatusOr<std::unique_ptr<herd::Client>> connected = herd::Client::Connect(options);
+  if (!connected.ok()) {
+    out->status = connected.status();
+    shared.stop = true;
+    return;
+  }
+  herd::Client& client = **connected;
+  std::vector<herd::Result> results(256);
+  std::string key(w.key_bytes, '\0'), value(w.value_bytes, '\0');
+  const uint32_t threads = FLAGS_threads;
+  if (FLAGS_preload) {
+    uint64_t next = t, tag = 0;
+    while (next < w.keys || client.outstanding() > 0) {
+      for (uint32_t c = 0; c < client.clients() && next < w.keys; ++c) {
+        bench::MakeKey(next, w.key_bytes, key.data());
+        if (!client.CanSubmit(c, mica::KeyHash(key))) continue;
+        bench::MakeValue(next, 0, w.value_bytes, value.data());
+        if (client.Submit(c, herd::Op::kPut, key, value, 0, tag++).ok()) next += threads;
+      }
+      client.Poll(absl::MakeSpan(results));
+      if (shared.stop) return;
+    }
+  }
+  bench::Workload workload(w, t);
+  // Each logical client keeps its next request ready until its worker has a free slot.
+  struct Next {
+    uint64_t index;
+    herd::Op op;
+  };
+  std::vector<Next> pending(client.clients());
+  for (auto& p : pending) p = Next{workload.NextKey(), ToOp(workload.NextOp())};
+  uint64_t stamp = 1;
+  while (!shared.stop.load(std::memory_order_relaxed)) {
+    for (uint32_t c = 0; c < client.clients(); ++c) {
+      Next& p = pending[c];
+      bench::MakeKey(p.index, w.key_bytes, key.data());
+      if (!client.CanSubmit(c, mica::KeyHash(key))) continue;
+      if (p.op == herd::Op::kPut || p.op == herd::Op::kCas) {
+        bench::MakeValue(p.index, stamp++, w.value_bytes, value.data());
+      }
+      // CAS against version 0 is a guaranteed-cheap failure path only if the key is absent;
+      // the benchmark measures the operation's cost, not its success rate.
+      if (!client.Submit(c, p.op, key, value, 0, p.index).ok()) continue;
+      p = Next{workload.NextKey(), ToOp(workload.NextOp())};
+    }
+    const size_t got = client.Poll(absl::MakeSpan(results));
+    if (got == 0) continue;
+    if (shared.measuring.load(std::memory_order_relaxed)) {
+      for (size_t i = 0; i < got; ++i) {
+        out->latency.Record(results[i].latency_ns);
+        if (results[i].status == herd::Status::kTimedOut ||
+            results[i].status == herd::Status::kBadRequest) {
+          ++out->errors;
+        }
+      }
+      out->ops += got;
+    }
+    shared.progress[t].fetch_add(got, std::memory_order_relaxed);
+  }
+  out->stats = client.stats();
+}
+
+std::string CpuModel() {
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(cpuinfo, line)) {
+    if (line.rfind("model name", 0) == 0) {
+      const size_t colon = line.find(':');
+      std::string model = colon == std::string::npos ? line : line.substr(colon + 2);
+      for (char& ch : model) {
+        if (ch == '"' || ch == '\\') ch = ' ';
+      }
+      return model;
+    }
+  }
+  return "unknown";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  gflags::SetUsageMessage("herd benchmark client: see README.md");
+  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  google::InitGoogleLogging(argv[0]);
+  FLAGS_logtostderr = true;
+  bench::WorkloadConfig requested;
+  requested.mix = FLAGS_workload;
+  requested.get = FLAGS_get_fraction;
+  requested.put = FLAGS_put_fraction;
+  requested.del = FLAGS_delete_fraction;
+  requested.cas = FLAGS_cas_fraction;
+  requested.distribution = FLAGS_distribution;
+  requested.zipf_theta = FLAGS_zipf_theta;
+  requested.keys = FLAGS_keys;
+  requested.key_bytes = FLAGS_key_bytes;
+  requested.value_bytes = FLAGS_value_bytes;
+  requested.seed = FLAGS_seed;
+  absl::StatusOr<bench::WorkloadConfig> workload = bench::Resolve(requested);
+  absl::StatusOr<transport::DeviceOptions> device = transport::DeviceOptionsFromFlags();
+  for (const absl::Status& s : {workload.status(), device.status()}) {
+    if (!s.ok()) {
+      fprintf(stderr, "herd_client: %s\n", s.ToString().c_str());
+      return 1;
+    }
+  }
+  if (FLAGS_threads < 1 || FLAGS_clients_per_thread < 1) {
+    fprintf(stderr, "herd_client: --threads and --clients_per_thread must be at least 1\n");
+    return 1;
+  }
+  herd::ClientOptions options;
+  options.server = FLAGS_server;
+  options.clients = FLAGS_clients_per_thread;
+  options.device = *device;
+  options.retry_timeout = absl::Microseconds(FLAGS_retry_timeout_us);
+
+  Shared shared(FLAGS_threads);
+  std::vector<ThreadResult> results(FLAGS_threads);
+  std::vector<std::thread> threads;
+  for (uint32_t t = 0; t < FLAGS_threads; ++t) {
+    threads.emplace_back(RunThread, t, options, *workload, std::ref(shared), &results[t]);
+  }
+  // Warm-up starts when every thread has finished its preload (made its first progress).
+  auto total_progress = [&] {
+    uint64_t sum = 0;
+    for (auto& p : shared.progress) sum += p.load(std::memory_order_relaxed);
+    return sum;
+  };
+  auto all_started = [&] {
+    for (auto& p : shared.progress) {
+      if (p.load(std::memory_order_relaxed) == 0) return false;
+    }
+    return true;
+  };
+  while (!shared.stop && !all_started()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  std::this_thread::sleep_for(absl::ToChronoNanoseconds(absl::Seconds(FLAGS_warmup_s)));
+  rusage usage_start;
+  getrusage(RUSAGE_SELF, &usage_start);
+  const Clock::time_point start = Clock::now();
+  shared.measuring = true;
+  uint64_t last = total_progress();
+  Clock::time_point tick = start;
+  while (!shared.stop &&
+         Clock::now() - start < absl::ToChronoNanoseconds(absl::Seconds(FLAGS_duration_s))) {
+    std::this_thread::sleep_for(
+        std::chrono::milliseconds(std::min<int>(1000, static_cast<int>(FLAGS_duration_s * 1000))));
+    const Clock::time_point now = Clock::now();
+    const uint64_t progress = total_progress();
+    fprintf(stderr, "progress %.3f Mops\n",
+            (progress - last) / std::chrono::duration<double>(now - tick).count() / 1e6);
+    last = progress;
+    tick = now;
+  }
+  shared.measuring = false;
+  const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  rusage usage_end;
+  getrusage(RUSAGE_SELF, &usage_end);
+  shared.stop = true;
+  for (auto& t : threads) t.join();
+
+  bench::Histogram latency;
+  herd::ClientStats total;
+  uint64_t ops = 0, errors = 0;
+  std::vector<std::string> per_thread;
+  for (ThreadResult& r : results) {
+    if (!r.status.ok()) {
+      fprintf(stderr, "herd_client: %s\n", r.status.ToString().c_str());
+      return 1;
+    }
+    latency.Merge(r.latency);
+    ops += r.ops;
+    errors += r.errors;
+    per_thread.push_back(absl::StrFormat("%.4f", r.ops / seconds / 1e6));
+    total.submitted += r.stats.submitted;
+    total.retransmissions += r.stats.retransmissions;
+    total.timed_out += r.stats.timed_out;
+    total.stray += r.stats.stray;
+    total.fabric.doorbells += r.stats.fabric.doorbells;
+    total.fabric.wrs += r.stats.fabric.wrs;
+    total.fabric.signaled_wrs += r.stats.fabric.signaled_wrs;
+    total.fabric.inline_wrs += r.stats.fabric.inline_wrs;
+    total.fabric.bytes += r.stats.fabric.bytes;
+  }
+  auto cpu_s = [](const rusage& a, const rusage& b) {
+    auto s = [](const timeval& t) { return t.tv_sec + t.tv_usec / 1e6; };
+    return s(b.ru_utime) - s(a.ru_utime) + s(b.ru_stime) - s(a.ru_stime);
+  };
+  const double per_op = total.fabric.wrs == 0 ? 0 : 1.0 / static_cast<double>(total.fabric.wrs);
+  const std::string json = absl::StrFormat(
+      "{\"threads\":%d,\"clients_per_thread\":%d,\"clients\":%d,\"server\":\"%s\","
+      "\"fabric\":\"%s\",\"device\":\"%s\",\"workload\":%s,\"duration_s\":%.3f,\"ops\":%d,"
+      "\"errors\":%d,\"mops\":%.4f,\"thread_mops\":[%s],\"p50_us\":%.2f,\"p99_us\":%.2f,"
+      "\"p999_us\":%.2f,\"max_us\":%.2f,\"retransmissions\":%d,\"timed_out\":%d,\"stray\":%d,"
+      "\"client_wrs\":%d,\"doorbells_per_wr\":%.3f,\"signaled_fraction\":%.4f,"
+      "\"inline_fraction\":%.4f,\"bytes_per_wr\":%.1f,\"cpu_s\":%.3f,\"cpu_model\":\"%s\","
+      "\"cores\":%d}",
+      FLAGS_threads, FLAGS_clients_per_thread, FLAGS_threads * FLAGS_clients_per_thread,
+      FLAGS_server, device->name == "shm" ? "shm" : "verbs", device->name, workload->ToJson(),
+      seconds, ops, errors, ops / seconds / 1e6, absl::StrJoin(per_thread, ","),
+      latency.Quantile(0.5) / 1e3, latency.Quantile(0.99) / 1e3, latency.Quantile(0.999) / 1e3,
+      latency.max() / 1e3, total.retransmissions, total.timed_out, total.stray, total.fabric.wrs,
+      total.fabric.doorbells * per_op, total.fabric.signaled_wrs * per_op,
+      total.fabric.inline_wrs * per_op, total.fabric.bytes * per_op, cpu_s(usage_start, usage_end),
+      CpuModel(), static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN)));
+  printf("%s\n", json.c_str());
+  return errors == 0 ? 0 : 2;
+}

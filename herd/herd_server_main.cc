@@ -1,0 +1,106 @@
+// herd_server: serves GET/PUT/DELETE/CAS until SIGINT/SIGTERM (or --duration_s), printing
+// per-second progress to stderr. Its first stdout line, "herd_server ready port=N", says it
+// accepts clients (scripts wait for it instead of sleeping).
+#include <signal.h>
+
+#include <cstdio>
+#include <ctime>
+
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "gflags/gflags.h"
+#include "glog/logging.h"
+#include "herd/flags.h"
+#include "herd/server.h"
+#include "mica/flags.h"
+#include "transport/flags.h"
+
+DEFINE_uint32(port, 31850, "TCP port of the control plane (0 picks a free one)");
+DEFINE_string(listen_address, "0.0.0.0", "Address the control plane listens on");
+DEFINE_string(worker_cores, "", "Cores for the workers, e.g. 0,2,4-7 (default: NIC's node)");
+DEFINE_bool(pin_workers, true, "Pin each worker to its own core with hwloc");
+DEFINE_double(duration_s, 0, "Stop after this many seconds (0: run until SIGINT/SIGTERM)");
+
+namespace {
+
+int Fail(const absl::Status& status) {
+  LOG(ERROR) << status;
+  fprintf(stderr, "herd_server: %s\n", status.ToString().c_str());
+  return 1;
+}
+
+std::string StatsJson(const herd::ServerStats& s, const herd::ServerStats& last, double seconds) {
+  std::vector<std::string> mops;
+  uint64_t requests = 0, batches = 0;
+  for (size_t w = 0; w < s.requests.size(); ++w) {
+    const uint64_t r = s.requests[w] - last.requests[w];
+    requests += r;
+    batches += s.batches[w] - last.batches[w];
+    mops.push_back(absl::StrFormat("%.3f", r / seconds / 1e6));
+  }
+  return absl::StrFormat(
+      "{\"mops\":%.3f,\"worker_mops\":[%s],\"batch\":%.2f,\"clients\":%d,\"bad\":%d,"
+      "\"replays\":%d,\"dropped\":%d,\"fabric\":%s}",
+      requests / seconds / 1e6, absl::StrJoin(mops, ","),
+      batches == 0 ? 0.0 : static_cast<double>(requests) / batches, s.clients, s.bad_requests,
+      s.replays, s.dropped, s.fabric.ToJson());
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  gflags::SetUsageMessage("herd key-value server: see README.md for the knobs");
+  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  google::InitGoogleLogging(argv[0]);
+  FLAGS_logtostderr = true;
+  // Signals are taken synchronously by this thread only (sigtimedwait), never by workers.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+
+  herd::ServerOptions options;
+  absl::StatusOr<herd::Config> config = herd::ConfigFromFlags();
+  if (!config.ok()) return Fail(config.status());
+  absl::StatusOr<transport::DeviceOptions> device = transport::DeviceOptionsFromFlags();
+  if (!device.ok()) return Fail(device.status());
+  options.config = *config;
+  options.device = *device;
+  options.store = mica::PartitionConfigFromFlags();
+  options.listen_address = FLAGS_listen_address;
+  if (FLAGS_port > 65535) return Fail(absl::InvalidArgumentError("--port must be <= 65535"));
+  options.port = static_cast<uint16_t>(FLAGS_port);
+  options.worker_cores = FLAGS_worker_cores;
+  options.pin_workers = FLAGS_pin_workers;
+  absl::StatusOr<std::unique_ptr<herd::Server>> server = herd::Server::Create(options);
+  if (!server.ok()) return Fail(server.status());
+  if (absl::Status s = (*server)->Start(); !s.ok()) return Fail(s);
+  printf("herd_server ready port=%d device=%s config=%s\n", (*server)->port(),
+         (*server)->device_name().c_str(), options.config.ToJson().c_str());
+  fflush(stdout);
+
+  herd::ServerStats last = (*server)->Stats();
+  const herd::ServerStats first = last;
+  const absl::Time start = absl::Now();
+  absl::Time tick = start;
+  while (true) {
+    timespec second{1, 0};
+    const int signal = sigtimedwait(&stop_signals, nullptr, &second);
+    const absl::Time now = absl::Now();
+    if (signal > 0) {
+      LOG(INFO) << "signal " << signal << ": shutting down";
+      break;
+    }
+    const herd::ServerStats stats = (*server)->Stats();
+    fprintf(stderr, "progress %s\n",
+            StatsJson(stats, last, absl::ToDoubleSeconds(now - tick)).c_str());
+    last = stats;
+    tick = now;
+    if (FLAGS_duration_s > 0 && now - start >= absl::Seconds(FLAGS_duration_s)) break;
+  }
+  (*server)->Stop();
+  printf("{\"server\":%s}\n",
+         StatsJson((*server)->Stats(), first, absl::ToDoubleSeconds(absl::Now() - start)).c_str());
+  return 0;
+}

@@ -1,0 +1,54 @@
+#include "transport/flags.h"
+
+#include "absl/strings/str_format.h"
+#include "gflags/gflags.h"
+
+DEFINE_string(fabric, "shm", "shm (the shared-memory fabric, one machine) or verbs (libibverbs)");
+DEFINE_string(device, "", "verbs: the device to open (e.g. mlx5_0, rxe0); default the first");
+DEFINE_string(shm_fabric_name, "herd",
+              "shm: processes see each other only under the same name (isolates runs)");
+DEFINE_uint32(mtu, 4096, "Path MTU in bytes: the largest UD message");
+DEFINE_uint32(ib_port, 1, "verbs: the port of the device");
+DEFINE_int32(gid_index, -1, "verbs: GID index (-1: the first RoCE v2 GID, or none on IB)");
+DEFINE_double(inject_ud_loss, 0, "shm: probability that a UD SEND is lost (fault injection)");
+DEFINE_double(inject_uc_loss, 0, "shm: probability that a UC WRITE/SEND is lost");
+
+namespace transport {
+
+absl::StatusOr<DeviceOptions> DeviceOptionsFromFlags() {
+  DeviceOptions options;
+  if (FLAGS_fabric == "shm") {
+    options.name = "shm";
+  } else if (FLAGS_fabric == "verbs") {
+    options.name = FLAGS_device;
+    if (options.name.empty()) {
+      for (const std::string& name : ListDevices()) {
+        if (name != "shm") {
+          options.name = name;
+          break;
+        }
+      }
+    }
+    if (options.name.empty()) {
+      return absl::NotFoundError(
+          "--fabric=verbs: no RDMA device found (this build lists only 'shm'); name one with "
+          "--device or use --fabric=shm");
+    }
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("--fabric=%s: use shm or verbs", FLAGS_fabric));
+  }
+  if (FLAGS_ib_port < 1 || FLAGS_ib_port > 255) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("--ib_port=%d: ports are numbered from 1", FLAGS_ib_port));
+  }
+  options.fabric = FLAGS_shm_fabric_name;
+  options.mtu = FLAGS_mtu;
+  options.port = static_cast<uint8_t>(FLAGS_ib_port);
+  options.gid_index = FLAGS_gid_index;
+  options.faults.ud_loss = FLAGS_inject_ud_loss;
+  options.faults.uc_loss = FLAGS_inject_uc_loss;
+  return options;
+}
+
+}  // namespace transport

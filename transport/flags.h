@@ -1,0 +1,16 @@
+// Command-line choice of fabric and device (gflags), shared by every binary that opens one:
+//   --fabric=shm|verbs --device --shm_fabric_name --mtu --ib_port --gid_index
+//   --inject_ud_loss --inject_uc_loss (shm fault injection, for tests and loss experiments)
+#ifndef HERD_TRANSPORT_FLAGS_H_
+#define HERD_TRANSPORT_FLAGS_H_
+
+#include "absl/status/statusor.h"
+#include "transport/fabric.h"
+
+namespace transport {
+
+absl::StatusOr<DeviceOptions> DeviceOptionsFromFlags();
+
+}  // namespace transport
+
+#endif  // HERD_TRANSPORT_FLAGS_H_
