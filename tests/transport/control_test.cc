@@ -77,15 +77,18 @@ TEST(Control, TruncatedOrOverlongPayloadFieldsAreDataLoss) {
   EXPECT_EQ(short_read.Finish().code(), absl::StatusCode::kDataLoss);
   EXPECT_NE(short_read.Finish().message().find("join request"), std::string::npos);
 
-  WireReader lying(WireWriter().U32(1000).Take(), "join request");  // claims 1000 bytes
+  const std::vector<uint8_t> lie = WireWriter().U32(1000).Take();  // claims 1000 bytes
+  WireReader lying(lie, "join request");
   std::string s;
   EXPECT_FALSE(lying.Bytes(&s, 4096));
   EXPECT_EQ(lying.status().code(), absl::StatusCode::kDataLoss);
 
-  WireReader too_long(WireWriter().Bytes(std::string(300, 'k')).Take(), "key");
+  const std::vector<uint8_t> long_key = WireWriter().Bytes(std::string(300, 'k')).Take();
+  WireReader too_long(long_key, "key");
   EXPECT_FALSE(too_long.Bytes(&s, 256));
 
-  WireReader trailing(WireWriter().U8(1).U8(2).Take(), "reply");
+  const std::vector<uint8_t> two = WireWriter().U8(1).U8(2).Take();
+  WireReader trailing(two, "reply");
   uint8_t b;
   EXPECT_TRUE(trailing.U8(&b));
   EXPECT_EQ(trailing.Finish().code(), absl::StatusCode::kDataLoss);

@@ -35,6 +35,8 @@ class WireReader {
  public:
   WireReader(const std::vector<uint8_t>& bytes, std::string_view what)
       : data_(bytes.data()), size_(bytes.size()), what_(what) {}
+  // The reader points into `bytes`: a temporary would dangle.
+  WireReader(std::vector<uint8_t>&& bytes, std::string_view what) = delete;
   bool U8(uint8_t* v) { return Raw(v, 1, "u8"); }
   bool U16(uint16_t* v) { return Raw(v, 2, "u16"); }
   bool U32(uint32_t* v) { return Raw(v, 4, "u32"); }
