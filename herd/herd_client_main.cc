@@ -113,8 +113,8 @@ void RunThread(uint32_t t, const herd::ClientOptions& options, const bench::Work
       if (p.op == herd::Op::kPut || p.op == herd::Op::kCas) {
         bench::MakeValue(p.index, stamp++, w.value_bytes, value.data());
       }
-      // CAS against version 0 is a guaranteed-cheap failure path only if the key is absent;
-      // the benchmark measures the operation's cost, not its success rate.
+      // CAS expects version 0, so it fails (CAS_FAILED or NOT_FOUND) but still costs a full
+      // lookup: the benchmark measures the operation's cost, not its success rate.
       if (!client.Submit(c, p.op, key, value, 0, p.index).ok()) continue;
       p = Next{workload.NextKey(), ToOp(workload.NextOp())};
     }

@@ -203,6 +203,7 @@ void Server::ControlLoop() {
                   << sessions_[i]->peer << ") left";
         Retire(*sessions_[i]);
         sessions_.erase(sessions_.begin() + static_cast<ptrdiff_t>(i));
+        session_count_.store(static_cast<uint32_t>(sessions_.size()));
       } else {
         ++i;
       }
@@ -210,6 +211,7 @@ void Server::ControlLoop() {
   }
   for (auto& session : sessions_) Retire(*session);
   sessions_.clear();
+  session_count_.store(0);
 }
 
 absl::Status Server::Admit(Channel channel) {
@@ -399,7 +401,6 @@ void Server::Retire(Session& session) {
   }
   if (session.has_queue_slot) queue_slots_used_[session.queue_slot] = false;
   client_count_.fetch_sub(session.clients);
-  session_count_.store(static_cast<uint32_t>(sessions_.size() - 1));
 }
 
 ServerStats Server::Stats() const {

@@ -198,6 +198,7 @@ void Worker::Admit(uint32_t client, uint32_t slot, const uint8_t* message, uint3
   p.value_bytes = 0;
   const RequestHeader& h = p.request.header;
   p.slot = slot == kFromReceive ? static_cast<uint32_t>(h.seq % config_.window) : slot;
+  SlotState* claim = nullptr;  // set when this request executes for the first time
   if (p.status == Status::kOk) {
     if (h.client_id != client || h.seq == 0 || h.seq % config_.window != p.slot) {
       p.status = Status::kBadRequest;
@@ -212,10 +213,17 @@ void Worker::Admit(uint32_t client, uint32_t slot, const uint8_t* message, uint3
       } else if (h.seq == state.last_seq && IsMutation(static_cast<Op>(h.op))) {
         p.replay = true;  // executed once already: answer from the table, never apply twice
       } else {
-        state.last_seq = h.seq;  // claimed now: a duplicate later in this batch replays
+        claim = &state;
       }
     }
   }
+  // A response slot first: a request that cannot be answered now is dropped BEFORE it claims its
+  // sequence number, so its retransmission executes instead of replaying a stale outcome.
+  if (!AssignResponse(p)) {
+    counters_.dropped.Add();
+    return;
+  }
+  if (claim != nullptr) claim->last_seq = h.seq;  // a duplicate later in this batch replays
   if (p.status != Status::kOk) counters_.bad_requests.Add();
   ++*count;
 }
@@ -240,16 +248,6 @@ bool Worker::AssignResponse(Pending& p) {
 }
 
 void Worker::ExecuteAndRespond(uint32_t count) {
-  uint32_t kept = 0;
-  for (uint32_t i = 0; i < count; ++i) {
-    if (!AssignResponse(batch_[i])) {
-      counters_.dropped.Add();
-      continue;
-    }
-    if (kept != i) std::swap(batch_[kept], batch_[i]);
-    ++kept;
-  }
-  count = kept;
   // The store executes every valid, non-replayed request as one prefetched batch; GET values land
   // directly in the response staging buffers.
   uint32_t executed = 0;

@@ -90,12 +90,14 @@ class Worker {
   // Fills batch_ from slots or receives; returns how many requests it found.
   uint32_t GatherFromSlots();
   uint32_t GatherFromReceives();
-  // Validates one request and appends it to batch_[*count] (or counts a drop). `slot` is the
+  // Validates one request, gives it a response slot and appends it to batch_[*count] (or
+  // counts a drop). `slot` is the
   // window slot it was polled from, or kFromReceive.
   void Admit(uint32_t client, uint32_t slot, const uint8_t* message, uint32_t length,
              uint32_t* count);
   void ExecuteAndRespond(uint32_t count);
-  // Picks the queue and staging buffer for a response; false if there is none (dropped).
+  // Picks the queue and staging buffer for a response; false if there is none (the request is
+  // dropped unexecuted, and its retransmission runs it).
   bool AssignResponse(Pending& p);
   void PostResponses(uint32_t count);
   void RepostReceives(uint32_t count);
