@@ -3,6 +3,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "transport/shm/shm_internal.h"
+#include "transport/verbs/verbs_internal.h"
 
 namespace transport {
 
@@ -12,13 +13,16 @@ absl::StatusOr<std::unique_ptr<Device>> OpenDevice(const DeviceOptions& options)
     if (!device.ok()) return device.status();
     return std::unique_ptr<Device>(std::move(*device));
   }
-  // The libibverbs backend is issue 3's second half; until it lands, say so plainly.
-  return absl::NotFoundError(
-      absl::StrFormat("no device '%s': this build has the shm fabric only (devices: %s)",
-                      options.name, absl::StrJoin(ListDevices(), ", ")));
+  absl::StatusOr<std::unique_ptr<verbs::VerbsDevice>> device = verbs::VerbsDevice::Open(options);
+  if (!device.ok()) return device.status();
+  return std::unique_ptr<Device>(std::move(*device));
 }
 
-std::vector<std::string> ListDevices() { return {"shm"}; }
+std::vector<std::string> ListDevices() {
+  std::vector<std::string> names = {"shm"};
+  for (std::string& name : verbs::DeviceNames()) names.push_back(std::move(name));
+  return names;
+}
 
 const char* ToString(QpType type) {
   switch (type) {
@@ -88,6 +92,8 @@ const char* ToString(CompletionStatus status) {
       return "RETRY_EXC_ERR";
     case CompletionStatus::kFlushed:
       return "WR_FLUSH_ERR";
+    case CompletionStatus::kOtherError:
+      return "OTHER_ERR";
   }
   return "?";
 }

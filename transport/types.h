@@ -45,6 +45,7 @@ enum class CompletionStatus : uint8_t {
   kRnrRetryExceeded,       // RC SEND found no posted RECV through every retry
   kRetryExceeded,          // the peer is unreachable (dead process, closed QP)
   kFlushed,                // the QP was in the error state
+  kOtherError,             // any other verbs error (the backend logs the provider's name)
 };
 
 const char* ToString(QpType type);

@@ -18,9 +18,13 @@ class Conformance : public ::testing::TestWithParam<std::string> {
     a_ = MakeNode(GetParam());
     b_ = MakeNode(GetParam());
     if (a_ == nullptr || b_ == nullptr) {
-      GTEST_SKIP() << "no '" << GetParam() << "' device on this machine";
+      GTEST_SKIP() << "no " << GetParam() << " device on this machine (set HERD_VERBS_DEVICE, "
+                   << "or run scripts/rxe_vm.sh for Soft-RoCE)";
     }
   }
+  // Only the shm fabric sees the receiving side of a silent UD/UC drop and counts it at the
+  // sender; a NIC cannot know.
+  bool CountsDrops() const { return GetParam() == "shm"; }
   std::unique_ptr<Node> a_, b_;
 };
 
@@ -215,9 +219,18 @@ TEST_P(Conformance, RcReadAndAtomics) {
   std::memcpy(&value, b_->bytes() + 128, 8);
   EXPECT_EQ(value, 100u);
 
-  add.remote_addr = b_->addr(129);  // misaligned atomic
-  ASSERT_TRUE(Post(*qa, add).ok());
-  EXPECT_EQ(PollN(*a_->send_cq, 1).at(0).status, CompletionStatus::kRemoteInvalidRequest);
+  // A misaligned atomic: the shm fabric (like ConnectX) completes it with an error; rxe refuses
+  // it at post time. Either way it never executes.
+  add.remote_addr = b_->addr(129);
+  const absl::Status posted = Post(*qa, add);
+  if (posted.ok()) {
+    EXPECT_EQ(PollN(*a_->send_cq, 1).at(0).status, CompletionStatus::kRemoteInvalidRequest);
+  } else {
+    EXPECT_EQ(posted.code(), absl::StatusCode::kInvalidArgument) << posted;
+    EXPECT_NE(GetParam(), "shm");
+  }
+  std::memcpy(&value, b_->bytes() + 128, 8);
+  EXPECT_EQ(value, 100u);
 }
 
 TEST_P(Conformance, UcReadFailsAndBreaksTheQp) {
@@ -250,7 +263,9 @@ TEST_P(Conformance, UcWriteAndWriteWithImm) {
   // No receive posted: UC drops the whole message silently; the sender still succeeds.
   ASSERT_TRUE(Post(*qa, wr).ok());
   EXPECT_EQ(PollN(*a_->send_cq, 1).at(0).status, CompletionStatus::kSuccess);
-  EXPECT_EQ(qa->counters().dropped.Get(), 1u);
+  if (CountsDrops()) {
+    EXPECT_EQ(qa->counters().dropped.Get(), 1u);
+  }
   EXPECT_NE(std::memcmp(b_->bytes() + 512, "uc-write", 8), 0);
   // With a receive posted, the data lands and the receive carries the immediate.
   ASSERT_TRUE(PostRecv(*qb, *b_, 3, 0, 0).ok());
@@ -263,19 +278,23 @@ TEST_P(Conformance, UcWriteAndWriteWithImm) {
   EXPECT_EQ(qa->state(), QpState::kRts);
 }
 
+// The UD payload limit is the MTU the device reports: the shm fabric's is settable (256 here),
+// a verbs port's is its active MTU (1024 on rxe over a 1500-byte netdev).
 TEST_P(Conformance, UdSendsCarryGrhAndSourceAndObeyTheMtu) {
   auto small_mtu = MakeNode(GetParam(), kAllAccess, /*mtu=*/256);
+  ASSERT_NE(small_mtu, nullptr);
+  const uint32_t oversize = small_mtu->device->port().active_mtu + 44;
   auto qa = MakeQp(*a_, QpType::kUd);
   auto qb = MakeQp(*b_, QpType::kUd);
   auto qc = MakeQp(*small_mtu, QpType::kUd);
   ConnectConfig ud;
   for (QueuePair* qp : {qa.get(), qb.get(), qc.get()}) ASSERT_TRUE(qp->Connect(ud).ok());
-  ASSERT_TRUE(PostRecv(*qb, *b_, 1, 0, kGrhBytes + 512).ok());
-  ASSERT_TRUE(PostRecv(*qc, *small_mtu, 2, 0, kGrhBytes + 512).ok());
+  ASSERT_TRUE(PostRecv(*qb, *b_, 1, 0, kGrhBytes + oversize).ok());
+  ASSERT_TRUE(PostRecv(*qc, *small_mtu, 2, 0, kGrhBytes + oversize).ok());
   auto ah_b = *a_->pd->CreateAddressHandle(AddressInfo{0, b_->device->port().gid});
   auto ah_c = *a_->pd->CreateAddressHandle(AddressInfo{0, small_mtu->device->port().gid});
-  std::memset(a_->bytes(), 'u', 300);
-  Sge sge = a_->sge(0, 300);
+  std::memset(a_->bytes(), 'u', oversize);
+  Sge sge = a_->sge(0, 200);
   SendWr wr;
   wr.sg_list = &sge;
   wr.num_sge = 1;
@@ -287,18 +306,25 @@ TEST_P(Conformance, UdSendsCarryGrhAndSourceAndObeyTheMtu) {
   ASSERT_TRUE(Post(*qa, wr).ok());  // one UD QP, two peers
   wr.ah = ah_c.get();
   wr.remote_qpn = qc->qp_num();
-  ASSERT_TRUE(Post(*qa, wr).ok());  // 300 > 256: dropped, the sender still succeeds
+  sge = a_->sge(0, oversize);
+  ASSERT_TRUE(Post(*qa, wr).ok());  // over the MTU: dropped
   auto got = PollN(*b_->recv_cq, 1);
   ASSERT_EQ(got.size(), 1u);
-  EXPECT_EQ(got[0].byte_len, kGrhBytes + 300);
+  EXPECT_EQ(got[0].byte_len, kGrhBytes + 200);
   EXPECT_EQ(got[0].src_qp, qa->qp_num());
   EXPECT_EQ(b_->bytes()[kGrhBytes], 'u');
-  EXPECT_EQ(b_->bytes()[kGrhBytes + 299], 'u');
+  EXPECT_EQ(b_->bytes()[kGrhBytes + 199], 'u');
   EXPECT_TRUE(StaysQuiet(*small_mtu->recv_cq));
-  EXPECT_EQ(qa->counters().dropped.Get(), 1u);
+  if (CountsDrops()) {
+    EXPECT_EQ(qa->counters().dropped.Get(), 1u);
+  }
   auto sent = PollN(*a_->send_cq, 2);
   ASSERT_EQ(sent.size(), 2u);
-  EXPECT_EQ(sent[1].status, CompletionStatus::kSuccess);
+  EXPECT_EQ(sent[0].status, CompletionStatus::kSuccess);
+  // shm and rxe complete the oversize SEND as sent; some NICs report a local length error.
+  EXPECT_TRUE(sent[1].status == CompletionStatus::kSuccess ||
+              (!CountsDrops() && sent[1].status == CompletionStatus::kLocalLengthError))
+      << ToString(sent[1].status);
 }
 
 TEST_P(Conformance, UdWithoutReceiveOrWithWrongQkeyIsDropped) {
@@ -320,7 +346,9 @@ TEST_P(Conformance, UdWithoutReceiveOrWithWrongQkeyIsDropped) {
   wr.remote_qkey = ud.qkey + 1;
   ASSERT_TRUE(Post(*qa, wr).ok());  // wrong qkey
   EXPECT_TRUE(StaysQuiet(*b_->recv_cq));
-  EXPECT_EQ(qa->counters().dropped.Get(), 2u);
+  if (CountsDrops()) {
+    EXPECT_EQ(qa->counters().dropped.Get(), 2u);
+  }
 }
 
 // Fault injection (shm only): a UD QP loses about the configured fraction of its SENDs, counted
@@ -434,10 +462,14 @@ TEST_P(Conformance, InlineSendsNeedNoRegisteredBuffer) {
   sge = Sge{reinterpret_cast<uint64_t>(big), sizeof(big), 0};
   SendWr* bad = nullptr;
   EXPECT_EQ(qa->PostSend(&wr, &bad).code(), absl::StatusCode::kInvalidArgument);
-  // Not inline and not registered: a local protection error.
+  // Not inline and not registered: a local protection error (rxe reports it as a local QP
+  // operation error).
   wr.flags = kSignaled;
   ASSERT_TRUE(Post(*qa, wr).ok());
-  EXPECT_EQ(PollN(*a_->send_cq, 1).at(0).status, CompletionStatus::kLocalProtectionError);
+  const CompletionStatus status = PollN(*a_->send_cq, 1).at(0).status;
+  EXPECT_TRUE(status == CompletionStatus::kLocalProtectionError ||
+              (GetParam() != "shm" && status == CompletionStatus::kLocalQpOperationError))
+      << ToString(status);
 }
 
 // A poller that sees a WRITE's last 8 bytes must see every byte before them.
@@ -499,7 +531,32 @@ TEST_P(Conformance, PrivateMemoryCannotBeRegisteredOnShm) {
   EXPECT_NE(mr.status().message().find("SharedMemory::Allocate"), std::string::npos);
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, Conformance, ::testing::Values("shm", "rxe0"),
+// A wrong device, port or GID index is refused with an error that lists what does exist.
+TEST_P(Conformance, AWrongDevicePortOrGidNamesWhatExists) {
+  DeviceOptions options;
+  options.name = "no-such-device";
+  absl::Status status = OpenDevice(options).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(status.message().find("no-such-device"), std::string::npos) << status;
+  if (GetParam() == "shm") return;
+  const std::string device = a_->device->name();
+  EXPECT_NE(status.message().find(device), std::string::npos) << status;
+  options.name = device;
+  options.port = 9;
+  status = OpenDevice(options).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("its ports: 1 ("), std::string::npos) << status;
+  options.port = 1;
+  options.gid_index = 100;
+  status = OpenDevice(options).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("its GIDs: "), std::string::npos) << status;
+  options.gid_index = -1;
+  options.mtu = 1000;
+  EXPECT_EQ(OpenDevice(options).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, Conformance, ::testing::Values("shm", "verbs"),
                          [](const auto& info) { return info.param; });
 
 }  // namespace

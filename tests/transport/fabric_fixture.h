@@ -3,6 +3,7 @@
 #ifndef HERD_TESTS_TRANSPORT_FABRIC_FIXTURE_H_
 #define HERD_TESTS_TRANSPORT_FABRIC_FIXTURE_H_
 
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <vector>
@@ -31,17 +32,30 @@ struct Node {
   Sge sge(size_t offset, uint32_t length) const { return Sge{addr(offset), length, mr->lkey()}; }
 };
 
-// Opens a node on `backend` ("shm", or a verbs device name); empty optional-like nullptr when the
-// backend has no device here (the caller skips).
+// The device a backend name stands for: "shm" itself; "verbs" the device named by the
+// HERD_VERBS_DEVICE environment variable, else the first verbs device here ("" when none).
+inline std::string DeviceFor(const std::string& backend) {
+  if (backend != "verbs") return backend;
+  if (const char* named = std::getenv("HERD_VERBS_DEVICE"); named != nullptr) return named;
+  for (const std::string& name : ListDevices()) {
+    if (name != "shm") return name;
+  }
+  return "";
+}
+
+// Opens a node on `backend` ("shm" or "verbs"); nullptr when the backend has no device here (the
+// caller skips). A verbs device that exists but fails to open fails the test.
 inline std::unique_ptr<Node> MakeNode(const std::string& backend, uint32_t access = kAllAccess,
                                       uint32_t mtu = 4096, const std::string& fabric = "test",
                                       const FaultOptions& faults = {}) {
   DeviceOptions options;
   options.faults = faults;
-  options.name = backend;
+  options.name = DeviceFor(backend);
+  if (options.name.empty()) return nullptr;
   options.fabric = fabric;
   options.mtu = mtu;
   auto device = OpenDevice(options);
+  EXPECT_TRUE(device.ok()) << device.status();
   if (!device.ok()) return nullptr;
   auto node = std::make_unique<Node>();
   node->device = *std::move(device);

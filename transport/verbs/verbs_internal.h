@@ -1,0 +1,110 @@
+// Internal classes of the libibverbs backend (not part of the transport interface). One code path
+// serves InfiniBand (LID addressing) and RoCE v1/v2 (GID addressing, GRH on every packet): the
+// port's link layer decides whether address vectors are global, never a build option.
+#ifndef HERD_TRANSPORT_VERBS_VERBS_INTERNAL_H_
+#define HERD_TRANSPORT_VERBS_VERBS_INTERNAL_H_
+
+#include <infiniband/verbs.h>
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "transport/fabric.h"
+
+namespace transport::verbs {
+
+class VerbsQp;
+
+// Send QPs are found by number when their completions are polled (to free send queue slots).
+// Open addressing over a fixed power-of-two table: lookups are lock-free, inserts and removals
+// happen on the control path under the device's mutex.
+inline constexpr uint32_t kQpTableSlots = 1u << 16;  // more than any herd process creates
+
+class VerbsDevice : public Device {
+ public:
+  static absl::StatusOr<std::unique_ptr<VerbsDevice>> Open(const DeviceOptions& options);
+  ~VerbsDevice() override;
+  std::string name() const override { return name_; }
+  PortInfo port() const override { return port_info_; }
+  absl::StatusOr<std::unique_ptr<ProtectionDomain>> AllocatePd() override;
+  absl::StatusOr<std::unique_ptr<CompletionQueue>> CreateCq(uint32_t depth) override;
+
+  ibv_context* context() const { return context_; }
+  uint8_t port_num() const { return port_num_; }
+  int gid_index() const { return gid_index_; }
+  // The path MTU RC/UC QPs use: the requested MTU, capped by the port's active MTU.
+  ibv_mtu path_mtu() const { return path_mtu_; }
+
+  absl::Status AddQp(VerbsQp* qp);
+  void RemoveQp(uint32_t qp_num);
+  VerbsQp* FindQp(uint32_t qp_num) const;  // nullptr when not (or no longer) registered
+
+ private:
+  VerbsDevice() = default;
+  std::string name_;
+  ibv_context* context_ = nullptr;
+  uint8_t port_num_ = 1;
+  int gid_index_ = 0;
+  ibv_mtu path_mtu_ = IBV_MTU_1024;
+  PortInfo port_info_;
+  absl::Mutex table_mutex_;                           // writers of the QP table only
+  std::unique_ptr<std::atomic<uint32_t>[]> qp_keys_;  // QP number per slot (see FindQp)
+  std::unique_ptr<std::atomic<VerbsQp*>[]> qps_;
+};
+
+class VerbsCq : public CompletionQueue {
+ public:
+  VerbsCq(VerbsDevice* device, ibv_cq* cq) : device_(device), cq_(cq) {}
+  ~VerbsCq() override;
+  size_t Poll(absl::Span<Completion> out) override;
+  ibv_cq* cq() const { return cq_; }
+  VerbsDevice* device() const { return device_; }
+
+ private:
+  VerbsDevice* device_;
+  ibv_cq* cq_;
+};
+
+class VerbsPd : public ProtectionDomain {
+ public:
+  VerbsPd(VerbsDevice* device, ibv_pd* pd) : device_(device), pd_(pd) {}
+  ~VerbsPd() override;
+  absl::StatusOr<std::unique_ptr<MemoryRegion>> RegisterMemory(void* addr, size_t length,
+                                                               uint32_t access) override;
+  absl::StatusOr<std::unique_ptr<QueuePair>> CreateQp(const QpConfig& config) override;
+  absl::StatusOr<std::unique_ptr<AddressHandle>> CreateAddressHandle(
+      const AddressInfo& info) override;
+
+ private:
+  VerbsDevice* device_;
+  ibv_pd* pd_;
+};
+
+class VerbsAh : public AddressHandle {
+ public:
+  explicit VerbsAh(ibv_ah* ah) : ah_(ah) {}
+  ~VerbsAh() override;
+  ibv_ah* ah() const { return ah_; }
+
+ private:
+  ibv_ah* ah_;
+};
+
+// The address vector that reaches (lid, gid) from this device's port: global (GRH, the GID and
+// our GID index) on RoCE, or whenever a GID is given; LID-routed otherwise.
+ibv_ah_attr AddressVector(const VerbsDevice& device, uint16_t lid, const Gid& gid);
+
+// Verbs' names for our enums.
+unsigned int ToIbvAccess(uint32_t access);
+CompletionStatus FromIbvStatus(ibv_wc_status status);
+uint32_t MtuBytes(ibv_mtu mtu);
+
+// The names of the verbs devices present (empty when none, or no libibverbs provider).
+std::vector<std::string> DeviceNames();
+
+}  // namespace transport::verbs
+
+#endif  // HERD_TRANSPORT_VERBS_VERBS_INTERNAL_H_
