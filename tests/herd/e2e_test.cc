@@ -5,116 +5,16 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <map>
 #include <random>
 #include <tuple>
 
 #include "absl/strings/str_format.h"
 #include "mica/keyhash.h"
+#include "tests/herd/model_workload.h"
 #include "tests/herd/server_fixture.h"
 
 namespace herd::testing {
 namespace {
-
-// The model of one key: present or not, its value and version.
-struct ModelEntry {
-  bool present = false;
-  std::string value;
-  uint64_t version = 0;
-};
-
-// Drives `ops` random operations through `client`'s logical clients, at most one outstanding per
-// key (so the model knows the order), checking every result against the model.
-void RunModelWorkload(Client& client, uint32_t ops, uint32_t keys, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::vector<ModelEntry> model(keys);
-  std::vector<bool> busy(keys, false);
-  struct Inflight {
-    uint32_t key;
-    Op op;
-    std::string value;
-    uint64_t expected_version;
-  };
-  std::map<uint64_t, Inflight> inflight;
-  uint64_t next_tag = 0;
-  uint32_t submitted = 0, checked = 0;
-  std::vector<Result> results(64);
-  const uint32_t max_value = std::min<uint32_t>(client.config().max_value_bytes(), 100);
-  while (checked < ops) {
-    // Submit while there is room.
-    for (int attempt = 0; attempt < 8 && submitted < ops; ++attempt) {
-      const uint32_t key = static_cast<uint32_t>(rng() % keys);
-      if (busy[key]) continue;
-      const std::string name = absl::StrFormat("key-%d", key);
-      const uint32_t owner = key % client.clients();
-      if (!client.CanSubmit(owner, mica::KeyHash(name))) continue;
-      Inflight f{key, static_cast<Op>(rng() % kOpCount), "", 0};
-      if (f.op == Op::kPut || f.op == Op::kCas) {
-        f.value = std::string(rng() % (max_value + 1), static_cast<char>('a' + rng() % 26));
-      }
-      if (f.op == Op::kCas) {
-        // Half the CASes expect the right version, half a wrong one.
-        f.expected_version = model[key].version + (rng() % 2);
-      }
-      const uint64_t tag = next_tag++;
-      ASSERT_TRUE(client.Submit(owner, f.op, name, f.value, f.expected_version, tag).ok());
-      busy[key] = true;
-      inflight.emplace(tag, std::move(f));
-      ++submitted;
-    }
-    const size_t got = client.Poll(absl::MakeSpan(results));
-    for (size_t i = 0; i < got; ++i) {
-      const Result& r = results[i];
-      auto it = inflight.find(r.tag);
-      ASSERT_NE(it, inflight.end()) << "a result nobody asked for";
-      const Inflight f = std::move(it->second);
-      inflight.erase(it);
-      busy[f.key] = false;
-      ModelEntry& m = model[f.key];
-      ASSERT_NE(r.status, Status::kTimedOut) << "key " << f.key;
-      switch (f.op) {
-        case Op::kGet:
-          if (m.present) {
-            ASSERT_EQ(r.status, Status::kOk) << "key " << f.key;
-            ASSERT_EQ(r.value, m.value);
-            ASSERT_EQ(r.version, m.version);
-          } else {
-            ASSERT_EQ(r.status, Status::kNotFound) << "key " << f.key;
-          }
-          break;
-        case Op::kPut:
-          ASSERT_EQ(r.status, Status::kOk);
-          ASSERT_GT(r.version, m.version);
-          m = ModelEntry{true, f.value, r.version};
-          break;
-        case Op::kDelete:
-          if (m.present) {
-            ASSERT_EQ(r.status, Status::kOk);
-            ASSERT_GT(r.version, m.version);
-            m.present = false;
-            m.version = r.version;
-          } else {
-            ASSERT_EQ(r.status, Status::kNotFound);
-          }
-          break;
-        case Op::kCas:
-          if (!m.present) {
-            ASSERT_EQ(r.status, Status::kNotFound);
-          } else if (f.expected_version == m.version) {
-            ASSERT_EQ(r.status, Status::kOk);
-            ASSERT_GT(r.version, m.version);
-            m = ModelEntry{true, f.value, r.version};
-          } else {
-            ASSERT_EQ(r.status, Status::kCasFailed);
-            ASSERT_EQ(r.version, m.version);
-          }
-          break;
-      }
-      ++checked;
-    }
-  }
-  EXPECT_EQ(client.stats().timed_out, 0u);
-}
 
 using Verbs = std::tuple<RequestVerb, ResponseVerb>;
 
