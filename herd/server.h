@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "herd/config.h"
 #include "herd/pinning.h"
 #include "herd/worker.h"
@@ -63,6 +64,7 @@ class Server {
   absl::Status Admit(transport::control::Channel channel);
   absl::Status BuildSession(Session& session, const struct Join& join);
   void Retire(Session& session);
+  static void AddSessionCounters(const Session& session, transport::CounterSnapshot* out);
   void WaitForWorkers();
 
   const ServerOptions options_;
@@ -88,8 +90,12 @@ class Server {
   std::atomic<bool> stop_{false};
   bool started_ = false;
 
-  // Control thread only.
+  // Sessions change on the control thread only, under sessions_mutex_; Stats() reads them (and
+  // the counters of retired sessions' QPs) under it from any thread.
+  mutable absl::Mutex sessions_mutex_;
   std::vector<std::unique_ptr<Session>> sessions_;
+  transport::CounterSnapshot retired_fabric_;
+  // Control thread only.
   std::vector<bool> client_ids_used_;
   std::vector<uint8_t> queue_slot_generation_;  // per session queue slot
   std::vector<bool> queue_slots_used_;

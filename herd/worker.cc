@@ -4,6 +4,8 @@
 #include <cstring>
 #include <thread>
 
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "glog/logging.h"
 #include "mica/keyhash.h"
 
@@ -14,9 +16,12 @@ namespace {
 // else is runnable and yield returns at once; on a shared development machine it lets the
 // clients run.
 constexpr uint32_t kIdlePollsBeforeYield = 256;
-// CQ polls a worker spends waiting for send-queue room before it drops a response (the peer
-// behind that queue is gone or stuck; the client will retransmit).
-constexpr uint32_t kMaxPollsForRoom = 1u << 16;
+// How long a worker waits for send-queue room before it drops a response (the peer behind a
+// connected queue is gone or stuck; the client will retransmit). Time, not a poll count: a
+// NIC, rxe under emulation and the shm fabric complete sends at very different speeds.
+constexpr absl::Duration kMaxWaitForRoom = absl::Milliseconds(100);
+// Reaps between two looks at the clock while waiting for room.
+constexpr uint32_t kReapsPerClockCheck = 256;
 constexpr uint32_t kFromReceive = UINT32_MAX;
 
 std::atomic_ref<uint64_t> Word(uint64_t* p) { return std::atomic_ref<uint64_t>(*p); }
@@ -236,9 +241,12 @@ bool Worker::AssignResponse(Pending& p) {
   } else {
     queue = queues_[p.route->response_queue].load(std::memory_order_acquire);
   }
-  for (uint32_t polls = 0; queue != nullptr && !queue->broken && !queue->HasRoom(); ++polls) {
-    if (polls == kMaxPollsForRoom) return false;
-    Reap();
+  if (queue != nullptr && !queue->broken && !queue->HasRoom()) {
+    const absl::Time give_up = absl::Now() + kMaxWaitForRoom;
+    for (uint32_t reaps = 1; !queue->broken && !queue->HasRoom(); ++reaps) {
+      Reap();
+      if (reaps % kReapsPerClockCheck == 0 && absl::Now() > give_up) return false;
+    }
   }
   if (queue == nullptr || queue->broken) return false;
   p.queue = queue;

@@ -9,6 +9,7 @@ Only the targets named are read, so the stale XML of a deleted test is never cou
 target without XML (it did not run) counts as one failure.
 
 usage: gtest_totals.py TESTLOGS_DIR //pkg:target...   -> prints "passed failed skipped"
+       gtest_totals.py --xml FILE...                  (XML written by --gtest_output)
 """
 import pathlib
 import sys
@@ -20,12 +21,11 @@ def xml_path_of(testlogs: pathlib.Path, label: str) -> pathlib.Path:
     return testlogs / package / name / "test.xml"
 
 
-def count(testlogs: pathlib.Path, labels):
+def count(xml_paths):
     passed = failed = skipped = 0
-    for label in labels:
-        xml_path = xml_path_of(testlogs, label)
+    for xml_path in xml_paths:
         if not xml_path.exists():
-            print(f"no test.xml for {label}", file=sys.stderr)
+            print(f"no test XML at {xml_path}", file=sys.stderr)
             failed += 1
             continue
         try:
@@ -48,7 +48,11 @@ def count(testlogs: pathlib.Path, labels):
 def main():
     if len(sys.argv) < 2:
         sys.exit(__doc__)
-    print(*count(pathlib.Path(sys.argv[1]), sys.argv[2:]))
+    if sys.argv[1] == "--xml":
+        print(*count([pathlib.Path(p) for p in sys.argv[2:]]))
+    else:
+        testlogs = pathlib.Path(sys.argv[1])
+        print(*count([xml_path_of(testlogs, label) for label in sys.argv[2:]]))
 
 
 if __name__ == "__main__":

@@ -6,7 +6,10 @@
 #
 # Stages: setup, build (default and --config=opt), tests, tests again under --config=asan,
 # clang-format check. Each stage prints how long it took. Exit status is non-zero on any failure.
-# Environment: HERD_SKIP_ASAN=1 skips the sanitizer stage (local iteration only; CI runs it).
+# Then, inside ONE boot of a qemu guest with Soft-RoCE (scripts/rxe_vm.sh), the transport
+# conformance suite on the verbs backend and herd's end-to-end test over verbs.
+# Environment (local iteration only; CI runs everything):
+#   HERD_SKIP_ASAN=1  skips the sanitizer stage;  HERD_SKIP_VM=1  skips the Soft-RoCE stage.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -60,6 +63,33 @@ run_tests default
 if [ "${HERD_SKIP_ASAN:-0}" != 1 ]; then
   run_tests asan --config=asan
 fi
+# The default-config binaries (no -march=native: the guest CPU lacks AVX-512). The guest writes
+# its gtest XML into a host directory mounted read-write.
+run_in_rxe_vm() {
+  local bin xml
+  bin=$(bazel info bazel-bin 2>/dev/null)
+  xml=$(mktemp -d /tmp/herd-vm-xml.XXXXXX)
+  HERD_VM_RW="$xml" HERD_VERBS_DEVICE=rxe0 HERD_VM_ENV=HERD_VERBS_DEVICE ./scripts/rxe_vm.sh bash -c "
+    set -u; rc=0
+    $bin/tests/transport/conformance_test --gtest_filter='*/verbs' \
+      --gtest_output=xml:$xml/conformance.xml || rc=1
+    $bin/tests/herd/verbs_e2e_test --gtest_output=xml:$xml/verbs_e2e.xml || rc=1
+    exit \$rc"
+  local rc=$?
+  local passed failed skipped
+  read -r passed failed skipped < <(python3 scripts/gtest_totals.py --xml \
+    "$xml/conformance.xml" "$xml/verbs_e2e.xml")
+  echo "==== rxe0 cases: ${passed} passed, ${failed} failed, ${skipped} skipped"
+  total_passed=$((total_passed + passed))
+  total_failed=$((total_failed + failed))
+  total_skipped=$((total_skipped + skipped))
+  rm -rf "$xml"
+  return $rc
+}
+if [ "${HERD_SKIP_VM:-0}" != 1 ]; then
+  stage "verbs on Soft-RoCE (qemu guest)" run_in_rxe_vm
+fi
+
 stage "clang-format" check_format
 
 line="${total_passed} passed, ${total_failed} failed"

@@ -114,6 +114,19 @@ void CounterSnapshot::Add(const CqCounters& cq) {
   completions += cq.completions.Get();
 }
 
+void CounterSnapshot::Add(const CounterSnapshot& other) {
+  doorbells += other.doorbells;
+  wrs += other.wrs;
+  signaled_wrs += other.signaled_wrs;
+  inline_wrs += other.inline_wrs;
+  bytes += other.bytes;
+  recv_wrs += other.recv_wrs;
+  dropped += other.dropped;
+  polls += other.polls;
+  empty_polls += other.empty_polls;
+  completions += other.completions;
+}
+
 std::string CounterSnapshot::ToJson() const {
   return absl::StrFormat(
       "{\"doorbells\":%d,\"wrs\":%d,\"signaled_wrs\":%d,\"inline_wrs\":%d,\"bytes\":%d,"

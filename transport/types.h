@@ -165,6 +165,7 @@ struct CounterSnapshot {
            dropped = 0, polls = 0, empty_polls = 0, completions = 0;
   void Add(const QpCounters& qp);
   void Add(const CqCounters& cq);
+  void Add(const CounterSnapshot& other);
   std::string ToJson() const;
 };
 

@@ -1,0 +1,229 @@
+#!/usr/bin/env bash
+# scripts/rxe_vm.sh -- run one command on a real verbs device: Soft-RoCE (rdma_rxe) inside a
+# throw-away qemu guest. Streams the command's output; exits with its exit status.
+#
+#   usage: scripts/rxe_vm.sh [--] COMMAND [ARGS...]
+#     scripts/rxe_vm.sh ibv_devinfo -v
+#     scripts/rxe_vm.sh bazel-bin/tests/transport/conformance_test --gtest_filter='*/verbs'
+#
+# Why a VM: this kind of machine's kernel has no RDMA support, so rdma_rxe cannot load here.
+# The guest boots Debian's stock kernel (taken out of its .deb into a cache, never installed)
+# under TCG, with a busybox initramfs. Its root is the host's "/" read-only over virtio-9p with
+# a tmpfs overlay on top, so freshly built binaries and the host's rdma-core run unchanged, in
+# the same working directory. The guest has no NIC: a dummy interface at 10.99.0.1 carries rxe0
+# (RoCE v2, GID index 1 = ::ffff:10.99.0.1); servers and clients in the guest all use rxe0 and
+# reach each other there. Binaries run here must not be built with -march=native (no AVX-512).
+#
+# Environment:
+#   HERD_VM_CACHE    kernel + initramfs cache       (${XDG_CACHE_HOME:-~/.cache}/herd/rxe-vm)
+#   HERD_VM_TIMEOUT  seconds before the guest is killed (600)
+#   HERD_VM_MEM      guest memory (2G)             HERD_VM_CPUS  guest vCPUs (host's count)
+#   HERD_VM_MTU      MTU of the dummy netdev (1500: rxe's active MTU is then 1024)
+#   HERD_VM_RW       colon-separated host dirs the guest may write (same paths), e.g. results
+#   HERD_VM_ENV      names of environment variables to pass to the command
+#   HERD_VM_CONSOLE=1  print the guest's kernel console after the run
+set -euo pipefail
+cd_back=$PWD
+here=$(cd "$(dirname "$0")" && pwd)
+
+cache=${HERD_VM_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/herd/rxe-vm}
+timeout_s=${HERD_VM_TIMEOUT:-600}
+mem=${HERD_VM_MEM:-2G}
+cpus=${HERD_VM_CPUS:-$(nproc)}
+mtu=${HERD_VM_MTU:-1500}
+rw_dirs=${HERD_VM_RW:-}
+
+[ "${1:-}" = "--" ] && shift
+if [ $# -eq 0 ]; then
+  sed -n '2,25p' "$0" >&2
+  exit 2
+fi
+log() { echo "[rxe_vm] $*" >&2; }
+
+"$here/setup.sh" --quiet
+
+# Kernel modules the guest loads, in order (their dependencies are copied in too). rxe asks the
+# crypto API for "crc32" at run time, which no module dependency names: crc32_generic provides it.
+modules="virtio_pci 9pnet_virtio 9p overlay dummy crc32_generic ib_core ib_uverbs rdma_rxe rdma_ucm"
+
+# ---------------------------------------------------------------- the guest kernel, cached
+mkdir -p "$cache"
+exec 8>"$cache/lock"
+flock 8  # one builder at a time; concurrent runs share the result
+if [ ! -f "$cache/kernel.done" ]; then
+  package=$(apt-cache depends linux-image-amd64 | awk '/Depends: linux-image-[0-9]/ {print $2; exit}')
+  [ -n "$package" ] || { log "cannot find Debian's kernel package (apt-get update?)"; exit 1; }
+  log "fetching $package into $cache (unpacked, not installed)"
+  rm -rf "$cache/kernel" "$cache/deb"
+  mkdir -p "$cache/kernel" "$cache/deb"
+  (cd "$cache/deb" && apt-get download "$package" >&2)
+  dpkg-deb -x "$cache"/deb/*.deb "$cache/kernel"
+  rm -rf "$cache/deb"
+  depmod -b "$cache/kernel" "$(ls "$cache/kernel/lib/modules" | head -n 1)"
+  touch "$cache/kernel.done"
+fi
+kver=$(ls "$cache/kernel/lib/modules" | head -n 1)
+vmlinuz="$cache/kernel/boot/vmlinuz-$kver"
+
+# ---------------------------------------------------------------- the initramfs, cached
+# It holds busybox, the modules and /init (the block at the end of this file). Its checksum covers
+# this script, so editing the guest side rebuilds it.
+initrd="$cache/initrd-$kver.gz"
+stamp=$(cat "$0" | md5sum | cut -c1-16)
+if [ ! -f "$initrd" ] || [ "$(cat "$cache/initrd.stamp" 2>/dev/null)" != "$stamp" ]; then
+  log "building the initramfs for $kver"
+  tree=$(mktemp -d "$cache/initramfs.XXXXXX")
+  mkdir -p "$tree"/{bin,proc,sys,dev,xfer,host,upper,root}
+  cp /bin/busybox "$tree/bin/busybox"
+  for m in $modules; do
+    modprobe --dirname "$cache/kernel" --set-version "$kver" --show-depends "$m" |
+      awk '$1 == "insmod" {print $2}'
+  done | sort -u | while read -r ko; do
+    dest="$tree/lib/modules/$kver/${ko#"$cache/kernel/lib/modules/$kver/"}"
+    mkdir -p "$(dirname "$dest")"
+    cp "$ko" "$dest"
+  done
+  cp "$cache/kernel/lib/modules/$kver"/modules.{order,builtin,builtin.modinfo} \
+    "$tree/lib/modules/$kver/"
+  depmod -b "$tree" "$kver"
+  sed -n '/^#>>> guest init$/,/^#<<< guest init$/p' "$0" | sed '1d;$d' >"$tree/init.body"
+  { echo '#!/bin/busybox sh'; echo "MODULES='$modules'"; cat "$tree/init.body"; } >"$tree/init"
+  rm "$tree/init.body"
+  chmod 755 "$tree/init"
+  (cd "$tree" && find . | cpio -o -H newc --quiet | gzip -1) >"$initrd.tmp"
+  mv "$initrd.tmp" "$initrd"
+  echo "$stamp" >"$cache/initrd.stamp"
+  rm -rf "$tree"
+fi
+flock -u 8
+exec 8>&-
+
+# ---------------------------------------------------------------- one run
+run=$(mktemp -d /tmp/herd-rxe-vm.XXXXXX)
+qemu_pid=
+cleanup() {
+  if [ -n "$qemu_pid" ] && kill -0 "$qemu_pid" 2>/dev/null; then
+    kill "$qemu_pid" 2>/dev/null || true
+    wait "$qemu_pid" 2>/dev/null || true
+  fi
+  rm -rf "$run"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM HUP
+mkdir -p "$run/xfer"
+{
+  echo "mtu=$mtu"
+  echo "rw_dirs='$rw_dirs'"
+} >"$run/xfer/settings"
+{
+  echo 'export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin'
+  echo 'export HOME=/root LANG=C.UTF-8'
+  for name in ${HERD_VM_ENV:-}; do
+    [ -n "${!name+set}" ] && printf 'export %s=%q\n' "$name" "${!name}"
+  done
+  echo 'ulimit -l unlimited'  # registered memory is pinned
+  printf 'cd %q || exit 125\n' "$cd_back"
+  printf 'exec'
+  printf ' %q' "$@"
+  echo
+} >"$run/xfer/command"
+
+qemu=(qemu-system-x86_64 -nodefaults -no-user-config -display none -no-reboot -nic none
+  -accel tcg,thread=multi -cpu max -m "$mem" -smp "$cpus"
+  -kernel "$vmlinuz" -initrd "$initrd"
+  -append "console=ttyS0 quiet loglevel=3 panic=-1"
+  -serial "file:$run/console"
+  -chardev stdio,id=output,signal=off -serial chardev:output
+  -virtfs local,path=/,mount_tag=host,security_model=none,readonly=on,multidevs=remap
+  -virtfs "local,path=$run/xfer,mount_tag=xfer,security_model=none")
+index=0
+IFS=: read -ra dirs <<<"$rw_dirs"
+for dir in "${dirs[@]}"; do
+  [ -n "$dir" ] || continue
+  mkdir -p "$dir"
+  qemu+=(-virtfs "local,path=$dir,mount_tag=rw$index,security_model=none")
+  index=$((index + 1))
+done
+
+started=$(date +%s)
+set +e
+timeout -k 5 "$timeout_s" "${qemu[@]}" </dev/null &
+qemu_pid=$!
+wait "$qemu_pid"
+qemu_rc=$?
+qemu_pid=
+set -e
+[ "${HERD_VM_CONSOLE:-0}" = 1 ] && cat "$run/console" >&2
+if [ -s "$run/xfer/rc" ]; then
+  rc=$(cat "$run/xfer/rc")
+  log "exit status $rc after $(($(date +%s) - started)) s"
+  exit "$rc"
+fi
+[ "$qemu_rc" = 124 ] && log "killed after ${timeout_s} s (HERD_VM_TIMEOUT)"
+log "the guest gave no exit status (qemu exit $qemu_rc); its console ends:"
+tail -n 30 "$run/console" >&2 || true
+exit 125
+
+# ---------------------------------------------------------------- the guest's /init
+# The lines between the two markers are copied verbatim into the initramfs (busybox sh).
+#>>> guest init
+/bin/busybox --install -s /bin
+export PATH=/bin
+mount -t proc proc /proc
+mount -t sysfs sysfs /sys
+mount -t devtmpfs devtmpfs /dev
+note() { echo "[guest] $*" >/dev/ttyS0; }
+die() {
+  note "$*"
+  echo "rxe_vm guest: $*" >/dev/ttyS1
+  echo 125 >/xfer/rc
+  sync
+  poweroff -f
+}
+for m in $MODULES; do
+  options=
+  [ "$m" = dummy ] && options=numdummies=0  # we create dummy0 ourselves
+  modprobe "$m" $options || note "modprobe $m failed"
+done
+ninep="trans=virtio,version=9p2000.L,msize=512000"
+mount -t 9p -o "$ninep" xfer /xfer || poweroff -f
+. /xfer/settings
+mount -t 9p -o "$ninep,ro,cache=loose" host /host || die "cannot mount the host's root"
+mount -t tmpfs -o mode=755 tmpfs /upper && mkdir -p /upper/data /upper/work
+mount -t overlay -o lowerdir=/host,upperdir=/upper/data,workdir=/upper/work overlay /root ||
+  die "cannot build the overlay root"
+r=/root
+mount -t proc proc $r/proc
+mount -t sysfs sysfs $r/sys
+mount -t devtmpfs devtmpfs $r/dev
+mkdir -p $r/dev/pts $r/dev/shm $r/run/herd
+mount -t devpts devpts $r/dev/pts
+mount -t tmpfs tmpfs $r/dev/shm
+mount -t tmpfs tmpfs $r/tmp
+mount --bind /xfer $r/run/herd
+i=0
+for d in $(echo "$rw_dirs" | tr ':' ' '); do
+  mkdir -p "$r$d" && mount -t 9p -o "$ninep" "rw$i" "$r$d" || die "cannot mount $d"
+  i=$((i + 1))
+done
+hostname rxe-vm
+# Host tools by full path: a bare name would run busybox's applet of the same name.
+chroot $r /usr/sbin/ip link set lo up
+chroot $r /usr/sbin/ip link add dummy0 type dummy || die "no dummy interface"
+chroot $r /usr/sbin/ip link set dummy0 mtu "$mtu" up
+chroot $r /usr/sbin/ip addr add 10.99.0.1/24 dev dummy0
+chroot $r /usr/bin/rdma link add rxe0 type rxe netdev dummy0 || die "cannot create rxe0"
+# rxe0 is usable once its port is ACTIVE and the IPv4 GID is in the table (index 1).
+tries=0
+until grep -q ACTIVE /sys/class/infiniband/rxe0/ports/1/state 2>/dev/null &&
+  grep -q ffff /sys/class/infiniband/rxe0/ports/1/gids/1 2>/dev/null; do
+  tries=$((tries + 1))
+  [ $tries -gt 100 ] && die "rxe0 did not become ACTIVE with an IPv4 GID"
+  sleep 0.1
+done
+stty -F /dev/ttyS1 raw -echo 2>/dev/null
+chroot $r /bin/bash /run/herd/command </dev/null >/dev/ttyS1 2>&1
+echo $? >/xfer/rc
+sync
+poweroff -f
+#<<< guest init
