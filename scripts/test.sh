@@ -5,7 +5,8 @@
 #   usage: scripts/test.sh
 #
 # Stages: setup, build (default and --config=opt), tests, tests again under --config=asan,
-# clang-format check. Each stage prints how long it took. Exit status is non-zero on any failure.
+# the verbs tests on Soft-RoCE, the experiment runner's tests (Python unittest: reported in their
+# stage, not in the GoogleTest total), clang-format check. Each stage prints how long it took. Exit status is non-zero on any failure.
 # Then, inside ONE boot of a qemu guest with Soft-RoCE (scripts/rxe_vm.sh), the transport
 # conformance suite on the verbs backend and herd's end-to-end test over verbs.
 # Environment (local iteration only; CI runs everything):
@@ -89,6 +90,14 @@ run_in_rxe_vm() {
 if [ "${HERD_SKIP_VM:-0}" != 1 ]; then
   stage "verbs on Soft-RoCE (qemu guest)" run_in_rxe_vm
 fi
+
+# The experiment runner end to end (tiny sweeps on the shm fabric with the opt binaries, a
+# failing point, Ctrl-C, ssh to a throwaway sshd on loopback). Python's unittest, counted apart.
+scripts_tests() {
+  /usr/bin/python3 tests/scripts/herd_exp_test.py -v 2>&1 | tail -n 12
+  return "${PIPESTATUS[0]}"
+}
+stage "scripts tests (herd_exp.py)" scripts_tests
 
 stage "clang-format" check_format
 

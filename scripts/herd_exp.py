@@ -1,0 +1,600 @@
+#!/usr/bin/python3
+"""herd's experiment runner: sweeps of server and client knobs across hosts, results, plots.
+
+usage:
+  herd_exp.py run FILE.yaml [--sweep AXIS=V1,V2 ...] [--out DIR] [--no-build] [--fresh]
+  herd_exp.py plot DIR
+
+run   builds the binaries once, then for every sweep point (the cartesian product of the sweep
+      axes, times `repetitions`) starts herd_server on the server host, waits for its readiness
+      line, runs herd_client on every client host (over ssh unless the host is local), stops the
+      server and writes DIR/<point>.json with every knob, the clients' and the server's results.
+      A point that fails is retried once, then reported (DIR/<point>.failed holds why) and the
+      sweep goes on; the exit status is non-zero if any point failed. A rerun skips points that
+      already have a result (resume); --fresh starts over. DIR/results.csv combines the points.
+      Ctrl-C stops everything it started, here and on remote hosts.
+plot  draws DIR/throughput.png (Mops vs the first sweep axis, one line per combination of the
+      others) and DIR/latency.png (p50 and p99 vs Mops), titled with the fixed knobs.
+
+The experiment file (see bench/experiments/*.yaml):
+  name: clients_sweep                 # results go to results/<name>/ unless --out
+  fabric: shm                         # shm (one machine) or verbs
+  build: opt                          # bazel config for the binaries: opt, portable_opt, default
+  hosts:                              # exactly one server; one or more clients
+    - {name: server, address: localhost, role: server, cores: "0"}
+    - {name: client0, address: localhost, role: client}
+  server: {workers: 1}                # fixed herd_server flags
+  client: {duration_s: 3}             # fixed herd_client flags
+  sweep: {clients: [1, 2, 4]}         # axes: any server or client flag; see KNOB_ROLES
+  repetitions: 1
+Host fields: address (localhost/127.0.0.1 = run directly, unless ssh_port is given), role,
+cores (server: worker cores), device and gid_index (verbs), ssh_user, ssh_port, ssh_key,
+ssh_options (a list of -o options), repo (the checkout's path there, default this one's; it must
+hold the same build).
+"""
+import argparse
+import csv
+import itertools
+import json
+import os
+import pathlib
+import select
+import shlex
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+
+# Which binary a knob belongs to. The server's config is authoritative (clients learn it when
+# they join), so every engine and store knob is a server flag; fabric knobs go to both.
+SERVER_KNOBS = {
+    "request_verb", "response_verb", "workers", "ud_qps_per_worker", "window", "postlist",
+    "unsig_batch", "inline", "max_inline", "slot_bytes", "max_key_bytes", "max_clients",
+    "sq_depth", "recv_depth", "mica_log_bytes", "mica_buckets", "mica_items", "max_value_bytes",
+    "mica_hugepages", "pin_workers", "worker_cores",
+}
+CLIENT_KNOBS = {
+    "threads", "clients_per_thread", "duration_s", "warmup_s", "workload", "get_fraction",
+    "put_fraction", "delete_fraction", "cas_fraction", "distribution", "zipf_theta", "keys",
+    "key_bytes", "value_bytes", "seed", "preload", "retry_timeout_us",
+}
+BOTH_KNOBS = {"mtu", "inject_ud_loss", "inject_uc_loss"}
+# "clients" is the HERD plot's x axis: logical clients per client thread.
+ALIASES = {"clients": "clients_per_thread"}
+
+# How long a server may take to print its readiness line (store allocation, hugepages).
+SERVER_READY_TIMEOUT_S = 60
+# Beyond warm-up and duration, how long a client may take (join, preload, report).
+CLIENT_SLACK_S = 120
+# How long a stopped server may take to print its final line and exit.
+SERVER_STOP_TIMEOUT_S = 20
+# Attempts per point: the first, and one retry.
+ATTEMPTS = 2
+
+
+class PointFailed(Exception):
+    pass
+
+
+def fail(message):
+    sys.exit(f"herd_exp: {message}")
+
+
+def knob_role(name):
+    name = ALIASES.get(name, name)
+    if name in SERVER_KNOBS:
+        return "server", name
+    if name in CLIENT_KNOBS:
+        return "client", name
+    if name in BOTH_KNOBS:
+        return "both", name
+    fail(f"unknown knob '{name}' (server: {sorted(SERVER_KNOBS)}; client: {sorted(CLIENT_KNOBS)}"
+         f"; both: {sorted(BOTH_KNOBS)})")
+
+
+# ------------------------------------------------------------------------------ the experiment
+class Host:
+    def __init__(self, spec):
+        unknown = set(spec) - {"name", "address", "role", "cores", "device", "gid_index",
+                               "ssh_user", "ssh_port", "ssh_key", "ssh_options", "repo"}
+        if unknown:
+            fail(f"host {spec.get('name')}: unknown fields {sorted(unknown)}")
+        for field in ("name", "address", "role"):
+            if field not in spec:
+                fail(f"host {spec}: '{field}' is required")
+        if spec["role"] not in ("server", "client"):
+            fail(f"host {spec['name']}: role must be server or client")
+        self.name = spec["name"]
+        self.address = spec["address"]
+        self.role = spec["role"]
+        self.cores = spec.get("cores")
+        self.device = spec.get("device")
+        self.gid_index = spec.get("gid_index")
+        self.ssh_user = spec.get("ssh_user")
+        self.ssh_port = spec.get("ssh_port")
+        self.ssh_key = spec.get("ssh_key")
+        self.ssh_options = list(spec.get("ssh_options") or [])
+        self.repo = spec.get("repo", str(REPO))
+        self.loopback = self.address in ("localhost", "127.0.0.1", "::1")
+        # A loopback host runs directly unless an ssh port says to go through sshd anyway.
+        self.local = self.loopback and "ssh_port" not in spec
+
+    def ssh_prefix(self):
+        command = ["ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=accept-new"]
+        if self.ssh_port:
+            command += ["-p", str(self.ssh_port)]
+        if self.ssh_key:
+            command += ["-i", str(self.ssh_key)]
+        for option in self.ssh_options:
+            command += ["-o", option]
+        target = f"{self.ssh_user}@{self.address}" if self.ssh_user else self.address
+        return command + [target]
+
+
+class Experiment:
+    FIELDS = {"name", "description", "fabric", "build", "hosts", "server", "client", "sweep",
+              "repetitions"}
+
+    def __init__(self, path, overrides):
+        import yaml  # Debian's python3-yaml
+        with open(path) as f:
+            spec = yaml.safe_load(f)
+        if not isinstance(spec, dict):
+            fail(f"{path}: not a YAML mapping")
+        unknown = set(spec) - self.FIELDS
+        if unknown:
+            fail(f"{path}: unknown fields {sorted(unknown)} (known: {sorted(self.FIELDS)})")
+        self.name = spec.get("name") or pathlib.Path(path).stem
+        self.fabric = spec.get("fabric", "shm")
+        if self.fabric not in ("shm", "verbs"):
+            fail(f"{path}: fabric must be shm or verbs")
+        self.build = spec.get("build", "opt")
+        if self.build not in ("opt", "portable_opt", "default"):
+            fail(f"{path}: build must be opt, portable_opt or default")
+        self.hosts = [Host(h) for h in spec.get("hosts") or []]
+        servers = [h for h in self.hosts if h.role == "server"]
+        self.clients = [h for h in self.hosts if h.role == "client"]
+        if len(servers) != 1 or not self.clients:
+            fail(f"{path}: needs exactly one server host and at least one client host")
+        self.server = servers[0]
+        if self.fabric == "shm" and not all(h.loopback for h in self.hosts):
+            fail(f"{path}: the shm fabric connects processes of ONE machine: all hosts local")
+        self.fixed = {"server": dict(spec.get("server") or {}),
+                      "client": dict(spec.get("client") or {})}
+        for role, knobs in self.fixed.items():
+            for knob in knobs:
+                if knob_role(knob)[0] not in (role, "both"):
+                    fail(f"{path}: '{knob}' is not a {role} knob")
+        self.sweep = {k: list(v) if isinstance(v, list) else [v]
+                      for k, v in (spec.get("sweep") or {}).items()}
+        for override in overrides:
+            axis, _, values = override.partition("=")
+            if not values:
+                fail(f"--sweep {override}: write AXIS=V1,V2")
+            self.sweep[axis] = [yaml.safe_load(v) for v in values.split(",")]
+        for axis in self.sweep:
+            knob_role(axis)
+        self.repetitions = int(spec.get("repetitions", 1))
+
+    def points(self):
+        axes = list(self.sweep)
+        for values in itertools.product(*(self.sweep[a] for a in axes)):
+            for repetition in range(self.repetitions):
+                yield dict(zip(axes, values)), repetition
+
+    def title(self):
+        fixed = {**self.fixed["server"], **self.fixed["client"]}
+        text = ", ".join(f"{k}={v}" for k, v in fixed.items())
+        return f"{self.name} ({self.fabric}): {text}"
+
+
+def point_id(point, repetition):
+    parts = [f"{axis}-{value}" for axis, value in point.items()]
+    return "_".join(parts + [f"r{repetition}"])
+
+
+def flags(knobs):
+    out = []
+    for name, value in knobs.items():
+        name = ALIASES.get(name, name)
+        if isinstance(value, bool):
+            value = "true" if value else "false"
+        out.append(f"--{name}={value}")
+    return out
+
+
+# ------------------------------------------------------------------------------ processes
+class Processes:
+    """Everything this run started; stopped on any exit path (Ctrl-C included)."""
+
+    def __init__(self):
+        self.live = []
+
+    def start(self, host, argv, stdout, stderr):
+        if host.local:
+            command = argv
+        else:
+            # The remote command dies with the ssh session: when ssh goes away its stdin closes,
+            # `cat` returns and the watchdog kills the process.
+            inner = " ".join(shlex.quote(a) for a in argv)
+            # (A background job's stdin is /dev/null, hence the copy of ssh's stdin on fd 3.)
+            script = (f"cd {shlex.quote(host.repo)} && exec 3<&0 && {{ {inner} & child=$!; "
+                      f"(cat <&3; kill -TERM $child) >/dev/null 2>&1 & watchdog=$!; "
+                      f"wait $child; status=$?; kill $watchdog 2>/dev/null; exit $status; }}")
+            command = host.ssh_prefix() + ["bash", "-c", shlex.quote(script)]
+        process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=stdout, stderr=stderr,
+                                   start_new_session=True, cwd=REPO)
+        process.remote = not host.local
+        self.live.append(process)
+        return process
+
+    def stop(self, process, timeout):
+        """SIGTERM (a remote process: through its watchdog, so its last output still comes back
+        over ssh), then SIGKILL after `timeout` seconds."""
+        if process.poll() is None:
+            if process.remote:
+                process.stdin.close()
+            else:
+                try:
+                    os.killpg(process.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+        try:
+            process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+        if not process.stdin.closed:
+            process.stdin.close()
+        if process in self.live:
+            self.live.remove(process)
+
+    def stop_all(self):
+        for process in list(self.live):
+            self.stop(process, timeout=5)
+
+
+def read_line_until(process, prefix, timeout_s):
+    """The first stdout line of `process` that starts with `prefix`, or PointFailed."""
+    deadline = time.monotonic() + timeout_s
+    buffer = b""
+    fd = process.stdout.fileno()
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise PointFailed(f"no '{prefix}' line within {timeout_s} s")
+        ready, _, _ = select.select([fd], [], [], left)
+        if not ready:
+            continue
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            raise PointFailed(f"exited (status {process.wait()}) before printing '{prefix}'")
+        buffer += chunk
+        while b"\n" in buffer:
+            line, buffer = buffer.split(b"\n", 1)
+            text = line.decode(errors="replace")
+            if text.startswith(prefix):
+                return text
+
+
+def read_to_end(process, timeout_s):
+    """All of `process`'s stdout once it exits. Its stdin stays open meanwhile: closing it is
+    how a remote process is told to stop (see Processes.start)."""
+    deadline = time.monotonic() + timeout_s
+    chunks = []
+    fd = process.stdout.fileno()
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise PointFailed(f"ran past {timeout_s:.0f} s")
+        ready, _, _ = select.select([fd], [], [], left)
+        if ready:
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                break
+            chunks.append(chunk)
+    process.wait(timeout=max(deadline - time.monotonic(), 1))
+    return b"".join(chunks)
+
+
+def last_json_line(text, what):
+    for line in reversed(text.strip().splitlines()):
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                return json.loads(line)
+            except json.JSONDecodeError as error:
+                raise PointFailed(f"{what}: unreadable JSON ({error})")
+    raise PointFailed(f"{what}: printed no JSON result")
+
+
+# ------------------------------------------------------------------------------ one point
+class Runner:
+    def __init__(self, experiment, out_dir, processes):
+        self.x = experiment
+        self.out = out_dir
+        self.logs = out_dir / "logs"
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self.processes = processes
+        config_dir = {"default": "k8-fastbuild"}.get(experiment.build, "k8-opt")
+        self.bin = pathlib.Path("bazel-out") / config_dir / "bin" / "herd"
+
+    def fabric_flags(self, host, point_name):
+        if self.x.fabric == "shm":
+            # A fabric name per run and point: concurrent runs never see each other.
+            return ["--fabric=shm", f"--shm_fabric_name=exp-{os.getpid()}-{point_name}"]
+        out = ["--fabric=verbs"]
+        if host.device:
+            out.append(f"--device={host.device}")
+        if host.gid_index is not None:
+            out.append(f"--gid_index={host.gid_index}")
+        return out
+
+    def knobs_for(self, role, point):
+        knobs = {k: v for k, v in self.x.fixed[role].items()}
+        knobs.update({k: v for k, v in self.x.fixed["server" if role == "client" else "client"]
+                      .items() if knob_role(k)[0] == "both"})
+        for axis, value in point.items():
+            if knob_role(axis)[0] in (role, "both"):
+                knobs[axis] = value
+        return knobs
+
+    def run_point(self, point, repetition, name):
+        server_knobs = self.knobs_for("server", point)
+        client_knobs = self.knobs_for("client", point)
+        server_argv = [str(self.bin / "herd_server"), "--port=0"]
+        server_argv += self.fabric_flags(self.x.server, name) + flags(server_knobs)
+        if self.x.server.cores is not None and "worker_cores" not in server_knobs:
+            server_argv.append(f"--worker_cores={self.x.server.cores}")
+        with open(self.logs / f"{name}.server.log", "wb") as server_log:
+            server = self.processes.start(self.x.server, server_argv, subprocess.PIPE, server_log)
+            try:
+                ready = read_line_until(server, "herd_server ready", SERVER_READY_TIMEOUT_S)
+            except PointFailed as error:
+                self.processes.stop(server, SERVER_STOP_TIMEOUT_S)
+                raise PointFailed(f"server: {error} (see logs/{name}.server.log)")
+            port = ready.split("port=", 1)[1].split()[0]
+            address = "127.0.0.1" if self.x.server.local else self.x.server.address
+            budget = (float(client_knobs.get("warmup_s", 1)) +
+                      float(client_knobs.get("duration_s", 5)) + CLIENT_SLACK_S)
+            clients = []
+            for index, host in enumerate(self.x.clients):
+                argv = [str(self.bin / "herd_client"), f"--server={address}:{port}"]
+                argv += self.fabric_flags(host, name) + flags(client_knobs)
+                log = open(self.logs / f"{name}.client{index}.log", "wb")
+                clients.append((host, self.processes.start(host, argv, subprocess.PIPE, log), log))
+            results = []
+            try:
+                for host, process, log in clients:
+                    try:
+                        stdout = read_to_end(process, budget)
+                    except PointFailed as error:
+                        raise PointFailed(f"client on {host.name}: {error}")
+                    finally:
+                        log.close()
+                    if process.returncode != 0:
+                        raise PointFailed(f"client on {host.name} exited {process.returncode} "
+                                          f"(see logs/{name}.client*.log)")
+                    results.append(last_json_line(stdout.decode(errors="replace"),
+                                                  f"client on {host.name}"))
+            finally:
+                for _, process, _ in clients:
+                    self.processes.stop(process, timeout=5)
+                # The server prints its totals as its last line when stopped.
+                self.processes.stop(server, SERVER_STOP_TIMEOUT_S)
+            server_result = last_json_line(server.stdout.read().decode(errors="replace"),
+                                           "server")
+        return summarize(self.x, point, repetition, server_knobs, client_knobs, results,
+                         server_result)
+
+
+def summarize(x, point, repetition, server_knobs, client_knobs, clients, server):
+    """One point's record: every knob, totals over client processes, the raw results."""
+    def worst(field):
+        return max(c.get(field, 0) for c in clients)
+
+    record = {
+        "experiment": x.name, "fabric": x.fabric, "point": point, "repetition": repetition,
+        "server_knobs": server_knobs, "client_knobs": client_knobs,
+        "mops": round(sum(c["mops"] for c in clients), 4),
+        # Percentiles of the slowest client process (a conservative combination).
+        "p50_us": worst("p50_us"), "p99_us": worst("p99_us"), "p999_us": worst("p999_us"),
+        "retransmissions": sum(c.get("retransmissions", 0) for c in clients),
+        "clients": clients, "server": server.get("server", server),
+    }
+    fabric = record["server"].get("fabric", {})
+    responses = max(fabric.get("wrs", 0), 1)
+    record["server_responses_per_doorbell"] = round(responses / max(fabric.get("doorbells", 0), 1), 2)
+    record["server_signaled_fraction"] = round(fabric.get("signaled_wrs", 0) / responses, 4)
+    record["server_batch"] = record["server"].get("batch")
+    return record
+
+
+CSV_FIELDS = ["mops", "p50_us", "p99_us", "p999_us", "retransmissions", "server_batch",
+              "server_responses_per_doorbell", "server_signaled_fraction"]
+
+
+def write_csv(out_dir, records, axes):
+    with open(out_dir / "results.csv", "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(axes + ["repetition"] + CSV_FIELDS)
+        for r in records:
+            writer.writerow([r["point"].get(a) for a in axes] + [r["repetition"]] +
+                            [r.get(k) for k in CSV_FIELDS])
+
+
+def load_records(out_dir):
+    records = []
+    for path in sorted(out_dir.glob("*.json")):
+        with open(path) as f:
+            record = json.load(f)
+        if isinstance(record, dict) and "point" in record:
+            records.append(record)
+    return records
+
+
+def print_table(records, axes):
+    header = " ".join(f"{a:>14}" for a in axes) + f" {'rep':>3} {'Mops':>8} {'p50 us':>8} " \
+             f"{'p99 us':>8} {'retx':>6} {'resp/db':>7}"
+    print(header)
+    for r in records:
+        cells = " ".join(f"{str(r['point'].get(a)):>14}" for a in axes)
+        print(f"{cells} {r['repetition']:>3} {r['mops']:>8.3f} {r['p50_us']:>8.2f} "
+              f"{r['p99_us']:>8.2f} {r['retransmissions']:>6} "
+              f"{r['server_responses_per_doorbell']:>7}")
+
+
+# ------------------------------------------------------------------------------ commands
+def build(experiment):
+    config = [] if experiment.build == "default" else [f"--config={experiment.build}"]
+    command = ["bazel", "build"] + config + ["//herd:herd_server", "//herd:herd_client"]
+    print(f"[herd_exp] {' '.join(command)}", file=sys.stderr)
+    if subprocess.run(command, cwd=REPO).returncode != 0:
+        fail("build failed")
+
+
+def command_run(args):
+    experiment = Experiment(args.file, args.sweep)
+    out_dir = pathlib.Path(args.out) if args.out else REPO / "results" / experiment.name
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if args.fresh:
+        for path in list(out_dir.glob("*.json")) + list(out_dir.glob("*.failed")):
+            path.unlink()
+    if not args.no_build:
+        build(experiment)
+    processes = Processes()
+
+    def interrupted(signum, _frame):
+        processes.stop_all()
+        print(f"\n[herd_exp] stopped by signal {signum}; rerun to resume", file=sys.stderr)
+        sys.exit(130)
+
+    signal.signal(signal.SIGINT, interrupted)
+    signal.signal(signal.SIGTERM, interrupted)
+    runner = Runner(experiment, out_dir, processes)
+    failed = []
+    points = list(experiment.points())
+    try:
+        for number, (point, repetition) in enumerate(points, 1):
+            name = point_id(point, repetition)
+            result_path = out_dir / f"{name}.json"
+            if result_path.exists():
+                print(f"[herd_exp] {number}/{len(points)} {name}: done before, kept",
+                      file=sys.stderr)
+                continue
+            for attempt in range(1, ATTEMPTS + 1):
+                try:
+                    record = runner.run_point(point, repetition, name)
+                except PointFailed as error:
+                    print(f"[herd_exp] {number}/{len(points)} {name}: attempt {attempt} "
+                          f"failed: {error}", file=sys.stderr)
+                    if attempt == ATTEMPTS:
+                        failed.append(name)
+                        (out_dir / f"{name}.failed").write_text(f"{error}\n")
+                    continue
+                temporary = result_path.with_suffix(".tmp")
+                temporary.write_text(json.dumps(record, indent=1) + "\n")
+                temporary.rename(result_path)  # a point is either whole or absent
+                (out_dir / f"{name}.failed").unlink(missing_ok=True)
+                print(f"[herd_exp] {number}/{len(points)} {name}: {record['mops']:.3f} Mops, "
+                      f"p50 {record['p50_us']} us, p99 {record['p99_us']} us", file=sys.stderr)
+                break
+    finally:
+        processes.stop_all()
+    records = load_records(out_dir)
+    axes = list(experiment.sweep)
+    write_csv(out_dir, records, axes)
+    print_table(records, axes)
+    print(f"[herd_exp] results: {out_dir}/ (results.csv, one JSON per point)", file=sys.stderr)
+    if failed:
+        print(f"[herd_exp] FAILED points: {', '.join(failed)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def command_plot(args):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out_dir = pathlib.Path(args.dir)
+    records = load_records(out_dir)
+    if not records:
+        fail(f"no results in {out_dir}")
+    axes = list(records[0]["point"])
+    x_axis = "clients" if "clients" in axes else (axes[0] if axes else None)
+    others = [a for a in axes if a != x_axis]
+    # Mean over repetitions, per point.
+    groups = {}
+    for r in records:
+        key = tuple((a, r["point"][a]) for a in others)
+        x = r["point"].get(x_axis, 0)
+        groups.setdefault(key, {}).setdefault(x, []).append(r)
+    fixed = {**records[0]["server_knobs"], **records[0]["client_knobs"]}
+    for axis in axes:
+        fixed.pop(ALIASES.get(axis, axis), None)
+        fixed.pop(axis, None)
+    title = f"{records[0]['experiment']} ({records[0]['fabric']})\n" + textwrap.fill(
+        ", ".join(f"{k}={v}" for k, v in sorted(fixed.items())), width=110)
+
+    def mean(rs, field):
+        return sum(r[field] for r in rs) / len(rs)
+
+    figure, axis_plot = plt.subplots(figsize=(7, 4.5))
+    for key, by_x in sorted(groups.items(), key=lambda kv: str(kv[0])):
+        xs = sorted(by_x)
+        label = ", ".join(f"{a}={v}" for a, v in key) or "herd"
+        axis_plot.plot(xs, [mean(by_x[x], "mops") for x in xs], marker="o", label=label)
+    axis_plot.set_xlabel(x_axis or "point")
+    axis_plot.set_ylabel("throughput (Mops)")
+    if x_axis == "clients" and len({r["point"][x_axis] for r in records}) > 2:
+        axis_plot.set_xscale("log", base=2)
+    axis_plot.set_ylim(bottom=0)
+    axis_plot.grid(alpha=0.3)
+    axis_plot.legend(fontsize=8)
+    axis_plot.set_title(title, fontsize=8)
+    figure.tight_layout()
+    figure.savefig(out_dir / "throughput.png", dpi=120)
+
+    figure, axis_plot = plt.subplots(figsize=(7, 4.5))
+    for key, by_x in sorted(groups.items(), key=lambda kv: str(kv[0])):
+        xs = sorted(by_x, key=lambda x: mean(by_x[x], "mops"))
+        label = ", ".join(f"{a}={v}" for a, v in key) or "herd"
+        mops = [mean(by_x[x], "mops") for x in xs]
+        line, = axis_plot.plot(mops, [mean(by_x[x], "p50_us") for x in xs], marker="o",
+                               label=f"p50 {label}")
+        axis_plot.plot(mops, [mean(by_x[x], "p99_us") for x in xs], marker="x", linestyle="--",
+                       color=line.get_color(), label=f"p99 {label}")
+    axis_plot.set_xlabel("throughput (Mops)")
+    axis_plot.set_ylabel("latency (us)")
+    axis_plot.set_yscale("log")
+    axis_plot.grid(alpha=0.3)
+    axis_plot.legend(fontsize=7)
+    axis_plot.set_title(title, fontsize=8)
+    figure.tight_layout()
+    figure.savefig(out_dir / "latency.png", dpi=120)
+    print(f"[herd_exp] plots: {out_dir / 'throughput.png'} {out_dir / 'latency.png'}")
+    return 0
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    run = commands.add_parser("run", help="run (or resume) an experiment")
+    run.add_argument("file")
+    run.add_argument("--sweep", action="append", default=[], metavar="AXIS=V1,V2",
+                     help="replace or add a sweep axis")
+    run.add_argument("--out", help="results directory (default results/<name>)")
+    run.add_argument("--no-build", action="store_true", help="use the binaries as built")
+    run.add_argument("--fresh", action="store_true", help="discard earlier results first")
+    plot = commands.add_parser("plot", help="plot a results directory")
+    plot.add_argument("dir")
+    args = parser.parse_args()
+    return command_run(args) if args.command == "run" else command_plot(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
