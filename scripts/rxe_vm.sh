@@ -199,7 +199,7 @@ mount -t devtmpfs devtmpfs $r/dev
 mkdir -p $r/dev/pts $r/dev/shm $r/run/herd
 mount -t devpts devpts $r/dev/pts
 mount -t tmpfs tmpfs $r/dev/shm
-mount -t tmpfs tmpfs $r/tmp
+# /tmp stays the host's (under the overlay): a checkout or build there must be visible.
 mount --bind /xfer $r/run/herd
 i=0
 for d in $(echo "$rw_dirs" | tr ':' ' '); do

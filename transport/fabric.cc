@@ -18,6 +18,29 @@ absl::StatusOr<std::unique_ptr<Device>> OpenDevice(const DeviceOptions& options)
   return std::unique_ptr<Device>(std::move(*device));
 }
 
+absl::Status QueuePair::ValidateSend(const SendWr& wr) const {
+  if (wr.num_sge > config_.max_send_sge) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("WR has %d SGEs, the QP allows %d", wr.num_sge, config_.max_send_sge));
+  }
+  if ((wr.flags & kInline) != 0) {
+    uint64_t total = 0;
+    for (uint32_t i = 0; i < wr.num_sge; ++i) total += wr.sg_list[i].length;
+    if (total > config_.max_inline_data) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "inline WR of %d bytes exceeds max_inline_data %d", total, config_.max_inline_data));
+    }
+  }
+  if (config_.type == QpType::kUd) {
+    if (wr.opcode != Opcode::kSend && wr.opcode != Opcode::kSendWithImm) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("UD QPs only SEND; %s is not allowed", ToString(wr.opcode)));
+    }
+    if (wr.ah == nullptr) return absl::InvalidArgumentError("UD send without an address handle");
+  }
+  return absl::OkStatus();
+}
+
 std::vector<std::string> ListDevices() {
   std::vector<std::string> names = {"shm"};
   for (std::string& name : verbs::DeviceNames()) names.push_back(std::move(name));

@@ -105,6 +105,9 @@ class QueuePair {
 
  protected:
   explicit QueuePair(const QpConfig& config) : config_(config) {}
+  // The post-time checks every backend makes, as a NIC's driver does: SGE count, inline length
+  // against max_inline_data, and UD's SEND-only rule with an address handle.
+  absl::Status ValidateSend(const SendWr& wr) const;
   QpConfig config_;
   QpCounters counters_;
 };

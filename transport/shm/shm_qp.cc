@@ -151,26 +151,6 @@ uint64_t ShmQp::TotalLength(const SendWr& wr) const {
   return total;
 }
 
-absl::Status ShmQp::ValidateSend(const SendWr& wr) const {
-  if (wr.num_sge > config_.max_send_sge) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("WR has %d SGEs, the QP allows %d", wr.num_sge, config_.max_send_sge));
-  }
-  if ((wr.flags & kInline) != 0 && TotalLength(wr) > config_.max_inline_data) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("inline WR of %d bytes exceeds max_inline_data %d", TotalLength(wr),
-                        config_.max_inline_data));
-  }
-  if (config_.type == QpType::kUd) {
-    if (wr.opcode != Opcode::kSend && wr.opcode != Opcode::kSendWithImm) {
-      return absl::InvalidArgumentError(
-          absl::StrFormat("UD QPs only SEND; %s is not allowed", ToString(wr.opcode)));
-    }
-    if (wr.ah == nullptr) return absl::InvalidArgumentError("UD send without an address handle");
-  }
-  return absl::OkStatus();
-}
-
 absl::Status ShmQp::PostSend(SendWr* chain, SendWr** bad) {
   if (state() == QpState::kReset || state() == QpState::kInit) {
     *bad = chain;

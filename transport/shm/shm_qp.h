@@ -30,7 +30,6 @@ class ShmQp : public QueuePair {
 
  private:
   ShmQp(ShmDevice* device, const QpConfig& config) : QueuePair(config), device_(device) {}
-  absl::Status ValidateSend(const SendWr& wr) const;
   // Executes one WR; returns its completion status (kSuccess also for silent UC/UD drops).
   CompletionStatus Execute(const SendWr& wr, uint32_t* byte_len);
   CompletionStatus Deliver(Peer& peer, uint32_t dst_qpn, const SendWr& wr, uint32_t* byte_len);

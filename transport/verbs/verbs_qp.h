@@ -35,7 +35,6 @@ class VerbsQp : public QueuePair {
 
  private:
   VerbsQp(VerbsDevice* device, const QpConfig& config) : QueuePair(config), device_(device) {}
-  absl::Status ValidateSend(const SendWr& wr) const;
   void Translate(const SendWr& wr, ibv_send_wr* out, ibv_sge* sges) const;
   absl::Status ModifyToInit(const ConnectConfig& config);
   absl::Status ModifyToRtr(const ConnectConfig& config);
