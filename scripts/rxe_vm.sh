@@ -51,8 +51,16 @@ mkdir -p "$cache"
 exec 8>"$cache/lock"
 flock 8  # one builder at a time; concurrent runs share the result
 if [ ! -f "$cache/kernel.done" ]; then
-  package=$(apt-cache depends linux-image-amd64 | awk '/Depends: linux-image-[0-9]/ {print $2; exit}')
-  [ -n "$package" ] || { log "cannot find Debian's kernel package (apt-get update?)"; exit 1; }
+  kernel_package() {
+    apt-cache depends linux-image-amd64 2>/dev/null |
+      awk '/Depends: linux-image-[0-9]/ {print $2; exit}'
+  }
+  package=$(kernel_package)
+  if [ -z "$package" ]; then  # empty package lists on a fresh machine
+    apt-get update -qq >&2 || true
+    package=$(kernel_package)
+  fi
+  [ -n "$package" ] || { log "cannot find Debian's linux-image-amd64 (apt sources?)"; exit 1; }
   log "fetching $package into $cache (unpacked, not installed)"
   rm -rf "$cache/kernel" "$cache/deb"
   mkdir -p "$cache/kernel" "$cache/deb"
