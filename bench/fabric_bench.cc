@@ -1,0 +1,401 @@
+// fabric_bench: message rate and latency of the fabric's verbs, with no engine on top.
+//
+//   bazel run -c opt //bench:fabric_bench -- --fabric=shm
+//
+// Rate rows: for WRITE (UC, RC), SEND (UD) and READ (RC), each message size, 1 and 2 sender
+// threads (each thread its own QP pair between two devices of this process), unchained (one WR
+// per post_send) and chained (--chain WRs per post_send, one doorbell). One WR in --signal_every
+// is signalled; p50/p99 are the time from posting a signalled WR to polling its completion.
+// SEND rows count messages DELIVERED (a receiver thread per pair keeps receives posted).
+// Ping-pong rows: one thread pair bouncing a message (UC WRITE into a polled buffer, or UD SEND);
+// mops is 1/round trip, p50/p99 are round trips. Every row is one JSON line with the counters.
+#include <atomic>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "bench/histogram.h"
+#include "gflags/gflags.h"
+#include "glog/logging.h"
+#include "transport/fabric.h"
+#include "transport/flags.h"
+#include "transport/shared_memory.h"
+
+DEFINE_string(msg_sizes, "32,256,1024", "Message sizes in bytes, comma-separated");
+DEFINE_double(duration_s, 1, "Measured seconds per row");
+DEFINE_uint32(chain, 16, "WRs per post_send in the chained rows");
+DEFINE_uint32(signal_every, 16, "One WR in this many is signalled");
+DEFINE_uint32(max_threads, 2, "Rate rows run with 1 .. this many sender threads");
+
+namespace {
+
+using transport::Completion;
+using transport::CompletionQueue;
+using transport::QpType;
+using transport::SendWr;
+using transport::Sge;
+
+// Each node's registered buffer: room for a chain of the largest message, twice.
+constexpr size_t kBufferBytes = size_t{4} << 20;
+constexpr uint32_t kQueueDepth = 256;  // send and receive WRs per QP
+constexpr uint32_t kMaxInline = 256;   // inline up to this many bytes, as herd does
+constexpr uint32_t kQkey = 0x4242;
+
+// A failed control-path call ends the benchmark with its status (glog has no CHECK_OK).
+#define BENCH_CHECK_OK(expr)                    \
+  do {                                          \
+    const absl::Status bench_status_ = (expr);  \
+    CHECK(bench_status_.ok()) << bench_status_; \
+  } while (false)
+
+struct Node {
+  std::unique_ptr<transport::Device> device;
+  std::unique_ptr<transport::ProtectionDomain> pd;
+  std::unique_ptr<CompletionQueue> send_cq, recv_cq;
+  std::unique_ptr<transport::SharedMemory> memory;
+  std::unique_ptr<transport::MemoryRegion> mr;
+  uint8_t* bytes() const { return memory->data(); }
+  uint64_t addr(size_t offset) const { return reinterpret_cast<uint64_t>(bytes() + offset); }
+};
+
+Node OpenNode(const transport::DeviceOptions& options) {
+  Node n;
+  n.device = *transport::OpenDevice(options);
+  n.pd = *n.device->AllocatePd();
+  n.send_cq = *n.device->CreateCq(4 * kQueueDepth);
+  n.recv_cq = *n.device->CreateCq(4 * kQueueDepth);
+  n.memory =
+      std::make_unique<transport::SharedMemory>(*transport::SharedMemory::Allocate(kBufferBytes));
+  std::memset(n.memory->data(), 0, kBufferBytes);  // fault the pages in before measuring
+  n.mr = *n.pd->RegisterMemory(n.bytes(), kBufferBytes,
+                               transport::kLocalWrite | transport::kRemoteWrite |
+                                   transport::kRemoteRead | transport::kRemoteAtomic);
+  return n;
+}
+
+std::unique_ptr<transport::QueuePair> MakeQp(Node& n, QpType type) {
+  transport::QpConfig config;
+  config.type = type;
+  config.send_cq = n.send_cq.get();
+  config.recv_cq = n.recv_cq.get();
+  config.max_send_wr = kQueueDepth;
+  config.max_recv_wr = kQueueDepth;
+  config.max_inline_data = kMaxInline;
+  return *n.pd->CreateQp(config);
+}
+
+// A connected pair (RC/UC) or two UD QPs, between a sender node and a receiver node.
+struct Pair {
+  Node sender, receiver;
+  std::unique_ptr<transport::QueuePair> out, in;
+  std::unique_ptr<transport::AddressHandle> to_receiver, to_sender;
+};
+
+std::unique_ptr<Pair> MakePair(const transport::DeviceOptions& options, QpType type) {
+  auto p = std::make_unique<Pair>();
+  p->sender = OpenNode(options);
+  p->receiver = OpenNode(options);
+  p->out = MakeQp(p->sender, type);
+  p->in = MakeQp(p->receiver, type);
+  transport::ConnectConfig a, b;
+  a.qkey = b.qkey = kQkey;
+  a.remote = p->in->endpoint();
+  b.remote = p->out->endpoint();
+  BENCH_CHECK_OK(p->out->Connect(a));
+  BENCH_CHECK_OK(p->in->Connect(b));
+  if (type == QpType::kUd) {
+    const transport::PortInfo rport = p->receiver.device->port(), sport = p->sender.device->port();
+    p->to_receiver = *p->sender.pd->CreateAddressHandle({rport.lid, rport.gid});
+    p->to_sender = *p->receiver.pd->CreateAddressHandle({sport.lid, sport.gid});
+  }
+  return p;
+}
+
+struct Verb {
+  const char* name;
+  QpType type;
+  transport::Opcode opcode;
+};
+
+// Keeps `count` receives of `bytes` posted on `qp` (UD: plus the GRH area).
+void PostReceives(transport::QueuePair& qp, Node& n, uint32_t count, uint32_t bytes) {
+  for (uint32_t i = 0; i < count; ++i) {
+    Sge sge{n.addr(size_t{i} * (bytes + transport::kGrhBytes)), bytes + transport::kGrhBytes,
+            n.mr->lkey()};
+    transport::RecvWr wr;
+    wr.wr_id = i;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    transport::RecvWr* bad = nullptr;
+    BENCH_CHECK_OK(qp.PostRecv(&wr, &bad));
+  }
+}
+
+struct ThreadResult {
+  uint64_t messages = 0;
+  bench::Histogram latency_ns;
+};
+
+// One sender thread's loop: chains of `chain` WRs until `stop`.
+void SendLoop(Pair& p, const Verb& verb, uint32_t size, uint32_t chain,
+              const std::atomic<bool>& stop, ThreadResult* result) {
+  std::vector<SendWr> wrs(chain);
+  std::vector<Sge> sges(chain);
+  const bool inline_ok = size <= kMaxInline && verb.opcode != transport::Opcode::kRead;
+  for (uint32_t i = 0; i < chain; ++i) {
+    sges[i] = Sge{p.sender.addr(size_t{i} * size), size, p.sender.mr->lkey()};
+    SendWr& wr = wrs[i];
+    wr.wr_id = i;
+    wr.sg_list = &sges[i];
+    wr.num_sge = 1;
+    wr.opcode = verb.opcode;
+    wr.flags = inline_ok ? uint32_t{transport::kInline} : 0u;
+    wr.remote_addr = p.receiver.addr(size_t{i} * size);
+    wr.rkey = p.receiver.mr->rkey();
+    wr.ah = p.to_receiver.get();
+    wr.remote_qpn = p.in->qp_num();
+    wr.remote_qkey = kQkey;
+    wr.next = i + 1 < chain ? &wrs[i + 1] : nullptr;
+  }
+  Completion done[32];
+  uint64_t posted = 0;
+  absl::Time signalled_at;
+  bool waiting = false;
+  while (!stop.load(std::memory_order_relaxed)) {
+    // The chain's last WR is signalled when a signal is due (one in signal_every overall).
+    const bool signal =
+        !waiting && (posted / FLAGS_signal_every) != ((posted + chain) / FLAGS_signal_every);
+    SendWr& last = wrs[chain - 1];
+    last.flags = (last.flags & ~uint32_t{transport::kSignaled}) |
+                 (signal ? uint32_t{transport::kSignaled} : 0u);
+    SendWr* bad = nullptr;
+    const absl::Time now = absl::Now();
+    const absl::Status status = p.out->PostSend(&wrs[0], &bad);
+    uint32_t accepted = chain;
+    if (!status.ok()) {
+      accepted = 0;
+      for (SendWr* wr = &wrs[0]; wr != bad; wr = wr->next) ++accepted;
+      CHECK(status.code() == absl::StatusCode::kResourceExhausted) << status;
+    }
+    if (signal && accepted == chain) {
+      signalled_at = now;
+      waiting = true;
+    }
+    posted += accepted;
+    const size_t got = p.sender.send_cq->Poll(absl::MakeSpan(done, 32));
+    for (size_t i = 0; i < got; ++i) {
+      CHECK(done[i].status == transport::CompletionStatus::kSuccess)
+          << transport::ToString(done[i].status);
+      result->latency_ns.Record(absl::ToInt64Nanoseconds(absl::Now() - signalled_at));
+      waiting = false;
+    }
+  }
+  if (verb.opcode != transport::Opcode::kSend) result->messages = posted;
+}
+
+// The receiver side of SEND rows: counts deliveries and reposts.
+void ReceiveLoop(Pair& p, uint32_t size, const std::atomic<bool>& stop, ThreadResult* result) {
+  Completion done[32];
+  const uint32_t slot = size + transport::kGrhBytes;
+  while (!stop.load(std::memory_order_relaxed)) {
+    const size_t got = p.receiver.recv_cq->Poll(absl::MakeSpan(done, 32));
+    for (size_t i = 0; i < got; ++i) {
+      Sge sge{p.receiver.addr(done[i].wr_id * slot), slot, p.receiver.mr->lkey()};
+      transport::RecvWr wr;
+      wr.wr_id = done[i].wr_id;
+      wr.sg_list = &sge;
+      wr.num_sge = 1;
+      transport::RecvWr* bad = nullptr;
+      BENCH_CHECK_OK(p.in->PostRecv(&wr, &bad));
+    }
+    result->messages += got;
+  }
+}
+
+std::string CountersJson(const Pair& p) {
+  transport::CounterSnapshot s;
+  s.Add(p.out->counters());
+  s.Add(p.sender.send_cq->counters());
+  return s.ToJson();
+}
+
+void RateRow(const transport::DeviceOptions& options, const Verb& verb, uint32_t size,
+             uint32_t threads, uint32_t chain) {
+  std::vector<std::unique_ptr<Pair>> pairs;
+  for (uint32_t t = 0; t < threads; ++t) {
+    pairs.push_back(MakePair(options, verb.type));
+    if (verb.opcode == transport::Opcode::kSend) {
+      PostReceives(*pairs.back()->in, pairs.back()->receiver, kQueueDepth, size);
+    }
+  }
+  std::atomic<bool> stop{false};
+  std::vector<ThreadResult> sent(threads), received(threads);
+  std::vector<std::thread> workers;
+  for (uint32_t t = 0; t < threads; ++t) {
+    workers.emplace_back(SendLoop, std::ref(*pairs[t]), std::cref(verb), size, chain,
+                         std::cref(stop), &sent[t]);
+    if (verb.opcode == transport::Opcode::kSend) {
+      workers.emplace_back(ReceiveLoop, std::ref(*pairs[t]), size, std::cref(stop), &received[t]);
+    }
+  }
+  absl::SleepFor(absl::Seconds(FLAGS_duration_s));
+  stop = true;
+  for (std::thread& w : workers) w.join();
+  uint64_t messages = 0, posted = 0;
+  bench::Histogram latency;
+  for (uint32_t t = 0; t < threads; ++t) {
+    messages += verb.opcode == transport::Opcode::kSend ? received[t].messages : sent[t].messages;
+    posted += pairs[t]->out->counters().wrs.Get();
+    latency.Merge(sent[t].latency_ns);
+  }
+  // sent_mops: WRs posted; mops: messages that arrived (they differ only for UD SENDs that found
+  // no receive posted, i.e. when the receiver thread falls behind).
+  printf(
+      "{\"kind\":\"rate\",\"verb\":\"%s\",\"qp_type\":\"%s\",\"msg_size\":%u,\"threads\":%u,"
+      "\"chain\":%u,\"mops\":%.4f,\"sent_mops\":%.4f,\"p50_us\":%.2f,\"p99_us\":%.2f,"
+      "\"counters\":%s}\n",
+      verb.name, transport::ToString(verb.type), size, threads, chain,
+      static_cast<double>(messages) / FLAGS_duration_s / 1e6,
+      static_cast<double>(posted) / FLAGS_duration_s / 1e6, latency.Quantile(0.5) / 1e3,
+      latency.Quantile(0.99) / 1e3, CountersJson(*pairs[0]).c_str());
+  fflush(stdout);
+}
+
+// Bounces one message between the pair: UC WRITE into a buffer the other side polls (HERD's
+// request path), or UD SEND (its response path). Returns after duration_s.
+void PingPongRow(const transport::DeviceOptions& options, const Verb& verb, uint32_t size) {
+  auto p = MakePair(options, verb.type);
+  const bool send = verb.opcode == transport::Opcode::kSend;
+  if (send) {
+    PostReceives(*p->in, p->receiver, kQueueDepth, size);
+    PostReceives(*p->out, p->sender, kQueueDepth, size);
+  }
+  std::atomic<bool> stop{false};
+  // One side of the bounce: waits for message `round`, answers it.
+  auto bounce = [&](Node& self, transport::QueuePair& qp, Node& peer, transport::AddressHandle* ah,
+                    uint32_t peer_qpn, uint64_t round) -> bool {
+    const size_t offset = size_t{1} << 20;  // sources here, landing zone at 0
+    std::memcpy(self.bytes() + offset + size - sizeof(round), &round, sizeof(round));
+    Sge sge{self.addr(offset), size, self.mr->lkey()};
+    SendWr wr;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    wr.opcode = verb.opcode;
+    wr.flags = (size <= kMaxInline ? uint32_t{transport::kInline} : 0u) |
+               (round % FLAGS_signal_every == 0 ? uint32_t{transport::kSignaled} : 0u);
+    wr.remote_addr = peer.addr(0);
+    wr.rkey = peer.mr->rkey();
+    wr.ah = ah;
+    wr.remote_qpn = peer_qpn;
+    wr.remote_qkey = kQkey;
+    SendWr* bad = nullptr;
+    BENCH_CHECK_OK(qp.PostSend(&wr, &bad));
+    Completion c[8];
+    self.send_cq->Poll(absl::MakeSpan(c, 8));
+    return true;
+  };
+  auto await = [&](Node& self, transport::QueuePair& qp, uint64_t round) -> bool {
+    Completion c[1];
+    while (!stop.load(std::memory_order_relaxed)) {
+      if (send) {
+        if (self.recv_cq->Poll(absl::MakeSpan(c, 1)) == 1) {
+          const uint32_t slot = size + transport::kGrhBytes;
+          Sge sge{self.addr(c[0].wr_id * slot), slot, self.mr->lkey()};
+          transport::RecvWr wr;
+          wr.wr_id = c[0].wr_id;
+          wr.sg_list = &sge;
+          wr.num_sge = 1;
+          transport::RecvWr* bad = nullptr;
+          BENCH_CHECK_OK(qp.PostRecv(&wr, &bad));
+          return true;
+        }
+      } else {
+        uint64_t seen;
+        std::memcpy(&seen, self.bytes() + size - sizeof(seen), sizeof(seen));
+        std::atomic_thread_fence(std::memory_order_acquire);
+        if (seen == round) return true;
+      }
+    }
+    return false;
+  };
+  std::thread echo([&] {
+    for (uint64_t round = 1; await(p->receiver, *p->in, round); ++round) {
+      bounce(p->receiver, *p->in, p->sender, p->to_sender.get(), p->out->qp_num(), round);
+    }
+  });
+  bench::Histogram rtt;
+  const absl::Time end = absl::Now() + absl::Seconds(FLAGS_duration_s);
+  uint64_t rounds = 0;
+  for (uint64_t round = 1; absl::Now() < end; ++round) {
+    const absl::Time start = absl::Now();
+    bounce(p->sender, *p->out, p->receiver, p->to_receiver.get(), p->in->qp_num(), round);
+    if (!await(p->sender, *p->out, round)) break;
+    rtt.Record(absl::ToInt64Nanoseconds(absl::Now() - start));
+    ++rounds;
+  }
+  stop = true;
+  echo.join();
+  printf(
+      "{\"kind\":\"pingpong\",\"verb\":\"%s\",\"qp_type\":\"%s\",\"msg_size\":%u,"
+      "\"threads\":1,\"mops\":%.4f,\"p50_us\":%.2f,\"p99_us\":%.2f,\"counters\":%s}\n",
+      verb.name, transport::ToString(verb.type), size,
+      static_cast<double>(rounds) / FLAGS_duration_s / 1e6, rtt.Quantile(0.5) / 1e3,
+      rtt.Quantile(0.99) / 1e3, CountersJson(*p).c_str());
+  fflush(stdout);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  gflags::SetUsageMessage("fabric_bench: verbs message rate and latency (JSON lines)");
+  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  google::InitGoogleLogging(argv[0]);
+  absl::StatusOr<transport::DeviceOptions> options = transport::DeviceOptionsFromFlags();
+  if (!options.ok()) {
+    fprintf(stderr, "fabric_bench: %s\n", options.status().ToString().c_str());
+    return 2;
+  }
+  options->fabric = absl::StrFormat("fabric-bench-%d", getpid());
+  std::vector<uint32_t> sizes;
+  const std::vector<std::string> size_texts = absl::StrSplit(FLAGS_msg_sizes, ',');
+  for (const std::string& text : size_texts) {
+    uint32_t size = 0;
+    if (!absl::SimpleAtoi(text, &size) || size < sizeof(uint64_t) || size > (1u << 16)) {
+      fprintf(stderr, "fabric_bench: --msg_sizes: '%s' is not a size in [8, 65536]\n",
+              text.c_str());
+      return 2;
+    }
+    sizes.push_back(size);
+  }
+  if (FLAGS_chain == 0 || FLAGS_chain > kQueueDepth / 2 || FLAGS_signal_every == 0 ||
+      FLAGS_signal_every > kQueueDepth / 2) {
+    fprintf(stderr, "fabric_bench: --chain and --signal_every must be in [1, %u]\n",
+            kQueueDepth / 2);
+    return 2;
+  }
+  const Verb verbs[] = {{"WRITE", QpType::kUc, transport::Opcode::kWrite},
+                        {"WRITE", QpType::kRc, transport::Opcode::kWrite},
+                        {"SEND", QpType::kUd, transport::Opcode::kSend},
+                        {"READ", QpType::kRc, transport::Opcode::kRead}};
+  for (const Verb& verb : verbs) {
+    for (uint32_t size : sizes) {
+      if (verb.type == QpType::kUd && size > options->mtu) continue;
+      for (uint32_t threads = 1; threads <= FLAGS_max_threads; ++threads) {
+        RateRow(*options, verb, size, threads, 1);
+        RateRow(*options, verb, size, threads, FLAGS_chain);
+      }
+    }
+  }
+  for (uint32_t size : sizes) {
+    PingPongRow(*options, verbs[0], size);
+    if (size <= options->mtu) PingPongRow(*options, verbs[2], size);
+  }
+  return 0;
+}
