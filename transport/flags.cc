@@ -9,7 +9,8 @@ DEFINE_string(shm_fabric_name, "herd",
               "shm: processes see each other only under the same name (isolates runs)");
 DEFINE_uint32(mtu, 4096, "Path MTU in bytes: the largest UD message");
 DEFINE_uint32(ib_port, 1, "verbs: the port of the device");
-DEFINE_int32(gid_index, -1, "verbs: GID index (-1: the first RoCE v2 GID, or none on IB)");
+DEFINE_int32(gid_index, -1,
+             "verbs: GID index (-1: the first RoCE v2 GID with an IPv4 address; IB: LID routing)");
 DEFINE_double(inject_ud_loss, 0, "shm: probability that a UD SEND is lost (fault injection)");
 DEFINE_double(inject_uc_loss, 0, "shm: probability that a UC WRITE/SEND is lost");
 
@@ -31,8 +32,8 @@ absl::StatusOr<DeviceOptions> DeviceOptionsFromFlags() {
     }
     if (options.name.empty()) {
       return absl::NotFoundError(
-          "--fabric=verbs: no RDMA device found (this build lists only 'shm'); name one with "
-          "--device or use --fabric=shm");
+          "--fabric=verbs: libibverbs finds no RDMA device here (ibv_devices lists them); name "
+          "one with --device, or use --fabric=shm");
     }
   } else {
     return absl::InvalidArgumentError(
