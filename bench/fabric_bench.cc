@@ -280,7 +280,7 @@ void PingPongRow(const transport::DeviceOptions& options, const Verb& verb, uint
   std::atomic<bool> stop{false};
   // One side of the bounce: waits for message `round`, answers it.
   auto bounce = [&](Node& self, transport::QueuePair& qp, Node& peer, transport::AddressHandle* ah,
-                    uint32_t peer_qpn, uint64_t round) -> bool {
+                    uint32_t peer_qpn, uint64_t round) {
     const size_t offset = size_t{1} << 20;  // sources here, landing zone at 0
     std::memcpy(self.bytes() + offset + size - sizeof(round), &round, sizeof(round));
     Sge sge{self.addr(offset), size, self.mr->lkey()};
@@ -299,7 +299,6 @@ void PingPongRow(const transport::DeviceOptions& options, const Verb& verb, uint
     BENCH_CHECK_OK(qp.PostSend(&wr, &bad));
     Completion c[8];
     self.send_cq->Poll(absl::MakeSpan(c, 8));
-    return true;
   };
   auto await = [&](Node& self, transport::QueuePair& qp, uint64_t round) -> bool {
     Completion c[1];

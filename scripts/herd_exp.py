@@ -334,13 +334,10 @@ class Runner:
         return out
 
     def knobs_for(self, role, point):
-        knobs = {k: v for k, v in self.x.fixed[role].items()}
-        knobs.update({k: v for k, v in self.x.fixed["server" if role == "client" else "client"]
-                      .items() if knob_role(k)[0] == "both"})
-        for axis, value in point.items():
-            if knob_role(axis)[0] in (role, "both"):
-                knobs[axis] = value
-        return knobs
+        """The flags of `role`'s binary: its fixed knobs, fabric knobs fixed for either side, and
+        the point's values of the axes that belong to it."""
+        fixed = {**self.x.fixed["server"], **self.x.fixed["client"], **point}
+        return {k: v for k, v in fixed.items() if knob_role(k)[0] in (role, "both")}
 
     def run_point(self, point, repetition, name):
         server_knobs = self.knobs_for("server", point)

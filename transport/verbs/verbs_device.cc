@@ -116,8 +116,6 @@ absl::StatusOr<ibv_mtu> MtuFromBytes(uint32_t bytes) {
       absl::StrFormat("MTU %d: verbs path MTUs are 256, 512, 1024, 2048 or 4096", bytes));
 }
 
-const char* PortStateName(ibv_port_state state) { return ibv_port_state_str(state); }
-
 CompletionOpcode FromIbvOpcode(const ibv_wc& wc) {
   switch (wc.opcode) {
     case IBV_WC_SEND:
@@ -256,7 +254,7 @@ absl::StatusOr<std::unique_ptr<VerbsDevice>> VerbsDevice::Open(const DeviceOptio
     ibv_port_attr attr{};
     if (ibv_query_port(context, p, &attr) != 0) continue;
     ports.push_back(absl::StrFormat(
-        "%d (%s, %s)", p, PortStateName(attr.state),
+        "%d (%s, %s)", p, ibv_port_state_str(attr.state),
         attr.link_layer == IBV_LINK_LAYER_ETHERNET ? "Ethernet/RoCE" : "InfiniBand"));
   }
   const std::string port_list = absl::StrJoin(ports, ", ");
@@ -272,7 +270,7 @@ absl::StatusOr<std::unique_ptr<VerbsDevice>> VerbsDevice::Open(const DeviceOptio
   if (port_attr.state != IBV_PORT_ACTIVE) {
     return absl::FailedPreconditionError(absl::StrFormat(
         "%s port %d is %s, not ACTIVE (link down or no subnet manager?); its ports: %s",
-        options.name, options.port, PortStateName(port_attr.state), port_list));
+        options.name, options.port, ibv_port_state_str(port_attr.state), port_list));
   }
   const bool ethernet = port_attr.link_layer == IBV_LINK_LAYER_ETHERNET;
   const std::vector<ibv_gid_entry> gids =
