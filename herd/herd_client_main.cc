@@ -2,19 +2,17 @@
 // drive a workload against a herd server. A per-second progress line goes to stderr; the last
 // stdout line is one JSON result: every knob, Mops (total and per thread), latency percentiles,
 // the client's transport counters per operation, CPU time and the machine. Warm-up excluded.
-#include <sys/resource.h>
-#include <unistd.h>
-
 #include <atomic>
 #include <cstdio>
-#include <fstream>
 #include <thread>
 
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "bench/histogram.h"
 #include "bench/keys.h"
+#include "bench/machine.h"
 #include "bench/workload.h"
+#include "bench/workload_flags.h"
 #include "gflags/gflags.h"
 #include "glog/logging.h"
 #include "herd/client.h"
@@ -26,17 +24,6 @@ DEFINE_uint32(threads, 1, "Client threads (each its own connection and QPs)");
 DEFINE_uint32(clients_per_thread, 1, "Logical clients per thread (HERD ran many per thread)");
 DEFINE_double(duration_s, 5, "Measured seconds (after the warm-up)");
 DEFINE_double(warmup_s, 1, "Seconds run before measuring");
-DEFINE_string(workload, "C", "YCSB core mix A (50/50), B (95/5), C (read only), or custom");
-DEFINE_double(get_fraction, 1, "custom: fraction of GETs");
-DEFINE_double(put_fraction, 0, "custom: fraction of PUTs");
-DEFINE_double(delete_fraction, 0, "custom: fraction of DELETEs");
-DEFINE_double(cas_fraction, 0, "custom: fraction of CASes");
-DEFINE_string(distribution, "uniform", "Key popularity: uniform or zipf");
-DEFINE_double(zipf_theta, bench::kYcsbZipfTheta, "Zipf skew (YCSB: 0.99)");
-DEFINE_uint64(keys, 100000, "Distinct keys");
-DEFINE_uint32(key_bytes, 16, "Key size");
-DEFINE_uint32(value_bytes, 32, "Value size");
-DEFINE_uint64(seed, 1, "Workload seed (threads derive their streams from it)");
 DEFINE_bool(preload, true, "PUT every key once before the run (thread t loads keys t mod T)");
 DEFINE_uint32(retry_timeout_us, 20000, "Retransmit a request unanswered for this long");
 
@@ -135,22 +122,6 @@ void RunThread(uint32_t t, const herd::ClientOptions& options, const bench::Work
   out->stats = client.stats();
 }
 
-std::string CpuModel() {
-  std::ifstream cpuinfo("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(cpuinfo, line)) {
-    if (line.rfind("model name", 0) == 0) {
-      const size_t colon = line.find(':');
-      std::string model = colon == std::string::npos ? line : line.substr(colon + 2);
-      for (char& ch : model) {
-        if (ch == '"' || ch == '\\') ch = ' ';
-      }
-      return model;
-    }
-  }
-  return "unknown";
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -158,19 +129,7 @@ int main(int argc, char** argv) {
   gflags::ParseCommandLineFlags(&argc, &argv, true);
   google::InitGoogleLogging(argv[0]);
   FLAGS_logtostderr = true;
-  bench::WorkloadConfig requested;
-  requested.mix = FLAGS_workload;
-  requested.get = FLAGS_get_fraction;
-  requested.put = FLAGS_put_fraction;
-  requested.del = FLAGS_delete_fraction;
-  requested.cas = FLAGS_cas_fraction;
-  requested.distribution = FLAGS_distribution;
-  requested.zipf_theta = FLAGS_zipf_theta;
-  requested.keys = FLAGS_keys;
-  requested.key_bytes = FLAGS_key_bytes;
-  requested.value_bytes = FLAGS_value_bytes;
-  requested.seed = FLAGS_seed;
-  absl::StatusOr<bench::WorkloadConfig> workload = bench::Resolve(requested);
+  absl::StatusOr<bench::WorkloadConfig> workload = bench::WorkloadConfigFromFlags();
   absl::StatusOr<transport::DeviceOptions> device = transport::DeviceOptionsFromFlags();
   for (const absl::Status& s : {workload.status(), device.status()}) {
     if (!s.ok()) {
@@ -208,8 +167,7 @@ int main(int argc, char** argv) {
   };
   while (!shared.stop && !all_started()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
   std::this_thread::sleep_for(absl::ToChronoNanoseconds(absl::Seconds(FLAGS_warmup_s)));
-  rusage usage_start;
-  getrusage(RUSAGE_SELF, &usage_start);
+  const double cpu_start = bench::ProcessCpuSeconds();
   const Clock::time_point start = Clock::now();
   shared.measuring = true;
   uint64_t last = total_progress();
@@ -227,8 +185,7 @@ int main(int argc, char** argv) {
   }
   shared.measuring = false;
   const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
-  rusage usage_end;
-  getrusage(RUSAGE_SELF, &usage_end);
+  const double cpu_s = bench::ProcessCpuSeconds() - cpu_start;
   shared.stop = true;
   for (auto& t : threads) t.join();
 
@@ -255,10 +212,6 @@ int main(int argc, char** argv) {
     total.fabric.inline_wrs += r.stats.fabric.inline_wrs;
     total.fabric.bytes += r.stats.fabric.bytes;
   }
-  auto cpu_s = [](const rusage& a, const rusage& b) {
-    auto s = [](const timeval& t) { return t.tv_sec + t.tv_usec / 1e6; };
-    return s(b.ru_utime) - s(a.ru_utime) + s(b.ru_stime) - s(a.ru_stime);
-  };
   const double per_op = total.fabric.wrs == 0 ? 0 : 1.0 / static_cast<double>(total.fabric.wrs);
   const std::string json = absl::StrFormat(
       "{\"threads\":%d,\"clients_per_thread\":%d,\"clients\":%d,\"server\":\"%s\","
@@ -274,8 +227,8 @@ int main(int argc, char** argv) {
       latency.Quantile(0.5) / 1e3, latency.Quantile(0.99) / 1e3, latency.Quantile(0.999) / 1e3,
       latency.max() / 1e3, total.retransmissions, total.timed_out, total.stray, total.fabric.wrs,
       total.fabric.doorbells * per_op, total.fabric.signaled_wrs * per_op,
-      total.fabric.inline_wrs * per_op, total.fabric.bytes * per_op, cpu_s(usage_start, usage_end),
-      CpuModel(), static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN)));
+      total.fabric.inline_wrs * per_op, total.fabric.bytes * per_op, cpu_s, bench::CpuModel(),
+      bench::OnlineCores());
   printf("%s\n", json.c_str());
   return errors == 0 ? 0 : 2;
 }

@@ -319,8 +319,7 @@ class Runner:
         self.logs = out_dir / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
         self.processes = processes
-        config_dir = {"default": "k8-fastbuild"}.get(experiment.build, "k8-opt")
-        self.bin = pathlib.Path("bazel-out") / config_dir / "bin" / "herd"
+        self.bin = bazel_bin(experiment.build) / "herd"
 
     def fabric_flags(self, host, point_name):
         if self.x.fabric == "shm":
@@ -445,12 +444,23 @@ def print_table(records, axes):
 
 
 # ------------------------------------------------------------------------------ commands
-def build(experiment):
-    config = [] if experiment.build == "default" else [f"--config={experiment.build}"]
-    command = ["bazel", "build"] + config + ["//herd:herd_server", "//herd:herd_client"]
+def bazel_bin(build):
+    """Where `bazel build --config=BUILD` puts binaries, relative to the checkout (remote hosts
+    run them from their own checkout's root). opt and portable_opt share k8-opt."""
+    config_dir = {"default": "k8-fastbuild"}.get(build, "k8-opt")
+    return pathlib.Path("bazel-out") / config_dir / "bin"
+
+
+def build_targets(build, targets):
+    config = [] if build == "default" else [f"--config={build}"]
+    command = ["bazel", "build"] + config + targets
     print(f"[herd_exp] {' '.join(command)}", file=sys.stderr)
     if subprocess.run(command, cwd=REPO).returncode != 0:
         fail("build failed")
+
+
+def build(experiment):
+    build_targets(experiment.build, ["//herd:herd_server", "//herd:herd_client"])
 
 
 def command_run(args):

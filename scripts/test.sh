@@ -92,12 +92,17 @@ if [ "${HERD_SKIP_VM:-0}" != 1 ]; then
 fi
 
 # The experiment runner end to end (tiny sweeps on the shm fabric with the opt binaries, a
-# failing point, Ctrl-C, ssh to a throwaway sshd on loopback). Python's unittest, counted apart.
+# failing point, Ctrl-C, ssh to a throwaway sshd on loopback) and the baseline comparisons
+# (echo and memcached side by side with herd). Python's unittest, counted apart.
 scripts_tests() {
-  /usr/bin/python3 tests/scripts/herd_exp_test.py -v 2>&1 | tail -n 12
-  return "${PIPESTATUS[0]}"
+  local rc=0 test
+  for test in tests/scripts/herd_exp_test.py tests/scripts/compare_test.py; do
+    /usr/bin/python3 "$test" -v 2>&1 | tail -n 12
+    [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+  done
+  return $rc
 }
-stage "scripts tests (herd_exp.py)" scripts_tests
+stage "scripts tests (herd_exp.py, compare.py)" scripts_tests
 
 stage "clang-format" check_format
 

@@ -1,0 +1,211 @@
+#!/usr/bin/python3
+"""herd against a baseline, side by side on this machine, with the same workload and cores.
+
+usage:
+  compare.py echo      [options]   herd vs the raw fabric echo (bench/echo: no store)
+  compare.py memcached [options]   herd vs memcached (one thread, loopback TCP, binary protocol)
+
+Each repetition runs herd (herd_server with one worker pinned to --server_core, herd_client
+pinned to --client_core) and then the baseline (its server on --server_core, its client on
+--client_core), so both see the same machine state; the medians over repetitions are compared.
+Every run's JSON goes to --out. The last stdout line is
+  {"herd_mops":..,"echo_mops":..,"ratio":..}      (ratio = herd / baseline)
+or {"herd_mops":..,"memcached_mops":..,"ratio":..}. Concurrency matches: herd's logical clients
+(--clients, each with --window requests outstanding) are the echo's logical clients and
+memcached's pipelined connections.
+"""
+import argparse
+import json
+import os
+import pathlib
+import shlex
+import socket
+import statistics
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import herd_exp  # noqa: E402  (its process handling: readiness lines, cleanup on every exit)
+
+REPO = herd_exp.REPO
+LOCAL = herd_exp.Host({"name": "local", "address": "localhost", "role": "server"})
+# How long memcached may take to accept connections once started.
+MEMCACHED_READY_TIMEOUT_S = 10
+# memcached's memory limit: room for the preloaded keys many times over.
+MEMCACHED_MEMORY_MB = 1024
+
+
+def pinned(core, argv):
+    return ["taskset", "-c", str(core)] + argv
+
+
+class Comparison:
+    def __init__(self, args):
+        self.args = args
+        self.out = pathlib.Path(args.out or REPO / "results" / f"compare_{args.baseline}")
+        self.out.mkdir(parents=True, exist_ok=True)
+        (self.out / "logs").mkdir(exist_ok=True)
+        self.bin = herd_exp.bazel_bin(args.build)
+        self.processes = herd_exp.Processes()
+        self.fabric = shlex.split(args.fabric_flags)
+        if "--fabric=shm" in self.fabric:
+            # A fabric of its own: a herd run elsewhere on this machine never sees this one.
+            self.fabric.append(f"--shm_fabric_name=compare-{os.getpid()}")
+
+    def budget(self):
+        return self.args.warmup_s + self.args.duration_s + herd_exp.CLIENT_SLACK_S
+
+    def workload_flags(self):
+        a = self.args
+        return [f"--workload={a.workload}", f"--distribution={a.distribution}",
+                f"--keys={a.keys}", f"--key_bytes={a.key_bytes}",
+                f"--value_bytes={a.value_bytes}"]
+
+    def timing_flags(self):
+        return [f"--duration_s={self.args.duration_s}", f"--warmup_s={self.args.warmup_s}"]
+
+    def run_client(self, argv, name):
+        with open(self.out / "logs" / f"{name}.client.log", "wb") as log:
+            client = self.processes.start(LOCAL, pinned(self.args.client_core, argv),
+                                          subprocess.PIPE, log)
+            try:
+                stdout = herd_exp.read_to_end(client, self.budget())
+            finally:
+                self.processes.stop(client, timeout=5)
+        if client.returncode != 0:
+            raise herd_exp.PointFailed(f"{name} client exited {client.returncode} "
+                                       f"(see {self.out}/logs/{name}.client.log)")
+        return herd_exp.last_json_line(stdout.decode(errors="replace"), f"{name} client")
+
+    def run_with_server(self, server_argv, ready_prefix, client_argv, name):
+        """Starts a server that prints `ready_prefix ... port=N`, runs the client against it."""
+        with open(self.out / "logs" / f"{name}.server.log", "wb") as log:
+            server = self.processes.start(LOCAL, server_argv, subprocess.PIPE, log)
+            try:
+                ready = herd_exp.read_line_until(server, ready_prefix,
+                                                 herd_exp.SERVER_READY_TIMEOUT_S)
+                port = ready.split("port=", 1)[1].split()[0]
+                return self.run_client(client_argv(port), name)
+            finally:
+                self.processes.stop(server, herd_exp.SERVER_STOP_TIMEOUT_S)
+
+    def run_herd(self, name):
+        a = self.args
+        server = [str(self.bin / "herd" / "herd_server"), "--port=0", "--workers=1",
+                  f"--worker_cores={a.server_core}", f"--window={a.window}",
+                  f"--max_clients={max(64, a.clients)}",
+                  f"--max_key_bytes={max(16, a.key_bytes)}"] + self.fabric
+        client = lambda port: ([str(self.bin / "herd" / "herd_client"), f"--server=127.0.0.1:{port}",
+                                f"--clients_per_thread={a.clients}"] + self.fabric +
+                               self.workload_flags() + self.timing_flags())
+        return self.run_with_server(server, "herd_server ready", client, name)
+
+    def run_echo(self, name):
+        a = self.args
+        server = [str(self.bin / "bench" / "echo_server"), "--port=0", f"--core={a.server_core}",
+                  f"--window={a.window}", f"--max_clients={max(64, a.clients)}",
+                  f"--key_bytes={a.key_bytes}", f"--value_bytes={a.value_bytes}"] + self.fabric
+        client = lambda port: ([str(self.bin / "bench" / "echo_client"), f"--server=127.0.0.1:{port}",
+                                f"--clients={a.clients}"] + self.fabric + self.timing_flags())
+        return self.run_with_server(server, "echo_server ready", client, name)
+
+    def run_memcached(self, name):
+        a = self.args
+        port = free_port()
+        argv = ["memcached", "-t", "1", "-p", str(port), "-l", "127.0.0.1", "-U", "0",
+                "-m", str(MEMCACHED_MEMORY_MB)]
+        if os.geteuid() == 0:
+            argv += ["-u", "nobody"]  # memcached refuses to run as root
+        with open(self.out / "logs" / f"{name}.server.log", "wb") as log:
+            server = self.processes.start(LOCAL, pinned(a.server_core, argv), log, log)
+            try:
+                wait_for_port(port, server)
+                client = [str(self.bin / "bench" / "memcached_bench"), f"--server=127.0.0.1:{port}",
+                          f"--connections={a.clients}", f"--window={a.window}"]
+                return self.run_client(client + self.workload_flags() + self.timing_flags(),
+                                       name)
+            finally:
+                self.processes.stop(server, timeout=5)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for_port(port, process):
+    """Readiness of a server that prints nothing: it accepts a TCP connection."""
+    deadline = time.monotonic() + MEMCACHED_READY_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise herd_exp.PointFailed(f"memcached exited ({process.returncode}) before "
+                                       "accepting connections")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise herd_exp.PointFailed(f"memcached did not accept on port {port} within "
+                               f"{MEMCACHED_READY_TIMEOUT_S} s")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("baseline", choices=["echo", "memcached"])
+    parser.add_argument("--clients", type=int, default=4, help="logical clients / connections")
+    parser.add_argument("--window", type=int, default=4, help="outstanding requests per client")
+    parser.add_argument("--workload", default="C", help="YCSB mix (echo: C only)")
+    parser.add_argument("--distribution", default="uniform")
+    parser.add_argument("--keys", type=int, default=100000)
+    parser.add_argument("--key_bytes", type=int, default=16)
+    parser.add_argument("--value_bytes", type=int, default=32)
+    parser.add_argument("--duration_s", type=float, default=3)
+    parser.add_argument("--warmup_s", type=float, default=1)
+    parser.add_argument("--repetitions", type=int, default=3)
+    parser.add_argument("--server_core", type=int, default=0)
+    parser.add_argument("--client_core", type=int, default=1)
+    parser.add_argument("--fabric_flags", default="--fabric=shm",
+                        help="fabric flags for herd and the echo, e.g. '--fabric=verbs --device=rxe0'")
+    parser.add_argument("--build", default="opt", help="bazel config: opt, portable_opt, default")
+    parser.add_argument("--no-build", action="store_true")
+    parser.add_argument("--out", help="results directory (default results/compare_<baseline>)")
+    args = parser.parse_args()
+    if args.baseline == "echo" and args.workload != "C":
+        herd_exp.fail("the echo answers GETs: compare it with --workload=C")
+    if args.repetitions < 1 or args.clients < 1 or args.window < 1:
+        herd_exp.fail("--repetitions, --clients and --window must be at least 1")
+    if not args.no_build:
+        herd_exp.build_targets(args.build, ["//herd:herd_server", "//herd:herd_client",
+                                            "//bench:echo_server", "//bench:echo_client",
+                                            "//bench:memcached_bench"])
+    comparison = Comparison(args)
+    baseline = comparison.run_echo if args.baseline == "echo" else comparison.run_memcached
+    herd_mops, baseline_mops = [], []
+    try:
+        for r in range(args.repetitions):
+            for label, run, mops in (("herd", comparison.run_herd, herd_mops),
+                                     (args.baseline, baseline, baseline_mops)):
+                name = f"{label}_r{r}"
+                result = run(name)
+                (comparison.out / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n")
+                mops.append(result["mops"])
+                print(f"[compare] {name}: {result['mops']:.4f} Mops, p50 {result['p50_us']} us, "
+                      f"p99 {result['p99_us']} us", file=sys.stderr)
+    except herd_exp.PointFailed as error:
+        herd_exp.fail(str(error))
+    except KeyboardInterrupt:
+        herd_exp.fail("interrupted")
+    finally:
+        comparison.processes.stop_all()
+    herd = statistics.median(herd_mops)
+    other = statistics.median(baseline_mops)
+    print(json.dumps({"herd_mops": round(herd, 4), f"{args.baseline}_mops": round(other, 4),
+                      "ratio": round(herd / other, 3) if other > 0 else None},
+                     separators=(",", ":")))
+
+
+if __name__ == "__main__":
+    main()
