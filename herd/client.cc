@@ -205,6 +205,7 @@ bool Client::CanSubmit(uint32_t client, uint64_t keyhash) const {
 
 absl::Status Client::Submit(uint32_t client, Op op, std::string_view key, std::string_view value,
                             uint64_t expected_version, uint64_t tag) {
+  if (!health_.ok()) return health_;
   if (client >= options_.clients) {
     return absl::InvalidArgumentError(
         absl::StrFormat("client %d: this connection hosts %d", client, options_.clients));
@@ -339,6 +340,7 @@ bool Client::Accept(const uint8_t* message, uint32_t length, Result* out) {
   if (o.op != Op::kGet && h.value_bytes != 0) return false;
   out->tag = o.tag;
   out->client = client;
+  out->worker = o.worker;
   out->op = o.op;
   out->status = status;
   out->version = h.version;
@@ -400,6 +402,15 @@ size_t Client::Poll(absl::Span<Result> out) {
   const Clock::time_point now = Clock::now();
   if (outstanding_ > 0 && now >= next_retry_check_) {
     next_retry_check_ = now + absl::ToChronoNanoseconds(options_.retry_timeout) / 4;
+    if (health_.ok() && channel_.PeerClosed()) {
+      health_ = absl::UnavailableError(absl::StrFormat(
+          "the server (%s) closed its control connection: it stopped or died", options_.server));
+      LOG(WARNING) << health_;
+      for (Outstanding& o : slots_) {
+        o.deadline = now;  // reported below as timed out, without retransmitting
+        o.attempts = std::max(o.attempts, options_.max_attempts);
+      }
+    }
     for (Outstanding& o : slots_) {
       if (!o.active || o.deadline > now) continue;
       if (o.attempts >= options_.max_attempts) {
@@ -408,6 +419,7 @@ size_t Client::Poll(absl::Span<Result> out) {
         r = Result{};
         r.tag = o.tag;
         r.client = o.client;
+        r.worker = o.worker;
         r.op = o.op;
         r.status = Status::kTimedOut;
         r.attempts = o.attempts;

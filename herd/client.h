@@ -46,6 +46,7 @@ struct ClientOptions {
 struct Result {
   uint64_t tag = 0;  // the caller's, from Submit
   uint32_t client = 0;
+  uint32_t worker = 0;  // the worker (partition) that owns the key
   Op op = Op::kGet;
   Status status = Status::kOk;
   uint64_t version = 0;
@@ -85,6 +86,10 @@ class Client {
   // Delivers up to out.size() results; also retransmits overdue requests. Never blocks.
   size_t Poll(absl::Span<Result> out);
   uint64_t outstanding() const { return outstanding_; }
+  // OK while the server is there. Once its control connection closes (the server stopped or
+  // died; Poll checks whenever it checks for overdue requests), kUnavailable: every outstanding
+  // request is delivered as kTimedOut and every later Submit fails with this status.
+  const absl::Status& health() const { return health_; }
 
   // Synchronous wrappers on logical client 0 (for tests and examples): submit, poll until done.
   absl::StatusOr<Value> Get(std::string_view key);
@@ -145,6 +150,7 @@ class Client {
   uint32_t receive_bytes_ = 0;
   uint32_t receive_count_ = 0;
   std::chrono::steady_clock::time_point next_retry_check_;
+  absl::Status health_;
   ClientStats stats_;
 };
 

@@ -1,7 +1,9 @@
 // herd_client: --threads threads, each one Client hosting --clients_per_thread logical clients,
 // drive a workload against a herd server. A per-second progress line goes to stderr; the last
-// stdout line is one JSON result: every knob, Mops (total and per thread), latency percentiles,
-// the client's transport counters per operation, CPU time and the machine. Warm-up excluded.
+// stdout line is one JSON result: every knob, Mops (total, per thread, per server worker), latency
+// percentiles, the client's transport counters per operation, CPU time and the machine. Warm-up
+// excluded.
+#include <array>
 #include <atomic>
 #include <cstdio>
 #include <thread>
@@ -33,6 +35,8 @@ using Clock = std::chrono::steady_clock;
 
 struct ThreadResult {
   uint64_t ops = 0, errors = 0;
+  uint32_t workers = 0;                                  // the server's
+  std::array<uint64_t, herd::kMaxWorkers> worker_ops{};  // answered by each worker
   bench::Histogram latency;
   herd::ClientStats stats;
   absl::Status status;
@@ -67,6 +71,7 @@ void RunThread(uint32_t t, const herd::ClientOptions& options, const bench::Work
     return;
   }
   herd::Client& client = **connected;
+  out->workers = client.config().workers;
   std::vector<herd::Result> results(256);
   std::string key(w.key_bytes, '\0'), value(w.value_bytes, '\0');
   const uint32_t threads = FLAGS_threads;
@@ -79,7 +84,15 @@ void RunThread(uint32_t t, const herd::ClientOptions& options, const bench::Work
         bench::MakeValue(next, 0, w.value_bytes, value.data());
         if (client.Submit(c, herd::Op::kPut, key, value, 0, tag++).ok()) next += threads;
       }
-      client.Poll(absl::MakeSpan(results));
+      const size_t got = client.Poll(absl::MakeSpan(results));
+      for (size_t i = 0; i < got; ++i) {
+        if (results[i].status != herd::Status::kOk) {
+          out->status = absl::UnavailableError(
+              absl::StrFormat("preload PUT failed: %s", herd::StatusName(results[i].status)));
+        }
+      }
+      if (!client.health().ok()) out->status = client.health();
+      if (!out->status.ok()) shared.stop = true;
       if (shared.stop) return;
     }
   }
@@ -106,10 +119,16 @@ void RunThread(uint32_t t, const herd::ClientOptions& options, const bench::Work
       p = Next{workload.NextKey(), ToOp(workload.NextOp())};
     }
     const size_t got = client.Poll(absl::MakeSpan(results));
+    if (!client.health().ok()) {
+      out->status = client.health();
+      shared.stop = true;
+      break;
+    }
     if (got == 0) continue;
     if (shared.measuring.load(std::memory_order_relaxed)) {
       for (size_t i = 0; i < got; ++i) {
         out->latency.Record(results[i].latency_ns);
+        ++out->worker_ops[results[i].worker];
         if (results[i].status == herd::Status::kTimedOut ||
             results[i].status == herd::Status::kBadRequest) {
           ++out->errors;
@@ -206,17 +225,20 @@ int main(int argc, char** argv) {
     total.retransmissions += r.stats.retransmissions;
     total.timed_out += r.stats.timed_out;
     total.stray += r.stats.stray;
-    total.fabric.doorbells += r.stats.fabric.doorbells;
-    total.fabric.wrs += r.stats.fabric.wrs;
-    total.fabric.signaled_wrs += r.stats.fabric.signaled_wrs;
-    total.fabric.inline_wrs += r.stats.fabric.inline_wrs;
-    total.fabric.bytes += r.stats.fabric.bytes;
+    total.fabric.Add(r.stats.fabric);
+  }
+  std::vector<std::string> per_worker;
+  for (uint32_t w = 0; w < results[0].workers; ++w) {
+    uint64_t answered = 0;
+    for (const ThreadResult& r : results) answered += r.worker_ops[w];
+    per_worker.push_back(absl::StrFormat("%.4f", answered / seconds / 1e6));
   }
   const double per_op = total.fabric.wrs == 0 ? 0 : 1.0 / static_cast<double>(total.fabric.wrs);
   const std::string json = absl::StrFormat(
       "{\"threads\":%d,\"clients_per_thread\":%d,\"clients\":%d,\"server\":\"%s\","
       "\"fabric\":\"%s\",\"device\":\"%s\",\"workload\":%s,\"duration_s\":%.3f,\"ops\":%d,"
-      "\"errors\":%d,\"mops\":%.4f,\"thread_mops\":[%s],\"p50_us\":%.2f,\"p99_us\":%.2f,"
+      "\"errors\":%d,\"mops\":%.4f,\"thread_mops\":[%s],\"worker_mops\":[%s],\"p50_us\":%.2f,\"p99_"
+      "us\":%.2f,"
       "\"p999_us\":%.2f,\"max_us\":%.2f,\"retransmissions\":%d,\"timed_out\":%d,\"stray\":%d,"
       "\"client_wrs\":%d,\"doorbells_per_wr\":%.3f,\"signaled_fraction\":%.4f,"
       "\"inline_fraction\":%.4f,\"bytes_per_wr\":%.1f,\"cpu_s\":%.3f,\"cpu_model\":\"%s\","
@@ -224,11 +246,11 @@ int main(int argc, char** argv) {
       FLAGS_threads, FLAGS_clients_per_thread, FLAGS_threads * FLAGS_clients_per_thread,
       FLAGS_server, device->name == "shm" ? "shm" : "verbs", device->name, workload->ToJson(),
       seconds, ops, errors, ops / seconds / 1e6, absl::StrJoin(per_thread, ","),
-      latency.Quantile(0.5) / 1e3, latency.Quantile(0.99) / 1e3, latency.Quantile(0.999) / 1e3,
-      latency.max() / 1e3, total.retransmissions, total.timed_out, total.stray, total.fabric.wrs,
-      total.fabric.doorbells * per_op, total.fabric.signaled_wrs * per_op,
-      total.fabric.inline_wrs * per_op, total.fabric.bytes * per_op, cpu_s, bench::CpuModel(),
-      bench::OnlineCores());
+      absl::StrJoin(per_worker, ","), latency.Quantile(0.5) / 1e3, latency.Quantile(0.99) / 1e3,
+      latency.Quantile(0.999) / 1e3, latency.max() / 1e3, total.retransmissions, total.timed_out,
+      total.stray, total.fabric.wrs, total.fabric.doorbells * per_op,
+      total.fabric.signaled_wrs * per_op, total.fabric.inline_wrs * per_op,
+      total.fabric.bytes * per_op, cpu_s, bench::CpuModel(), bench::OnlineCores());
   printf("%s\n", json.c_str());
   return errors == 0 ? 0 : 2;
 }

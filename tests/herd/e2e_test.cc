@@ -154,5 +154,28 @@ TEST(Herd, AClientKilledMidRunDoesNotStallTheOthers) {
   EXPECT_TRUE(more->Put("x", "y").ok());
 }
 
+TEST(Herd, AClientLearnsThatItsServerDied) {
+  const std::string fabric = "server-died";
+  ServerProcess server(SmallServer(fabric));
+  ASSERT_TRUE(server.ok());
+  auto client = Join(server, fabric, 1);
+  ASSERT_NE(client, nullptr);
+  ASSERT_TRUE(client->Put("before", "1").ok());
+  server.Kill();
+  // A request in flight when the server is gone comes back as timed out, soon (not after every
+  // retransmission), and the client says why.
+  ASSERT_TRUE(client->Submit(0, Op::kGet, "after", "", 0, 7).ok());
+  std::vector<Result> results(4);
+  size_t got = 0;
+  const absl::Time give_up = absl::Now() + absl::Seconds(10);
+  while (got == 0 && absl::Now() < give_up) got = client->Poll(absl::MakeSpan(results));
+  ASSERT_EQ(got, 1u) << "no result for the request in flight";
+  EXPECT_EQ(results[0].tag, 7u);
+  EXPECT_EQ(results[0].status, Status::kTimedOut);
+  EXPECT_EQ(client->health().code(), absl::StatusCode::kUnavailable) << client->health();
+  EXPECT_EQ(client->outstanding(), 0u);
+  EXPECT_EQ(client->Submit(0, Op::kGet, "after", "", 0, 8).code(), absl::StatusCode::kUnavailable);
+}
+
 }  // namespace
 }  // namespace herd::testing

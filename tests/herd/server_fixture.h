@@ -59,6 +59,14 @@ class ServerProcess {
   ServerProcess(const ServerProcess&) = delete;
   ServerProcess& operator=(const ServerProcess&) = delete;
 
+  // SIGKILLs the server (a crash: nothing is shut down) and reaps it.
+  void Kill() {
+    if (pid_ <= 0) return;
+    kill(pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+    pid_ = -1;
+  }
+
   bool ok() const { return port_ != 0; }
   std::string address() const { return absl::StrCat("127.0.0.1:", port_); }
   pid_t pid() const { return pid_; }
