@@ -141,13 +141,16 @@ class Device {
 };
 
 // Fault injection on the shm fabric (the verbs backend rejects non-zero values): loss that an
-// unreliable transport may show on a real fabric, so tests can prove a protocol survives it.
-// Each QP draws from its own generator seeded from `seed` and its QP number: reproducible.
+// unreliable transport may show on a real fabric, and a delay before every work request takes
+// effect, so tests can prove a protocol survives both. Each QP draws from its own generator
+// seeded from `seed` and its QP number: reproducible.
 struct FaultOptions {
-  double ud_loss = 0;  // probability that a UD SEND is silently lost (counted as dropped)
-  double uc_loss = 0;  // probability that a UC WRITE or SEND is silently lost
+  double ud_loss = 0;     // probability that a UD SEND is silently lost (counted as dropped)
+  double uc_loss = 0;     // probability that a UC WRITE or SEND is silently lost
+  uint32_t delay_us = 0;  // every send WR executes no earlier than this long after its post
+                          // (implies the asynchronous mode, see DeviceOptions::shm_async)
   uint64_t seed = 1;
-  bool any() const { return ud_loss > 0 || uc_loss > 0; }
+  bool any() const { return ud_loss > 0 || uc_loss > 0 || delay_us > 0; }
 };
 
 // Options for opening a device; the verbs fields are ignored by the shm fabric and vice versa.
@@ -158,6 +161,11 @@ struct DeviceOptions {
   uint8_t port = 1;                // verbs
   int gid_index = -1;              // verbs: -1 picks the first RoCE v2 / IB GID
   FaultOptions faults;             // shm only
+  // shm: the asynchronous mode. Send WRs are queued by PostSend and executed later, in order, by
+  // the device's progress thread, as a NIC does: a non-inline buffer is read when the WR
+  // executes, not when it is posted, so reusing it before its completion shows up in tests.
+  // Inline data is captured at post time. (Synchronous mode executes inside PostSend.)
+  bool shm_async = false;
 };
 
 absl::StatusOr<std::unique_ptr<Device>> OpenDevice(const DeviceOptions& options);

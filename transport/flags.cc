@@ -13,6 +13,10 @@ DEFINE_int32(gid_index, -1,
              "verbs: GID index (-1: the first RoCE v2 GID with an IPv4 address; IB: LID routing)");
 DEFINE_double(inject_ud_loss, 0, "shm: probability that a UD SEND is lost (fault injection)");
 DEFINE_double(inject_uc_loss, 0, "shm: probability that a UC WRITE/SEND is lost");
+DEFINE_uint32(inject_delay_us, 0,
+              "shm: every send WR takes effect this long after its post (implies --shm_async)");
+DEFINE_bool(shm_async, false,
+            "shm: execute send WRs on a progress thread after PostSend returns, as a NIC does");
 
 namespace transport {
 
@@ -49,6 +53,8 @@ absl::StatusOr<DeviceOptions> DeviceOptionsFromFlags() {
   options.gid_index = FLAGS_gid_index;
   options.faults.ud_loss = FLAGS_inject_ud_loss;
   options.faults.uc_loss = FLAGS_inject_uc_loss;
+  options.faults.delay_us = FLAGS_inject_delay_us;
+  options.shm_async = FLAGS_shm_async;
   return options;
 }
 

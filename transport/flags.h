@@ -1,6 +1,6 @@
 // Command-line choice of fabric and device (gflags), shared by every binary that opens one:
 //   --fabric=shm|verbs --device --shm_fabric_name --mtu --ib_port --gid_index
-//   --inject_ud_loss --inject_uc_loss (shm fault injection, for tests and loss experiments)
+//   --inject_ud_loss --inject_uc_loss --inject_delay_us (shm fault injection) --shm_async
 #ifndef HERD_TRANSPORT_FLAGS_H_
 #define HERD_TRANSPORT_FLAGS_H_
 

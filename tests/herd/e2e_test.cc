@@ -46,6 +46,30 @@ INSTANTIATE_TEST_SUITE_P(
              std::string(Name(std::get<1>(info.param)));
     });
 
+// On the asynchronous shm fabric (WRs take effect 100 us after their post, buffers read when they
+// execute) both sides still answer correctly: no staging buffer is reused before its completion.
+TEST(Herd, AnAsynchronousDelayedFabricChangesNoAnswer) {
+  constexpr uint32_t kDelayUs = 100;
+  const std::vector<Verbs> pairs = {{RequestVerb::kUcWrite, ResponseVerb::kUdSend},
+                                    {RequestVerb::kUdSend, ResponseVerb::kRcWrite},
+                                    {RequestVerb::kRcWrite, ResponseVerb::kUcWrite}};
+  for (const auto& [request, response] : pairs) {
+    SCOPED_TRACE(absl::StrFormat("%s -> %s", Name(request), Name(response)));
+    const std::string fabric = absl::StrFormat("async-%d-%d", request, response);
+    ServerOptions options = SmallServer(fabric);
+    options.device.faults.delay_us = kDelayUs;
+    options.config.request_verb = request;
+    options.config.response_verb = response;
+    options.config.postlist = 8;
+    options.config.unsig_batch = 8;
+    ServerProcess server(options);
+    ASSERT_TRUE(server.ok());
+    auto client = Join(server, fabric, /*clients=*/3, 0, 0, kDelayUs);
+    ASSERT_NE(client, nullptr);
+    RunModelWorkload(*client, 1500, 64, 3);
+  }
+}
+
 TEST(Herd, HostileSlotBytesNeverCrashTheServerNorDisturbOthers) {
   for (RequestVerb verb : {RequestVerb::kUcWrite, RequestVerb::kUdSend}) {
     const std::string fabric = absl::StrFormat("hostile-%d", verb);

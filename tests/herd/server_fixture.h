@@ -88,13 +88,15 @@ inline ServerOptions SmallServer(const std::string& fabric) {
 }
 
 inline std::unique_ptr<Client> Join(const ServerProcess& server, const std::string& fabric,
-                                    uint32_t clients = 1, double ud_loss = 0, double uc_loss = 0) {
+                                    uint32_t clients = 1, double ud_loss = 0, double uc_loss = 0,
+                                    uint32_t delay_us = 0) {
   ClientOptions options;
   options.server = server.address();
   options.clients = clients;
   options.device.fabric = fabric;
   options.device.faults.ud_loss = ud_loss;
   options.device.faults.uc_loss = uc_loss;
+  options.device.faults.delay_us = delay_us;  // > 0: the asynchronous fabric
   options.retry_timeout = absl::Milliseconds(5);
   auto client = Client::Connect(options);
   EXPECT_TRUE(client.ok()) << client.status();

@@ -24,7 +24,7 @@ class Conformance : public ::testing::TestWithParam<std::string> {
   }
   // Only the shm fabric sees the receiving side of a silent UD/UC drop and counts it at the
   // sender; a NIC cannot know.
-  bool CountsDrops() const { return GetParam() == "shm"; }
+  bool CountsDrops() const { return IsShmBackend(GetParam()); }
   std::unique_ptr<Node> a_, b_;
 };
 
@@ -227,7 +227,7 @@ TEST_P(Conformance, RcReadAndAtomics) {
     EXPECT_EQ(PollN(*a_->send_cq, 1).at(0).status, CompletionStatus::kRemoteInvalidRequest);
   } else {
     EXPECT_EQ(posted.code(), absl::StatusCode::kInvalidArgument) << posted;
-    EXPECT_NE(GetParam(), "shm");
+    EXPECT_FALSE(IsShmBackend(GetParam()));
   }
   std::memcpy(&value, b_->bytes() + 128, 8);
   EXPECT_EQ(value, 100u);
@@ -341,7 +341,10 @@ TEST_P(Conformance, UdWithoutReceiveOrWithWrongQkeyIsDropped) {
   wr.ah = ah.get();
   wr.remote_qpn = qb->qp_num();
   wr.remote_qkey = ud.qkey;
+  wr.flags = kSignaled;
   ASSERT_TRUE(Post(*qa, wr).ok());  // no receive posted
+  // Sent (and so dropped) before the receive below exists, on a NIC or an asynchronous fabric.
+  ASSERT_EQ(PollN(*a_->send_cq, 1).size(), 1u);
   ASSERT_TRUE(PostRecv(*qb, *b_, 1, 0, 128).ok());
   wr.remote_qkey = ud.qkey + 1;
   ASSERT_TRUE(Post(*qa, wr).ok());  // wrong qkey
@@ -354,10 +357,11 @@ TEST_P(Conformance, UdWithoutReceiveOrWithWrongQkeyIsDropped) {
 // Fault injection (shm only): a UD QP loses about the configured fraction of its SENDs, counted
 // as drops; the receiver sees exactly the rest; a reliable QP on the same device loses nothing.
 TEST_P(Conformance, InjectedUdLossDropsTheConfiguredFraction) {
-  if (GetParam() != "shm") GTEST_SKIP() << "fault injection is a shm fabric feature";
+  if (!IsShmBackend(GetParam())) GTEST_SKIP() << "fault injection is a shm fabric feature";
   constexpr int kSends = 2000;
   constexpr double kLoss = 0.25;
-  auto lossy = MakeNode(GetParam(), kAllAccess, 4096, "test", FaultOptions{kLoss, 0, 7});
+  auto lossy =
+      MakeNode(GetParam(), kAllAccess, 4096, "test", FaultOptions{.ud_loss = kLoss, .seed = 7});
   ASSERT_NE(lossy, nullptr);
   auto qa = MakeQp(*lossy, QpType::kUd, kSends);
   QpConfig receiver;
@@ -400,8 +404,49 @@ TEST_P(Conformance, InjectedUdLossDropsTheConfiguredFraction) {
   EXPECT_EQ(rc_a->counters().dropped.Get(), 0u);
 }
 
+// The asynchronous mode with an injected delay (shm only): a WR takes effect only after its
+// delay, a non-inline WRITE sends the bytes its buffer holds when it EXECUTES (reusing the buffer
+// before the completion corrupts the message, as on a NIC), an inline one those of the post.
+TEST_P(Conformance, DelayedWrsReadNonInlineBuffersWhenTheyExecute) {
+  if (!IsShmBackend(GetParam())) GTEST_SKIP() << "fault injection is a shm fabric feature";
+  constexpr uint32_t kDelayUs = 50000;  // far longer than the test's few stores take
+  auto slow = MakeNode(GetParam(), kAllAccess, 4096, "test", FaultOptions{.delay_us = kDelayUs});
+  ASSERT_NE(slow, nullptr);
+  auto qa = MakeQp(*slow, QpType::kRc);
+  auto qb = MakeQp(*b_, QpType::kRc);
+  ConnectPair(*qa, *qb);
+  std::memset(slow->bytes(), 'a', 16);
+  Sge sge_plain, sge_inline;
+  SendWr plain = Write(*slow, 0, 8, *b_, 0, &sge_plain);
+  plain.flags = 0;  // unsignalled: the inline WRITE's completion below covers both
+  SendWr inlined = Write(*slow, 8, 8, *b_, 8, &sge_inline);
+  inlined.flags = kSignaled | kInline;
+  const absl::Time posted = absl::Now();
+  ASSERT_TRUE(Post(*qa, plain).ok());
+  ASSERT_TRUE(Post(*qa, inlined).ok());
+  std::memset(slow->bytes(), 'b', 16);  // both buffers reused before any completion
+  EXPECT_EQ(b_->bytes()[0], 0) << "a delayed WRITE took effect at post time";
+  const std::vector<Completion> done = PollN(*slow->send_cq, 1);
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].status, CompletionStatus::kSuccess);
+  EXPECT_GE(absl::Now() - posted, absl::Microseconds(kDelayUs));
+  EXPECT_EQ(std::string(reinterpret_cast<char*>(b_->bytes()), 8), std::string(8, 'b'))
+      << "a non-inline WRITE reads its buffer when it executes";
+  EXPECT_EQ(std::string(reinterpret_cast<char*>(b_->bytes() + 8), 8), std::string(8, 'a'))
+      << "an inline WRITE carries the bytes of its post";
+
+  // Forcing the QP into ERR flushes what is still pending: it never executes.
+  SendWr late = Write(*slow, 0, 8, *b_, 16, &sge_plain);
+  ASSERT_TRUE(Post(*qa, late).ok());
+  qa->SetError();
+  const std::vector<Completion> flushed = PollN(*slow->send_cq, 1);
+  ASSERT_EQ(flushed.size(), 1u);
+  EXPECT_EQ(flushed[0].status, CompletionStatus::kFlushed);
+  EXPECT_EQ(b_->bytes()[16], 0);
+}
+
 TEST_P(Conformance, ABadLossProbabilityIsRejected) {
-  if (GetParam() != "shm") GTEST_SKIP() << "fault injection is a shm fabric feature";
+  if (!IsShmBackend(GetParam())) GTEST_SKIP() << "fault injection is a shm fabric feature";
   DeviceOptions options;
   options.faults.ud_loss = 1.5;
   EXPECT_EQ(OpenDevice(options).status().code(), absl::StatusCode::kInvalidArgument);
@@ -468,7 +513,7 @@ TEST_P(Conformance, InlineSendsNeedNoRegisteredBuffer) {
   ASSERT_TRUE(Post(*qa, wr).ok());
   const CompletionStatus status = PollN(*a_->send_cq, 1).at(0).status;
   EXPECT_TRUE(status == CompletionStatus::kLocalProtectionError ||
-              (GetParam() != "shm" && status == CompletionStatus::kLocalQpOperationError))
+              (!IsShmBackend(GetParam()) && status == CompletionStatus::kLocalQpOperationError))
       << ToString(status);
 }
 
@@ -514,7 +559,7 @@ TEST_P(Conformance, WriteMakesItsLastEightBytesVisibleLast) {
 
 TEST_P(Conformance, FabricNamesIsolateRuns) {
   auto other = MakeNode(GetParam(), kAllAccess, 4096, "another-fabric");
-  if (GetParam() != "shm") GTEST_SKIP() << "fabric names are a shm fabric notion";
+  if (!IsShmBackend(GetParam())) GTEST_SKIP() << "fabric names are a shm fabric notion";
   auto qa = MakeQp(*a_, QpType::kRc);
   auto qo = MakeQp(*other, QpType::kRc);
   ConnectConfig config;
@@ -524,7 +569,7 @@ TEST_P(Conformance, FabricNamesIsolateRuns) {
 }
 
 TEST_P(Conformance, PrivateMemoryCannotBeRegisteredOnShm) {
-  if (GetParam() != "shm") GTEST_SKIP() << "verbs registers any memory";
+  if (!IsShmBackend(GetParam())) GTEST_SKIP() << "verbs registers any memory";
   std::vector<char> heap(4096);
   auto mr = a_->pd->RegisterMemory(heap.data(), heap.size(), kLocalWrite);
   EXPECT_EQ(mr.status().code(), absl::StatusCode::kInvalidArgument);
@@ -538,7 +583,7 @@ TEST_P(Conformance, AWrongDevicePortOrGidNamesWhatExists) {
   absl::Status status = OpenDevice(options).status();
   EXPECT_EQ(status.code(), absl::StatusCode::kNotFound);
   EXPECT_NE(status.message().find("no-such-device"), std::string::npos) << status;
-  if (GetParam() == "shm") return;
+  if (IsShmBackend(GetParam())) return;
   const std::string device = a_->device->name();
   EXPECT_NE(status.message().find(device), std::string::npos) << status;
   options.name = device;
@@ -556,7 +601,7 @@ TEST_P(Conformance, AWrongDevicePortOrGidNamesWhatExists) {
   EXPECT_EQ(OpenDevice(options).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, Conformance, ::testing::Values("shm", "verbs"),
+INSTANTIATE_TEST_SUITE_P(Backends, Conformance, ::testing::Values("shm", "shm_async", "verbs"),
                          [](const auto& info) { return info.param; });
 
 }  // namespace

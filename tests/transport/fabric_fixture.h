@@ -32,10 +32,17 @@ struct Node {
   Sge sge(size_t offset, uint32_t length) const { return Sge{addr(offset), length, mr->lkey()}; }
 };
 
-// The device a backend name stands for: "shm" itself; "verbs" the device named by the
-// HERD_VERBS_DEVICE environment variable, else the first verbs device here ("" when none).
+// The backends the suite runs on: "shm" (synchronous: WRs execute inside PostSend),
+// "shm_async" (the same fabric with a progress thread: WRs execute after PostSend returns, as on
+// a NIC) and "verbs".
+inline bool IsShmBackend(const std::string& backend) {
+  return backend == "shm" || backend == "shm_async";
+}
+
+// The device a backend name stands for: "shm" for both shm modes; "verbs" the device named by
+// the HERD_VERBS_DEVICE environment variable, else the first verbs device here ("" when none).
 inline std::string DeviceFor(const std::string& backend) {
-  if (backend != "verbs") return backend;
+  if (IsShmBackend(backend)) return "shm";
   if (const char* named = std::getenv("HERD_VERBS_DEVICE"); named != nullptr) return named;
   for (const std::string& name : ListDevices()) {
     if (name != "shm") return name;
@@ -43,7 +50,7 @@ inline std::string DeviceFor(const std::string& backend) {
   return "";
 }
 
-// Opens a node on `backend` ("shm" or "verbs"); nullptr when the backend has no device here (the
+// Opens a node on `backend` (see IsShmBackend); nullptr when the backend has no device here (the
 // caller skips). A verbs device that exists but fails to open fails the test.
 inline std::unique_ptr<Node> MakeNode(const std::string& backend, uint32_t access = kAllAccess,
                                       uint32_t mtu = 4096, const std::string& fabric = "test",
@@ -54,6 +61,7 @@ inline std::unique_ptr<Node> MakeNode(const std::string& backend, uint32_t acces
   if (options.name.empty()) return nullptr;
   options.fabric = fabric;
   options.mtu = mtu;
+  options.shm_async = backend == "shm_async";
   auto device = OpenDevice(options);
   EXPECT_TRUE(device.ok()) << device.status();
   if (!device.ok()) return nullptr;

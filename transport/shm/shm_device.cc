@@ -282,10 +282,38 @@ absl::StatusOr<std::unique_ptr<ShmDevice>> ShmDevice::Open(const DeviceOptions& 
   absl::StatusOr<std::unique_ptr<SegmentMapping>> segment =
       SegmentMapping::Create(FabricId(options.fabric), options.mtu);
   if (!segment.ok()) return segment.status();
-  return std::unique_ptr<ShmDevice>(new ShmDevice(*std::move(segment), faults));
+  const bool async = options.shm_async || faults.delay_us > 0;
+  std::unique_ptr<ShmDevice> device(new ShmDevice(*std::move(segment), faults, async));
+  if (async) device->progress_thread_ = std::thread([d = device.get()] { d->RunProgress(); });
+  return device;
 }
 
-ShmDevice::~ShmDevice() = default;
+ShmDevice::~ShmDevice() {
+  if (progress_thread_.joinable()) {
+    stop_progress_.store(true, std::memory_order_relaxed);
+    progress_thread_.join();
+  }
+}
+
+void ShmDevice::RunProgress() {
+  // When a pass finds nothing due, the thread sleeps this long: a NIC-like delay of tens of
+  // microseconds without burning a core of these small machines.
+  constexpr auto kIdleSleep = std::chrono::microseconds(20);
+  while (!stop_progress_.load(std::memory_order_relaxed)) {
+    uint32_t executed = 0;
+    const int64_t now = SteadyNanos();
+    const uint32_t end = qp_high_water_.load(std::memory_order_acquire);
+    for (uint32_t index = 0; index < end; ++index) {
+      ShmQp* qp = qps_[index].load(std::memory_order_seq_cst);
+      if (qp == nullptr) continue;
+      progressing_.store(qp, std::memory_order_seq_cst);
+      // Re-checked after publishing the hazard: RemoveQp clears the slot before it waits.
+      if (qps_[index].load(std::memory_order_seq_cst) == qp) executed += qp->Progress(now);
+      progressing_.store(nullptr, std::memory_order_release);
+    }
+    if (executed == 0) std::this_thread::sleep_for(kIdleSleep);
+  }
+}
 
 PortInfo ShmDevice::port() const {
   PortInfo info;
@@ -359,6 +387,9 @@ absl::StatusOr<QpEntry*> ShmDevice::AddQp(ShmQp* qp, QpType type) {
     entry.dropped.store(0);
     entry.qp_num.store((generation << kQpIndexBits) | index, std::memory_order_release);
     qps_[index].store(qp, std::memory_order_release);
+    if (index >= qp_high_water_.load(std::memory_order_relaxed)) {
+      qp_high_water_.store(index + 1, std::memory_order_release);
+    }
     return &entry;
   }
   return absl::ResourceExhaustedError(absl::StrFormat("shm device: all %d QPs in use", kMaxQps));
@@ -367,7 +398,10 @@ absl::StatusOr<QpEntry*> ShmDevice::AddQp(ShmQp* qp, QpType type) {
 void ShmDevice::RemoveQp(QpEntry* entry) {
   absl::MutexLock lock(&control_mutex_);
   const uint32_t index = entry->qp_num.load() & ((1u << kQpIndexBits) - 1);
-  qps_[index].store(nullptr, std::memory_order_release);
+  ShmQp* qp = qps_[index].exchange(nullptr, std::memory_order_seq_cst);
+  while (qp != nullptr && progressing_.load(std::memory_order_seq_cst) == qp) {
+    std::this_thread::yield();  // the progress thread is inside this QP: let it leave
+  }
   entry->state.store(static_cast<uint8_t>(QpState::kError));
   entry->qp_num.store(0, std::memory_order_release);
 }

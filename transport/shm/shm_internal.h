@@ -3,7 +3,9 @@
 #define HERD_TRANSPORT_SHM_SHM_INTERNAL_H_
 
 #include <atomic>
+#include <chrono>
 #include <memory>
+#include <thread>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -12,6 +14,12 @@
 #include "transport/shm/segment.h"
 
 namespace transport::shm {
+
+inline int64_t SteadyNanos() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
 
 // A mapping of some device's segment: our own, or a peer's through /proc/<pid>/fd/<fd>.
 class SegmentMapping {
@@ -81,12 +89,25 @@ class ShmDevice : public Device {
   // The live QP object with this number, or nullptr (used by CQ polls to retire send slots).
   ShmQp* FindQp(uint32_t qp_num) const;
   const FaultOptions& faults() const { return faults_; }
+  // Asynchronous mode (DeviceOptions::shm_async, or an injected delay): a progress thread runs
+  // the QPs' pending send WRs.
+  bool async() const { return async_; }
 
  private:
-  ShmDevice(std::unique_ptr<SegmentMapping> segment, const FaultOptions& faults)
-      : segment_(std::move(segment)), faults_(faults) {}
+  ShmDevice(std::unique_ptr<SegmentMapping> segment, const FaultOptions& faults, bool async)
+      : segment_(std::move(segment)), faults_(faults), async_(async) {}
+  // The progress thread's loop: every QP's due WRs, then a short sleep when none ran.
+  void RunProgress();
   std::unique_ptr<SegmentMapping> segment_;
   const FaultOptions faults_;
+  const bool async_;
+  std::thread progress_thread_;
+  std::atomic<bool> stop_progress_{false};
+  // The QP the progress thread is working on (a hazard pointer): RemoveQp waits until it is not
+  // the QP being removed, so a QP is never destroyed under the progress thread.
+  std::atomic<ShmQp*> progressing_{nullptr};
+  // One past the highest QP table index ever used: the progress thread scans no further.
+  std::atomic<uint32_t> qp_high_water_{0};
   absl::Mutex control_mutex_;  // control path only: table slots and the arena
   uint32_t next_generation_ ABSL_GUARDED_BY(control_mutex_) = 1;
   std::atomic<ShmQp*> qps_[kMaxQps] = {};

@@ -71,6 +71,11 @@ absl::StatusOr<std::unique_ptr<ShmQp>> ShmQp::Create(ShmDevice* device, const Qp
   qp->entry_->recv_cq_offset = recv_cq->offset();
   qp->send_cq_ = send_cq;
   qp->loss_state_ = device->faults().seed ^ (uint64_t{qp->number()} << 32);
+  if (device->async()) {
+    qp->pending_.resize(config.max_send_wr);
+    qp->pending_sges_.resize(uint64_t{config.max_send_wr} * config.max_send_sge);
+    qp->pending_inline_.resize(uint64_t{config.max_send_wr} * config.max_inline_data);
+  }
   return qp;
 }
 
@@ -176,14 +181,62 @@ absl::Status ShmQp::PostSend(SendWr* chain, SendWr** bad) {
     counters_.bytes.Add(bytes);
     if (wr->flags & kSignaled) counters_.signaled_wrs.Add();
     if (wr->flags & kInline) counters_.inline_wrs.Add();
-    uint32_t byte_len = static_cast<uint32_t>(bytes);
-    const CompletionStatus status =
-        IsError(state()) ? CompletionStatus::kFlushed : Execute(*wr, &byte_len);
-    if (status != CompletionStatus::kSuccess) SetError();
-    Complete(*wr, status, byte_len, sequence);
+    if (device_->async()) {
+      Enqueue(*wr, sequence);
+    } else {
+      Run(*wr, sequence);
+    }
   }
   if (rang) counters_.doorbells.Add();
   return absl::OkStatus();
+}
+
+void ShmQp::Run(const SendWr& wr, uint64_t sequence) {
+  uint32_t byte_len = static_cast<uint32_t>(TotalLength(wr));
+  const CompletionStatus status =
+      IsError(state()) ? CompletionStatus::kFlushed : Execute(wr, &byte_len);
+  if (status != CompletionStatus::kSuccess) SetError();
+  Complete(wr, status, byte_len, sequence);
+}
+
+void ShmQp::Enqueue(const SendWr& wr, uint64_t sequence) {
+  const uint64_t tail = pending_tail_.load(std::memory_order_relaxed);
+  const uint64_t index = tail % pending_.size();
+  Pending& p = pending_[index];
+  p.wr = wr;
+  p.wr.next = nullptr;
+  p.sequence = sequence;
+  p.due_ns = SteadyNanos() + int64_t{device_->faults().delay_us} * 1000;
+  Sge* sges = &pending_sges_[index * config_.max_send_sge];
+  if (wr.flags & kInline) {
+    // The bytes are the WR's from now on: the caller may reuse its buffer at once.
+    uint8_t* copy = &pending_inline_[index * config_.max_inline_data];
+    uint64_t at = 0;
+    for (uint32_t i = 0; i < wr.num_sge; ++i) {
+      std::memcpy(copy + at, reinterpret_cast<const void*>(wr.sg_list[i].addr),
+                  wr.sg_list[i].length);
+      at += wr.sg_list[i].length;
+    }
+    sges[0] = Sge{reinterpret_cast<uint64_t>(copy), static_cast<uint32_t>(at), 0};
+    p.wr.num_sge = 1;
+  } else {
+    for (uint32_t i = 0; i < wr.num_sge; ++i) sges[i] = wr.sg_list[i];
+  }
+  p.wr.sg_list = sges;
+  pending_tail_.store(tail + 1, std::memory_order_release);
+}
+
+uint32_t ShmQp::Progress(int64_t now_ns) {
+  uint64_t head = pending_head_.load(std::memory_order_relaxed);
+  const uint64_t tail = pending_tail_.load(std::memory_order_acquire);
+  uint32_t executed = 0;
+  for (; head != tail; ++head, ++executed) {
+    const Pending& p = pending_[head % pending_.size()];
+    if (p.due_ns > now_ns) break;  // in order: nothing behind a WR that is not due yet runs
+    Run(p.wr, p.sequence);
+  }
+  pending_head_.store(head, std::memory_order_release);
+  return executed;
 }
 
 void ShmQp::Complete(const SendWr& wr, CompletionStatus status, uint32_t byte_len,

@@ -1,10 +1,13 @@
-// A queue pair of the shared-memory fabric. In this (synchronous) mode the sender performs each
-// transfer inside PostSend, in order, so RC's ordering and reliability hold by construction.
+// A queue pair of the shared-memory fabric. In the synchronous mode the sender performs each
+// transfer inside PostSend, in order, so RC's ordering and reliability hold by construction. In
+// the asynchronous mode PostSend copies each WR (and its inline data) into the QP's pending ring
+// and the device's progress thread executes them later, still in post order.
 #ifndef HERD_TRANSPORT_SHM_SHM_QP_H_
 #define HERD_TRANSPORT_SHM_SHM_QP_H_
 
 #include <atomic>
 #include <memory>
+#include <vector>
 
 #include "transport/fabric.h"
 #include "transport/shm/shm_internal.h"
@@ -27,6 +30,9 @@ class ShmQp : public QueuePair {
   uint32_t number() const { return entry_->qp_num.load(std::memory_order_relaxed); }
   // A signalled send completion up to `sq_sequence` was polled: its queue slots are free.
   void Retire(uint64_t sq_sequence) { retired_.store(sq_sequence, std::memory_order_release); }
+  // Asynchronous mode, progress thread only: executes the pending WRs that are due at `now_ns`
+  // (steady clock); returns how many it executed.
+  uint32_t Progress(int64_t now_ns);
 
  private:
   ShmQp(ShmDevice* device, const QpConfig& config) : QueuePair(config), device_(device) {}
@@ -41,7 +47,24 @@ class ShmQp : public QueuePair {
   Peer* PeerFor(const SendWr& wr);
   uint64_t TotalLength(const SendWr& wr) const;
   void Complete(const SendWr& wr, CompletionStatus status, uint32_t byte_len, uint64_t seq);
+  // Executes one WR now and completes it.
+  void Run(const SendWr& wr, uint64_t sequence);
+  // Asynchronous mode: copies `wr` into the pending ring (room is guaranteed by the send-queue
+  // depth check: a WR leaves the ring before its completion can free its slot).
+  void Enqueue(const SendWr& wr, uint64_t sequence);
 
+  // One pending WR: a copy whose sg_list points at its own SGE copies (or, for inline data, at
+  // its own copy of the bytes).
+  struct Pending {
+    SendWr wr;
+    uint64_t sequence;
+    int64_t due_ns;
+  };
+  std::vector<Pending> pending_;
+  std::vector<Sge> pending_sges_;          // max_send_sge per entry
+  std::vector<uint8_t> pending_inline_;    // max_inline_data per entry
+  std::atomic<uint64_t> pending_tail_{0};  // written by PostSend
+  std::atomic<uint64_t> pending_head_{0};  // written by the progress thread
   ShmDevice* device_;
   QpEntry* entry_ = nullptr;
   RecvRing* recv_ring_ = nullptr;
