@@ -50,14 +50,6 @@ struct Server::Session {
   std::vector<PerWorker> workers;
 };
 
-// The verb counters of a session's connected QPs (WRITE responses are posted on them).
-void Server::AddSessionCounters(const Session& session, transport::CounterSnapshot* out) {
-  for (const Session::PerWorker& pw : session.workers) {
-    if (pw.request_qp) out->Add(pw.request_qp->counters());
-    if (pw.response_qp) out->Add(pw.response_qp->counters());
-  }
-}
-
 absl::StatusOr<std::unique_ptr<Server>> Server::Create(const ServerOptions& options) {
   absl::StatusOr<transport::control::Listener> listener =
       transport::control::Listener::Listen(options.listen_address, options.port);
@@ -210,8 +202,6 @@ void Server::ControlLoop() {
                   << sessions_[i]->first_client + sessions_[i]->clients - 1 << " ("
                   << sessions_[i]->peer << ") left";
         Retire(*sessions_[i]);
-        absl::MutexLock lock(&sessions_mutex_);
-        AddSessionCounters(*sessions_[i], &retired_fabric_);
         sessions_.erase(sessions_.begin() + static_cast<ptrdiff_t>(i));
         session_count_.store(static_cast<uint32_t>(sessions_.size()));
       } else {
@@ -220,8 +210,6 @@ void Server::ControlLoop() {
     }
   }
   for (auto& session : sessions_) Retire(*session);
-  absl::MutexLock lock(&sessions_mutex_);
-  for (auto& session : sessions_) AddSessionCounters(*session, &retired_fabric_);
   sessions_.clear();
   session_count_.store(0);
 }
@@ -301,7 +289,6 @@ absl::Status Server::Admit(Channel channel) {
   session->channel = std::move(channel);
   LOG(INFO) << "clients " << first << ".." << first + hello->clients - 1 << " (" << session->peer
             << ") joined";
-  absl::MutexLock lock(&sessions_mutex_);
   sessions_.push_back(std::move(session));
   session_count_.store(static_cast<uint32_t>(sessions_.size()));
   client_count_.fetch_add(hello->clients);
@@ -425,14 +412,10 @@ ServerStats Server::Stats() const {
     stats.bad_requests += k.bad_requests.Get();
     stats.replays += k.replays.Get();
     stats.dropped += k.dropped.Get();
-    for (const auto& qp : r.ud_qps) stats.fabric.Add(qp->counters());
-    stats.fabric.Add(r.send_cq->counters());
   }
-  {
-    absl::MutexLock lock(&sessions_mutex_);
-    for (const auto& session : sessions_) AddSessionCounters(*session, &stats.fabric);
-    stats.fabric.Add(retired_fabric_);
-  }
+  // Every QP and CQ the server ever had: workers' UD QPs and CQs, sessions' connected QPs
+  // (WRITE responses are posted on them), departed sessions' included.
+  stats.fabric = device_->counters();
   stats.sessions = session_count_.load();
   stats.clients = client_count_.load();
   return stats;

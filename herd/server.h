@@ -11,7 +11,6 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
 #include "herd/config.h"
 #include "herd/pinning.h"
 #include "herd/worker.h"
@@ -64,7 +63,6 @@ class Server {
   absl::Status Admit(transport::control::Channel channel);
   absl::Status BuildSession(Session& session, const struct Join& join);
   void Retire(Session& session);
-  static void AddSessionCounters(const Session& session, transport::CounterSnapshot* out);
   void WaitForWorkers();
 
   const ServerOptions options_;
@@ -90,12 +88,8 @@ class Server {
   std::atomic<bool> stop_{false};
   bool started_ = false;
 
-  // Sessions change on the control thread only, under sessions_mutex_; Stats() reads them (and
-  // the counters of retired sessions' QPs) under it from any thread.
-  mutable absl::Mutex sessions_mutex_;
+  // Control thread only (Stats() reads the device's counters and atomics, never these).
   std::vector<std::unique_ptr<Session>> sessions_;
-  transport::CounterSnapshot retired_fabric_;
-  // Control thread only.
   std::vector<bool> client_ids_used_;
   std::vector<uint8_t> queue_slot_generation_;  // per session queue slot
   std::vector<bool> queue_slots_used_;

@@ -18,6 +18,46 @@ absl::StatusOr<std::unique_ptr<Device>> OpenDevice(const DeviceOptions& options)
   return std::unique_ptr<Device>(std::move(*device));
 }
 
+QueuePair::~QueuePair() {
+  if (registry_ != nullptr) registry_->Retire(this);
+}
+
+CompletionQueue::~CompletionQueue() {
+  if (registry_ != nullptr) registry_->Retire(this);
+}
+
+void CounterRegistry::Register(QueuePair* qp) {
+  absl::MutexLock lock(&mutex_);
+  qp->registry_ = this;
+  qps_.push_back(qp);
+}
+
+void CounterRegistry::Register(CompletionQueue* cq) {
+  absl::MutexLock lock(&mutex_);
+  cq->registry_ = this;
+  cqs_.push_back(cq);
+}
+
+void CounterRegistry::Retire(const QueuePair* qp) {
+  absl::MutexLock lock(&mutex_);
+  retired_.Add(qp->counters());
+  std::erase(qps_, qp);
+}
+
+void CounterRegistry::Retire(const CompletionQueue* cq) {
+  absl::MutexLock lock(&mutex_);
+  retired_.Add(cq->counters());
+  std::erase(cqs_, cq);
+}
+
+CounterSnapshot CounterRegistry::Snapshot() const {
+  absl::MutexLock lock(&mutex_);
+  CounterSnapshot total = retired_;
+  for (const QueuePair* qp : qps_) total.Add(qp->counters());
+  for (const CompletionQueue* cq : cqs_) total.Add(cq->counters());
+  return total;
+}
+
 absl::Status QueuePair::ValidateSend(const SendWr& wr) const {
   if (wr.num_sge > config_.max_send_sge) {
     return absl::InvalidArgumentError(

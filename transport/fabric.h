@@ -19,12 +19,34 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
 #include "transport/types.h"
 
 namespace transport {
 
 class CompletionQueue;
+class QueuePair;
+
+// A device's counters: the sum over every QP and CQ it created, destroyed ones included (their
+// counters are folded in when they go). Backends register each QP and CQ they create; reading is
+// control path (a mutex), the data path never touches it.
+class CounterRegistry {
+ public:
+  void Register(QueuePair* qp);
+  void Register(CompletionQueue* cq);
+  CounterSnapshot Snapshot() const;
+
+ private:
+  friend class QueuePair;
+  friend class CompletionQueue;
+  void Retire(const QueuePair* qp);
+  void Retire(const CompletionQueue* cq);
+  mutable absl::Mutex mutex_;
+  std::vector<const QueuePair*> qps_ ABSL_GUARDED_BY(mutex_);
+  std::vector<const CompletionQueue*> cqs_ ABSL_GUARDED_BY(mutex_);
+  CounterSnapshot retired_ ABSL_GUARDED_BY(mutex_);
+};
 
 class MemoryRegion {
  public:
@@ -54,13 +76,17 @@ class AddressHandle {
 
 class CompletionQueue {
  public:
-  virtual ~CompletionQueue() = default;
+  virtual ~CompletionQueue();
   // Moves up to out.size() completions into out; returns how many. Never blocks.
   virtual size_t Poll(absl::Span<Completion> out) = 0;
   const CqCounters& counters() const { return counters_; }
 
  protected:
   CqCounters counters_;
+
+ private:
+  friend class CounterRegistry;
+  CounterRegistry* registry_ = nullptr;
 };
 
 struct QpConfig {
@@ -85,7 +111,7 @@ struct ConnectConfig {
 
 class QueuePair {
  public:
-  virtual ~QueuePair() = default;
+  virtual ~QueuePair();
 
   // Posts a chain of send WRs with one doorbell. On failure nothing after *bad was posted and
   // the status says why (queue full, bad SGE count, inline too long, wrong opcode for the QP).
@@ -110,6 +136,10 @@ class QueuePair {
   absl::Status ValidateSend(const SendWr& wr) const;
   QpConfig config_;
   QpCounters counters_;
+
+ private:
+  friend class CounterRegistry;
+  CounterRegistry* registry_ = nullptr;
 };
 
 class ProtectionDomain {
@@ -138,6 +168,13 @@ class Device {
   virtual PortInfo port() const = 0;
   virtual absl::StatusOr<std::unique_ptr<ProtectionDomain>> AllocatePd() = 0;
   virtual absl::StatusOr<std::unique_ptr<CompletionQueue>> CreateCq(uint32_t depth) = 0;
+  // Every counter of this device's QPs and CQs, past and present: its verb economy as a whole.
+  CounterSnapshot counters() const { return registry_.Snapshot(); }
+  // Backends register what they create here.
+  CounterRegistry& counter_registry() { return registry_; }
+
+ private:
+  CounterRegistry registry_;
 };
 
 // Fault injection on the shm fabric (the verbs backend rejects non-zero values): loss that an

@@ -445,6 +445,39 @@ TEST_P(Conformance, DelayedWrsReadNonInlineBuffersWhenTheyExecute) {
   EXPECT_EQ(b_->bytes()[16], 0);
 }
 
+// Device counters: the sum over every QP and CQ of the device, destroyed ones included, kept
+// identically by both backends.
+TEST_P(Conformance, DeviceCountersSumEveryQpAndCqIncludingDestroyedOnes) {
+  const CounterSnapshot before = a_->device->counters();
+  auto qb = MakeQp(*b_, QpType::kRc);
+  auto qa = MakeQp(*a_, QpType::kRc);
+  ConnectPair(*qa, *qb);
+  Sge sges[3];
+  SendWr chain[3];
+  for (int i = 0; i < 3; ++i) {
+    chain[i] = Write(*a_, 8 * i, 8, *b_, 8 * i, &sges[i]);
+    chain[i].flags = i == 2 ? uint32_t{kSignaled} : 0u;
+    chain[i].next = i < 2 ? &chain[i + 1] : nullptr;
+  }
+  SendWr* bad = nullptr;
+  ASSERT_TRUE(qa->PostSend(chain, &bad).ok());
+  ASSERT_EQ(PollN(*a_->send_cq, 1).size(), 1u);
+  const CounterSnapshot live = a_->device->counters();
+  EXPECT_EQ(live.doorbells - before.doorbells, 1u);
+  EXPECT_EQ(live.wrs - before.wrs, 3u);
+  EXPECT_EQ(live.signaled_wrs - before.signaled_wrs, 1u);
+  EXPECT_EQ(live.bytes - before.bytes, 24u);
+  EXPECT_EQ(live.completions - before.completions, 1u);
+  EXPECT_GE(live.polls - before.polls, 1u);
+  // The same totals once the QP is gone: its counters stay with the device.
+  qa.reset();
+  const CounterSnapshot after = a_->device->counters();
+  EXPECT_EQ(after.doorbells, live.doorbells);
+  EXPECT_EQ(after.wrs, live.wrs);
+  EXPECT_EQ(after.bytes, live.bytes);
+  EXPECT_EQ(after.completions, live.completions);
+}
+
 TEST_P(Conformance, ABadLossProbabilityIsRejected) {
   if (!IsShmBackend(GetParam())) GTEST_SKIP() << "fault injection is a shm fabric feature";
   DeviceOptions options;

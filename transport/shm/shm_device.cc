@@ -245,6 +245,7 @@ class ShmPd : public ProtectionDomain {
   absl::StatusOr<std::unique_ptr<QueuePair>> CreateQp(const QpConfig& config) override {
     absl::StatusOr<std::unique_ptr<ShmQp>> qp = ShmQp::Create(device_, config);
     if (!qp.ok()) return qp.status();
+    device_->counter_registry().Register(qp->get());
     return std::unique_ptr<QueuePair>(std::move(*qp));
   }
 
@@ -336,7 +337,9 @@ absl::StatusOr<std::unique_ptr<CompletionQueue>> ShmDevice::CreateCq(uint32_t de
   ring->depth = depth;
   for (uint32_t i = 0; i < depth; ++i) new (&ring->entries[i]) CqEntry{};
   for (uint32_t i = 0; i < depth; ++i) ring->entries[i].sequence.store(i);
-  return std::unique_ptr<CompletionQueue>(new ShmCq(this, *offset));
+  auto cq = std::make_unique<ShmCq>(this, *offset);
+  counter_registry().Register(cq.get());
+  return std::unique_ptr<CompletionQueue>(std::move(cq));
 }
 
 absl::StatusOr<uint64_t> ShmDevice::Carve(uint64_t bytes) {

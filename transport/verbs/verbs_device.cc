@@ -325,7 +325,9 @@ absl::StatusOr<std::unique_ptr<CompletionQueue>> VerbsDevice::CreateCq(uint32_t 
     return absl::ResourceExhaustedError(
         absl::StrFormat("ibv_create_cq(%s, %d): %s", name_, depth, std::strerror(errno)));
   }
-  return std::unique_ptr<CompletionQueue>(new VerbsCq(this, cq));
+  auto wrapped = std::make_unique<VerbsCq>(this, cq);
+  counter_registry().Register(wrapped.get());
+  return std::unique_ptr<CompletionQueue>(std::move(wrapped));
 }
 
 namespace {
@@ -446,6 +448,7 @@ absl::StatusOr<std::unique_ptr<MemoryRegion>> VerbsPd::RegisterMemory(void* addr
 absl::StatusOr<std::unique_ptr<QueuePair>> VerbsPd::CreateQp(const QpConfig& config) {
   absl::StatusOr<std::unique_ptr<VerbsQp>> qp = VerbsQp::Create(device_, pd_, config);
   if (!qp.ok()) return qp.status();
+  device_->counter_registry().Register(qp->get());
   return std::unique_ptr<QueuePair>(std::move(*qp));
 }
 
