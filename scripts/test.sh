@@ -75,11 +75,12 @@ run_in_rxe_vm() {
     $bin/tests/transport/conformance_test --gtest_filter='*/verbs' \
       --gtest_output=xml:$xml/conformance.xml || rc=1
     $bin/tests/herd/verbs_e2e_test --gtest_output=xml:$xml/verbs_e2e.xml || rc=1
+    $bin/tests/transport/cm_test --gtest_filter='CmTest.*' --gtest_output=xml:$xml/cm.xml || rc=1
     exit \$rc"
   local rc=$?
   local passed failed skipped
   read -r passed failed skipped < <(python3 scripts/gtest_totals.py --xml \
-    "$xml/conformance.xml" "$xml/verbs_e2e.xml")
+    "$xml/conformance.xml" "$xml/verbs_e2e.xml" "$xml/cm.xml")
   echo "==== rxe0 cases: ${passed} passed, ${failed} failed, ${skipped} skipped"
   total_passed=$((total_passed + passed))
   total_failed=$((total_failed + failed))

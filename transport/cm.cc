@@ -1,0 +1,307 @@
+#include "transport/cm.h"
+
+#include <netdb.h>
+#include <poll.h>
+#include <rdma/rdma_cma.h>
+
+#include <cerrno>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "glog/logging.h"
+
+namespace transport {
+namespace {
+
+// Private data: magic, QP number, PSN, LID, GID. A CM REQ carries at most 56 bytes of it.
+constexpr uint32_t kCmMagic = 0x314d4348;  // "HCM1"
+constexpr size_t kPrivateBytes = 4 + 4 + 4 + 2 + 16;
+static_assert(kPrivateBytes <= 56);
+constexpr int kListenBacklog = 16;
+constexpr uint8_t kRetryCount = 7;
+constexpr uint8_t kRnrRetryForever = 7;
+// RDMA READ/atomic depth each side grants and asks: what herd's RC paths need.
+constexpr uint8_t kReadDepth = 1;
+
+struct Wire {
+  uint8_t bytes[kPrivateBytes];
+};
+
+Wire Encode(const QpEndpoint& e) {
+  Wire w{};
+  uint8_t* p = w.bytes;
+  std::memcpy(p, &kCmMagic, 4);
+  std::memcpy(p + 4, &e.qp_num, 4);
+  std::memcpy(p + 8, &e.psn, 4);
+  std::memcpy(p + 12, &e.lid, 2);
+  std::memcpy(p + 14, e.gid.data(), 16);
+  return w;
+}
+
+absl::StatusOr<QpEndpoint> Decode(const void* data, size_t length) {
+  if (data == nullptr || length < kPrivateBytes) {
+    return absl::DataLossError(absl::StrFormat(
+        "RDMA-CM private data of %d bytes, expected a herd endpoint of %d", length, kPrivateBytes));
+  }
+  const auto* p = static_cast<const uint8_t*>(data);
+  uint32_t magic;
+  std::memcpy(&magic, p, 4);
+  if (magic != kCmMagic) {
+    return absl::DataLossError("RDMA-CM private data is not a herd endpoint (another program?)");
+  }
+  QpEndpoint e;
+  std::memcpy(&e.qp_num, p + 4, 4);
+  std::memcpy(&e.psn, p + 8, 4);
+  std::memcpy(&e.lid, p + 12, 2);
+  std::memcpy(e.gid.data(), p + 14, 16);
+  return e;
+}
+
+absl::Status Errno(const char* what) {
+  return absl::UnavailableError(absl::StrFormat("%s: %s", what, std::strerror(errno)));
+}
+
+int Milliseconds(absl::Duration d) {
+  return static_cast<int>(std::max<int64_t>(1, absl::ToInt64Milliseconds(d)));
+}
+
+// What an event carried, copied out before the event is acknowledged.
+struct Event {
+  rdma_cm_event_type type;
+  rdma_cm_id* id;
+  int status;
+  std::vector<uint8_t> private_data;
+};
+
+absl::StatusOr<Event> NextEvent(rdma_event_channel* channel, absl::Time deadline) {
+  pollfd p{channel->fd, POLLIN, 0};
+  const int ready = poll(&p, 1, Milliseconds(deadline - absl::Now()));
+  if (ready < 0) return Errno("poll(RDMA-CM channel)");
+  if (ready == 0) return absl::DeadlineExceededError("no RDMA-CM event before the deadline");
+  rdma_cm_event* raw = nullptr;
+  if (rdma_get_cm_event(channel, &raw) != 0) return Errno("rdma_get_cm_event");
+  Event e{raw->event, raw->id, raw->status, {}};
+  const auto* data = static_cast<const uint8_t*>(raw->param.conn.private_data);
+  if (data != nullptr) {
+    e.private_data.assign(data, data + raw->param.conn.private_data_len);
+  }
+  rdma_ack_cm_event(raw);
+  return e;
+}
+
+absl::StatusOr<Event> Expect(rdma_event_channel* channel, rdma_cm_event_type want,
+                             absl::Time deadline, std::string_view peer) {
+  absl::StatusOr<Event> e = NextEvent(channel, deadline);
+  if (!e.ok()) {
+    return absl::Status(e.status().code(),
+                        absl::StrFormat("RDMA-CM with %s, waiting for %s: %s", peer,
+                                        rdma_event_str(want), e.status().message()));
+  }
+  if (e->type != want) {
+    return absl::UnavailableError(absl::StrFormat("RDMA-CM with %s: %s (status %d), expected %s",
+                                                  peer, rdma_event_str(e->type), e->status,
+                                                  rdma_event_str(want)));
+  }
+  return e;
+}
+
+// The CM must have picked the QP's own device.
+absl::Status CheckDevice(const rdma_cm_id* id, const Device& device, std::string_view peer) {
+  if (id->verbs == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrFormat("RDMA-CM resolved %s to no RDMA device", peer));
+  }
+  const std::string resolved = ibv_get_device_name(id->verbs->device);
+  if (resolved != device.name()) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("RDMA-CM reaches %s through device %s, but the QP is on %s: open %s "
+                        "(--device) or use an address of %s",
+                        peer, resolved, device.name(), resolved, device.name()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckQp(const Device& device, const QueuePair& qp) {
+  if (device.name() == "shm") {
+    return absl::UnimplementedError(
+        "RDMA-CM connects verbs devices; on the shm fabric exchange endpoints over the control "
+        "plane (transport/control)");
+  }
+  if (qp.config().type != QpType::kRc) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("RDMA-CM connects RC QPs, this one is %s", ToString(qp.config().type)));
+  }
+  if (qp.state() != QpState::kReset) {
+    return absl::FailedPreconditionError("RDMA-CM needs a QP in RESET");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<addrinfo*> Resolve(std::string_view host, uint16_t port, bool passive) {
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  if (passive) hints.ai_flags = AI_PASSIVE;
+  addrinfo* found = nullptr;
+  const std::string service = std::to_string(port);
+  const std::string name(host);
+  if (const int rc = getaddrinfo(name.c_str(), service.c_str(), &hints, &found); rc != 0) {
+    return absl::NotFoundError(absl::StrFormat("%s: %s", name, gai_strerror(rc)));
+  }
+  return found;
+}
+
+rdma_conn_param ConnParam(const Wire& wire, uint32_t qp_num) {
+  rdma_conn_param param{};
+  param.private_data = wire.bytes;
+  param.private_data_len = kPrivateBytes;
+  param.responder_resources = kReadDepth;
+  param.initiator_depth = kReadDepth;
+  param.retry_count = kRetryCount;
+  param.rnr_retry_count = kRnrRetryForever;
+  param.qp_num = qp_num;  // our own QP: the CM only carries its number
+  return param;
+}
+
+// An id and the event channel its events arrive on.
+class Connection : public CmConnection {
+ public:
+  Connection(rdma_event_channel* channel, rdma_cm_id* id) : channel_(channel), id_(id) {}
+  ~Connection() override {
+    if (id_ != nullptr) {
+      rdma_disconnect(id_);
+      rdma_destroy_id(id_);
+    }
+    if (channel_ != nullptr) rdma_destroy_event_channel(channel_);
+  }
+  Connection(const Connection&) = delete;
+  Connection& operator=(const Connection&) = delete;
+  rdma_event_channel* channel() const { return channel_; }
+  rdma_cm_id* id() const { return id_; }
+
+ private:
+  rdma_event_channel* channel_;
+  rdma_cm_id* id_;
+};
+
+absl::StatusOr<std::unique_ptr<Connection>> NewId() {
+  rdma_event_channel* channel = rdma_create_event_channel();
+  if (channel == nullptr) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "rdma_create_event_channel: %s (is the rdma_ucm module loaded?)", std::strerror(errno)));
+  }
+  rdma_cm_id* id = nullptr;
+  if (rdma_create_id(channel, &id, nullptr, RDMA_PS_TCP) != 0) {
+    const absl::Status s = Errno("rdma_create_id");
+    rdma_destroy_event_channel(channel);
+    return s;
+  }
+  return std::make_unique<Connection>(channel, id);
+}
+
+class Listener : public CmListener {
+ public:
+  explicit Listener(std::unique_ptr<Connection> listening) : listening_(std::move(listening)) {}
+  uint16_t port() const override { return ntohs(rdma_get_src_port(listening_->id())); }
+
+  absl::StatusOr<std::unique_ptr<CmConnection>> Accept(const Device& device, QueuePair& qp,
+                                                       absl::Duration timeout) override {
+    if (absl::Status s = CheckQp(device, qp); !s.ok()) return s;
+    const absl::Time deadline = absl::Now() + timeout;
+    absl::StatusOr<Event> request =
+        Expect(listening_->channel(), RDMA_CM_EVENT_CONNECT_REQUEST, deadline, "a client");
+    if (!request.ok()) return request.status();
+    // The request's id is the new connection's: give it a channel of its own.
+    rdma_event_channel* channel = rdma_create_event_channel();
+    if (channel == nullptr) return Errno("rdma_create_event_channel");
+    auto connection = std::make_unique<Connection>(channel, request->id);
+    auto reject = [&](const absl::Status& why) {
+      rdma_reject(request->id, nullptr, 0);
+      return why;
+    };
+    if (rdma_migrate_id(request->id, channel) != 0) return reject(Errno("rdma_migrate_id"));
+    if (absl::Status s = CheckDevice(request->id, device, "the client"); !s.ok()) return reject(s);
+    absl::StatusOr<QpEndpoint> peer =
+        Decode(request->private_data.data(), request->private_data.size());
+    if (!peer.ok()) return reject(peer.status());
+    ConnectConfig config;
+    config.remote = *peer;
+    if (absl::Status s = qp.Connect(config); !s.ok()) return reject(s);
+    const Wire ours = Encode(qp.endpoint());
+    rdma_conn_param param = ConnParam(ours, qp.qp_num());
+    if (rdma_accept(request->id, &param) != 0) return Errno("rdma_accept");
+    absl::StatusOr<Event> established =
+        Expect(channel, RDMA_CM_EVENT_ESTABLISHED, deadline, "the client");
+    if (!established.ok()) return established.status();
+    return std::unique_ptr<CmConnection>(std::move(connection));
+  }
+
+ private:
+  std::unique_ptr<Connection> listening_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<CmListener>> CmListener::Listen(std::string_view address,
+                                                               uint16_t port) {
+  absl::StatusOr<std::unique_ptr<Connection>> listening = NewId();
+  if (!listening.ok()) return listening.status();
+  absl::StatusOr<addrinfo*> where = Resolve(address, port, /*passive=*/true);
+  if (!where.ok()) return where.status();
+  const int rc = rdma_bind_addr((*listening)->id(), (*where)->ai_addr);
+  freeaddrinfo(*where);
+  if (rc != 0) {
+    return absl::UnavailableError(
+        absl::StrFormat("rdma_bind_addr(%s:%d): %s (an address of an RDMA interface?)",
+                        std::string(address), port, std::strerror(errno)));
+  }
+  if (rdma_listen((*listening)->id(), kListenBacklog) != 0) return Errno("rdma_listen");
+  return std::unique_ptr<CmListener>(new Listener(*std::move(listening)));
+}
+
+absl::StatusOr<std::unique_ptr<CmConnection>> CmConnect(const Device& device, QueuePair& qp,
+                                                        std::string_view host, uint16_t port,
+                                                        absl::Duration timeout) {
+  if (absl::Status s = CheckQp(device, qp); !s.ok()) return s;
+  const std::string peer = absl::StrFormat("%s:%d", std::string(host), port);
+  const absl::Time deadline = absl::Now() + timeout;
+  absl::StatusOr<std::unique_ptr<Connection>> connection = NewId();
+  if (!connection.ok()) return connection.status();
+  rdma_cm_id* id = (*connection)->id();
+  rdma_event_channel* channel = (*connection)->channel();
+  absl::StatusOr<addrinfo*> where = Resolve(host, port, /*passive=*/false);
+  if (!where.ok()) return where.status();
+  const int rc = rdma_resolve_addr(id, nullptr, (*where)->ai_addr, Milliseconds(timeout));
+  freeaddrinfo(*where);
+  if (rc != 0) return Errno("rdma_resolve_addr");
+  if (auto e = Expect(channel, RDMA_CM_EVENT_ADDR_RESOLVED, deadline, peer); !e.ok()) {
+    return e.status();
+  }
+  if (absl::Status s = CheckDevice(id, device, peer); !s.ok()) return s;
+  if (rdma_resolve_route(id, Milliseconds(deadline - absl::Now())) != 0) {
+    return Errno("rdma_resolve_route");
+  }
+  if (auto e = Expect(channel, RDMA_CM_EVENT_ROUTE_RESOLVED, deadline, peer); !e.ok()) {
+    return e.status();
+  }
+  const Wire ours = Encode(qp.endpoint());
+  rdma_conn_param param = ConnParam(ours, qp.qp_num());
+  if (rdma_connect(id, &param) != 0) return Errno("rdma_connect");
+  // Our QP is not the CM's, so the reply arrives as CONNECT_RESPONSE and we finish the
+  // handshake (rdma_establish) once our QP can send.
+  absl::StatusOr<Event> response = Expect(channel, RDMA_CM_EVENT_CONNECT_RESPONSE, deadline, peer);
+  if (!response.ok()) return response.status();
+  absl::StatusOr<QpEndpoint> remote =
+      Decode(response->private_data.data(), response->private_data.size());
+  if (!remote.ok()) return remote.status();
+  ConnectConfig config;
+  config.remote = *remote;
+  if (absl::Status s = qp.Connect(config); !s.ok()) return s;
+  if (rdma_establish(id) != 0) return Errno("rdma_establish");
+  return std::unique_ptr<CmConnection>(*std::move(connection));
+}
+
+}  // namespace transport
