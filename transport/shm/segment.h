@@ -91,7 +91,14 @@ struct QpEntry {
   uint64_t recv_ring_offset;  // in the segment
   uint64_t recv_cq_offset;
   std::atomic<uint64_t> dropped;  // inbound messages dropped (written by senders)
+  // Send WRs whose queue slots are free again: [QP generation : 12][count : 52], advanced by
+  // whichever thread polls the send CQ. It lives in the segment, not in the QP object, so a
+  // poller racing the QP's destruction writes into a table entry (and its generation check makes
+  // a reused entry ignore it), never into freed memory.
+  std::atomic<uint64_t> retired;
 };
+inline constexpr int kRetiredCountBits = 52;
+inline constexpr uint64_t kRetiredCountMask = (uint64_t{1} << kRetiredCountBits) - 1;
 
 struct SegmentHeader {
   uint64_t magic;

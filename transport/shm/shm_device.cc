@@ -165,6 +165,24 @@ bool PopReceive(RecvRing* ring, RecvEntry* out) {
   }
 }
 
+namespace {
+
+// A signalled send completion up to `sq_sequence` was polled: the queue slots of QP `qp_num` up
+// to it are free. Ignored when the table entry now belongs to another QP (another generation).
+void RetireSends(QpEntry* qps, uint32_t qp_num, uint64_t sq_sequence) {
+  QpEntry& entry = qps[qp_num & ((1u << kQpIndexBits) - 1)];
+  const uint64_t generation = qp_num >> kQpIndexBits;
+  uint64_t word = entry.retired.load(std::memory_order_acquire);
+  while ((word >> kRetiredCountBits) == generation && (word & kRetiredCountMask) < sq_sequence) {
+    if (entry.retired.compare_exchange_weak(word, (generation << kRetiredCountBits) | sq_sequence,
+                                            std::memory_order_acq_rel)) {
+      return;
+    }
+  }
+}
+
+}  // namespace
+
 size_t ShmCq::Poll(absl::Span<Completion> out) {
   counters_.polls.Add();
   size_t n = 0;
@@ -185,7 +203,7 @@ size_t ShmCq::Poll(absl::Span<Completion> out) {
     e.sequence.store(head + ring_->depth, std::memory_order_release);
     ring_->head.store(head + 1, std::memory_order_release);
     if (sq_sequence != 0) {
-      if (ShmQp* qp = device_->FindQp(c.qp_num)) qp->Retire(sq_sequence);
+      RetireSends(device_->segment().header()->qps, c.qp_num, sq_sequence);
     }
   }
   if (n == 0) counters_.empty_polls.Add();
@@ -388,6 +406,7 @@ absl::StatusOr<QpEntry*> ShmDevice::AddQp(ShmQp* qp, QpType type) {
     entry.type = static_cast<uint8_t>(type);
     entry.state.store(static_cast<uint8_t>(QpState::kReset));
     entry.dropped.store(0);
+    entry.retired.store(uint64_t{generation} << kRetiredCountBits);
     entry.qp_num.store((generation << kQpIndexBits) | index, std::memory_order_release);
     qps_[index].store(qp, std::memory_order_release);
     if (index >= qp_high_water_.load(std::memory_order_relaxed)) {
@@ -407,11 +426,6 @@ void ShmDevice::RemoveQp(QpEntry* entry) {
   }
   entry->state.store(static_cast<uint8_t>(QpState::kError));
   entry->qp_num.store(0, std::memory_order_release);
-}
-
-ShmQp* ShmDevice::FindQp(uint32_t qp_num) const {
-  ShmQp* qp = qps_[qp_num & ((1u << kQpIndexBits) - 1)].load(std::memory_order_acquire);
-  return qp != nullptr && qp->number() == qp_num ? qp : nullptr;
 }
 
 }  // namespace transport::shm

@@ -86,8 +86,6 @@ class ShmDevice : public Device {
   void RemoveRegion(uint32_t key);
   absl::StatusOr<QpEntry*> AddQp(ShmQp* qp, QpType type);
   void RemoveQp(QpEntry* entry);
-  // The live QP object with this number, or nullptr (used by CQ polls to retire send slots).
-  ShmQp* FindQp(uint32_t qp_num) const;
   const FaultOptions& faults() const { return faults_; }
   // Asynchronous mode (DeviceOptions::shm_async, or an injected delay): a progress thread runs
   // the QPs' pending send WRs.

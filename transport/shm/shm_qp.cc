@@ -168,7 +168,8 @@ absl::Status ShmQp::PostSend(SendWr* chain, SendWr** bad) {
       *bad = wr;
       return status;
     }
-    if (posted_ - retired_.load(std::memory_order_acquire) >= config_.max_send_wr) {
+    const uint64_t retired = entry_->retired.load(std::memory_order_acquire) & kRetiredCountMask;
+    if (posted_ - retired >= config_.max_send_wr) {
       *bad = wr;
       return absl::ResourceExhaustedError(absl::StrFormat(
           "send queue full (%d WRs outstanding): signal a WR and poll its completion",

@@ -28,8 +28,6 @@ class ShmQp : public QueuePair {
 
   // qp_num() without building a whole endpoint: for the data path.
   uint32_t number() const { return entry_->qp_num.load(std::memory_order_relaxed); }
-  // A signalled send completion up to `sq_sequence` was polled: its queue slots are free.
-  void Retire(uint64_t sq_sequence) { retired_.store(sq_sequence, std::memory_order_release); }
   // Asynchronous mode, progress thread only: executes the pending WRs that are due at `now_ns`
   // (steady clock); returns how many it executed.
   uint32_t Progress(int64_t now_ns);
@@ -74,9 +72,8 @@ class ShmQp : public QueuePair {
   // True when fault injection loses the next WR (UD SEND; UC WRITE or SEND).
   bool InjectLoss();
 
-  uint64_t posted_ = 0;               // send WRs posted, ever
-  uint64_t loss_state_ = 0;           // fault injection generator (splitmix64 state)
-  std::atomic<uint64_t> retired_{0};  // send WRs whose queue slots are free again
+  uint64_t posted_ = 0;      // send WRs posted, ever
+  uint64_t loss_state_ = 0;  // fault injection generator (splitmix64 state)
 };
 
 }  // namespace transport::shm
