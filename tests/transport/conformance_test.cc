@@ -478,6 +478,107 @@ TEST_P(Conformance, DeviceCountersSumEveryQpAndCqIncludingDestroyedOnes) {
   EXPECT_EQ(after.completions, live.completions);
 }
 
+// A server retires a departed client's QP while its worker keeps polling the send CQ that QP
+// shared: the poll may be handling that QP's completions at that very moment. Under ASan a
+// poll touching the destroyed QP is a use-after-free; afterwards the CQ still accounts exactly.
+TEST_P(Conformance, DestroyingAQpWhileAnotherThreadPollsItsSendCqIsSafe) {
+  constexpr int kRounds = 100;
+  constexpr int kWritesPerRound = 8;  // one chain, every WR signalled
+  std::atomic<bool> stop{false};
+  std::atomic<uint64_t> polled{0}, failed{0};
+  std::thread poller([&] {
+    Completion buffer[16];
+    while (!stop.load(std::memory_order_relaxed)) {
+      const size_t n = a_->send_cq->Poll(absl::MakeSpan(buffer, 16));
+      for (size_t i = 0; i < n; ++i) {
+        // A destroyed QP's leftovers are successes (or flushes where the provider flushes).
+        if (buffer[i].status != CompletionStatus::kSuccess &&
+            buffer[i].status != CompletionStatus::kFlushed) {
+          failed.fetch_add(1, std::memory_order_relaxed);
+        }
+      }
+      polled.fetch_add(n, std::memory_order_relaxed);
+    }
+  });
+  for (int round = 0; round < kRounds; ++round) {
+    auto qa = MakeQp(*a_, QpType::kUc);
+    auto qb = MakeQp(*b_, QpType::kUc);
+    ConnectPair(*qa, *qb);
+    Sge sges[kWritesPerRound];
+    SendWr chain[kWritesPerRound];
+    for (int i = 0; i < kWritesPerRound; ++i) {
+      chain[i] = Write(*a_, 8 * i, 8, *b_, 8 * i, &sges[i]);
+      chain[i].next = i + 1 < kWritesPerRound ? &chain[i + 1] : nullptr;
+    }
+    SendWr* bad = nullptr;
+    ASSERT_TRUE(qa->PostSend(chain, &bad).ok());
+    // Destroyed at once: its completions are polled before, during or after this.
+  }
+  stop = true;
+  poller.join();
+  EXPECT_EQ(failed.load(), 0u);
+  EXPECT_LE(polled.load(), uint64_t{kRounds} * kWritesPerRound);
+  // The CQ and its device still account exactly for a new QP: a full queue, reaped, is free.
+  auto qa = MakeQp(*a_, QpType::kUc, /*max_send_wr=*/4);
+  auto qb = MakeQp(*b_, QpType::kUc);
+  ConnectPair(*qa, *qb);
+  Sge sge;
+  SendWr wr = Write(*a_, 0, 8, *b_, 0, &sge);
+  wr.wr_id = 1234;
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(Post(*qa, wr).ok()) << i;
+  EXPECT_EQ(Post(*qa, wr).code(), absl::StatusCode::kResourceExhausted);
+  size_t ours = 0;  // the destroyed QPs' leftovers may still come first
+  const absl::Time give_up = absl::Now() + kCompletionDeadline;
+  while (ours < 4 && absl::Now() < give_up) {
+    for (const Completion& c : PollN(*a_->send_cq, 1, kQuietPeriod)) {
+      if (c.wr_id == 1234 && c.status == CompletionStatus::kSuccess) ++ours;
+    }
+  }
+  EXPECT_EQ(ours, 4u);
+  EXPECT_TRUE(Post(*qa, wr).ok());
+}
+
+// An RC SEND waiting for its receiver (RNR) holds back only its own QP: the device's other QPs
+// keep moving, and the SEND goes through once a receive is posted. On a NIC this is the
+// hardware's RNR NAK and retry timer.
+TEST_P(Conformance, AnRnrWaitHoldsBackOnlyItsOwnQp) {
+  if (GetParam() == "shm") {
+    GTEST_SKIP() << "the synchronous shm fabric executes a WR inside PostSend: an RNR wait "
+                    "blocks the poster itself (use --shm_async to model a NIC here)";
+  }
+  auto waiting = MakeQp(*a_, QpType::kRc);
+  auto receiver = MakeQp(*b_, QpType::kRc);
+  ConnectPair(*waiting, *receiver);  // rnr_retry 7: retry for as long as it takes
+  auto other = MakeQp(*a_, QpType::kRc);
+  auto other_peer = MakeQp(*b_, QpType::kRc);
+  ConnectPair(*other, *other_peer);
+  std::memcpy(a_->bytes() + 512, "late", 4);
+  Sge send_sge = a_->sge(512, 4);
+  SendWr send;
+  send.wr_id = 1;
+  send.sg_list = &send_sge;
+  send.num_sge = 1;
+  send.flags = kSignaled;
+  ASSERT_TRUE(Post(*waiting, send).ok());
+  Sge write_sge;
+  SendWr write = Write(*a_, 0, 8, *b_, 0, &write_sge);
+  write.wr_id = 2;
+  ASSERT_TRUE(Post(*other, write).ok());
+  std::vector<Completion> first = PollN(*a_->send_cq, 1);
+  ASSERT_EQ(first.size(), 1u);
+  EXPECT_EQ(first[0].wr_id, 2u) << "the WRITE on the other QP waited behind the RNR";
+  EXPECT_EQ(first[0].status, CompletionStatus::kSuccess);
+  ASSERT_TRUE(PostRecv(*receiver, *b_, 77, 1024, 64).ok());
+  std::vector<Completion> sent = PollN(*a_->send_cq, 1);
+  ASSERT_EQ(sent.size(), 1u);
+  EXPECT_EQ(sent[0].wr_id, 1u);
+  EXPECT_EQ(sent[0].status, CompletionStatus::kSuccess);
+  std::vector<Completion> received = PollN(*b_->recv_cq, 1);
+  ASSERT_EQ(received.size(), 1u);
+  EXPECT_EQ(received[0].wr_id, 77u);
+  EXPECT_EQ(std::memcmp(b_->bytes() + 1024, "late", 4), 0);
+}
+
 TEST_P(Conformance, ABadLossProbabilityIsRejected) {
   if (!IsShmBackend(GetParam())) GTEST_SKIP() << "fault injection is a shm fabric feature";
   DeviceOptions options;

@@ -14,8 +14,9 @@ Peer* AddressHandlePeer(const AddressHandle* ah);  // shm_device.cc: nullptr if 
 
 namespace {
 
-// rnr_retry = 7 means "retry forever" in verbs; a synchronous sender cannot wait forever inside
-// PostSend, so it gives up after this long and reports kRnrRetryExceeded.
+// rnr_retry = 7 means "retry forever" in verbs. The asynchronous mode does (the progress thread
+// moves on to other QPs meanwhile); a synchronous sender cannot wait forever inside PostSend, so
+// it gives up after this long and reports kRnrRetryExceeded.
 constexpr auto kInfiniteRnrWait = std::chrono::seconds(1);
 constexpr uint8_t kRnrRetryForever = 7;
 constexpr uint32_t kAtomicBytes = 8;
@@ -194,8 +195,14 @@ absl::Status ShmQp::PostSend(SendWr* chain, SendWr** bad) {
 
 void ShmQp::Run(const SendWr& wr, uint64_t sequence) {
   uint32_t byte_len = static_cast<uint32_t>(TotalLength(wr));
+  // Without RnrRetries, Execute waits out RNR itself and always has an outcome.
   const CompletionStatus status =
-      IsError(state()) ? CompletionStatus::kFlushed : Execute(wr, &byte_len);
+      IsError(state()) ? CompletionStatus::kFlushed : *Execute(wr, &byte_len, nullptr);
+  Finish(wr, status, byte_len, sequence);
+}
+
+void ShmQp::Finish(const SendWr& wr, CompletionStatus status, uint32_t byte_len,
+                   uint64_t sequence) {
   if (status != CompletionStatus::kSuccess) SetError();
   Complete(wr, status, byte_len, sequence);
 }
@@ -208,6 +215,7 @@ void ShmQp::Enqueue(const SendWr& wr, uint64_t sequence) {
   p.wr.next = nullptr;
   p.sequence = sequence;
   p.due_ns = SteadyNanos() + int64_t{device_->faults().delay_us} * 1000;
+  p.rnr = RnrRetries{};
   Sge* sges = &pending_sges_[index * config_.max_send_sge];
   if (wr.flags & kInline) {
     // The bytes are the WR's from now on: the caller may reuse its buffer at once.
@@ -232,9 +240,17 @@ uint32_t ShmQp::Progress(int64_t now_ns) {
   const uint64_t tail = pending_tail_.load(std::memory_order_acquire);
   uint32_t executed = 0;
   for (; head != tail; ++head, ++executed) {
-    const Pending& p = pending_[head % pending_.size()];
+    Pending& p = pending_[head % pending_.size()];
     if (p.due_ns > now_ns) break;  // in order: nothing behind a WR that is not due yet runs
-    Run(p.wr, p.sequence);
+    uint32_t byte_len = static_cast<uint32_t>(TotalLength(p.wr));
+    const std::optional<CompletionStatus> status =
+        IsError(state()) ? CompletionStatus::kFlushed : Execute(p.wr, &byte_len, &p.rnr);
+    if (!status.has_value()) {
+      // Receiver not ready: this QP waits out the RNR timer; the device's other QPs do not.
+      p.due_ns = now_ns + int64_t{connect_.min_rnr_timer_us} * 1000;
+      break;
+    }
+    Finish(p.wr, *status, byte_len, p.sequence);
   }
   pending_head_.store(head, std::memory_order_release);
   return executed;
@@ -265,7 +281,8 @@ Peer* ShmQp::PeerFor(const SendWr& wr) {
   return config_.type == QpType::kUd ? AddressHandlePeer(wr.ah) : connected_peer_.get();
 }
 
-CompletionStatus ShmQp::Execute(const SendWr& wr, uint32_t* byte_len) {
+std::optional<CompletionStatus> ShmQp::Execute(const SendWr& wr, uint32_t* byte_len,
+                                               RnrRetries* rnr) {
   const bool reliable = config_.type == QpType::kRc;
   // Local buffers first: a bad lkey is the sender's own error on every QP type.
   if ((wr.flags & kInline) == 0 && wr.opcode != Opcode::kRead &&
@@ -288,12 +305,12 @@ CompletionStatus ShmQp::Execute(const SendWr& wr, uint32_t* byte_len) {
     case Opcode::kSend:
     case Opcode::kSendWithImm: {
       const uint32_t dst = config_.type == QpType::kUd ? wr.remote_qpn : connect_.remote.qp_num;
-      return Deliver(*peer, dst, wr, byte_len);
+      return Deliver(*peer, dst, wr, byte_len, rnr);
     }
     case Opcode::kWrite:
       return RdmaWrite(*peer, wr);
     case Opcode::kWriteWithImm:
-      return Deliver(*peer, connect_.remote.qp_num, wr, byte_len);
+      return Deliver(*peer, connect_.remote.qp_num, wr, byte_len, rnr);
     case Opcode::kRead:
       if (!reliable) return CompletionStatus::kLocalQpOperationError;
       return RdmaRead(*peer, wr, byte_len);
@@ -334,12 +351,12 @@ CompletionStatus ShmQp::RdmaWrite(Peer& peer, const SendWr& wr) {
   return CompletionStatus::kSuccess;
 }
 
-CompletionStatus ShmQp::Deliver(Peer& peer, uint32_t dst_qpn, const SendWr& wr,
-                                uint32_t* byte_len) {
+std::optional<CompletionStatus> ShmQp::Deliver(Peer& peer, uint32_t dst_qpn, const SendWr& wr,
+                                               uint32_t* byte_len, RnrRetries* rnr) {
   const bool reliable = config_.type == QpType::kRc;
   QpEntry& dst = peer.header()->qps[dst_qpn & ((1u << kQpIndexBits) - 1)];
   const auto dst_state = static_cast<QpState>(dst.state.load(std::memory_order_acquire));
-  auto drop = [&]() {
+  auto drop = [&]() -> CompletionStatus {
     counters_.dropped.Add();
     dst.dropped.fetch_add(1, std::memory_order_relaxed);
     return CompletionStatus::kSuccess;
@@ -361,9 +378,16 @@ CompletionStatus ShmQp::Deliver(Peer& peer, uint32_t dst_qpn, const SendWr& wr,
   auto* ring = peer.segment().At<RecvRing>(dst.recv_ring_offset);
   RecvEntry recv;
   const auto started = std::chrono::steady_clock::now();
+  const bool forever = connect_.rnr_retry == kRnrRetryForever;
   for (uint32_t attempt = 0; !PopReceive(ring, &recv); ++attempt) {
     if (!reliable) return drop();
-    const bool forever = connect_.rnr_retry == kRnrRetryForever;
+    if (rnr != nullptr) {  // asynchronous: one attempt now, the next after the RNR timer
+      if (!forever && rnr->attempts >= connect_.rnr_retry) {
+        return CompletionStatus::kRnrRetryExceeded;
+      }
+      ++rnr->attempts;
+      return std::nullopt;
+    }
     if ((!forever && attempt >= connect_.rnr_retry) ||
         (forever && std::chrono::steady_clock::now() - started > kInfiniteRnrWait)) {
       return CompletionStatus::kRnrRetryExceeded;

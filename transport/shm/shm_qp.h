@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "transport/fabric.h"
@@ -34,9 +35,17 @@ class ShmQp : public QueuePair {
 
  private:
   ShmQp(ShmDevice* device, const QpConfig& config) : QueuePair(config), device_(device) {}
-  // Executes one WR; returns its completion status (kSuccess also for silent UC/UD drops).
-  CompletionStatus Execute(const SendWr& wr, uint32_t* byte_len);
-  CompletionStatus Deliver(Peer& peer, uint32_t dst_qpn, const SendWr& wr, uint32_t* byte_len);
+  // Receiver-not-ready retries of one pending RC WR (asynchronous mode).
+  struct RnrRetries {
+    uint32_t attempts = 0;
+  };
+  // Executes one WR; returns its completion status (kSuccess also for silent UC/UD drops). With
+  // `rnr` null (synchronous mode) an RC SEND whose receiver has no receive posted is retried
+  // here, sleeping; otherwise it is tried once and std::nullopt means "retry after the RNR
+  // timer" (nothing was changed: the retry is the same attempt again).
+  std::optional<CompletionStatus> Execute(const SendWr& wr, uint32_t* byte_len, RnrRetries* rnr);
+  std::optional<CompletionStatus> Deliver(Peer& peer, uint32_t dst_qpn, const SendWr& wr,
+                                          uint32_t* byte_len, RnrRetries* rnr);
   CompletionStatus RdmaWrite(Peer& peer, const SendWr& wr);
   CompletionStatus RdmaRead(Peer& peer, const SendWr& wr, uint32_t* byte_len);
   CompletionStatus Atomic(Peer& peer, const SendWr& wr);
@@ -45,8 +54,10 @@ class ShmQp : public QueuePair {
   Peer* PeerFor(const SendWr& wr);
   uint64_t TotalLength(const SendWr& wr) const;
   void Complete(const SendWr& wr, CompletionStatus status, uint32_t byte_len, uint64_t seq);
-  // Executes one WR now and completes it.
+  // Synchronous mode: executes one WR now and completes it.
   void Run(const SendWr& wr, uint64_t sequence);
+  // Completes an executed WR; a failure puts the QP in ERR.
+  void Finish(const SendWr& wr, CompletionStatus status, uint32_t byte_len, uint64_t sequence);
   // Asynchronous mode: copies `wr` into the pending ring (room is guaranteed by the send-queue
   // depth check: a WR leaves the ring before its completion can free its slot).
   void Enqueue(const SendWr& wr, uint64_t sequence);
@@ -56,7 +67,8 @@ class ShmQp : public QueuePair {
   struct Pending {
     SendWr wr;
     uint64_t sequence;
-    int64_t due_ns;
+    int64_t due_ns;  // steady clock: the injected delay, then each RNR timer
+    RnrRetries rnr;
   };
   std::vector<Pending> pending_;
   std::vector<Sge> pending_sges_;          // max_send_sge per entry

@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_format.h"
@@ -360,7 +361,8 @@ void VerbsDevice::RemoveQp(uint32_t qp_num) {
     if (key == kEmptyKey) return;
     if (key != qp_num) continue;
     qps_[slot].store(nullptr, std::memory_order_relaxed);
-    qp_keys_[slot].store(kRemovedKey, std::memory_order_release);
+    // seq_cst, paired with PollGrace: a poll that enters after this store cannot find the QP.
+    qp_keys_[slot].store(kRemovedKey, std::memory_order_seq_cst);
     return;
   }
 }
@@ -368,7 +370,7 @@ void VerbsDevice::RemoveQp(uint32_t qp_num) {
 VerbsQp* VerbsDevice::FindQp(uint32_t qp_num) const {
   for (uint32_t probe = 0, slot = TableSlot(qp_num); probe < kQpTableSlots;
        ++probe, slot = (slot + 1) & (kQpTableSlots - 1)) {
-    const uint32_t key = qp_keys_[slot].load(std::memory_order_acquire);
+    const uint32_t key = qp_keys_[slot].load(std::memory_order_seq_cst);  // see RemoveQp
     if (key == kEmptyKey) return nullptr;
     if (key == qp_num) return qps_[slot].load(std::memory_order_relaxed);
   }
@@ -376,6 +378,15 @@ VerbsQp* VerbsDevice::FindQp(uint32_t qp_num) const {
 }
 
 // ---------------------------------------------------------------------------- CQ
+void PollGrace::Synchronize() {
+  absl::MutexLock lock(&synchronize_mutex_);
+  for (int round = 0; round < 2; ++round) {
+    const uint32_t draining = epoch_.fetch_add(1, std::memory_order_seq_cst) & 1;
+    // New polls count on the other side now; the ones still counted here are a few WCs long.
+    while (readers_[draining].load(std::memory_order_seq_cst) != 0) std::this_thread::yield();
+  }
+}
+
 VerbsCq::~VerbsCq() {
   if (const int rc = ibv_destroy_cq(cq_); rc != 0) {
     LOG(ERROR) << "ibv_destroy_cq: " << std::strerror(rc) << " (QPs still use it?)";
@@ -394,6 +405,14 @@ size_t VerbsCq::Poll(absl::Span<Completion> out) {
     counters_.empty_polls.Add();
     return 0;
   }
+  // Send completions free send-queue slots of their QP, found in the device's table: inside the
+  // grace period, so the QP cannot be destroyed meanwhile (entered lazily: receives need none).
+  constexpr uint32_t kNotEntered = ~0u;
+  uint32_t grace = kNotEntered;
+  auto send_completed = [&](uint32_t qp_num, bool success) {
+    if (grace == kNotEntered) grace = grace_.Enter();
+    if (VerbsQp* qp = device_->FindQp(qp_num)) qp->OnSendCompletion(success);
+  };
   for (int i = 0; i < n; ++i) {
     const ibv_wc& wc = wcs[i];
     Completion& c = out[i];
@@ -410,7 +429,7 @@ size_t VerbsCq::Poll(absl::Span<Completion> out) {
             << device_->name() << " QP " << wc.qp_num << ": " << ibv_wc_status_str(wc.status)
             << " (vendor error " << wc.vendor_err << ")";
       }
-      if (VerbsQp* qp = device_->FindQp(wc.qp_num)) qp->OnSendCompletion(false);
+      send_completed(wc.qp_num, false);
       continue;
     }
     c.opcode = FromIbvOpcode(wc);
@@ -418,10 +437,9 @@ size_t VerbsCq::Poll(absl::Span<Completion> out) {
     c.imm_data = c.has_imm ? ntohl(wc.imm_data) : 0;
     c.byte_len = wc.byte_len;
     c.src_qp = wc.src_qp;
-    if ((wc.opcode & IBV_WC_RECV) == 0) {
-      if (VerbsQp* qp = device_->FindQp(wc.qp_num)) qp->OnSendCompletion(true);
-    }
+    if ((wc.opcode & IBV_WC_RECV) == 0) send_completed(wc.qp_num, true);
   }
+  if (grace != kNotEntered) grace_.Exit(grace);
   counters_.completions.Add(static_cast<uint64_t>(n));
   return static_cast<size_t>(n);
 }

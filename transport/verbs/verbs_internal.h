@@ -39,6 +39,8 @@ class VerbsDevice : public Device {
   ibv_mtu path_mtu() const { return path_mtu_; }
 
   absl::Status AddQp(VerbsQp* qp);
+  // After RemoveQp returns, FindQp no longer finds the QP; a poll already holding it may still
+  // use it until its CQ's WaitForPollers returns.
   void RemoveQp(uint32_t qp_num);
   VerbsQp* FindQp(uint32_t qp_num) const;  // nullptr when not (or no longer) registered
 
@@ -55,6 +57,31 @@ class VerbsDevice : public Device {
   std::unique_ptr<std::atomic<VerbsQp*>[]> qps_;
 };
 
+// A grace period for the QP table, one per CQ. Poll finds the QPs of its send completions in
+// the device's table and updates them; a QP being destroyed on another thread must not be freed
+// under it. Poll brackets its lookups with Enter/Exit; the QP's destructor removes the QP from
+// the table and then calls Synchronize, which returns once every poll that could have found it
+// has left. Two reader counts and a flipping epoch (the sleepable-RCU scheme) keep a steady
+// stream of polls from starving the destructor. Empty polls never enter.
+class PollGrace {
+ public:
+  // Returns the reader count to hand to Exit.
+  uint32_t Enter() {
+    const uint32_t index = epoch_.load(std::memory_order_seq_cst) & 1;
+    readers_[index].fetch_add(1, std::memory_order_seq_cst);
+    return index;
+  }
+  void Exit(uint32_t index) { readers_[index].fetch_sub(1, std::memory_order_release); }
+  // Control path. Both counts drain to zero, each after the epoch moved away from it, so every
+  // poll that began before the call (and so might hold a removed QP) has exited.
+  void Synchronize();
+
+ private:
+  absl::Mutex synchronize_mutex_;  // one Synchronize at a time: each must see both flips
+  std::atomic<uint32_t> epoch_{0};
+  std::atomic<uint32_t> readers_[2] = {};
+};
+
 class VerbsCq : public CompletionQueue {
  public:
   VerbsCq(VerbsDevice* device, ibv_cq* cq) : device_(device), cq_(cq) {}
@@ -62,10 +89,13 @@ class VerbsCq : public CompletionQueue {
   size_t Poll(absl::Span<Completion> out) override;
   ibv_cq* cq() const { return cq_; }
   VerbsDevice* device() const { return device_; }
+  // Called by a QP that sends to this CQ after it left the device's QP table.
+  void WaitForPollers() { grace_.Synchronize(); }
 
  private:
   VerbsDevice* device_;
   ibv_cq* cq_;
+  PollGrace grace_;
 };
 
 class VerbsPd : public ProtectionDomain {

@@ -145,6 +145,8 @@ absl::StatusOr<std::unique_ptr<VerbsQp>> VerbsQp::Create(VerbsDevice* device, ib
 VerbsQp::~VerbsQp() {
   if (qp_ == nullptr) return;
   device_->RemoveQp(qp_->qp_num);
+  // A poll of our send CQ on another thread may have found us just before the removal.
+  static_cast<VerbsCq*>(config_.send_cq)->WaitForPollers();
   if (const int rc = ibv_destroy_qp(qp_); rc != 0) {
     LOG(ERROR) << "ibv_destroy_qp: " << std::strerror(rc);
   }
