@@ -73,11 +73,15 @@ int main(int argc, char** argv) {
   options.port = static_cast<uint16_t>(FLAGS_port);
   options.worker_cores = FLAGS_worker_cores;
   options.pin_workers = FLAGS_pin_workers;
+  absl::StatusOr<transport::PagePolicy> pages = transport::PagePolicyFromFlags();
+  if (!pages.ok()) return Fail(pages.status());
+  options.region_pages = *pages;
   absl::StatusOr<std::unique_ptr<herd::Server>> server = herd::Server::Create(options);
   if (!server.ok()) return Fail(server.status());
   if (absl::Status s = (*server)->Start(); !s.ok()) return Fail(s);
-  printf("herd_server ready port=%d device=%s config=%s\n", (*server)->port(),
-         (*server)->device_name().c_str(), options.config.ToJson().c_str());
+  printf("herd_server ready port=%d device=%s region_page_kib=%zu config=%s\n", (*server)->port(),
+         (*server)->device_name().c_str(), (*server)->region_page_bytes() >> 10,
+         options.config.ToJson().c_str());
   fflush(stdout);
 
   herd::ServerStats last = (*server)->Stats();

@@ -73,7 +73,7 @@ absl::Status Server::Init() {
   if (absl::Status s = Take(device_->AllocatePd(), &pd_); !s.ok()) return s;
   if (absl::Status s = Take(device_->CreateCq(1), &idle_cq_); !s.ok()) return s;
   absl::StatusOr<transport::SharedMemory> region =
-      transport::SharedMemory::Allocate(c.region_bytes());
+      transport::SharedMemory::Allocate(c.region_bytes(), "herd-requests", options_.region_pages);
   if (!region.ok()) return region.status();
   region_ = std::make_unique<transport::SharedMemory>(*std::move(region));
   // The only remotely writable memory of the server.
@@ -110,7 +110,8 @@ absl::Status Server::Init() {
       r.ud_qps.push_back(std::move(qp));
     }
     absl::StatusOr<transport::SharedMemory> staging = transport::SharedMemory::Allocate(
-        uint64_t{c.ud_qps_per_worker} * c.sq_depth * response_bytes);
+        uint64_t{c.ud_qps_per_worker} * c.sq_depth * response_bytes, "herd-staging",
+        options_.region_pages);
     if (!staging.ok()) return staging.status();
     r.staging = std::make_unique<transport::SharedMemory>(*std::move(staging));
     if (absl::Status s =
@@ -125,7 +126,8 @@ absl::Status Server::Init() {
     memory.staging_lkey = r.staging_mr->lkey();
     if (c.request_verb == RequestVerb::kUdSend) {
       absl::StatusOr<transport::SharedMemory> receives = transport::SharedMemory::Allocate(
-          uint64_t{c.recv_depth} * (transport::kGrhBytes + c.slot_bytes));
+          uint64_t{c.recv_depth} * (transport::kGrhBytes + c.slot_bytes), "herd-receives",
+          options_.region_pages);
       if (!receives.ok()) return receives.status();
       r.receives = std::make_unique<transport::SharedMemory>(*std::move(receives));
       if (absl::Status s = Take(
@@ -341,8 +343,8 @@ absl::Status Server::BuildSession(Session& session, const Join& join) {
           !s.ok()) {
         return s;
       }
-      absl::StatusOr<transport::SharedMemory> staging =
-          transport::SharedMemory::Allocate(uint64_t{c.sq_depth} * response_bytes);
+      absl::StatusOr<transport::SharedMemory> staging = transport::SharedMemory::Allocate(
+          uint64_t{c.sq_depth} * response_bytes, "herd-session-staging", options_.region_pages);
       if (!staging.ok()) return staging.status();
       pw.staging = std::make_unique<transport::SharedMemory>(*std::move(staging));
       if (absl::Status s = Take(

@@ -29,6 +29,8 @@ struct ServerOptions {
   uint16_t port = 0;         // 0 picks a free port (see port())
   std::string worker_cores;  // "" = the device's NUMA node, in order
   bool pin_workers = true;
+  // Pages of the request region and the response staging buffers (see transport::PagePolicy).
+  transport::PagePolicy region_pages = transport::PagePolicy::kHugeIfAvailable;
 };
 
 struct ServerStats {
@@ -53,6 +55,8 @@ class Server {
   const Config& config() const { return options_.config; }
   const std::vector<int>& worker_cores() const { return cores_; }
   std::string device_name() const { return device_->name(); }
+  // Page size of the request region: 2 MiB when hugepages backed it.
+  size_t region_page_bytes() const { return region_->page_bytes(); }
   ServerStats Stats() const;
 
  private:

@@ -18,7 +18,13 @@ DEFINE_uint32(inject_delay_us, 0,
 DEFINE_bool(shm_async, false,
             "shm: execute send WRs on a progress thread after PostSend returns, as a NIC does");
 
+DEFINE_string(hugepages, "auto",
+              "Pages of the large registered regions (request region, response staging): auto "
+              "(2 MiB hugepages when the pool has them, else 4 KiB, logged), required or off");
+
 namespace transport {
+
+absl::StatusOr<PagePolicy> PagePolicyFromFlags() { return ParsePagePolicy(FLAGS_hugepages); }
 
 absl::StatusOr<DeviceOptions> DeviceOptionsFromFlags() {
   DeviceOptions options;

@@ -1,15 +1,18 @@
 // Command-line choice of fabric and device (gflags), shared by every binary that opens one:
 //   --fabric=shm|verbs --device --shm_fabric_name --mtu --ib_port --gid_index
 //   --inject_ud_loss --inject_uc_loss --inject_delay_us (shm fault injection) --shm_async
+//   --hugepages (the pages of the large registered regions)
 #ifndef HERD_TRANSPORT_FLAGS_H_
 #define HERD_TRANSPORT_FLAGS_H_
 
 #include "absl/status/statusor.h"
 #include "transport/fabric.h"
+#include "transport/shared_memory.h"
 
 namespace transport {
 
 absl::StatusOr<DeviceOptions> DeviceOptionsFromFlags();
+absl::StatusOr<PagePolicy> PagePolicyFromFlags();
 
 }  // namespace transport
 

@@ -10,10 +10,12 @@
 #include <cinttypes>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_format.h"
+#include "glog/logging.h"
 
 namespace transport {
 namespace {
@@ -43,18 +45,94 @@ int FindFdOf(dev_t device, ino_t inode) {
 
 }  // namespace
 
-absl::StatusOr<SharedMemory> SharedMemory::Allocate(size_t bytes, const char* name) {
-  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
-  const size_t size = (bytes + page - 1) / page * page;
-  if (size == 0) return absl::InvalidArgumentError("cannot allocate 0 bytes of shared memory");
+absl::StatusOr<PagePolicy> ParsePagePolicy(std::string_view name) {
+  for (PagePolicy policy :
+       {PagePolicy::kSmall, PagePolicy::kHugeIfAvailable, PagePolicy::kHugeRequired}) {
+    if (name == Name(policy)) return policy;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrFormat("--hugepages=%s: use off, auto or required", name));
+}
+
+std::string_view Name(PagePolicy policy) {
+  switch (policy) {
+    case PagePolicy::kSmall:
+      return "off";
+    case PagePolicy::kHugeIfAvailable:
+      return "auto";
+    case PagePolicy::kHugeRequired:
+      return "required";
+  }
+  return "off";
+}
+
+HugepagePool ReadHugepagePool() {
+  // The sysfs directory of the 2 MiB size (the pool /proc/sys/vm/nr_hugepages fills).
+  constexpr const char* kPoolDir = "/sys/kernel/mm/hugepages/hugepages-2048kB/";
+  auto read = [&](const char* file) {
+    uint64_t value = 0;
+    std::ifstream(std::string(kPoolDir) + file) >> value;
+    return value;
+  };
+  return HugepagePool{read("nr_hugepages"), read("free_hugepages")};
+}
+
+namespace {
+
+// Maps `size` bytes (a multiple of `page`) of a new memfd; hugetlb when page is 2 MiB, in which
+// case the kernel reserves every page now (ENOMEM when the pool is short).
+absl::Status MapMemfd(const char* name, size_t size, size_t page, int* fd_out, void** data_out) {
+  const unsigned flags = MFD_CLOEXEC | (page == kHugePageBytes ? MFD_HUGETLB : 0u);
+  const int fd = memfd_create(name, flags);
+  if (fd < 0) return Errno("memfd_create");
+  void* data = MAP_FAILED;
+  if (ftruncate(fd, static_cast<off_t>(size)) == 0) {
+    data = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  }
+  if (data == MAP_FAILED) {
+    const absl::Status status = Errno("memfd mapping");
+    close(fd);
+    return status;
+  }
+  *fd_out = fd;
+  *data_out = data;
+  return absl::OkStatus();
+}
+
+size_t RoundUp(size_t n, size_t unit) { return (n + unit - 1) / unit * unit; }
+
+}  // namespace
+
+absl::StatusOr<SharedMemory> SharedMemory::Allocate(size_t bytes, const char* name,
+                                                    PagePolicy pages) {
+  if (bytes == 0) return absl::InvalidArgumentError("cannot allocate 0 bytes of shared memory");
   SharedMemory memory;
-  memory.fd_ = memfd_create(name, MFD_CLOEXEC);
-  if (memory.fd_ < 0) return Errno("memfd_create");
-  if (ftruncate(memory.fd_, static_cast<off_t>(size)) != 0) return Errno("ftruncate");
-  void* data = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, memory.fd_, 0);
-  if (data == MAP_FAILED) return Errno("mmap");
+  void* data = nullptr;
+  const bool huge = pages == PagePolicy::kHugeRequired ||
+                    (pages == PagePolicy::kHugeIfAvailable && bytes >= kHugePageBytes);
+  if (huge) {
+    const size_t size = RoundUp(bytes, kHugePageBytes);
+    const absl::Status mapped = MapMemfd(name, size, kHugePageBytes, &memory.fd_, &data);
+    if (mapped.ok()) {
+      memory.data_ = static_cast<uint8_t*>(data);
+      memory.size_ = size;
+      memory.page_bytes_ = kHugePageBytes;
+      return memory;
+    }
+    const HugepagePool pool = ReadHugepagePool();
+    const std::string why = absl::StrFormat(
+        "%s: %d bytes of 2 MiB hugepages: %s (pool: %d free of %d; fill it with "
+        "echo N > /proc/sys/vm/nr_hugepages)",
+        name, size, mapped.message(), pool.free, pool.total);
+    if (pages == PagePolicy::kHugeRequired) return absl::ResourceExhaustedError(why);
+    LOG(INFO) << why << "; using small pages";
+  }
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  const size_t size = RoundUp(bytes, page);
+  if (absl::Status s = MapMemfd(name, size, page, &memory.fd_, &data); !s.ok()) return s;
   memory.data_ = static_cast<uint8_t*>(data);
   memory.size_ = size;
+  memory.page_bytes_ = page;
   return memory;
 }
 
@@ -66,6 +144,7 @@ SharedMemory& SharedMemory::operator=(SharedMemory&& other) noexcept {
     data_ = std::exchange(other.data_, nullptr);
     size_ = std::exchange(other.size_, 0);
     fd_ = std::exchange(other.fd_, -1);
+    page_bytes_ = other.page_bytes_;
   }
   return *this;
 }

@@ -69,6 +69,7 @@ constexpr uint32_t kReapsPerClockCheck = 256;
 class Server {
  public:
   static absl::StatusOr<std::unique_ptr<Server>> Create(const EchoConfig& config,
+                                                        transport::PagePolicy pages,
                                                         const transport::DeviceOptions& device);
   // The echo thread's loop: scan, answer, reap, until `stop`.
   void Run(const std::atomic<bool>& stop);
@@ -103,6 +104,7 @@ class Server {
 };
 
 absl::StatusOr<std::unique_ptr<Server>> Server::Create(const EchoConfig& config,
+                                                       transport::PagePolicy pages,
                                                        const transport::DeviceOptions& device) {
   std::unique_ptr<Server> s(new Server(config));
   absl::StatusOr<std::unique_ptr<transport::Device>> opened = transport::OpenDevice(device);
@@ -118,9 +120,10 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(const EchoConfig& config,
   if (!recv_cq.ok()) return recv_cq.status();
   s->send_cq_ = std::move(*send_cq);
   s->recv_cq_ = std::move(*recv_cq);
-  auto region = transport::SharedMemory::Allocate(config.region_bytes(), "echo-requests");
+  // The same pages as herd's server gets from the same --hugepages.
+  auto region = transport::SharedMemory::Allocate(config.region_bytes(), "echo-requests", pages);
   auto staging = transport::SharedMemory::Allocate(
-      uint64_t{config.sq_depth} * config.response_bytes, "echo-staging");
+      uint64_t{config.sq_depth} * config.response_bytes, "echo-staging", pages);
   if (!region.ok()) return region.status();
   if (!staging.ok()) return staging.status();
   s->region_ = std::make_unique<transport::SharedMemory>(std::move(*region));
@@ -324,7 +327,9 @@ int Main() {
   config.max_inline = FLAGS_max_inline;
   absl::StatusOr<transport::DeviceOptions> device = transport::DeviceOptionsFromFlags();
   if (!device.ok()) return Fail(device.status());
-  absl::StatusOr<std::unique_ptr<Server>> server = Server::Create(config, *device);
+  absl::StatusOr<transport::PagePolicy> pages = transport::PagePolicyFromFlags();
+  if (!pages.ok()) return Fail(pages.status());
+  absl::StatusOr<std::unique_ptr<Server>> server = Server::Create(config, *pages, *device);
   if (!server.ok()) return Fail(server.status());
   if (FLAGS_port > 65535) return Fail(absl::InvalidArgumentError("--port must be <= 65535"));
   auto listener =

@@ -118,6 +118,96 @@ TEST(MultiProcess, WriteAndUdRoundTripWithAForkedPeer) {
   EXPECT_EQ(std::memcmp(node->bytes() + kGrhBytes, "reply", 5), 0);
 }
 
+// A peer's hugepage-backed region, registered from inside its second hugepage: the other
+// process must map it from a 2 MiB boundary (hugetlbfs refuses any other), then reaches it by
+// RC WRITE and READ.
+TEST(MultiProcess, AHugepageRegionIsReachableFromAnotherProcess) {
+  constexpr size_t kRegionBytes = 2 * kHugePageBytes;
+  constexpr size_t kRegistered = kHugePageBytes + 8192;  // 4 KiB-aligned, not 2 MiB-aligned
+  constexpr size_t kOffset = kRegistered + 4000;
+  constexpr int kNoHugepages = 20;  // the child's "skip" exit code
+  struct Region {
+    QpEndpoint rc;
+    uint64_t addr;
+    uint32_t rkey;
+  };
+  int down[2], up[2];
+  ASSERT_EQ(pipe(down), 0);
+  ASSERT_EQ(pipe(up), 0);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    auto memory = SharedMemory::Allocate(kRegionBytes, "peer-huge", PagePolicy::kHugeRequired);
+    if (!memory.ok()) _exit(kNoHugepages);
+    auto node = MakeNode("shm");
+    auto mr = node->pd->RegisterMemory(memory->data() + kRegistered, kRegionBytes - kRegistered,
+                                       kAllAccess);
+    auto rc = MakeQp(*node, QpType::kRc);
+    if (!mr.ok()) _exit(21);
+    std::memcpy(memory->data() + kOffset + 64, "from the child", 14);
+    Region mine{rc->endpoint(), reinterpret_cast<uint64_t>(memory->data()), (*mr)->rkey()};
+    QpEndpoint theirs;
+    if (!WriteAll(up[1], &mine, sizeof(mine)) || !ReadAll(down[0], &theirs, sizeof(theirs))) {
+      _exit(22);
+    }
+    ConnectConfig config;
+    config.remote = theirs;
+    if (!rc->Connect(config).ok() || !WriteAll(up[1], "c", 1)) _exit(23);
+    char done;
+    if (!ReadAll(down[0], &done, 1)) _exit(24);  // the parent's WRITE and READ are over
+    _exit(std::memcmp(memory->data() + kOffset, "from the parent", 15) == 0 ? 0 : 25);
+  }
+  Region theirs;
+  const bool announced = ReadAll(up[0], &theirs, sizeof(theirs));
+  if (!announced) {
+    int status = 0;
+    waitpid(child, &status, 0);
+    if (WIFEXITED(status) && WEXITSTATUS(status) == kNoHugepages) {
+      GTEST_SKIP() << "no two free 2 MiB hugepages (as root: echo 16 > /proc/sys/vm/nr_hugepages)";
+    }
+    FAIL() << "the peer failed before announcing itself";
+  }
+  auto node = MakeNode("shm");
+  ASSERT_NE(node, nullptr);
+  auto rc = MakeQp(*node, QpType::kRc);
+  ConnectConfig config;
+  config.remote = theirs.rc;
+  ASSERT_TRUE(rc->Connect(config).ok());
+  const QpEndpoint mine = rc->endpoint();
+  ASSERT_TRUE(WriteAll(down[1], &mine, sizeof(mine)));
+
+  std::memcpy(node->bytes(), "from the parent", 15);
+  Sge write_sge = node->sge(0, 15);
+  SendWr write;
+  write.sg_list = &write_sge;
+  write.num_sge = 1;
+  write.opcode = Opcode::kWrite;
+  write.flags = kSignaled;
+  write.remote_addr = theirs.addr + kOffset;
+  write.rkey = theirs.rkey;
+  char connected;
+  ASSERT_TRUE(ReadAll(up[0], &connected, 1));
+  ASSERT_TRUE(Post(*rc, write).ok());
+  std::vector<Completion> done = PollN(*node->send_cq, 1);
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].status, CompletionStatus::kSuccess);
+  Sge read_sge = node->sge(256, 14);
+  SendWr read = write;
+  read.sg_list = &read_sge;
+  read.opcode = Opcode::kRead;
+  read.remote_addr = theirs.addr + kOffset + 64;
+  ASSERT_TRUE(Post(*rc, read).ok());
+  done = PollN(*node->send_cq, 1);
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].status, CompletionStatus::kSuccess);
+  EXPECT_EQ(std::memcmp(node->bytes() + 256, "from the child", 14), 0);
+  ASSERT_TRUE(WriteAll(down[1], "x", 1));
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "the peer failed at step " << WEXITSTATUS(status);
+}
+
 TEST(MultiProcess, AKilledPeerLeavesNothingAndGetsAClearError) {
   int up[2];
   ASSERT_EQ(pipe(up), 0);

@@ -2,6 +2,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -117,9 +118,15 @@ uint8_t* Peer::Resolve(uint32_t key, uint64_t addr, uint64_t length, uint32_t ac
       const std::string path = absl::StrFormat("/proc/%d/fd/%d", header()->pid, entry.fd);
       const int fd = open(path.c_str(), O_RDWR | O_CLOEXEC);
       if (fd < 0) return nullptr;
-      const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+      // Mappings start and end on the file's page boundaries: 2 MiB ones for hugetlb memory
+      // (st_blksize is the file's page size there, and the base page size elsewhere).
+      struct stat st;
+      const uint64_t page = fstat(fd, &st) == 0 && st.st_blksize > 0
+                                ? static_cast<uint64_t>(st.st_blksize)
+                                : static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
       const uint64_t start = entry.file_offset / page * page;
-      const uint64_t bytes = entry.file_offset - start + entry.length;
+      const uint64_t end = entry.file_offset + entry.length;
+      const uint64_t bytes = (end - start + page - 1) / page * page;
       void* mapping =
           mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, static_cast<off_t>(start));
       close(fd);
