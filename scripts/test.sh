@@ -8,7 +8,8 @@
 # the verbs tests on Soft-RoCE, the experiment runner's tests (Python unittest: reported in their
 # stage, not in the GoogleTest total), clang-format check. Each stage prints how long it took. Exit status is non-zero on any failure.
 # Then, inside ONE boot of a qemu guest with Soft-RoCE (scripts/rxe_vm.sh), the transport
-# conformance suite on the verbs backend and herd's end-to-end test over verbs.
+# conformance suite and the forked-peer case on the verbs backend, RDMA-CM, and herd's
+# end-to-end test over verbs.
 # Environment (local iteration only; CI runs everything):
 #   HERD_SKIP_ASAN=1  skips the sanitizer stage;  HERD_SKIP_VM=1  skips the Soft-RoCE stage.
 set -uo pipefail
@@ -85,13 +86,15 @@ run_in_rxe_vm() {
     set -u; rc=0
     $bin/tests/transport/conformance_test --gtest_filter='*/verbs' \
       --gtest_output=xml:$xml/conformance.xml || rc=1
+    $bin/tests/transport/multiprocess_test --gtest_filter='*/verbs' \
+      --gtest_output=xml:$xml/multiprocess.xml || rc=1
     $bin/tests/herd/verbs_e2e_test --gtest_output=xml:$xml/verbs_e2e.xml || rc=1
     $bin/tests/transport/cm_test --gtest_filter='CmTest.*' --gtest_output=xml:$xml/cm.xml || rc=1
     exit \$rc"
   local rc=$?
   local passed failed skipped
   read -r passed failed skipped < <(python3 scripts/gtest_totals.py --xml \
-    "$xml/conformance.xml" "$xml/verbs_e2e.xml" "$xml/cm.xml")
+    "$xml/conformance.xml" "$xml/multiprocess.xml" "$xml/verbs_e2e.xml" "$xml/cm.xml")
   echo "==== rxe0 cases: ${passed} passed, ${failed} failed, ${skipped} skipped"
   total_passed=$((total_passed + passed))
   total_failed=$((total_failed + failed))
