@@ -446,8 +446,8 @@ def print_table(records, axes):
 # ------------------------------------------------------------------------------ commands
 def bazel_bin(build):
     """Where `bazel build --config=BUILD` puts binaries, relative to the checkout (remote hosts
-    run them from their own checkout's root). opt and portable_opt share k8-opt."""
-    config_dir = {"default": "k8-fastbuild"}.get(build, "k8-opt")
+    run them from their own checkout's root). portable_opt has its own directory (.bazelrc)."""
+    config_dir = {"default": "k8-fastbuild", "portable_opt": "k8-optportable"}.get(build, "k8-opt")
     return pathlib.Path("bazel-out") / config_dir / "bin"
 
 

@@ -10,7 +10,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${2:-$PWD/results/rxe_side_by_side}
-bin=bazel-out/k8-opt/bin/herd
+bin=bazel-out/k8-optportable/bin/herd  # --config=portable_opt (.bazelrc)
 
 if [ "${1:-}" != "--inside" ]; then
   ./scripts/setup.sh --quiet
