@@ -249,16 +249,33 @@ absl::Status Client::Submit(uint32_t client, Op op, std::string_view key, std::s
   o.tag = tag;
   o.keyhash = keyhash;
   o.submitted = Clock::now();
+  if (absl::Status s = Send(o); !s.ok()) {
+    // Nothing was posted: the request never existed, its slot and sequence number stay free.
+    o.active = false;
+    return s;
+  }
   ++next;
   ++outstanding_;
   ++stats_.submitted;
-  return Send(o);
+  return absl::OkStatus();
 }
 
 absl::Status Client::Send(Outstanding& o) {
   const bool write = config_.request_uses_slots();
   SendQueue& queue = queues_[write ? 1 + o.worker : 0];
-  while (!queue.broken && !queue.HasRoom()) Reap();
+  if (!queue.broken && !queue.HasRoom()) {
+    const Clock::time_point give_up =
+        Clock::now() + absl::ToChronoNanoseconds(options_.send_queue_timeout);
+    while (!queue.broken && !queue.HasRoom()) {
+      Reap();
+      if (Clock::now() > give_up) {
+        return absl::DeadlineExceededError(absl::StrFormat(
+            "the request send queue stayed full for %s (%d WRs, no completion): the NIC or the "
+            "QP is stuck",
+            absl::FormatDuration(options_.send_queue_timeout), queue.depth));
+      }
+    }
+  }
   if (queue.broken) {
     return absl::UnavailableError(
         "the request QP is in the error state (the server is gone?): reconnect");

@@ -41,6 +41,10 @@ struct ClientOptions {
   absl::Duration retry_timeout = absl::Milliseconds(20);  // per attempt
   uint32_t max_attempts = 250;  // then the request completes with kTimedOut
   absl::Duration connect_timeout = absl::Seconds(10);
+  // How long a send waits for send-queue room. Completions trail posts by microseconds under
+  // any load; a queue that stays full this long means a stuck NIC or QP, and the send fails
+  // (kDeadlineExceeded) instead of hanging the thread.
+  absl::Duration send_queue_timeout = absl::Seconds(1);
 };
 
 struct Result {

@@ -178,6 +178,39 @@ TEST(Herd, AClientKilledMidRunDoesNotStallTheOthers) {
   EXPECT_TRUE(more->Put("x", "y").ok());
 }
 
+// A request send queue that never drains (here: a fabric whose WRs take effect 2 s after their
+// post, standing in for a hung NIC) fails the send after ClientOptions::send_queue_timeout,
+// instead of hanging the client thread; the failed request leaves no trace.
+TEST(Herd, AStuckSendQueueFailsTheSubmitInsteadOfHanging) {
+  const std::string fabric = "stuck-send-queue";
+  ServerOptions server_options = SmallServer(fabric);
+  server_options.config.workers = 1;
+  server_options.config.window = 8;
+  server_options.config.sq_depth = 64;  // the smallest a 32-WR unsig_batch allows
+  ServerProcess server(server_options);
+  ASSERT_TRUE(server.ok());
+  ClientOptions options;
+  options.server = server.address();
+  options.clients = 16;  // 16 clients x 8 window: twice the send queue
+  options.device.fabric = fabric;
+  options.device.faults.delay_us = 2'000'000;
+  options.send_queue_timeout = absl::Milliseconds(50);
+  auto client = Client::Connect(options);
+  ASSERT_TRUE(client.ok()) << client.status();
+  absl::Status failed;
+  uint32_t submitted = 0;
+  for (uint32_t c = 0; c < options.clients && failed.ok(); ++c) {
+    for (uint32_t i = 0; i < 8 && failed.ok(); ++i) {
+      failed = (*client)->Submit(c, Op::kGet, absl::StrCat("k", c, "-", i), "", 0, submitted);
+      if (failed.ok()) ++submitted;
+    }
+  }
+  EXPECT_EQ(failed.code(), absl::StatusCode::kDeadlineExceeded) << failed;
+  EXPECT_NE(failed.message().find("stuck"), std::string::npos) << failed;
+  EXPECT_EQ(submitted, 64u);  // exactly the queue's depth went out
+  EXPECT_EQ((*client)->outstanding(), 64u);
+}
+
 TEST(Herd, AClientLearnsThatItsServerDied) {
   const std::string fabric = "server-died";
   ServerProcess server(SmallServer(fabric));
