@@ -18,6 +18,7 @@
 #include "gflags/gflags.h"
 #include "glog/logging.h"
 #include "herd/client.h"
+#include "herd/pinning.h"
 #include "mica/keyhash.h"
 #include "transport/flags.h"
 
@@ -28,6 +29,9 @@ DEFINE_double(duration_s, 5, "Measured seconds (after the warm-up)");
 DEFINE_double(warmup_s, 1, "Seconds run before measuring");
 DEFINE_bool(preload, true, "PUT every key once before the run (thread t loads keys t mod T)");
 DEFINE_uint32(retry_timeout_us, 20000, "Retransmit a request unanswered for this long");
+DEFINE_string(client_cores, "auto",
+              "Cores the client threads are pinned to (hwloc): auto (the last cores of the NIC's "
+              "NUMA node, clear of a local server's workers), none, or a list like 1,3-4");
 
 namespace {
 
@@ -63,7 +67,14 @@ herd::Op ToOp(bench::Operation op) {
 }
 
 void RunThread(uint32_t t, const herd::ClientOptions& options, const bench::WorkloadConfig& w,
-               Shared& shared, ThreadResult* out) {
+               const herd::Topology& topology, int core, Shared& shared, ThreadResult* out) {
+  if (core >= 0) {
+    if (absl::Status s = topology.PinCurrentThread(core); !s.ok()) {
+      out->status = s;
+      shared.stop = true;
+      return;
+    }
+  }
   absl::StatusOr<std::unique_ptr<herd::Client>> connected = herd::Client::Connect(options);
   if (!connected.ok()) {
     out->status = connected.status();
@@ -166,11 +177,26 @@ int main(int argc, char** argv) {
   options.device = *device;
   options.retry_timeout = absl::Microseconds(FLAGS_retry_timeout_us);
 
+  absl::StatusOr<std::unique_ptr<herd::Topology>> topology = herd::Topology::Load();
+  absl::StatusOr<std::vector<int>> cores = absl::InternalError("no topology");
+  if (topology.ok()) {
+    cores = (*topology)->PickClientCores(FLAGS_threads, FLAGS_client_cores,
+                                         herd::DeviceNumaNode(device->name));
+  }
+  for (const absl::Status& s : {topology.status(), cores.status()}) {
+    if (!s.ok()) {
+      fprintf(stderr, "herd_client: %s\n", s.ToString().c_str());
+      return 1;
+    }
+  }
+
   Shared shared(FLAGS_threads);
   std::vector<ThreadResult> results(FLAGS_threads);
   std::vector<std::thread> threads;
   for (uint32_t t = 0; t < FLAGS_threads; ++t) {
-    threads.emplace_back(RunThread, t, options, *workload, std::ref(shared), &results[t]);
+    const int core = cores->empty() ? -1 : (*cores)[t];
+    threads.emplace_back(RunThread, t, options, *workload, std::cref(**topology), core,
+                         std::ref(shared), &results[t]);
   }
   // Warm-up starts when every thread has finished its preload (made its first progress).
   auto total_progress = [&] {

@@ -59,15 +59,7 @@ absl::StatusOr<std::vector<int>> Topology::PickCores(uint32_t count, std::string
     }
     candidates = *std::move(parsed);
   } else {
-    hwloc_obj_t node = numa_node < 0 ? nullptr
-                                     : hwloc_get_obj_by_type(Handle(topology_), HWLOC_OBJ_NUMANODE,
-                                                             static_cast<unsigned>(numa_node));
-    for (int i = 0; i < cores(); ++i) {
-      hwloc_obj_t core = hwloc_get_obj_by_type(Handle(topology_), HWLOC_OBJ_CORE, i);
-      if (node == nullptr || hwloc_bitmap_intersects(core->cpuset, node->cpuset)) {
-        candidates.push_back(i);
-      }
-    }
+    candidates = CoresOf(numa_node);
   }
   if (candidates.size() < count) {
     return absl::InvalidArgumentError(absl::StrFormat(
@@ -76,6 +68,41 @@ absl::StatusOr<std::vector<int>> Topology::PickCores(uint32_t count, std::string
   }
   candidates.resize(count);
   return candidates;
+}
+
+std::vector<int> Topology::CoresOf(int numa_node) const {
+  hwloc_obj_t node = numa_node < 0 ? nullptr
+                                   : hwloc_get_obj_by_type(Handle(topology_), HWLOC_OBJ_NUMANODE,
+                                                           static_cast<unsigned>(numa_node));
+  std::vector<int> cores_of_node;
+  for (int i = 0; i < cores(); ++i) {
+    hwloc_obj_t core = hwloc_get_obj_by_type(Handle(topology_), HWLOC_OBJ_CORE, i);
+    if (node == nullptr || hwloc_bitmap_intersects(core->cpuset, node->cpuset)) {
+      cores_of_node.push_back(i);
+    }
+  }
+  return cores_of_node;
+}
+
+absl::StatusOr<std::vector<int>> Topology::PickClientCores(uint32_t count, std::string_view spec,
+                                                           int numa_node) const {
+  if (spec == "none") return std::vector<int>{};
+  if (spec != "auto") {
+    absl::StatusOr<std::vector<int>> listed = PickCores(count, spec, numa_node);
+    if (!listed.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("--client_cores=%s: %s", spec, listed.status().message()));
+    }
+    return listed;
+  }
+  std::vector<int> node = CoresOf(numa_node);
+  if (node.size() < count) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%d client threads need %d cores to spin on; %d are available (--client_cores=none "
+        "leaves them to the scheduler)",
+        count, count, node.size()));
+  }
+  return std::vector<int>(node.end() - count, node.end());
 }
 
 absl::Status Topology::PinCurrentThread(int core) const {

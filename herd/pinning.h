@@ -26,6 +26,13 @@ class Topology {
   // core make every measurement meaningless.
   absl::StatusOr<std::vector<int>> PickCores(uint32_t count, std::string_view listed,
                                              int numa_node) const;
+  // The cores of `numa_node` (-1 or unknown: every core), in order.
+  std::vector<int> CoresOf(int numa_node) const;
+  // Cores for `count` client threads. `spec`: "none" (empty: not pinned), "auto" (the LAST
+  // `count` cores of `numa_node`, so that on one machine they stay clear of a server's workers,
+  // which take the first ones), or a list as for PickCores.
+  absl::StatusOr<std::vector<int>> PickClientCores(uint32_t count, std::string_view spec,
+                                                   int numa_node) const;
   // Binds the calling thread to logical core `core` (hwloc core index).
   absl::Status PinCurrentThread(int core) const;
 

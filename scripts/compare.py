@@ -97,7 +97,8 @@ class Comparison:
                   f"--max_clients={max(64, a.clients)}",
                   f"--max_key_bytes={max(16, a.key_bytes)}"] + self.fabric
         client = lambda port: ([str(self.bin / "herd" / "herd_client"), f"--server=127.0.0.1:{port}",
-                                f"--clients_per_thread={a.clients}"] + self.fabric +
+                                f"--clients_per_thread={a.clients}",
+                                f"--client_cores={a.client_core}"] + self.fabric +
                                self.workload_flags() + self.timing_flags())
         return self.run_with_server(server, "herd_server ready", client, name)
 

@@ -28,7 +28,7 @@ The experiment file (see bench/experiments/*.yaml):
   sweep: {clients: [1, 2, 4]}         # axes: any server or client flag; see KNOB_ROLES
   repetitions: 1
 Host fields: address (localhost/127.0.0.1 = run directly, unless ssh_port is given), role,
-cores (server: worker cores), device and gid_index (verbs), ssh_user, ssh_port, ssh_key,
+cores (server: --worker_cores; client: --client_cores), device and gid_index (verbs), ssh_user, ssh_port, ssh_key,
 ssh_options (a list of -o options), repo (the checkout's path there, default this one's; it must
 hold the same build).
 """
@@ -59,7 +59,7 @@ SERVER_KNOBS = {
 CLIENT_KNOBS = {
     "threads", "clients_per_thread", "duration_s", "warmup_s", "workload", "get_fraction",
     "put_fraction", "delete_fraction", "cas_fraction", "distribution", "zipf_theta", "keys",
-    "key_bytes", "value_bytes", "seed", "preload", "retry_timeout_us",
+    "key_bytes", "value_bytes", "seed", "preload", "retry_timeout_us", "client_cores",
 }
 BOTH_KNOBS = {"mtu", "inject_ud_loss", "inject_uc_loss"}
 # "clients" is the HERD plot's x axis: logical clients per client thread.
@@ -360,6 +360,8 @@ class Runner:
             for index, host in enumerate(self.x.clients):
                 argv = [str(self.bin / "herd_client"), f"--server={address}:{port}"]
                 argv += self.fabric_flags(host, name) + flags(client_knobs)
+                if host.cores is not None and "client_cores" not in client_knobs:
+                    argv.append(f"--client_cores={host.cores}")
                 log = open(self.logs / f"{name}.client{index}.log", "wb")
                 clients.append((host, self.processes.start(host, argv, subprocess.PIPE, log), log))
             results = []
