@@ -93,7 +93,12 @@ void RunThread(uint32_t t, const herd::ClientOptions& options, const bench::Work
         bench::MakeKey(next, w.key_bytes, key.data());
         if (!client.CanSubmit(c, mica::KeyHash(key))) continue;
         bench::MakeValue(next, 0, w.value_bytes, value.data());
-        if (client.Submit(c, herd::Op::kPut, key, value, 0, tag++).ok()) next += threads;
+        // CanSubmit said the window has room: a failure is the QP's or the server's, and final.
+        if (absl::Status s = client.Submit(c, herd::Op::kPut, key, value, 0, tag++); !s.ok()) {
+          out->status = s;
+          break;
+        }
+        next += threads;
       }
       const size_t got = client.Poll(absl::MakeSpan(results));
       for (size_t i = 0; i < got; ++i) {
@@ -126,7 +131,11 @@ void RunThread(uint32_t t, const herd::ClientOptions& options, const bench::Work
       }
       // CAS expects version 0, so it fails (CAS_FAILED or NOT_FOUND) but still costs a full
       // lookup: the benchmark measures the operation's cost, not its success rate.
-      if (!client.Submit(c, p.op, key, value, 0, p.index).ok()) continue;
+      if (absl::Status s = client.Submit(c, p.op, key, value, 0, p.index); !s.ok()) {
+        out->status = s;  // as in the preload: not a full window (CanSubmit), so final
+        shared.stop = true;
+        break;
+      }
       p = Next{workload.NextKey(), ToOp(workload.NextOp())};
     }
     const size_t got = client.Poll(absl::MakeSpan(results));
