@@ -187,16 +187,13 @@ int main(int argc, char** argv) {
   options.retry_timeout = absl::Microseconds(FLAGS_retry_timeout_us);
 
   absl::StatusOr<std::unique_ptr<herd::Topology>> topology = herd::Topology::Load();
-  absl::StatusOr<std::vector<int>> cores = absl::InternalError("no topology");
-  if (topology.ok()) {
-    cores = (*topology)->PickClientCores(FLAGS_threads, FLAGS_client_cores,
-                                         herd::DeviceNumaNode(device->name));
-  }
-  for (const absl::Status& s : {topology.status(), cores.status()}) {
-    if (!s.ok()) {
-      fprintf(stderr, "herd_client: %s\n", s.ToString().c_str());
-      return 1;
-    }
+  const absl::StatusOr<std::vector<int>> cores =
+      topology.ok() ? (*topology)->PickClientCores(FLAGS_threads, FLAGS_client_cores,
+                                                   herd::DeviceNumaNode(device->name))
+                    : topology.status();
+  if (!cores.ok()) {
+    fprintf(stderr, "herd_client: %s\n", cores.status().ToString().c_str());
+    return 1;
   }
 
   Shared shared(FLAGS_threads);

@@ -54,14 +54,14 @@ SERVER_KNOBS = {
     "request_verb", "response_verb", "workers", "ud_qps_per_worker", "window", "postlist",
     "unsig_batch", "inline", "max_inline", "slot_bytes", "max_key_bytes", "max_clients",
     "sq_depth", "recv_depth", "mica_log_bytes", "mica_buckets", "mica_items", "max_value_bytes",
-    "mica_hugepages", "pin_workers", "worker_cores",
+    "mica_hugepages", "hugepages", "pin_workers", "worker_cores",
 }
 CLIENT_KNOBS = {
     "threads", "clients_per_thread", "duration_s", "warmup_s", "workload", "get_fraction",
     "put_fraction", "delete_fraction", "cas_fraction", "distribution", "zipf_theta", "keys",
     "key_bytes", "value_bytes", "seed", "preload", "retry_timeout_us", "client_cores",
 }
-BOTH_KNOBS = {"mtu", "inject_ud_loss", "inject_uc_loss"}
+BOTH_KNOBS = {"mtu", "inject_ud_loss", "inject_uc_loss", "inject_delay_us", "shm_async"}
 # "clients" is the HERD plot's x axis: logical clients per client thread.
 ALIASES = {"clients": "clients_per_thread"}
 

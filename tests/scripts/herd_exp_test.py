@@ -95,6 +95,20 @@ class HerdExpTest(unittest.TestCase):
         self.assertTrue((self.out / "postlist-64_r0.failed").exists())
         self.assertTrue((self.out / "postlist-4_r0.json").exists())
 
+    def test_fabric_and_page_knobs_reach_both_binaries(self):
+        # shm_async goes to server and client (each opens a device), hugepages to the server.
+        path = experiment(self.dir, "knobs", "{shm_async: [true]}",
+                          server_extra=", hugepages: \"off\"")
+        done = self.run_runner(path)
+        self.assertEqual(done.returncode, 0, done.stderr)
+        record = json.loads((self.out / "shm_async-True_r0.json").read_text())
+        # It ran, so both binaries took their flags (gflags refuses unknown ones).
+        self.assertGreater(record["mops"], 0)
+        self.assertEqual(record["server_knobs"]["hugepages"], "off")
+        self.assertTrue(record["server_knobs"]["shm_async"])
+        self.assertTrue(record["client_knobs"]["shm_async"])
+        self.assertNotIn("hugepages", record["client_knobs"])
+
     def test_ctrl_c_stops_everything(self):
         path = experiment(self.dir, "interrupted", "{clients: [1, 2]}")
         text = path.read_text().replace("duration_s: 0.3", "duration_s: 60")
