@@ -164,12 +164,17 @@ absl::Status ShmQp::PostSend(SendWr* chain, SendWr** bad) {
         absl::StrFormat("PostSend on a QP in %s", ToString(state())));
   }
   bool rang = false;
+  // The poller advances `retired` (in the segment): read it once per chain, again only if the
+  // queue looks full.
+  uint64_t retired = entry_->retired.load(std::memory_order_acquire) & kRetiredCountMask;
   for (SendWr* wr = chain; wr != nullptr; wr = wr->next) {
     if (absl::Status status = ValidateSend(*wr); !status.ok()) {
       *bad = wr;
       return status;
     }
-    const uint64_t retired = entry_->retired.load(std::memory_order_acquire) & kRetiredCountMask;
+    if (posted_ - retired >= config_.max_send_wr) {
+      retired = entry_->retired.load(std::memory_order_acquire) & kRetiredCountMask;
+    }
     if (posted_ - retired >= config_.max_send_wr) {
       *bad = wr;
       return absl::ResourceExhaustedError(absl::StrFormat(
