@@ -1,7 +1,10 @@
 #include "herd/client.h"
 
+#include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstring>
+#include <random>
 
 #include "absl/strings/str_format.h"
 #include "glog/logging.h"
@@ -16,6 +19,15 @@ using Clock = std::chrono::steady_clock;
 // original) without starving the next response.
 constexpr uint32_t kReceivesPerOutstanding = 2;
 constexpr uint64_t kSyncTag = ~uint64_t{0};
+// How often Poll asks the control connection whether the server is still there (a syscall).
+constexpr absl::Duration kHealthCheckInterval = absl::Milliseconds(10);
+// TCP's estimator gains (RFC 6298): alpha = 1/8 for the mean, beta = 1/4 for the deviation,
+// and a timeout of srtt + 4 rttvar.
+constexpr double kRttGain = 0.125;
+constexpr double kRttVarGain = 0.25;
+constexpr double kRttVarWeight = 4;
+// Doublings of the timeout for a request sent many times (then it stays at the ceiling).
+constexpr uint32_t kMaxBackoffShift = 16;
 
 template <typename T>
 absl::Status Take(absl::StatusOr<T> value, T* out) {
@@ -36,10 +48,15 @@ struct Client::Outstanding {
   bool active = false;
   Op op = Op::kGet;
   uint32_t client = 0, worker = 0, slot = 0;
-  uint32_t length = 0;  // staged request bytes
-  uint32_t attempts = 0;
+  uint32_t length = 0;   // staged request bytes
+  uint32_t sends = 0;    // times posted (or tried: a full send queue counts)
+  uint32_t attempt = 0;  // the attempt number in the staged bytes
   uint64_t seq = 0, tag = 0, keyhash = 0;
   Clock::time_point submitted, deadline;
+  // The staging buffer is read by the NIC when a non-inline WR executes, not when it is posted:
+  // such WRs are signalled, and the buffer is rewritten only once the newest one retired.
+  bool buffer_in_flight = false;
+  uint64_t last_wr = 0;  // that WR's send-queue index
 };
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {
@@ -73,6 +90,7 @@ absl::Status Client::Handshake() {
 
   Join join;
   join.ud = ud_qp_->endpoint();
+  join.ud_qkey = ud_qkey_;
   for (auto& qp : request_qps_) join.request_qps.push_back(qp->endpoint());
   for (auto& qp : response_qps_) join.response_qps.push_back(qp->endpoint());
   if (responses_mr_) {
@@ -82,7 +100,8 @@ absl::Status Client::Handshake() {
   if (absl::Status s = channel_.Send(kJoin, Encode(join)); !s.ok()) return s;
   reply = Expect(channel_, kWelcome, options_.connect_timeout);
   if (!reply.ok()) return reply.status();
-  absl::StatusOr<Welcome> welcome = DecodeWelcome(reply->payload, config_.workers);
+  absl::StatusOr<Welcome> welcome =
+      DecodeWelcome(reply->payload, config_.workers, config_.ud_qps_per_worker);
   if (!welcome.ok()) return welcome.status();
   welcome_ = *std::move(welcome);
   first_client_id_ = welcome_.first_client_id;
@@ -135,8 +154,12 @@ absl::Status Client::CreateResources(const Config& config) {
     return Take(pd_->CreateQp(qc), out);
   };
   if (absl::Status s = make_qp(transport::QpType::kUd, receive_count_, &ud_qp_); !s.ok()) return s;
+  // Our own qkey: a UD SEND with any other is dropped by our QP, so a process that does not know
+  // it cannot deliver a forged response (one that does must also send from a worker's QP).
+  std::random_device entropy;
+  while (ud_qkey_ == 0 || ud_qkey_ == kQkey) ud_qkey_ = entropy() & ~kControlledQkeyBit;
   transport::ConnectConfig ud;
-  ud.qkey = kQkey;
+  ud.qkey = ud_qkey_;
   if (absl::Status s = ud_qp_->Connect(ud); !s.ok()) return s;
   for (uint32_t w = 0; w < c.workers; ++w) {
     if (c.request_uses_slots()) {
@@ -184,6 +207,7 @@ absl::Status Client::CreateResources(const Config& config) {
   }
   slots_.resize(slot_count);
   next_seq_.assign(uint64_t{options_.clients} * c.workers, 1);
+  if (c.response_uses_slots()) delivered_.resize(slot_count * c.response_slot_bytes());
   completions_.resize(std::max<uint32_t>(c.sq_depth, 64));
   recv_wrs_.resize(receive_count_);
   recv_sges_.resize(receive_count_);
@@ -200,7 +224,15 @@ uint32_t Client::WorkerOf(uint64_t keyhash) const {
 bool Client::CanSubmit(uint32_t client, uint64_t keyhash) const {
   const uint32_t worker = WorkerOf(keyhash);
   const uint64_t seq = next_seq_[uint64_t{client} * config_.workers + worker];
-  return !slots_[SlotIndex(client, worker, static_cast<uint32_t>(seq % config_.window))].active;
+  const Outstanding& o =
+      slots_[SlotIndex(client, worker, static_cast<uint32_t>(seq % config_.window))];
+  return !o.active && BufferFree(o);
+}
+
+bool Client::BufferFree(const Outstanding& o) const {
+  if (!o.buffer_in_flight) return true;
+  const SendQueue& queue = queues_[config_.request_uses_slots() ? 1 + o.worker : 0];
+  return queue.retired > o.last_wr;
 }
 
 absl::Status Client::Submit(uint32_t client, Op op, std::string_view key, std::string_view value,
@@ -230,6 +262,13 @@ absl::Status Client::Submit(uint32_t client, Op op, std::string_view key, std::s
   if (o.active) {
     return absl::ResourceExhaustedError("the window to this key's worker is full: Poll first");
   }
+  if (!BufferFree(o)) {
+    Reap();
+    if (!BufferFree(o)) {
+      return absl::ResourceExhaustedError(
+          "the slot's previous request is still being read by the NIC: Poll first");
+    }
+  }
   RequestHeader header{};
   header.keyhash = keyhash;
   header.expected_version = op == Op::kCas ? expected_version : 0;
@@ -237,33 +276,39 @@ absl::Status Client::Submit(uint32_t client, Op op, std::string_view key, std::s
   header.key_bytes = static_cast<uint16_t>(key.size());
   header.op = static_cast<uint8_t>(op);
   header.client_id = first_client_id_ + client;
+  header.attempt = 0;
   header.seq = next;
-  o.length = EncodeRequest(header, key, value, staging_->data() + index * config_.slot_bytes);
+  o.length = EncodeRequest(header, key, value, welcome_.secret,
+                           staging_->data() + index * config_.slot_bytes);
   o.active = true;
   o.op = op;
   o.client = client;
   o.worker = worker;
   o.slot = slot;
-  o.attempts = 0;
+  o.sends = 0;
+  o.attempt = 0;
   o.seq = next;
   o.tag = tag;
   o.keyhash = keyhash;
   o.submitted = Clock::now();
-  if (absl::Status s = Send(o); !s.ok()) {
+  if (absl::Status s = Send(o, /*wait_for_room=*/true); !s.ok()) {
     // Nothing was posted: the request never existed, its slot and sequence number stay free.
     o.active = false;
     return s;
   }
+  o.deadline = o.submitted + TimeoutFor(1);
   ++next;
   ++outstanding_;
   ++stats_.submitted;
   return absl::OkStatus();
 }
 
-absl::Status Client::Send(Outstanding& o) {
+absl::Status Client::Send(Outstanding& o, bool wait_for_room) {
   const bool write = config_.request_uses_slots();
   SendQueue& queue = queues_[write ? 1 + o.worker : 0];
+  if (!queue.broken && !queue.HasRoom()) Reap();
   if (!queue.broken && !queue.HasRoom()) {
+    if (!wait_for_room) return absl::ResourceExhaustedError("the request send queue is full");
     const Clock::time_point give_up =
         Clock::now() + absl::ToChronoNanoseconds(options_.send_queue_timeout);
     while (!queue.broken && !queue.HasRoom()) {
@@ -281,19 +326,26 @@ absl::Status Client::Send(Outstanding& o) {
         "the request QP is in the error state (the server is gone?): reconnect");
   }
   const uint64_t index = SlotIndex(o.client, o.worker, o.slot);
-  transport::Sge sge{reinterpret_cast<uint64_t>(staging_->data() + index * config_.slot_bytes),
-                     o.length, staging_mr_->lkey()};
+  uint8_t* staged = staging_->data() + index * config_.slot_bytes;
+  // A retransmission is a new attempt (the worker tells it from a duplicate landing of the last
+  // one) unless a WR still reads the buffer: then the same bytes go again, and the next
+  // retransmission, after that WR retired, is the new attempt.
+  if (o.sends > 0 && BufferFree(o))
+    SetRequestAttempt(++o.attempt, welcome_.secret, staged, o.length);
+  transport::Sge sge{reinterpret_cast<uint64_t>(staged), o.length, staging_mr_->lkey()};
+  const bool inline_send = config_.use_inline && o.length <= config_.max_inline;
   transport::SendWr wr;
   wr.wr_id = queue.WrId(queue.posted);
   wr.sg_list = &sge;
   wr.num_sge = 1;
-  wr.flags = queue.Signal(queue.posted) ? uint32_t{transport::kSignaled} : 0u;
-  if (config_.use_inline && o.length <= config_.max_inline) wr.flags |= transport::kInline;
+  // Non-inline WRs are signalled so their buffers are known free; retransmissions too, rare.
+  const bool signal = queue.Signal(queue.posted) || !inline_send || o.sends > 0;
+  wr.flags = signal ? uint32_t{transport::kSignaled} : 0u;
+  if (inline_send) wr.flags |= transport::kInline;
   if (write) {
     wr.opcode = transport::Opcode::kWrite;
-    // End-aligned: the sequence word lands in the slot's last 8 bytes, and lands last.
-    wr.remote_addr = welcome_.region_addr +
-                     config_.SlotOffset(o.worker, first_client_id_ + o.client, o.slot) +
+    // End-aligned in the slot, inside this session's block ([client][worker][window]).
+    wr.remote_addr = welcome_.region_addr + config_.SlotOffset(o.worker, o.client, o.slot) +
                      config_.slot_bytes - o.length;
     wr.rkey = welcome_.region_rkey;
   } else {
@@ -304,9 +356,12 @@ absl::Status Client::Send(Outstanding& o) {
   }
   transport::SendWr* bad = nullptr;
   if (absl::Status s = queue.qp->PostSend(&wr, &bad); !s.ok()) return s;
+  if (!inline_send) {
+    o.buffer_in_flight = true;
+    o.last_wr = queue.posted;
+  }
   ++queue.posted;
-  ++o.attempts;
-  o.deadline = Clock::now() + absl::ToChronoNanoseconds(options_.retry_timeout);
+  ++o.sends;
   return absl::OkStatus();
 }
 
@@ -341,9 +396,7 @@ void Client::RepostReceives() {
   to_repost_.clear();
 }
 
-bool Client::Accept(const uint8_t* message, uint32_t length, Result* out) {
-  ParsedResponse response;
-  if (!ParseResponse(message, length, &response)) return false;
+bool Client::Accept(const ParsedResponse& response, Result* out) {
   const ResponseHeader& h = response.header;
   const uint32_t client = h.client_id - first_client_id_;  // wraps for foreign ids
   if (client >= options_.clients || h.worker >= config_.workers ||
@@ -352,9 +405,12 @@ bool Client::Accept(const uint8_t* message, uint32_t length, Result* out) {
   }
   const auto slot = static_cast<uint32_t>(h.seq % config_.window);
   Outstanding& o = slots_[SlotIndex(client, h.worker, slot)];
-  if (!o.active || o.seq != h.seq || o.keyhash != h.keyhash) return false;
+  if (!o.active || o.seq != h.seq || o.keyhash != h.keyhash || h.attempt > o.attempt) return false;
   const auto status = static_cast<Status>(h.status);
   if (o.op != Op::kGet && h.value_bytes != 0) return false;
+  const Clock::time_point now = Clock::now();
+  // Karn's rule: only a request sent once measures the round trip unambiguously.
+  if (o.sends == 1) SampleRoundTrip(now - o.submitted);
   out->tag = o.tag;
   out->client = client;
   out->worker = o.worker;
@@ -362,13 +418,164 @@ bool Client::Accept(const uint8_t* message, uint32_t length, Result* out) {
   out->status = status;
   out->version = h.version;
   out->value = std::string_view(reinterpret_cast<const char*>(response.value), h.value_bytes);
-  out->attempts = o.attempts;
+  out->attempts = o.sends;
   out->latency_ns = static_cast<uint64_t>(
-      std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - o.submitted).count());
+      std::chrono::duration_cast<std::chrono::nanoseconds>(now - o.submitted).count());
   o.active = false;
   --outstanding_;
   ++stats_.completed;
   return true;
+}
+
+void Client::PollUdResponses(absl::Span<Result> out, size_t* n) {
+  const size_t want = std::min(out.size() - *n, completions_.size());
+  const size_t got = recv_cq_->Poll(absl::MakeSpan(completions_.data(), want));
+  for (size_t i = 0; i < got; ++i) {
+    const transport::Completion& c = completions_[i];
+    to_repost_.push_back(static_cast<uint32_t>(c.wr_id));
+    ParsedResponse response;
+    bool ok = c.status == transport::CompletionStatus::kSuccess &&
+              c.byte_len >= transport::kGrhBytes &&
+              ParseResponse(receives_->data() + c.wr_id * receive_bytes_ + transport::kGrhBytes,
+                            c.byte_len - transport::kGrhBytes, /*secret=*/0, &response) &&
+              response.header.worker < config_.workers;
+    if (ok) {
+      // Only the named worker's own QPs answer for it.
+      const uint32_t per_worker = config_.ud_qps_per_worker;
+      const auto first = welcome_.worker_response_qpns.begin() +
+                         static_cast<ptrdiff_t>(response.header.worker * per_worker);
+      ok = std::find(first, first + per_worker, c.src_qp) != first + per_worker &&
+           Accept(response, &out[*n]);
+    }
+    if (ok) {
+      ++*n;
+    } else {
+      ++stats_.stray;
+    }
+  }
+}
+
+void Client::PollWriteResponses(absl::Span<Result> out, size_t* n) {
+  const uint32_t bytes = config_.response_slot_bytes();
+  for (uint64_t i = 0; i < slots_.size() && *n < out.size(); ++i) {
+    Outstanding& o = slots_[i];
+    if (!o.active) continue;
+    // The server writes [worker][client][window] response slots.
+    const uint64_t at =
+        ((uint64_t{o.worker} * options_.clients + o.client) * config_.window + o.slot) * bytes;
+    uint8_t* slot = responses_->data() + at;
+    std::atomic_ref<uint64_t> marker(*reinterpret_cast<uint64_t*>(slot + bytes - sizeof(uint64_t)));
+    const uint64_t seq = marker.load(std::memory_order_acquire);
+    if (seq == 0) continue;
+    if (seq != o.seq) {
+      marker.store(0, std::memory_order_relaxed);
+      ++stats_.stray;  // a late answer to this slot's previous request
+      continue;
+    }
+    // Copy first, then check the copy: what is delivered is what was checked, and no late
+    // duplicate landing in the slot can change it afterwards.
+    uint32_t value_bytes;
+    std::memcpy(&value_bytes,
+                slot + bytes - kResponseHeaderBytes + offsetof(ResponseHeader, value_bytes),
+                sizeof(value_bytes));
+    ParsedResponse response;
+    uint8_t* copy = delivered_.data() + i * bytes;
+    const uint64_t length = uint64_t{Pad8(value_bytes)} + kResponseHeaderBytes;
+    if (length > bytes) {
+      ++stats_.torn;  // still landing, or torn: looked at again on the next Poll
+      continue;
+    }
+    std::memcpy(copy + bytes - length, slot + bytes - length, length);
+    if (!ParseResponse(copy + bytes - length, static_cast<uint32_t>(length), welcome_.secret,
+                       &response)) {
+      ++stats_.torn;
+      continue;
+    }
+    if (Accept(response, &out[*n])) {
+      ++*n;
+    } else {
+      ++stats_.stray;
+    }
+    marker.store(0, std::memory_order_relaxed);
+  }
+}
+
+void Client::Fail(Outstanding& o, Status status, Result* r) {
+  *r = Result{};
+  r->tag = o.tag;
+  r->client = o.client;
+  r->worker = o.worker;
+  r->op = o.op;
+  r->status = status;
+  r->attempts = o.sends;
+  o.active = false;
+  --outstanding_;
+  ++(status == Status::kSendFailed ? stats_.send_failed : stats_.timed_out);
+}
+
+void Client::SampleRoundTrip(std::chrono::nanoseconds rtt) {
+  const auto sample = static_cast<double>(rtt.count());
+  if (srtt_ns_ == 0) {
+    srtt_ns_ = sample;
+    rttvar_ns_ = sample / 2;
+    return;
+  }
+  rttvar_ns_ += kRttVarGain * (std::abs(srtt_ns_ - sample) - rttvar_ns_);
+  srtt_ns_ += kRttGain * (sample - srtt_ns_);
+}
+
+std::chrono::nanoseconds Client::TimeoutFor(uint32_t sends) const {
+  const std::chrono::nanoseconds initial = absl::ToChronoNanoseconds(options_.retry_timeout);
+  if (!options_.adaptive_retry) return initial;
+  const std::chrono::nanoseconds floor = absl::ToChronoNanoseconds(options_.min_retry_timeout);
+  const std::chrono::nanoseconds ceiling = absl::ToChronoNanoseconds(options_.max_retry_timeout);
+  std::chrono::nanoseconds base =
+      srtt_ns_ == 0
+          ? initial
+          : std::chrono::nanoseconds(static_cast<int64_t>(srtt_ns_ + kRttVarWeight * rttvar_ns_));
+  base = std::clamp(base, floor, std::max(floor, ceiling));
+  const uint32_t shift = std::min(sends > 0 ? sends - 1 : 0, kMaxBackoffShift);
+  return std::min(base * (int64_t{1} << shift), std::max(base, ceiling));
+}
+
+void Client::Retransmit(absl::Span<Result> out, size_t* n) {
+  const Clock::time_point now = Clock::now();
+  if (now >= next_health_check_) {
+    next_health_check_ = now + absl::ToChronoNanoseconds(kHealthCheckInterval);
+    if (health_.ok() && channel_.PeerClosed()) {
+      health_ = absl::UnavailableError(absl::StrFormat(
+          "the server (%s) closed its control connection: it stopped or died", options_.server));
+      LOG(WARNING) << health_;
+    }
+  }
+  const std::chrono::nanoseconds deadline = absl::ToChronoNanoseconds(options_.request_deadline);
+  Clock::time_point next = now + TimeoutFor(1);
+  for (Outstanding& o : slots_) {
+    if (!o.active) continue;
+    if (o.deadline > now && health_.ok()) {
+      next = std::min(next, o.deadline);
+      continue;
+    }
+    if (!health_.ok() || o.sends >= options_.max_attempts || now - o.submitted >= deadline) {
+      if (*n == out.size()) return;  // the rest on the next Poll
+      Fail(o, Status::kTimedOut, &out[(*n)++]);
+      continue;
+    }
+    ++stats_.retransmissions;
+    absl::Status sent = Send(o, /*wait_for_room=*/false);
+    if (!sent.ok() && absl::IsUnavailable(sent)) {
+      if (*n == out.size()) return;
+      Fail(o, Status::kSendFailed, &out[(*n)++]);
+      continue;
+    }
+    if (!sent.ok()) {
+      ++o.sends;  // a full send queue: counted as a send, so max_attempts still bounds it
+      LOG_EVERY_N(WARNING, 1000) << "retransmission not sent: " << sent;
+    }
+    o.deadline = now + TimeoutFor(o.sends);
+    next = std::min(next, o.deadline);
+  }
+  next_retry_check_ = next;
 }
 
 size_t Client::Poll(absl::Span<Result> out) {
@@ -376,80 +583,12 @@ size_t Client::Poll(absl::Span<Result> out) {
   Reap();
   size_t n = 0;
   if (!config_.response_uses_slots()) {
-    const size_t want = std::min(out.size(), completions_.size());
-    const size_t got = recv_cq_->Poll(absl::MakeSpan(completions_.data(), want));
-    for (size_t i = 0; i < got; ++i) {
-      const transport::Completion& c = completions_[i];
-      to_repost_.push_back(static_cast<uint32_t>(c.wr_id));
-      const bool ok = c.status == transport::CompletionStatus::kSuccess &&
-                      c.byte_len >= transport::kGrhBytes &&
-                      Accept(receives_->data() + c.wr_id * receive_bytes_ + transport::kGrhBytes,
-                             c.byte_len - transport::kGrhBytes, &out[n]);
-      if (ok) {
-        ++n;
-      } else {
-        ++stats_.stray;
-      }
-    }
+    PollUdResponses(out, &n);
   } else if (outstanding_ > 0) {
-    const uint32_t bytes = config_.response_slot_bytes();
-    for (uint64_t i = 0; i < slots_.size() && n < out.size(); ++i) {
-      Outstanding& o = slots_[i];
-      if (!o.active) continue;
-      // The server writes [worker][client][window] response slots.
-      const uint64_t at =
-          ((uint64_t{o.worker} * options_.clients + o.client) * config_.window + o.slot) * bytes;
-      uint8_t* slot = responses_->data() + at;
-      auto* marker = reinterpret_cast<uint64_t*>(slot + bytes - sizeof(uint64_t));
-      const uint64_t seq = std::atomic_ref<uint64_t>(*marker).load(std::memory_order_acquire);
-      if (seq == 0) continue;
-      if (seq != o.seq) {
-        std::atomic_ref<uint64_t>(*marker).store(0, std::memory_order_relaxed);
-        ++stats_.stray;  // a late answer to this slot's previous request
-        continue;
-      }
-      if (Accept(slot, bytes, &out[n])) {
-        ++n;
-      } else {
-        ++stats_.stray;
-      }
-      std::atomic_ref<uint64_t>(*marker).store(0, std::memory_order_relaxed);
-    }
+    PollWriteResponses(out, &n);
   }
-  const Clock::time_point now = Clock::now();
-  if (outstanding_ > 0 && now >= next_retry_check_) {
-    next_retry_check_ = now + absl::ToChronoNanoseconds(options_.retry_timeout) / 4;
-    if (health_.ok() && channel_.PeerClosed()) {
-      health_ = absl::UnavailableError(absl::StrFormat(
-          "the server (%s) closed its control connection: it stopped or died", options_.server));
-      LOG(WARNING) << health_;
-      for (Outstanding& o : slots_) {
-        o.deadline = now;  // reported below as timed out, without retransmitting
-        o.attempts = std::max(o.attempts, options_.max_attempts);
-      }
-    }
-    for (Outstanding& o : slots_) {
-      if (!o.active || o.deadline > now) continue;
-      if (o.attempts >= options_.max_attempts) {
-        if (n == out.size()) break;
-        Result& r = out[n++];
-        r = Result{};
-        r.tag = o.tag;
-        r.client = o.client;
-        r.worker = o.worker;
-        r.op = o.op;
-        r.status = Status::kTimedOut;
-        r.attempts = o.attempts;
-        o.active = false;
-        --outstanding_;
-        ++stats_.timed_out;
-        continue;
-      }
-      ++stats_.retransmissions;
-      if (absl::Status s = Send(o); !s.ok()) {
-        LOG_EVERY_N(WARNING, 1000) << "retransmission failed: " << s;
-      }
-    }
+  if (outstanding_ > 0 && n < out.size() && Clock::now() >= next_retry_check_) {
+    Retransmit(out, &n);
   }
   return n;
 }
@@ -487,6 +626,8 @@ absl::StatusOr<uint64_t> VersionOf(const absl::StatusOr<Result>& r) {
           absl::StrFormat("CAS_FAILED: the current version is %d", r->version));
     case Status::kTimedOut:
       return absl::DeadlineExceededError("no response through every retransmission");
+    case Status::kSendFailed:
+      return absl::UnavailableError("the request could not be sent: its QP is in error");
     default:
       return absl::InvalidArgumentError(std::string(StatusName(r->status)));
   }
@@ -514,17 +655,20 @@ absl::Status Client::SendRaw(uint32_t client, uint32_t worker, uint32_t slot,
   }
   const uint64_t index = SlotIndex(client, worker, slot);
   if (slots_[index].active) return absl::FailedPreconditionError("SendRaw: slot in use");
-  std::memcpy(staging_->data() + index * config_.slot_bytes, bytes.data(), bytes.size());
   Outstanding& o = slots_[index];
+  if (!BufferFree(o)) return absl::FailedPreconditionError("SendRaw: slot buffer in flight");
+  std::memcpy(staging_->data() + index * config_.slot_bytes, bytes.data(), bytes.size());
   o.client = client;
   o.worker = worker;
   o.slot = slot;
+  o.sends = 0;  // sent as is: no attempt number is rewritten into raw bytes
   o.length = static_cast<uint32_t>(bytes.size());
-  return Send(o);
+  return Send(o, /*wait_for_room=*/true);
 }
 
 ClientStats Client::stats() const {
   ClientStats s = stats_;
+  s.retry_timeout = absl::FromChrono(TimeoutFor(1));
   s.fabric.Add(ud_qp_->counters());
   for (const auto& qp : request_qps_) s.fabric.Add(qp->counters());
   s.fabric.Add(send_cq_->counters());

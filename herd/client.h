@@ -6,11 +6,16 @@
 // client has at most `window` requests outstanding to each worker; Submit answers
 // kResourceExhausted when the key's worker has no free slot for that client.
 //
-// Every response is checked before it is delivered: it must carry the client id, worker,
-// sequence number and key hash of an outstanding request, and lengths that add up. Anything
-// else is counted (stats().stray) and dropped. UD responses (and UC requests) can be lost: a
-// request not answered within retry_timeout is written again, same slot, same sequence number;
+// Every response is checked before it is delivered: it must come from one of the server's
+// worker QPs (UD: the sender's QP number, and the session's own qkey) or carry the session's
+// checksum (WRITE responses), and carry the client id, worker, sequence number and key hash of
+// an outstanding request, and lengths that add up. Anything else is counted (stats().stray) and
+// dropped. UD responses (and UC requests) can be lost: a request not answered within its
+// retransmission timeout is sent again (same slot, same sequence number, next attempt number);
 // the worker answers a repeated mutation from its dedupe table instead of applying it twice.
+// The timeout adapts to measured round trips (srtt + 4 rttvar, as TCP's RTO, from first-attempt
+// answers only) within [min_retry_timeout, max_retry_timeout], doubling per retransmission of a
+// request. Every request ends (answered, kTimedOut, or kSendFailed) within request_deadline.
 #ifndef HERD_HERD_CLIENT_H_
 #define HERD_HERD_CLIENT_H_
 
@@ -38,8 +43,15 @@ struct ClientOptions {
   std::string server = "127.0.0.1:31850";  // host:port of the server's control plane
   uint32_t clients = 1;                    // logical clients on this connection
   transport::DeviceOptions device;
-  absl::Duration retry_timeout = absl::Milliseconds(20);  // per attempt
-  uint32_t max_attempts = 250;  // then the request completes with kTimedOut
+  // The retransmission timeout before any round trip was measured (and always, when
+  // adaptive_retry is false).
+  absl::Duration retry_timeout = absl::Milliseconds(20);
+  bool adaptive_retry = true;
+  absl::Duration min_retry_timeout = absl::Microseconds(100);  // floor of the adaptive timeout
+  absl::Duration max_retry_timeout = absl::Seconds(1);         // ceiling, backoff included
+  uint32_t max_attempts = 250;  // sends of one request; then it completes with kTimedOut
+  // A request outstanding this long completes with kTimedOut whatever its attempts.
+  absl::Duration request_deadline = absl::Seconds(10);
   absl::Duration connect_timeout = absl::Seconds(10);
   // How long a send waits for send-queue room. Completions trail posts by microseconds under
   // any load; a queue that stays full this long means a stuck NIC or QP, and the send fails
@@ -54,14 +66,18 @@ struct Result {
   Op op = Op::kGet;
   Status status = Status::kOk;
   uint64_t version = 0;
-  // GET: the value. Valid until the next Poll() or Submit() on this Client.
+  // GET: the value, in memory of this Client that nothing remote writes. Valid until the next
+  // Poll() or Submit() on this Client.
   std::string_view value;
   uint32_t attempts = 1;
   uint64_t latency_ns = 0;  // Submit to delivery
 };
 
 struct ClientStats {
-  uint64_t submitted = 0, completed = 0, retransmissions = 0, timed_out = 0, stray = 0;
+  uint64_t submitted = 0, completed = 0, retransmissions = 0, timed_out = 0, send_failed = 0,
+           stray = 0;
+  uint64_t torn = 0;             // WRITE responses seen torn or still landing (checked again later)
+  absl::Duration retry_timeout;  // the current adaptive timeout (before backoff)
   transport::CounterSnapshot fabric;
 };
 
@@ -87,7 +103,8 @@ class Client {
   // Sends one request of logical client `client` (0..clients-1). expected_version: CAS only.
   absl::Status Submit(uint32_t client, Op op, std::string_view key, std::string_view value,
                       uint64_t expected_version, uint64_t tag);
-  // Delivers up to out.size() results; also retransmits overdue requests. Never blocks.
+  // Delivers up to out.size() results; also retransmits overdue requests. Never blocks (a
+  // retransmission that finds its send queue full counts as sent and is tried again later).
   size_t Poll(absl::Span<Result> out);
   uint64_t outstanding() const { return outstanding_; }
   // OK while the server is there. Once its control connection closes (the server stopped or
@@ -110,6 +127,8 @@ class Client {
   // with no checks at all.
   absl::Status SendRaw(uint32_t client, uint32_t worker, uint32_t slot,
                        absl::Span<const uint8_t> bytes);
+  // Tests only: the session's checksum key, to build requests by hand.
+  uint64_t session_secret() const { return welcome_.secret; }
 
  private:
   struct Outstanding;
@@ -121,12 +140,23 @@ class Client {
   uint64_t SlotIndex(uint32_t client, uint32_t worker, uint32_t slot) const {
     return (uint64_t{client} * config_.workers + worker) * config_.window + slot;
   }
-  absl::Status Send(Outstanding& o);  // posts (or re-posts) a staged request
-  // Validates a response and fills `out`; false for a stray.
-  bool Accept(const uint8_t* message, uint32_t length, Result* out);
+  // Posts the staged request of `o`. wait_for_room: Submit waits up to send_queue_timeout for
+  // send-queue room; Poll's retransmissions never wait.
+  absl::Status Send(Outstanding& o, bool wait_for_room);
+  // Whether the staging buffer of `o` may be rewritten: no posted WR still reads it.
+  bool BufferFree(const Outstanding& o) const;
+  // Validates a response (its bytes already in private memory) and fills `out`; false for a
+  // stray.
+  bool Accept(const ParsedResponse& response, Result* out);
+  void PollUdResponses(absl::Span<Result> out, size_t* n);
+  void PollWriteResponses(absl::Span<Result> out, size_t* n);
+  void Retransmit(absl::Span<Result> out, size_t* n);
+  // Ends `o` with a client-side status (kTimedOut, kSendFailed) into *r.
+  void Fail(Outstanding& o, Status status, Result* r);
+  void SampleRoundTrip(std::chrono::nanoseconds rtt);
+  std::chrono::nanoseconds TimeoutFor(uint32_t sends) const;
   void RepostReceives();
   void Reap();
-  void Retransmit(std::chrono::steady_clock::time_point now);
 
   const ClientOptions options_;
   Config config_;
@@ -144,8 +174,13 @@ class Client {
   std::unique_ptr<transport::MemoryRegion> staging_mr_, receives_mr_, responses_mr_;
   std::vector<SendQueue> queues_;  // [0] = UD QP, then one per worker request QP
 
-  std::vector<Outstanding> slots_;   // [client][worker][window]
-  std::vector<uint64_t> next_seq_;   // [client][worker]
+  std::vector<Outstanding> slots_;  // [client][worker][window]
+  std::vector<uint64_t> next_seq_;  // [client][worker]
+  std::vector<uint8_t> delivered_;  // WRITE responses copied out before checking: [slot]
+  uint32_t ud_qkey_ = 0;            // our UD QP's own qkey
+  // The adaptive retransmission timeout (TCP's estimator): smoothed round trip and its mean
+  // deviation, in nanoseconds; no sample yet while srtt_ns_ == 0.
+  double srtt_ns_ = 0, rttvar_ns_ = 0;
   std::vector<uint32_t> to_repost_;  // receive buffers consumed by the last Poll
   std::vector<transport::Completion> completions_;
   std::vector<transport::RecvWr> recv_wrs_;
@@ -153,7 +188,8 @@ class Client {
   uint64_t outstanding_ = 0;
   uint32_t receive_bytes_ = 0;
   uint32_t receive_count_ = 0;
-  std::chrono::steady_clock::time_point next_retry_check_;
+  std::chrono::steady_clock::time_point next_retry_check_;  // the earliest request deadline
+  std::chrono::steady_clock::time_point next_health_check_;
   absl::Status health_;
   ClientStats stats_;
 };

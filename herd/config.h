@@ -29,8 +29,11 @@ std::string_view Name(ResponseVerb verb);
 absl::StatusOr<RequestVerb> ParseRequestVerb(std::string_view name);
 absl::StatusOr<ResponseVerb> ParseResponseVerb(std::string_view name);
 
-// The qkey of every herd UD QP (a UD SEND with another qkey is dropped by the receiver).
+// The qkey of the workers' UD QPs (UD requests carry it). Each client's UD QP has a qkey of its
+// own, drawn at join, so only its server's workers can answer it.
 inline constexpr uint32_t kQkey = 0x48455244;  // "HERD"
+// A qkey with this bit set is "controlled" (IB spec): a sender's WR cannot use it.
+inline constexpr uint32_t kControlledQkeyBit = 0x80000000;
 
 // Hard bounds (the protocol's field widths and what one worker can poll).
 inline constexpr uint32_t kMaxWorkers = 256;    // ResponseHeader::worker is 16 bits; be sane
@@ -60,9 +63,13 @@ struct Config {
   // A client's response slot (response_verb = *_write).
   uint32_t response_slot_bytes() const;
   uint64_t region_bytes() const;
+  // The request region is [client][worker][window] slots: a client's slots (and a session's,
+  // whose client ids are consecutive) are one contiguous block, registered as the session's own
+  // memory region so its QPs can write nothing else.
+  uint64_t client_block_bytes() const { return uint64_t{workers} * window * slot_bytes; }
   // Offset of slot (worker, client, index) in the request region.
   uint64_t SlotOffset(uint32_t worker, uint32_t client, uint32_t index) const {
-    return ((uint64_t{worker} * max_clients + client) * window + index) * slot_bytes;
+    return client * client_block_bytes() + (uint64_t{worker} * window + index) * slot_bytes;
   }
   bool request_uses_slots() const { return request_verb != RequestVerb::kUdSend; }
   bool response_uses_slots() const { return response_verb != ResponseVerb::kUdSend; }

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <ctime>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "gflags/gflags.h"
@@ -30,20 +31,33 @@ int Fail(const absl::Status& status) {
 }
 
 std::string StatsJson(const herd::ServerStats& s, const herd::ServerStats& last, double seconds) {
-  std::vector<std::string> mops;
+  std::vector<std::string> mops, hit_ratio, misses, evictions, wraps;
   uint64_t requests = 0, batches = 0;
   for (size_t w = 0; w < s.requests.size(); ++w) {
     const uint64_t r = s.requests[w] - last.requests[w];
     requests += r;
     batches += s.batches[w] - last.batches[w];
     mops.push_back(absl::StrFormat("%.3f", r / seconds / 1e6));
+    const uint64_t hits = s.get_hits[w] - last.get_hits[w];
+    const uint64_t missed = s.get_misses[w] - last.get_misses[w];
+    hit_ratio.push_back(hits + missed == 0
+                            ? "null"
+                            : absl::StrFormat("%.4f", static_cast<double>(hits) /
+                                                          static_cast<double>(hits + missed)));
+    misses.push_back(absl::StrCat(missed));
+    evictions.push_back(absl::StrCat(s.evictions[w] - last.evictions[w]));
+    wraps.push_back(absl::StrCat(s.log_wraps[w] - last.log_wraps[w]));
   }
   return absl::StrFormat(
       "{\"mops\":%.3f,\"worker_mops\":[%s],\"batch\":%.2f,\"clients\":%d,\"bad\":%d,"
-      "\"replays\":%d,\"dropped\":%d,\"fabric\":%s}",
+      "\"replays\":%d,\"duplicates\":%d,\"rejected\":%d,\"dropped\":%d,"
+      "\"get_hit_ratio\":[%s],\"get_misses\":[%s],\"evictions\":[%s],\"log_wraps\":[%s],"
+      "\"fabric\":%s}",
       requests / seconds / 1e6, absl::StrJoin(mops, ","),
       batches == 0 ? 0.0 : static_cast<double>(requests) / batches, s.clients, s.bad_requests,
-      s.replays, s.dropped, s.fabric.ToJson());
+      s.replays, s.duplicates, s.rejected, s.dropped, absl::StrJoin(hit_ratio, ","),
+      absl::StrJoin(misses, ","), absl::StrJoin(evictions, ","), absl::StrJoin(wraps, ","),
+      s.fabric.ToJson());
 }
 
 }  // namespace

@@ -59,7 +59,7 @@ std::vector<uint8_t> Encode(const Config& c) {
 
 std::vector<uint8_t> Encode(const Join& join) {
   WireWriter w;
-  w.Endpoint(join.ud);
+  w.Endpoint(join.ud).U32(join.ud_qkey);
   PutEndpoints(w, join.request_qps);
   PutEndpoints(w, join.response_qps);
   w.U64(join.response_region_addr).U32(join.response_region_rkey);
@@ -69,7 +69,10 @@ std::vector<uint8_t> Encode(const Join& join) {
 std::vector<uint8_t> Encode(const Welcome& welcome) {
   WireWriter w;
   w.U32(welcome.first_client_id).U64(welcome.region_addr).U32(welcome.region_rkey);
+  w.U64(welcome.secret);
   PutEndpoints(w, welcome.worker_ud);
+  w.U32(static_cast<uint32_t>(welcome.worker_response_qpns.size()));
+  for (uint32_t qpn : welcome.worker_response_qpns) w.U32(qpn);
   PutEndpoints(w, welcome.request_qps);
   PutEndpoints(w, welcome.response_qps);
   return w.Take();
@@ -107,7 +110,8 @@ absl::StatusOr<Join> DecodeJoin(const std::vector<uint8_t>& bytes, uint32_t work
   WireReader r(bytes, "join");
   Join join;
   absl::Status error;
-  r.Endpoint(&join.ud) && GetEndpoints(r, workers, &join.request_qps, &error) &&
+  r.Endpoint(&join.ud) && r.U32(&join.ud_qkey) &&
+      GetEndpoints(r, workers, &join.request_qps, &error) &&
       GetEndpoints(r, workers, &join.response_qps, &error) && r.U64(&join.response_region_addr) &&
       r.U32(&join.response_region_rkey);
   if (!error.ok()) return error;
@@ -115,13 +119,23 @@ absl::StatusOr<Join> DecodeJoin(const std::vector<uint8_t>& bytes, uint32_t work
   return join;
 }
 
-absl::StatusOr<Welcome> DecodeWelcome(const std::vector<uint8_t>& bytes, uint32_t workers) {
+absl::StatusOr<Welcome> DecodeWelcome(const std::vector<uint8_t>& bytes, uint32_t workers,
+                                      uint32_t ud_qps_per_worker) {
   WireReader r(bytes, "welcome");
   Welcome w;
   absl::Status error;
-  r.U32(&w.first_client_id) && r.U64(&w.region_addr) && r.U32(&w.region_rkey) &&
-      GetEndpoints(r, workers, &w.worker_ud, &error) &&
-      GetEndpoints(r, workers, &w.request_qps, &error) &&
+  uint32_t qpns = 0;
+  r.U32(&w.first_client_id) && r.U64(&w.region_addr) && r.U32(&w.region_rkey) && r.U64(&w.secret) &&
+      GetEndpoints(r, workers, &w.worker_ud, &error) && r.U32(&qpns);
+  if (!error.ok()) return error;
+  if (qpns != uint64_t{workers} * ud_qps_per_worker) {
+    return absl::DataLossError(
+        absl::StrFormat("welcome: %d response QP numbers for %d workers x %d UD QPs", qpns, workers,
+                        ud_qps_per_worker));
+  }
+  w.worker_response_qpns.resize(qpns);
+  for (uint32_t& qpn : w.worker_response_qpns) r.U32(&qpn);
+  GetEndpoints(r, workers, &w.request_qps, &error) &&
       GetEndpoints(r, workers, &w.response_qps, &error);
   if (!error.ok()) return error;
   if (absl::Status s = r.Finish(); !s.ok()) return s;

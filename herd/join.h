@@ -30,7 +30,8 @@ struct Hello {
 };
 
 struct Join {
-  transport::QpEndpoint ud;                         // receives UD responses; sends UD requests
+  transport::QpEndpoint ud;  // receives UD responses; sends UD requests
+  uint32_t ud_qkey = 0;      // the qkey ud accepts (drawn by the client: forgers must guess it)
   std::vector<transport::QpEndpoint> request_qps;   // per worker, when requests are WRITEs
   std::vector<transport::QpEndpoint> response_qps;  // per worker, when responses are WRITEs
   uint64_t response_region_addr = 0;                // [worker][client][window] response slots
@@ -39,9 +40,13 @@ struct Join {
 
 struct Welcome {
   uint32_t first_client_id = 0;  // this connection's clients are first .. first + clients - 1
-  uint64_t region_addr = 0;      // the request region
-  uint32_t region_rkey = 0;
-  std::vector<transport::QpEndpoint> worker_ud;     // per worker: its request/first UD QP
+  uint64_t region_addr = 0;      // this session's block of request slots: [client][worker][window]
+  uint32_t region_rkey = 0;      // ... registered for this session's QPs alone
+  uint64_t secret = 0;  // the session's checksum key (protocol.h): requests and WRITE responses
+  std::vector<transport::QpEndpoint> worker_ud;  // per worker: its request/first UD QP
+  // [worker][ud_qps_per_worker]: the QPs a worker answers from; UD responses from any other QP
+  // are forgeries.
+  std::vector<uint32_t> worker_response_qpns;
   std::vector<transport::QpEndpoint> request_qps;   // per worker, the server's end
   std::vector<transport::QpEndpoint> response_qps;  // per worker, the server's end
 };
@@ -53,7 +58,8 @@ std::vector<uint8_t> Encode(const Welcome& welcome);
 absl::StatusOr<Hello> DecodeHello(const std::vector<uint8_t>& bytes);
 absl::StatusOr<Config> DecodeConfig(const std::vector<uint8_t>& bytes);
 absl::StatusOr<Join> DecodeJoin(const std::vector<uint8_t>& bytes, uint32_t workers);
-absl::StatusOr<Welcome> DecodeWelcome(const std::vector<uint8_t>& bytes, uint32_t workers);
+absl::StatusOr<Welcome> DecodeWelcome(const std::vector<uint8_t>& bytes, uint32_t workers,
+                                      uint32_t ud_qps_per_worker);
 
 // Receives one message and checks its type; a kError message becomes its status.
 absl::StatusOr<transport::control::Message> Expect(transport::control::Channel& channel,

@@ -29,12 +29,46 @@ std::string_view StatusName(Status status) {
       return "WRONG_WORKER";
     case Status::kTimedOut:
       return "TIMED_OUT";
+    case Status::kSendFailed:
+      return "SEND_FAILED";
   }
   return "UNKNOWN_STATUS";
 }
 
+namespace {
+
+// Multipliers of the checksum's rounds: odd 64-bit constants with well-mixed bits (the 64-bit
+// golden ratio and two primes used by xxHash64), so every input bit reaches every output bit.
+constexpr uint64_t kMixA = 0x9E3779B97F4A7C15ULL;
+constexpr uint64_t kMixB = 0xC2B2AE3D27D4EB4FULL;
+constexpr uint64_t kMixC = 0x165667B19E3779F9ULL;
+
+inline uint64_t Rotl(uint64_t x, int r) { return (x << r) | (x >> (64 - r)); }
+inline uint64_t LoadWord(const uint8_t* p) {
+  uint64_t w;
+  std::memcpy(&w, p, sizeof(w));
+  return w;
+}
+
+}  // namespace
+
+uint64_t WireChecksum(uint64_t secret, const uint8_t* message, uint64_t length) {
+  // Position-dependent rounds over 8-byte words (the message is 8-byte padded); the length is
+  // mixed in so a prefix never matches its extension.
+  uint64_t h = secret ^ (length * kMixA);
+  const uint64_t skip = length - kChecksumFromEnd;
+  for (uint64_t at = 0; at + sizeof(uint64_t) <= length; at += sizeof(uint64_t)) {
+    if (at == skip) continue;
+    h = Rotl(h ^ (LoadWord(message + at) * kMixB), 31) * kMixA;
+  }
+  h ^= h >> 33;
+  h *= kMixC;
+  h ^= h >> 29;
+  return h;
+}
+
 uint32_t EncodeRequest(const RequestHeader& header, std::string_view key, std::string_view value,
-                       uint8_t* out) {
+                       uint64_t secret, uint8_t* out) {
   const uint32_t key_space = Pad8(static_cast<uint32_t>(key.size()));
   const uint32_t value_space = Pad8(static_cast<uint32_t>(value.size()));
   std::memcpy(out, key.data(), key.size());
@@ -43,51 +77,76 @@ uint32_t EncodeRequest(const RequestHeader& header, std::string_view key, std::s
     std::memcpy(out + key_space, value.data(), value.size());  // data() may be null
   std::memset(out + key_space + value.size(), 0, value_space - value.size());
   std::memcpy(out + key_space + value_space, &header, sizeof(header));
-  return key_space + value_space + kRequestHeaderBytes;
+  const uint32_t length = key_space + value_space + kRequestHeaderBytes;
+  const uint64_t checksum = WireChecksum(secret, out, length);
+  std::memcpy(out + length - kChecksumFromEnd, &checksum, sizeof(checksum));
+  return length;
 }
 
-Status ParseRequest(const uint8_t* message, uint32_t length, const RequestLimits& limits,
-                    ParsedRequest* out) {
-  if (length < kRequestHeaderBytes) return Status::kBadRequest;
+void SetRequestAttempt(uint32_t attempt, uint64_t secret, uint8_t* out, uint32_t length) {
+  uint8_t* header = out + length - kRequestHeaderBytes;
+  std::memcpy(header + offsetof(RequestHeader, attempt), &attempt, sizeof(attempt));
+  const uint64_t checksum = WireChecksum(secret, out, length);
+  std::memcpy(out + length - kChecksumFromEnd, &checksum, sizeof(checksum));
+}
+
+Parse ParseRequest(const uint8_t* message, uint32_t length, const RequestLimits& limits,
+                   uint64_t secret, ParsedRequest* out, Status* status) {
+  if (length < kRequestHeaderBytes) return Parse::kIncomplete;
   // One private copy: later checks cannot be fooled by bytes changing underneath.
   std::memcpy(&out->header, message + length - kRequestHeaderBytes, kRequestHeaderBytes);
   const RequestHeader& h = out->header;
-  const ValueDescriptor& d = h.descriptor;
-  if (h.flags != 0 || h.reserved != 0 || d.addr != 0 || d.rkey != 0 || d.length != 0) {
-    return Status::kBadRequest;
-  }
-  if (h.op >= kOpCount) return Status::kInvalidOp;
-  if (h.key_bytes == 0 || h.key_bytes > limits.max_key_bytes || h.key_bytes > mica::kMaxKeyBytes) {
-    return Status::kKeyTooLong;
-  }
-  if (h.value_bytes > limits.max_value_bytes) return Status::kValueTooLong;
-  const Op op = static_cast<Op>(h.op);
-  const bool carries_value = op == Op::kPut || op == Op::kCas;
-  if (!carries_value && h.value_bytes != 0) return Status::kBadRequest;
-  if (op != Op::kCas && h.expected_version != 0) return Status::kBadRequest;
   // 64-bit arithmetic: value_bytes is up to 2^32 - 1 and must not wrap.
   const uint64_t need = uint64_t{Pad8(h.key_bytes)} + Pad8(h.value_bytes) + kRequestHeaderBytes;
-  if (need > length) return Status::kBadRequest;
+  if (need > length) return Parse::kIncomplete;
   const uint8_t* start = message + length - need;
+  // The checksum is computed over the message in place; if bytes change after this check, the
+  // change is a later WRITE of the same session into its own slot (only it knows the secret),
+  // which the client library never does to a request that has not been answered.
+  if (WireChecksum(secret, start, need) != h.checksum) return Parse::kIncomplete;
   out->key = std::string_view(reinterpret_cast<const char*>(start), h.key_bytes);
   out->value =
       std::string_view(reinterpret_cast<const char*>(start + Pad8(h.key_bytes)), h.value_bytes);
-  if (mica::KeyHash(out->key) != h.keyhash) return Status::kBadRequest;
-  return Status::kOk;
+  *status = Status::kOk;
+  const ValueDescriptor& d = h.descriptor;
+  const Op op = static_cast<Op>(h.op);
+  const bool carries_value = op == Op::kPut || op == Op::kCas;
+  if (h.flags != 0 || d.addr != 0 || d.rkey != 0 || d.length != 0) {
+    *status = Status::kBadRequest;
+  } else if (h.op >= kOpCount) {
+    *status = Status::kInvalidOp;
+  } else if (h.key_bytes == 0 || h.key_bytes > limits.max_key_bytes ||
+             h.key_bytes > mica::kMaxKeyBytes) {
+    *status = Status::kKeyTooLong;
+  } else if (h.value_bytes > limits.max_value_bytes) {
+    *status = Status::kValueTooLong;
+  } else if ((!carries_value && h.value_bytes != 0) ||
+             (op != Op::kCas && h.expected_version != 0)) {
+    *status = Status::kBadRequest;
+  } else if (mica::KeyHash(out->key) != h.keyhash) {
+    *status = Status::kBadRequest;
+  }
+  return Parse::kRequest;
 }
 
-void EncodeResponseHeader(const ResponseHeader& header, uint8_t* response_start) {
+void EncodeResponseHeader(const ResponseHeader& header, uint64_t secret, uint8_t* response_start) {
   const uint32_t value_space = Pad8(header.value_bytes);
   std::memset(response_start + header.value_bytes, 0, value_space - header.value_bytes);
   std::memcpy(response_start + value_space, &header, sizeof(header));
+  if (secret != 0) {
+    const uint32_t length = value_space + kResponseHeaderBytes;
+    const uint64_t checksum = WireChecksum(secret, response_start, length);
+    std::memcpy(response_start + length - kChecksumFromEnd, &checksum, sizeof(checksum));
+  }
 }
 
-bool ParseResponse(const uint8_t* message, uint32_t length, ParsedResponse* out) {
+bool ParseResponse(const uint8_t* message, uint32_t length, uint64_t secret, ParsedResponse* out) {
   if (length < kResponseHeaderBytes) return false;
   std::memcpy(&out->header, message + length - kResponseHeaderBytes, kResponseHeaderBytes);
   const uint64_t need = uint64_t{Pad8(out->header.value_bytes)} + kResponseHeaderBytes;
   if (need > length) return false;
   out->value = message + length - need;
+  if (secret != 0 && WireChecksum(secret, out->value, need) != out->header.checksum) return false;
   return true;
 }
 

@@ -1,16 +1,24 @@
 // herd's wire format: what a client writes into a request slot (or SENDs), and what a worker
-// answers. Both messages END with their header, and a header ends with the 8-byte sequence
-// number: a WRITE makes its last 8 bytes visible last, so a nonzero sequence word at the end of a
-// slot means the whole request has landed. The receiver polls one word per slot.
+// answers. Both messages END with their header, and a header ends with its checksum and then the
+// 8-byte sequence number, the word a receiver polls (nonzero: something landed).
 //
 //   request  = [key, padded to 8][value, padded to 8][RequestHeader]   written to end at slot end
 //   response = [value, padded to 8][ResponseHeader]
+//
+// A WRITE's bytes may land in any order and more than once (Soft-RoCE places a WRITE with
+// memcpy; the spec promises nothing about placement order), so the marker says only "look":
+// - a checksum over the whole message, keyed by the session's secret, says the message is
+//   complete (not torn) and was written by the session that owns the slot;
+// - the attempt number (0, then +1 per retransmission) makes each send of a request distinct, so
+//   a marker that reappears after the worker consumed it (the same seq AND attempt) is recognised
+//   as a duplicate landing and never executed twice.
 //
 // Everything in a request is written by a remote client and treated as hostile: ParseRequest
 // checks every field against the slot before any byte past the header is touched.
 #ifndef HERD_HERD_PROTOCOL_H_
 #define HERD_HERD_PROTOCOL_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <string_view>
 
@@ -31,6 +39,7 @@ enum class Status : uint8_t {
   kBadRequest = 16,   // malformed slot: lengths, flags, reserved bytes, sequence, key hash
   kWrongWorker = 17,  // the key belongs to another worker's partition
   kTimedOut = 32,     // client-side: no valid response through every retransmission
+  kSendFailed = 33,   // client-side: the request could not be sent (its QP is in error)
 };
 std::string_view StatusName(Status status);
 
@@ -57,10 +66,11 @@ struct RequestHeader {
   uint8_t op;
   uint8_t flags;       // none defined yet: must be 0
   uint32_t client_id;  // who to answer (for slots, must match the slot's owner)
-  uint32_t reserved;   // must be 0
-  uint64_t seq;        // per (client, worker) stream, starting at 1; LAST: the valid marker
+  uint32_t attempt;    // 0 for the first send of a request, +1 per retransmission
+  uint64_t checksum;   // WireChecksum(session secret, the whole request)
+  uint64_t seq;        // per (client, worker) stream, starting at 1; LAST: the marker
 };
-static_assert(sizeof(RequestHeader) == 56);
+static_assert(sizeof(RequestHeader) == 64);
 inline constexpr uint32_t kRequestHeaderBytes = sizeof(RequestHeader);
 
 struct ResponseHeader {
@@ -69,12 +79,17 @@ struct ResponseHeader {
   uint32_t value_bytes;
   uint32_t client_id;
   uint8_t status;
-  uint8_t reserved0;
+  uint8_t reserved;
   uint16_t worker;
-  uint32_t reserved1;
-  uint64_t seq;  // LAST: for WRITE responses, the valid marker the client polls
+  uint32_t attempt;   // the request's, echoed: tells the client which send was answered
+  uint64_t checksum;  // WRITE responses: WireChecksum(session secret, the whole response); UD: 0
+  uint64_t seq;       // LAST: for WRITE responses, the marker the client polls
 };
-static_assert(sizeof(ResponseHeader) == 40);
+static_assert(sizeof(ResponseHeader) == 48);
+// Both headers keep the checksum in the word before the marker, so one function covers both.
+static_assert(offsetof(RequestHeader, checksum) + 16 == sizeof(RequestHeader));
+static_assert(offsetof(ResponseHeader, checksum) + 16 == sizeof(ResponseHeader));
+inline constexpr uint32_t kChecksumFromEnd = 16;  // bytes from a message's end to its checksum
 inline constexpr uint32_t kResponseHeaderBytes = sizeof(ResponseHeader);
 
 inline constexpr uint32_t RequestBytes(uint32_t key_bytes, uint32_t value_bytes) {
@@ -84,9 +99,18 @@ inline constexpr uint32_t ResponseBytes(uint32_t value_bytes) {
   return Pad8(value_bytes) + kResponseHeaderBytes;
 }
 
-// Lays a request out in `out` (which must hold RequestBytes(key, value)); returns its length.
+// A 64-bit keyed hash of a message (length a multiple of 8) that skips the checksum word itself
+// (kChecksumFromEnd bytes before the end). Not cryptographic: it detects torn and mixed bytes
+// with probability 1 - 2^-64 and makes a forger who does not know `secret` guess.
+uint64_t WireChecksum(uint64_t secret, const uint8_t* message, uint64_t length);
+
+// Lays a request out in `out` (which must hold RequestBytes(key, value)) with its checksum;
+// returns its length.
 uint32_t EncodeRequest(const RequestHeader& header, std::string_view key, std::string_view value,
-                       uint8_t* out);
+                       uint64_t secret, uint8_t* out);
+// A request already laid out at out[0, length): sets its attempt and recomputes its checksum
+// (a retransmission).
+void SetRequestAttempt(uint32_t attempt, uint64_t secret, uint8_t* out, uint32_t length);
 
 // Limits a worker checks requests against.
 struct RequestLimits {
@@ -101,25 +125,34 @@ struct ParsedRequest {
   std::string_view value;
 };
 
-// Parses the request that ENDS at message + length (a slot: length = slot size; a UD receive:
-// the payload length). Reads the header once into a private copy, then validates it; only then
-// forms key/value views, which lie inside [message, message + length). Returns kOk or the
-// reason to reject (kBadRequest, kKeyTooLong, kValueTooLong, kInvalidOp); on rejection
-// out->header still holds what was read, for an error response.
-Status ParseRequest(const uint8_t* message, uint32_t length, const RequestLimits& limits,
-                    ParsedRequest* out);
+// What ParseRequest made of a message.
+enum class Parse : uint8_t {
+  kRequest,     // complete and authentic: `status` says whether it may execute
+  kIncomplete,  // lengths that do not fit, or a checksum that does not match: a WRITE still
+                // landing, a torn one, or bytes not written by the session; never answered
+};
 
-// Lays a response out so it ends at out + ResponseBytes(header.value_bytes); the value may
-// already be in place (pass value = nullptr to skip the copy).
-void EncodeResponseHeader(const ResponseHeader& header, uint8_t* response_start);
+// Parses the request that ENDS at message + length (a slot: length = slot size; a UD receive:
+// the payload length). Reads the header once into a private copy; checks that the lengths it
+// names fit, then the checksum under `secret`, and only then the fields (kBadRequest,
+// kKeyTooLong, kValueTooLong, kInvalidOp into *status, kOk if it may execute). Key and value
+// views lie inside [message, message + length).
+Parse ParseRequest(const uint8_t* message, uint32_t length, const RequestLimits& limits,
+                   uint64_t secret, ParsedRequest* out, Status* status);
+
+// Lays a response's header (and value padding) out so the response ends at
+// response_start + ResponseBytes(header.value_bytes); the value must already be in place.
+// `secret` != 0 also computes the checksum (WRITE responses); 0 leaves it 0 (UD responses).
+void EncodeResponseHeader(const ResponseHeader& header, uint64_t secret, uint8_t* response_start);
 
 // A response that ENDS at message + length: the header, and the value before it.
 struct ParsedResponse {
   ResponseHeader header;
   const uint8_t* value;
 };
-// False when the lengths do not add up (the caller counts and drops it).
-bool ParseResponse(const uint8_t* message, uint32_t length, ParsedResponse* out);
+// False when the lengths do not add up, or (secret != 0) the checksum does not match; the caller
+// counts and drops it.
+bool ParseResponse(const uint8_t* message, uint32_t length, uint64_t secret, ParsedResponse* out);
 
 }  // namespace herd
 

@@ -42,12 +42,16 @@ struct SendQueue {
     return (uint64_t{table_slot} << (kWrIndexBits + kWrGenerationBits)) |
            (uint64_t{generation} << kWrIndexBits) | (index & kWrIndexMask);
   }
-  // Applies a signalled completion's wr_id (already matched to this queue's slot).
+  // Applies a signalled completion's wr_id (already matched to this queue's slot). The wr_id
+  // carries only the low kWrIndexBits of the WR's index: the full index is the one in
+  // (posted - 2^kWrIndexBits, posted) with those low bits (at most `depth` WRs are in flight).
   void Complete(uint64_t wr_id, bool success) {
     if (static_cast<uint8_t>(wr_id >> kWrIndexBits) != generation) return;  // an older QP's
     if (!success) broken = true;
-    const uint64_t index = wr_id & kWrIndexMask;
-    if (index < posted && index >= retired) retired = index + 1;
+    const uint64_t behind = (posted - 1 - wr_id) & kWrIndexMask;  // how far before the newest
+    if (behind >= posted) return;                                 // names a WR never posted
+    const uint64_t index = posted - 1 - behind;
+    if (index >= retired) retired = index + 1;
   }
 };
 

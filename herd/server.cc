@@ -1,6 +1,7 @@
 #include "herd/server.h"
 
 #include <algorithm>
+#include <random>
 
 #include "absl/strings/str_format.h"
 #include "glog/logging.h"
@@ -36,8 +37,15 @@ struct Server::Session {
   uint32_t first_client = 0;
   uint32_t clients = 0;
   uint32_t generation = 0;
+  uint64_t secret = 0;
   uint16_t queue_slot = 0;  // response_verb = *_write
   bool has_queue_slot = false;
+  // The session's own protection domain: its request QPs and the one memory region they may
+  // write, its block of request slots. A WRITE through its QPs to anything else fails at the
+  // NIC (and at the shm fabric) whatever rkey it names. Declared before `workers`: destroyed
+  // after the QPs in it.
+  std::unique_ptr<transport::ProtectionDomain> pd;
+  std::unique_ptr<transport::MemoryRegion> region_mr;
   struct PerWorker {
     std::unique_ptr<transport::AddressHandle> ah;
     std::unique_ptr<transport::QueuePair> request_qp;
@@ -76,13 +84,9 @@ absl::Status Server::Init() {
       transport::SharedMemory::Allocate(c.region_bytes(), "herd-requests", options_.region_pages);
   if (!region.ok()) return region.status();
   region_ = std::make_unique<transport::SharedMemory>(*std::move(region));
-  // The only remotely writable memory of the server.
-  if (absl::Status s = Take(pd_->RegisterMemory(region_->data(), region_->size(),
-                                                transport::kLocalWrite | transport::kRemoteWrite),
-                            &region_mr_);
-      !s.ok()) {
-    return s;
-  }
+  // No part of the region is registered here: each session registers its own block, in its own
+  // protection domain (BuildSession). Those blocks are the server's only remotely writable
+  // memory.
   mica::PartitionConfig store = options_.store;
   store.max_value_bytes = std::min(store.max_value_bytes, c.max_value_bytes());
   const uint32_t response_bytes = ResponseBytes(c.max_value_bytes());
@@ -210,6 +214,7 @@ void Server::ControlLoop() {
         ++i;
       }
     }
+    BuryRetiredHandles();
   }
   for (auto& session : sessions_) Retire(*session);
   sessions_.clear();
@@ -234,7 +239,10 @@ absl::Status Server::Admit(Channel channel) {
     if (run == 1) first = id;
     longest = std::max(longest, run);
   }
-  if (hello->clients == 0 || run < hello->clients) {
+  if (hello->clients == 0) {
+    return refuse(absl::InvalidArgumentError("hello: a connection must host at least 1 client"));
+  }
+  if (run < hello->clients) {
     return refuse(absl::ResourceExhaustedError(absl::StrFormat(
         "%d clients asked for, but the server has room for %d in a row (of --max_clients=%d)",
         hello->clients, longest, c.max_clients)));
@@ -253,21 +261,31 @@ absl::Status Server::Admit(Channel channel) {
       (join->response_qps.size() == c.workers) != c.response_uses_slots()) {
     return refuse(absl::InvalidArgumentError("join: the QP lists do not match the server's verbs"));
   }
+  if ((join->ud_qkey & kControlledQkeyBit) != 0) {
+    return refuse(absl::InvalidArgumentError(absl::StrFormat(
+        "join: qkey 0x%08x has its top bit set (a controlled qkey, which a sender cannot use)",
+        join->ud_qkey)));
+  }
   auto session = std::make_unique<Session>();
   session->peer = channel.peer_name();
   session->first_client = first;
   session->clients = hello->clients;
   session->generation = next_generation_++;
+  session->secret = DrawSecret();
   session->has_queue_slot = c.response_uses_slots();
   session->queue_slot = slot;
   if (absl::Status s = BuildSession(*session, *join); !s.ok()) return refuse(s);
 
   Welcome welcome;
   welcome.first_client_id = first;
-  welcome.region_addr = reinterpret_cast<uint64_t>(region_->data());
-  welcome.region_rkey = region_mr_->rkey();
+  if (session->region_mr) {  // requests are WRITEs
+    welcome.region_addr = reinterpret_cast<uint64_t>(session->region_mr->addr());
+    welcome.region_rkey = session->region_mr->rkey();
+  }
+  welcome.secret = session->secret;
   for (uint32_t w = 0; w < c.workers; ++w) {
     welcome.worker_ud.push_back(workers_[w].ud_qps[0]->endpoint());
+    for (const auto& qp : workers_[w].ud_qps) welcome.worker_response_qpns.push_back(qp->qp_num());
     Session::PerWorker& pw = session->workers[w];
     if (pw.request_qp) welcome.request_qps.push_back(pw.request_qp->endpoint());
     if (pw.response_qp) welcome.response_qps.push_back(pw.response_qp->endpoint());
@@ -305,6 +323,18 @@ absl::Status Server::BuildSession(Session& session, const Join& join) {
   }
   const uint8_t generation =
       session.has_queue_slot ? ++queue_slot_generation_[session.queue_slot] : 0;
+  if (absl::Status s = Take(device_->AllocatePd(), &session.pd); !s.ok()) return s;
+  if (c.request_uses_slots()) {
+    const uint64_t block = c.client_block_bytes();
+    if (absl::Status s =
+            Take(session.pd->RegisterMemory(region_->data() + session.first_client * block,
+                                            session.clients * block,
+                                            transport::kLocalWrite | transport::kRemoteWrite),
+                 &session.region_mr);
+        !s.ok()) {
+      return s;
+    }
+  }
   session.workers.resize(c.workers);
   for (uint32_t w = 0; w < c.workers; ++w) {
     Session::PerWorker& pw = session.workers[w];
@@ -313,8 +343,8 @@ absl::Status Server::BuildSession(Session& session, const Join& join) {
         !s.ok()) {
       return s;
     }
-    auto connected = [&](transport::QpType type, transport::CompletionQueue* send_cq,
-                         const transport::QpEndpoint& remote,
+    auto connected = [&](transport::ProtectionDomain* pd, transport::QpType type,
+                         transport::CompletionQueue* send_cq, const transport::QpEndpoint& remote,
                          std::unique_ptr<transport::QueuePair>* out) -> absl::Status {
       transport::QpConfig qc;
       qc.type = type;
@@ -323,7 +353,7 @@ absl::Status Server::BuildSession(Session& session, const Join& join) {
       qc.max_send_wr = c.sq_depth;
       qc.max_recv_wr = 1;
       qc.max_inline_data = c.max_inline;
-      if (absl::Status s = Take(pd_->CreateQp(qc), out); !s.ok()) return s;
+      if (absl::Status s = Take(pd->CreateQp(qc), out); !s.ok()) return s;
       transport::ConnectConfig connect;
       connect.remote = remote;
       return (*out)->Connect(connect);
@@ -331,7 +361,8 @@ absl::Status Server::BuildSession(Session& session, const Join& join) {
     if (c.request_uses_slots()) {
       const auto type =
           c.request_verb == RequestVerb::kRcWrite ? transport::QpType::kRc : transport::QpType::kUc;
-      if (absl::Status s = connected(type, idle_cq_.get(), join.request_qps[w], &pw.request_qp);
+      if (absl::Status s = connected(session.pd.get(), type, idle_cq_.get(), join.request_qps[w],
+                                     &pw.request_qp);
           !s.ok()) {
         return s;
       }
@@ -339,7 +370,10 @@ absl::Status Server::BuildSession(Session& session, const Join& join) {
     if (c.response_uses_slots()) {
       const auto type = c.response_verb == ResponseVerb::kRcWrite ? transport::QpType::kRc
                                                                   : transport::QpType::kUc;
-      if (absl::Status s = connected(type, r.send_cq.get(), join.response_qps[w], &pw.response_qp);
+      // In the server's PD: it sends from the worker's staging, and nothing may be written
+      // through it.
+      if (absl::Status s =
+              connected(pd_.get(), type, r.send_cq.get(), join.response_qps[w], &pw.response_qp);
           !s.ok()) {
         return s;
       }
@@ -367,6 +401,8 @@ absl::Status Server::BuildSession(Session& session, const Join& join) {
       ClientRoute& route = pw.routes[i];
       route.ah = pw.ah.get();
       route.ud_qpn = join.ud.qp_num;
+      route.ud_qkey = join.ud_qkey;
+      route.secret = session.secret;
       route.generation = session.generation;
       route.response_queue = pw.queue.table_slot;
       // The client's response region is [worker][its client][window] slots.
@@ -398,11 +434,45 @@ void Server::Retire(Session& session) {
   }
   // Once every worker finished a loop iteration, none holds a pointer into this session.
   WaitForWorkers();
+  // UD responses already posted may still name the session's address handles (a NIC reads a WR
+  // when it executes it): those wait in the graveyard until every UD queue retired past what
+  // it had posted by now. Everything else goes at once, the request QPs first, so a departed
+  // client cannot write into slots that new clients will get.
+  RetiredHandles retired;
+  for (uint32_t w = 0; w < c.workers; ++w) {
+    const Worker& worker = *workers_[w].worker;
+    for (uint32_t q = 0; q < c.ud_qps_per_worker; ++q) {
+      retired.wait_for.push_back(
+          {&worker.ud_progress(q), worker.ud_progress(q).posted.load(std::memory_order_acquire)});
+    }
+    retired.handles.push_back(std::move(session.workers[w].ah));
+  }
+  graveyard_.push_back(std::move(retired));
+  session.workers.clear();
+  session.region_mr.reset();
+  session.pd.reset();
   for (uint32_t id = session.first_client; id < session.first_client + session.clients; ++id) {
     client_ids_used_[id] = false;
   }
   if (session.has_queue_slot) queue_slots_used_[session.queue_slot] = false;
   client_count_.fetch_sub(session.clients);
+}
+
+void Server::BuryRetiredHandles() {
+  std::erase_if(graveyard_, [](const RetiredHandles& r) {
+    for (const auto& [progress, posted] : r.wait_for) {
+      if (progress->retired.load(std::memory_order_acquire) < posted) return false;
+    }
+    return true;
+  });
+}
+
+uint64_t Server::DrawSecret() {
+  // Control path: std::random_device reads the kernel's entropy. Never 0 (0 means "none").
+  std::random_device device;
+  uint64_t secret = 0;
+  while (secret == 0) secret = (uint64_t{device()} << 32) | device();
+  return secret;
 }
 
 ServerStats Server::Stats() const {
@@ -413,7 +483,14 @@ ServerStats Server::Stats() const {
     stats.batches.push_back(k.batches.Get());
     stats.bad_requests += k.bad_requests.Get();
     stats.replays += k.replays.Get();
+    stats.duplicates += k.duplicates.Get();
+    stats.rejected += k.rejected.Get();
     stats.dropped += k.dropped.Get();
+    const mica::PartitionStats& p = r.worker->partition().stats();
+    stats.get_hits.push_back(p.get_hits.Get());
+    stats.get_misses.push_back(p.get_misses.Get());
+    stats.evictions.push_back(p.evictions.Get());
+    stats.log_wraps.push_back(p.log_wraps.Get());
   }
   // Every QP and CQ the server ever had: workers' UD QPs and CQs, sessions' connected QPs
   // (WRITE responses are posted on them), departed sessions' included.

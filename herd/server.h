@@ -36,7 +36,10 @@ struct ServerOptions {
 struct ServerStats {
   std::vector<uint64_t> requests;  // per worker
   std::vector<uint64_t> batches;
-  uint64_t bad_requests = 0, replays = 0, dropped = 0;
+  // Per worker, from its MICA partition: a GET that misses a key nobody deleted was evicted (a
+  // full bucket) or overwritten by the circular log: cache mode's losses, shown, not hidden.
+  std::vector<uint64_t> get_hits, get_misses, evictions, log_wraps;
+  uint64_t bad_requests = 0, replays = 0, duplicates = 0, rejected = 0, dropped = 0;
   uint32_t sessions = 0, clients = 0;
   transport::CounterSnapshot fabric;  // all of the server's QPs and CQs
 };
@@ -68,6 +71,9 @@ class Server {
   absl::Status BuildSession(Session& session, const struct Join& join);
   void Retire(Session& session);
   void WaitForWorkers();
+  // Destroys the retired address handles no posted WR can name any more.
+  void BuryRetiredHandles();
+  static uint64_t DrawSecret();
 
   const ServerOptions options_;
   transport::control::Listener listener_;
@@ -76,8 +82,16 @@ class Server {
   std::unique_ptr<transport::Device> device_;
   std::unique_ptr<transport::ProtectionDomain> pd_;
   std::unique_ptr<transport::SharedMemory> region_;
-  std::unique_ptr<transport::MemoryRegion> region_mr_;
   std::unique_ptr<transport::CompletionQueue> idle_cq_;  // server ends of request QPs: no traffic
+
+  // Address handles of departed sessions, kept until the UD queues that may still hold WRs
+  // naming them retired past what they had posted at departure (control thread only). Declared
+  // before workers_: what is left here is destroyed after the workers' QPs, which flush.
+  struct RetiredHandles {
+    std::vector<std::pair<const QueueProgress*, uint64_t>> wait_for;  // queue, posted then
+    std::vector<std::unique_ptr<transport::AddressHandle>> handles;
+  };
+  std::vector<RetiredHandles> graveyard_;
 
   struct WorkerResources {
     std::unique_ptr<transport::CompletionQueue> send_cq, recv_cq;

@@ -23,6 +23,11 @@ constexpr absl::Duration kMaxWaitForRoom = absl::Milliseconds(100);
 // Reaps between two looks at the clock while waiting for room.
 constexpr uint32_t kReapsPerClockCheck = 256;
 constexpr uint32_t kFromReceive = UINT32_MAX;
+// How long a slot may show a marker over a message that does not check out (lengths or
+// checksum) before the worker gives up on it and clears it. A WRITE still landing completes in
+// microseconds on a NIC and in well under this on Soft-RoCE under emulation; bytes that never
+// check out were not written by the slot's session (or were corrupted), and get no answer.
+constexpr int64_t kIncompleteGraceNs = 10'000'000;  // 10 ms
 
 std::atomic_ref<uint64_t> Word(uint64_t* p) { return std::atomic_ref<uint64_t>(*p); }
 
@@ -67,7 +72,9 @@ Worker::Worker(uint32_t index, const Config& config, std::unique_ptr<mica::Parti
       sges_(config.postlist),
       recv_wrs_(config.postlist),
       recv_sges_(config.postlist),
-      completions_(config.postlist + config.unsig_batch),
+      send_completions_(config.postlist + config.unsig_batch),
+      recv_completions_(config.postlist),
+      ud_progress_(ud_qps_.size()),
       chain_queues_(config.postlist),
       chain_heads_(config.postlist),
       chain_tails_(config.postlist) {
@@ -130,18 +137,24 @@ void Worker::Run(const std::atomic<bool>& stop) {
 }
 
 uint32_t Worker::GatherFromSlots() {
+  // The region is [client][worker][window]: this worker's slots are runs of `window` contiguous
+  // slots, one run per client, `client_stride` apart. Two cursors, no division per slot.
+  const uint64_t client_stride = uint64_t{config_.workers} * config_.window * config_.slot_bytes;
   const uint32_t total = config_.max_clients * config_.window;
   uint32_t count = 0;
   for (uint32_t scanned = 0; scanned < total && count < config_.postlist; ++scanned) {
-    const uint32_t position = cursor_;
-    cursor_ = cursor_ + 1 == total ? 0 : cursor_ + 1;
-    const uint32_t client = position / config_.window;
-    const uint32_t slot = position % config_.window;
-    uint8_t* start = memory_.region + config_.SlotOffset(index_, client, slot);
+    const uint32_t client = cursor_client_;
+    const uint32_t slot = cursor_slot_;
+    if (++cursor_slot_ == config_.window) {
+      cursor_slot_ = 0;
+      cursor_client_ = cursor_client_ + 1 == config_.max_clients ? 0 : cursor_client_ + 1;
+    }
+    uint8_t* start = memory_.region + client * client_stride +
+                     (uint64_t{index_} * config_.window + slot) * config_.slot_bytes;
     auto* marker = reinterpret_cast<uint64_t*>(start + config_.slot_bytes - sizeof(uint64_t));
     uint64_t seq = Word(marker).load(std::memory_order_acquire);
     if (seq == 0) continue;
-    Admit(client, slot, start, config_.slot_bytes, &count);
+    if (Admit(client, slot, start, config_.slot_bytes, 0, &count) == Admitted::kNotYet) continue;
     // Consume the marker (only if still this request's: a new WRITE may have replaced it).
     Word(marker).compare_exchange_strong(seq, 0, std::memory_order_acq_rel);
   }
@@ -149,12 +162,11 @@ uint32_t Worker::GatherFromSlots() {
 }
 
 uint32_t Worker::GatherFromReceives() {
-  const uint32_t got =
-      static_cast<uint32_t>(recv_cq_->Poll(absl::MakeSpan(completions_.data(), config_.postlist)));
+  const uint32_t got = static_cast<uint32_t>(recv_cq_->Poll(absl::MakeSpan(recv_completions_)));
   uint32_t count = 0;
   const uint32_t bytes = transport::kGrhBytes + config_.slot_bytes;
   for (uint32_t i = 0; i < got; ++i) {
-    const transport::Completion& c = completions_[i];
+    const transport::Completion& c = recv_completions_[i];
     const uint64_t buffer = c.wr_id;
     recv_sges_[i] = transport::Sge{reinterpret_cast<uint64_t>(memory_.receives + buffer * bytes),
                                    bytes, memory_.receives_lkey};
@@ -173,64 +185,108 @@ uint32_t Worker::GatherFromReceives() {
                 message + length - kRequestHeaderBytes + offsetof(RequestHeader, client_id),
                 sizeof(client));
     if (client >= config_.max_clients) {
-      counters_.dropped.Add();
+      counters_.rejected.Add();
       continue;
     }
-    Admit(client, kFromReceive, message, length, &count);
+    Admit(client, kFromReceive, message, length, c.src_qp, &count);
   }
   reposts_ = got;
   return count;
 }
 
-void Worker::Admit(uint32_t client, uint32_t slot, const uint8_t* message, uint32_t length,
-                   uint32_t* count) {
+Worker::Admitted Worker::Admit(uint32_t client, uint32_t slot, const uint8_t* message,
+                               uint32_t length, uint32_t src_qp, uint32_t* count) {
   const ClientRoute* route = routes_[client].load(std::memory_order_acquire);
   if (route == nullptr) {
     counters_.dropped.Add();  // nobody to answer: the client id is not in use
-    return;
+    return Admitted::kConsumed;
   }
   if (generations_seen_[client] != route->generation) {
     // The id belongs to a new session: forget the old one's sequence numbers.
     std::fill_n(slots_.begin() + uint64_t{client} * config_.window, config_.window, SlotState{});
     generations_seen_[client] = route->generation;
   }
+  const bool from_receive = slot == kFromReceive;
+  if (from_receive && src_qp != route->ud_qpn) {
+    counters_.rejected.Add();  // a UD request names a client it was not sent by
+    return Admitted::kConsumed;
+  }
   Pending& p = batch_[*count];
-  p.status = ParseRequest(message, length, limits_, &p.request);
+  Status status = Status::kOk;
+  if (ParseRequest(message, length, limits_, route->secret, &p.request, &status) ==
+      Parse::kIncomplete) {
+    if (from_receive) {
+      counters_.rejected.Add();  // a UD message arrives whole: it will never check out
+      return Admitted::kConsumed;
+    }
+    // A slot: maybe a WRITE whose bytes are still landing. Give it a grace period.
+    SlotState& state = slots_[uint64_t{client} * config_.window + slot];
+    const uint64_t marker = p.request.header.seq;
+    const int64_t now = absl::GetCurrentTimeNanos();
+    if (state.incomplete_marker != marker) {
+      state.incomplete_marker = marker;
+      state.incomplete_since_ns = now;
+      return Admitted::kNotYet;
+    }
+    if (now - state.incomplete_since_ns < kIncompleteGraceNs) return Admitted::kNotYet;
+    state.incomplete_marker = 0;
+    counters_.rejected.Add();
+    return Admitted::kConsumed;
+  }
+  const RequestHeader& h = p.request.header;
+  p.status = status;
   p.replay = false;
   p.client = client;
   p.route = route;
   p.version = 0;
   p.value_bytes = 0;
-  const RequestHeader& h = p.request.header;
-  p.slot = slot == kFromReceive ? static_cast<uint32_t>(h.seq % config_.window) : slot;
-  SlotState* claim = nullptr;  // set when this request executes for the first time
-  if (p.status == Status::kOk) {
-    if (h.client_id != client || h.seq == 0 || h.seq % config_.window != p.slot) {
-      p.status = Status::kBadRequest;
-    } else {
-      SlotState& state = slots_[uint64_t{client} * config_.window + p.slot];
-      if (h.seq < state.last_seq) {
-        counters_.dropped.Add();  // an old retransmission: its answer was already sent
-        return;
-      }
-      if (mica::PartitionOf(h.keyhash, config_.workers) != index_) {
-        p.status = Status::kWrongWorker;
-      } else if (h.seq == state.last_seq && IsMutation(static_cast<Op>(h.op))) {
-        p.replay = true;  // executed once already: answer from the table, never apply twice
-      } else {
-        claim = &state;
-      }
+  p.slot = from_receive ? static_cast<uint32_t>(h.seq % config_.window) : slot;
+  if (h.client_id != client || h.seq == 0 || h.seq % config_.window != p.slot) {
+    // Authentic (the session's checksum) but inconsistent: the session's own bug. Answer it, but
+    // keep the slot's dedupe state out of it.
+    p.status = Status::kBadRequest;
+  }
+  SlotState* claim = nullptr;  // set when this send is new
+  if (p.status != Status::kBadRequest) {
+    SlotState& state = slots_[uint64_t{client} * config_.window + p.slot];
+    state.incomplete_marker = 0;
+    if (h.seq < state.last_seq) {
+      counters_.dropped.Add();  // an old retransmission: its answer was already sent
+      return Admitted::kConsumed;
     }
+    if (h.seq == state.last_seq && h.attempt <= state.last_attempt) {
+      // The same send again: a WRITE's marker that landed twice, or a UD duplicate. Its answer
+      // went out (or is going out) already.
+      counters_.duplicates.Add();
+      return Admitted::kConsumed;
+    }
+    if (p.status == Status::kOk && mica::PartitionOf(h.keyhash, config_.workers) != index_) {
+      p.status = Status::kWrongWorker;
+    } else if (p.status == Status::kOk && h.seq == state.last_seq &&
+               IsMutation(static_cast<Op>(h.op))) {
+      p.replay = true;  // executed once already: answer from the table, never apply twice
+    }
+    claim = &state;
   }
   // A response slot first: a request that cannot be answered now is dropped BEFORE it claims its
   // sequence number, so its retransmission executes instead of replaying a stale outcome.
   if (!AssignResponse(p)) {
     counters_.dropped.Add();
-    return;
+    return Admitted::kConsumed;
   }
-  if (claim != nullptr) claim->last_seq = h.seq;  // a duplicate later in this batch replays
+  if (claim != nullptr) {
+    if (claim->last_seq != h.seq && IsMutation(static_cast<Op>(h.op))) {
+      // Until the batch executes, a retransmission of this mutation must replay, not re-apply;
+      // its outcome is filled in by ExecuteAndRespond before any replay of it is answered.
+      claim->status = p.status;
+      claim->version = 0;
+    }
+    claim->last_seq = h.seq;
+    claim->last_attempt = h.attempt;
+  }
   if (p.status != Status::kOk) counters_.bad_requests.Add();
   ++*count;
+  return Admitted::kConsumed;
 }
 
 bool Worker::AssignResponse(Pending& p) {
@@ -290,6 +346,7 @@ void Worker::ExecuteAndRespond(uint32_t count) {
       state.status = p.status;
     }
   }
+  const bool write_responses = config_.response_uses_slots();
   for (uint32_t i = 0; i < count; ++i) {
     Pending& p = batch_[i];
     if (p.replay) {
@@ -307,8 +364,11 @@ void Worker::ExecuteAndRespond(uint32_t count) {
     header.client_id = p.client;
     header.status = static_cast<uint8_t>(p.status);
     header.worker = static_cast<uint16_t>(index_);
+    header.attempt = p.request.header.attempt;
     header.seq = p.request.header.seq;
-    EncodeResponseHeader(header, p.staging);
+    // A WRITE response can be torn by a late duplicate landing in the same slot: it carries a
+    // checksum. A UD response lands whole in a receive buffer only the client's QP fills.
+    EncodeResponseHeader(header, write_responses ? p.route->secret : 0, p.staging);
   }
   PostResponses(count);
   counters_.requests.Add(count);
@@ -333,7 +393,7 @@ void Worker::PostResponses(uint32_t count) {
       wr.opcode = transport::Opcode::kSend;
       wr.ah = p.route->ah;
       wr.remote_qpn = p.route->ud_qpn;
-      wr.remote_qkey = kQkey;
+      wr.remote_qkey = p.route->ud_qkey;
     } else {
       wr.opcode = transport::Opcode::kWrite;
       wr.remote_addr =
@@ -365,6 +425,9 @@ void Worker::PostResponses(uint32_t count) {
     }
     queue.posted += posted;
     queue.unposted = 0;
+    if (queue.table_slot < ud_progress_.size()) {
+      ud_progress_[queue.table_slot].posted.store(queue.posted, std::memory_order_release);
+    }
   }
 }
 
@@ -386,14 +449,16 @@ void Worker::RepostReceives(uint32_t count) {
 }
 
 void Worker::Reap() {
-  const size_t got = send_cq_->Poll(absl::MakeSpan(completions_));
+  const size_t got = send_cq_->Poll(absl::MakeSpan(send_completions_));
   for (size_t i = 0; i < got; ++i) {
-    const transport::Completion& c = completions_[i];
+    const transport::Completion& c = send_completions_[i];
     const uint16_t slot = TableSlotOf(c.wr_id);
     if (slot >= queues_.size()) continue;
     SendQueue* queue = queues_[slot].load(std::memory_order_acquire);
-    if (queue != nullptr) {
-      queue->Complete(c.wr_id, c.status == transport::CompletionStatus::kSuccess);
+    if (queue == nullptr) continue;
+    queue->Complete(c.wr_id, c.status == transport::CompletionStatus::kSuccess);
+    if (slot < ud_progress_.size()) {
+      ud_progress_[slot].retired.store(queue->retired, std::memory_order_release);
     }
   }
 }

@@ -23,8 +23,11 @@ namespace herd {
 // How a worker reaches one client. Built by the control thread, immutable once published.
 struct ClientRoute {
   const transport::AddressHandle* ah = nullptr;  // UD responses (this worker's own AH)
-  uint32_t ud_qpn = 0;
-  uint32_t generation = 0;      // new for every session that takes this client id
+  uint32_t ud_qpn = 0;      // the client's UD QP: where responses go, and (request_verb = ud_send)
+                            // the only QP its requests are accepted from
+  uint32_t ud_qkey = 0;     // the session's own qkey: the client's UD QP accepts nothing else
+  uint64_t secret = 0;      // the session's checksum key (protocol.h: WireChecksum)
+  uint32_t generation = 0;  // new for every session that takes this client id
   uint16_t response_queue = 0;  // response_verb = *_write: the session's table slot
   uint64_t response_addr = 0;   // ... this client's response slots for this worker
   uint32_t response_rkey = 0;
@@ -36,7 +39,18 @@ struct WorkerCounters {
   transport::Counter batches;       // batches executed
   transport::Counter bad_requests;  // answered with an error status
   transport::Counter replays;       // retransmitted mutations answered from the dedupe table
+  transport::Counter duplicates;    // a send seen again (same seq and attempt): bytes that
+                                    // landed twice; consumed, never executed or answered
+  transport::Counter rejected;      // never complete or not authentic (lengths, checksum, UD
+                                    // sender): dropped unanswered
   transport::Counter dropped;       // stale sequence numbers, unknown clients, broken QPs
+};
+
+// A UD response queue's progress, published by the worker for the control thread: an address
+// handle named by WRs posted up to `posted` may be destroyed once `retired` passed that count.
+struct QueueProgress {
+  std::atomic<uint64_t> posted{0};
+  std::atomic<uint64_t> retired{0};
 };
 
 // Registered memory a worker uses; allocated by the server (one MR per piece).
@@ -74,6 +88,8 @@ class Worker {
   bool running() const { return running_.load(std::memory_order_acquire); }
 
   const WorkerCounters& counters() const { return counters_; }
+  // Per UD response queue (ud_qps_per_worker of them).
+  const QueueProgress& ud_progress(uint32_t queue) const { return ud_progress_[queue]; }
   const mica::Partition& partition() const { return *partition_; }
   uint32_t index() const { return index_; }
   // Queue table slots 0..ud_qps-1 are the UD QPs; sessions take the rest.
@@ -82,19 +98,30 @@ class Worker {
  private:
   struct Pending;  // one request of the batch being built
   struct SlotState {
-    uint64_t last_seq = 0;
-    uint64_t version = 0;  // the last mutation's outcome, replayed to a retransmission
+    uint64_t last_seq = 0;      // the newest request seen (executed or replayed)
+    uint32_t last_attempt = 0;  // ... and its newest send
     Status status = Status::kOk;
+    uint64_t version = 0;  // the last mutation's outcome, replayed to a retransmission
+    // A slot whose marker is set but whose message does not check out yet: which marker, and
+    // since when (a WRITE still landing completes within microseconds; one that never does is
+    // rejected after kIncompleteGrace).
+    uint64_t incomplete_marker = 0;
+    int64_t incomplete_since_ns = 0;
+  };
+  // What Admit did with a message.
+  enum class Admitted : uint8_t {
+    kConsumed,  // batched, or dropped for good: the slot's marker may be cleared
+    kNotYet,    // an incomplete WRITE within its grace period: leave the marker, look again
   };
 
   // Fills batch_ from slots or receives; returns how many requests it found.
   uint32_t GatherFromSlots();
   uint32_t GatherFromReceives();
   // Validates one request, gives it a response slot and appends it to batch_[*count] (or
-  // counts a drop). `slot` is the
-  // window slot it was polled from, or kFromReceive.
-  void Admit(uint32_t client, uint32_t slot, const uint8_t* message, uint32_t length,
-             uint32_t* count);
+  // counts a drop). `slot` is the window slot it was polled from, or kFromReceive (then
+  // `src_qp` is the sender's QP number, which must be the client's).
+  Admitted Admit(uint32_t client, uint32_t slot, const uint8_t* message, uint32_t length,
+                 uint32_t src_qp, uint32_t* count);
   void ExecuteAndRespond(uint32_t count);
   // Picks the queue and staging buffer for a response; false if there is none (the request is
   // dropped unexecuted, and its retransmission runs it).
@@ -131,12 +158,15 @@ class Worker {
   std::vector<transport::Sge> sges_;
   std::vector<transport::RecvWr> recv_wrs_;
   std::vector<transport::Sge> recv_sges_;
-  std::vector<transport::Completion> completions_;
+  std::vector<transport::Completion> send_completions_;  // Reap's
+  std::vector<transport::Completion> recv_completions_;  // GatherFromReceives' (Admit may Reap)
+  std::vector<QueueProgress> ud_progress_;
   std::vector<SendQueue*> chain_queues_;  // PostResponses: one chain per distinct queue
   std::vector<transport::SendWr*> chain_heads_;
   std::vector<transport::SendWr*> chain_tails_;
-  uint32_t reposts_ = 0;     // receives consumed by the current batch (recv_sges_[0..reposts_))
-  uint32_t cursor_ = 0;      // next (client * window + slot) to poll
+  uint32_t reposts_ = 0;        // receives consumed by the current batch (recv_sges_[0..reposts_))
+  uint32_t cursor_client_ = 0;  // next slot to poll: (client, window slot)
+  uint32_t cursor_slot_ = 0;
   uint32_t next_ud_qp_ = 0;  // round robin over the response UD QPs
   WorkerCounters counters_;
 };

@@ -96,10 +96,18 @@ TEST(Herd, HostileSlotBytesNeverCrashTheServerNorDisturbOthers) {
         h.op = static_cast<uint8_t>(rng() % 6);
         h.client_id = attacker->first_client_id();
         h.flags = 0;
-        h.reserved = 0;
         h.descriptor = {};
         if (length >= kRequestHeaderBytes) {
           std::memcpy(bytes.data() + length - kRequestHeaderBytes, &h, sizeof(h));
+          // Sometimes signed with the session's key: authentic but lying, so it reaches the
+          // field checks instead of being rejected as incomplete.
+          const uint64_t need =
+              uint64_t{Pad8(h.key_bytes)} + Pad8(h.value_bytes) + kRequestHeaderBytes;
+          if (round % 2 == 0 && need <= length && length % kWireAlign == 0) {
+            uint8_t* start = bytes.data() + length - need;
+            const uint64_t sum = WireChecksum(attacker->session_secret(), start, need);
+            std::memcpy(bytes.data() + length - kChecksumFromEnd, &sum, sizeof(sum));
+          }
         }
       }
       const uint32_t worker = static_cast<uint32_t>(rng() % c.workers);
