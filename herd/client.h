@@ -47,8 +47,8 @@ struct ClientOptions {
   // adaptive_retry is false).
   absl::Duration retry_timeout = absl::Milliseconds(20);
   bool adaptive_retry = true;
-  absl::Duration min_retry_timeout = absl::Microseconds(100);  // floor of the adaptive timeout
-  absl::Duration max_retry_timeout = absl::Seconds(1);         // ceiling, backoff included
+  absl::Duration min_retry_timeout = absl::Milliseconds(1);  // floor of the adaptive timeout
+  absl::Duration max_retry_timeout = absl::Seconds(1);       // ceiling, backoff included
   uint32_t max_attempts = 250;  // sends of one request; then it completes with kTimedOut
   // A request outstanding this long completes with kTimedOut whatever its attempts.
   absl::Duration request_deadline = absl::Seconds(10);

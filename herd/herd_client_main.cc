@@ -28,7 +28,14 @@ DEFINE_uint32(clients_per_thread, 1, "Logical clients per thread (HERD ran many 
 DEFINE_double(duration_s, 5, "Measured seconds (after the warm-up)");
 DEFINE_double(warmup_s, 1, "Seconds run before measuring");
 DEFINE_bool(preload, true, "PUT every key once before the run (thread t loads keys t mod T)");
-DEFINE_uint32(retry_timeout_us, 20000, "Retransmit a request unanswered for this long");
+DEFINE_uint32(retry_timeout_us, 20000,
+              "Retransmission timeout before a round trip was measured (always, with "
+              "--noadaptive_retry)");
+DEFINE_bool(adaptive_retry, true,
+            "Derive the retransmission timeout from measured round trips (srtt + 4 rttvar, "
+            "doubling per retransmission), within --min/max_retry_timeout_us");
+DEFINE_uint32(min_retry_timeout_us, 1000, "Floor of the adaptive retransmission timeout");
+DEFINE_uint32(max_retry_timeout_us, 1000000, "Ceiling of the adaptive retransmission timeout");
 DEFINE_string(client_cores, "auto",
               "Cores the client threads are pinned to (hwloc): auto (the last cores of the NIC's "
               "NUMA node, clear of a local server's workers), none, or a list like 1,3-4");
@@ -185,6 +192,9 @@ int main(int argc, char** argv) {
   options.clients = FLAGS_clients_per_thread;
   options.device = *device;
   options.retry_timeout = absl::Microseconds(FLAGS_retry_timeout_us);
+  options.adaptive_retry = FLAGS_adaptive_retry;
+  options.min_retry_timeout = absl::Microseconds(FLAGS_min_retry_timeout_us);
+  options.max_retry_timeout = absl::Microseconds(FLAGS_max_retry_timeout_us);
 
   absl::StatusOr<std::unique_ptr<herd::Topology>> topology = herd::Topology::Load();
   const absl::StatusOr<std::vector<int>> cores =
@@ -256,7 +266,10 @@ int main(int argc, char** argv) {
     total.submitted += r.stats.submitted;
     total.retransmissions += r.stats.retransmissions;
     total.timed_out += r.stats.timed_out;
+    total.send_failed += r.stats.send_failed;
     total.stray += r.stats.stray;
+    total.torn += r.stats.torn;
+    total.retry_timeout = std::max(total.retry_timeout, r.stats.retry_timeout);
     total.fabric.Add(r.stats.fabric);
   }
   // On the shm fabric the server runs here too: every worker and every client thread spins, so
@@ -282,7 +295,8 @@ int main(int argc, char** argv) {
       "\"fabric\":\"%s\",\"device\":\"%s\",\"workload\":%s,\"duration_s\":%.3f,\"ops\":%d,"
       "\"errors\":%d,\"mops\":%.4f,\"thread_mops\":[%s],\"worker_mops\":[%s],\"p50_us\":%.2f,\"p99_"
       "us\":%.2f,"
-      "\"p999_us\":%.2f,\"max_us\":%.2f,\"retransmissions\":%d,\"timed_out\":%d,\"stray\":%d,"
+      "\"p999_us\":%.2f,\"max_us\":%.2f,\"retransmissions\":%d,\"timed_out\":%d,"
+      "\"send_failed\":%d,\"stray\":%d,\"torn\":%d,\"retry_timeout_us\":%.1f,"
       "\"client_wrs\":%d,\"doorbells_per_wr\":%.3f,\"signaled_fraction\":%.4f,"
       "\"inline_fraction\":%.4f,\"bytes_per_wr\":%.1f,\"cpu_s\":%.3f,\"cpu_model\":\"%s\","
       "\"cores\":%d,\"oversubscribed\":%s}",
@@ -291,10 +305,19 @@ int main(int argc, char** argv) {
       seconds, ops, errors, ops / seconds / 1e6, absl::StrJoin(per_thread, ","),
       absl::StrJoin(per_worker, ","), latency.Quantile(0.5) / 1e3, latency.Quantile(0.99) / 1e3,
       latency.Quantile(0.999) / 1e3, latency.max() / 1e3, total.retransmissions, total.timed_out,
-      total.stray, total.fabric.wrs, total.fabric.doorbells * per_op,
-      total.fabric.signaled_wrs * per_op, total.fabric.inline_wrs * per_op,
-      total.fabric.bytes * per_op, cpu_s, bench::CpuModel(), bench::OnlineCores(),
-      oversubscribed ? "true" : "false");
+      total.send_failed, total.stray, total.torn, absl::ToDoubleMicroseconds(total.retry_timeout),
+      total.fabric.wrs, total.fabric.doorbells * per_op, total.fabric.signaled_wrs * per_op,
+      total.fabric.inline_wrs * per_op, total.fabric.bytes * per_op, cpu_s, bench::CpuModel(),
+      bench::OnlineCores(), oversubscribed ? "true" : "false");
   printf("%s\n", json.c_str());
+  if (ops == 0) {
+    // A run that did nothing is a failure, however quietly it went.
+    fprintf(stderr, "%s",
+            absl::StrFormat("herd_client: 0 operations completed in %.1f s (%d retransmissions, "
+                            "%d timed out): the server answered nothing\n",
+                            seconds, total.retransmissions, total.timed_out)
+                .c_str());
+    return 3;
+  }
   return errors == 0 ? 0 : 2;
 }

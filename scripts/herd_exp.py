@@ -60,6 +60,7 @@ CLIENT_KNOBS = {
     "threads", "clients_per_thread", "duration_s", "warmup_s", "workload", "get_fraction",
     "put_fraction", "delete_fraction", "cas_fraction", "distribution", "zipf_theta", "keys",
     "key_bytes", "value_bytes", "seed", "preload", "retry_timeout_us", "client_cores",
+    "adaptive_retry", "min_retry_timeout_us", "max_retry_timeout_us",
 }
 BOTH_KNOBS = {"mtu", "inject_ud_loss", "inject_uc_loss", "inject_delay_us", "shm_async"}
 # "clients" is the HERD plot's x axis: logical clients per client thread.
