@@ -666,6 +666,11 @@ absl::Status Client::SendRaw(uint32_t client, uint32_t worker, uint32_t slot,
   return Send(o, /*wait_for_room=*/true);
 }
 
+void Client::BreakQpsForTest() {
+  ud_qp_->SetError();
+  for (auto& qp : request_qps_) qp->SetError();
+}
+
 ClientStats Client::stats() const {
   ClientStats s = stats_;
   s.retry_timeout = absl::FromChrono(TimeoutFor(1));

@@ -129,6 +129,9 @@ class Client {
                        absl::Span<const uint8_t> bytes);
   // Tests only: the session's checksum key, to build requests by hand.
   uint64_t session_secret() const { return welcome_.secret; }
+  // Tests only: forces this client's QPs into the error state (a broken NIC path while the
+  // server lives on).
+  void BreakQpsForTest();
 
  private:
   struct Outstanding;
