@@ -63,6 +63,8 @@ CLIENT_KNOBS = {
     "adaptive_retry", "min_retry_timeout_us", "max_retry_timeout_us",
 }
 BOTH_KNOBS = {"mtu", "inject_ud_loss", "inject_uc_loss", "inject_delay_us", "shm_async"}
+# Plot titles wrap at this many characters: 8-point text across a 7-inch figure.
+TITLE_WRAP_CHARS = 95
 # "clients" is the HERD plot's x axis: logical clients per client thread.
 ALIASES = {"clients": "clients_per_thread"}
 
@@ -425,6 +427,14 @@ def write_csv(out_dir, records, axes):
                             [r.get(k) for k in CSV_FIELDS])
 
 
+def axis_value_key(value):
+    """Orders sweep values numerically where they are numbers (1, 2, 4, 16, not 1, 16, 2, 4),
+    then by name."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return (1, 0, str(value))
+    return (0, value, "")
+
+
 def load_records(out_dir):
     records = []
     for path in sorted(out_dir.glob("*.json")):
@@ -432,6 +442,9 @@ def load_records(out_dir):
             record = json.load(f)
         if isinstance(record, dict) and "point" in record:
             records.append(record)
+    # In sweep order: each axis's values numerically, then the repetition.
+    records.sort(key=lambda r: ([(a, axis_value_key(v)) for a, v in sorted(r["point"].items())],
+                                r.get("repetition", 0)))
     return records
 
 
@@ -547,21 +560,29 @@ def command_plot(args):
     for axis in axes:
         fixed.pop(ALIASES.get(axis, axis), None)
         fixed.pop(axis, None)
+    # Wrapped to the figure's width at its font size (about 95 characters of 8-point text on a
+    # 7-inch figure), so no knob is cut off at the right.
     title = f"{records[0]['experiment']} ({records[0]['fabric']})\n" + textwrap.fill(
-        ", ".join(f"{k}={v}" for k, v in sorted(fixed.items())), width=110)
+        ", ".join(f"{k}={v}" for k, v in sorted(fixed.items())), width=TITLE_WRAP_CHARS)
 
     def mean(rs, field):
         return sum(r[field] for r in rs) / len(rs)
 
     figure, axis_plot = plt.subplots(figsize=(7, 4.5))
     for key, by_x in sorted(groups.items(), key=lambda kv: str(kv[0])):
-        xs = sorted(by_x)
+        xs = sorted(by_x, key=axis_value_key)
         label = ", ".join(f"{a}={v}" for a, v in key) or "herd"
         axis_plot.plot(xs, [mean(by_x[x], "mops") for x in xs], marker="o", label=label)
     axis_plot.set_xlabel(x_axis or "point")
     axis_plot.set_ylabel("throughput (Mops)")
-    if x_axis == "clients" and len({r["point"][x_axis] for r in records}) > 2:
+    x_values = sorted({r["point"][x_axis] for r in records if x_axis in r["point"]},
+                      key=axis_value_key)
+    if x_axis == "clients" and len(x_values) > 2:
         axis_plot.set_xscale("log", base=2)
+        # Ticks at the measured counts, written as numbers (1, 2, 4, ...), not 2^k.
+        axis_plot.set_xticks(x_values)
+        axis_plot.set_xticklabels([str(x) for x in x_values])
+        axis_plot.minorticks_off()
     axis_plot.set_ylim(bottom=0)
     axis_plot.grid(alpha=0.3)
     axis_plot.legend(fontsize=8)

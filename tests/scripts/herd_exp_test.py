@@ -49,6 +49,24 @@ def herd_processes(tag):
     return [p for p in found if int(p) != os.getpid()]
 
 
+class RecordOrderTest(unittest.TestCase):
+    """The demo's table, CSV and plot read records in sweep order: numbers numerically."""
+
+    def test_client_counts_sort_as_numbers_not_strings(self):
+        sys.path.insert(0, str(REPO / "scripts"))
+        import herd_exp
+        with tempfile.TemporaryDirectory() as directory:
+            for clients in (16, 1, 2, 32, 4, 8):
+                for repetition in (1, 0):
+                    record = {"point": {"clients": clients, "request_verb": "uc_write"},
+                              "repetition": repetition}
+                    name = f"clients={clients}_rep{repetition}.json"
+                    (pathlib.Path(directory) / name).write_text(json.dumps(record))
+            records = herd_exp.load_records(pathlib.Path(directory))
+        order = [(r["point"]["clients"], r["repetition"]) for r in records]
+        self.assertEqual(order, [(c, rep) for c in (1, 2, 4, 8, 16, 32) for rep in (0, 1)])
+
+
 class HerdExpTest(unittest.TestCase):
     def setUp(self):
         self.dir = tempfile.mkdtemp(prefix="herd-exp-test-")
