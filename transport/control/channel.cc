@@ -195,14 +195,12 @@ absl::StatusOr<Message> Channel::Receive(absl::Duration timeout) {
 }
 
 bool Channel::PeerClosed() const {
-  pollfd p{fd_, POLLIN | POLLRDHUP, 0};
-  if (poll(&p, 1, 0) <= 0) return false;
-  if (p.revents & (POLLERR | POLLHUP | POLLNVAL)) return true;
-  if (p.revents & POLLRDHUP) {
-    uint8_t byte;
-    return recv(fd_, &byte, 1, MSG_PEEK | MSG_DONTWAIT) <= 0;
-  }
-  return false;
+  if (fd_ < 0) return true;  // no connection at all
+  // POLLRDHUP: the peer's FIN arrived (it closed, or shut its sending side down; a herd peer
+  // never half-closes). POLLHUP/POLLERR: reset or both directions shut. Unread bytes do not
+  // matter: a peer that sends and then leaves has left.
+  pollfd p{fd_, POLLRDHUP, 0};
+  return poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) != 0;
 }
 
 std::string Channel::peer_name() const {
