@@ -1,4 +1,5 @@
 // The control plane's framing: round trips, and every way a frame can be bad gets a clear error.
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -139,6 +140,71 @@ TEST(Control, APeerClosingMidFrameIsTruncationAndBetweenFramesIsUnavailable) {
     EXPECT_EQ(pair.server.Receive(kTimeout).status().code(), absl::StatusCode::kUnavailable);
     EXPECT_TRUE(pair.server.PeerClosed());
   }
+}
+
+// Waits until `fd` has something to read (or a close to report); false after kTimeout.
+bool WaitReadable(int fd) {
+  pollfd p{fd, POLLIN, 0};
+  return poll(&p, 1, static_cast<int>(absl::ToInt64Milliseconds(kTimeout))) == 1;
+}
+
+// Polls PeerClosed until it turns true; false when it stays false for kTimeout. Loopback delivers
+// a FIN or RST before close() returns in practice, but nothing promises that.
+bool EventuallyPeerClosed(const Channel& channel) {
+  const absl::Time deadline = absl::Now() + kTimeout;
+  while (!channel.PeerClosed()) {
+    if (absl::Now() > deadline) return false;
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  return true;
+}
+
+// A departed client must be retired even when it left bytes the server never read: otherwise a
+// client that sends anything and closes keeps its ids forever.
+TEST(Control, APeerThatClosedIsClosedEvenWithUnreadBytesWaiting) {
+  Pair pair = Connected();
+  ASSERT_TRUE(pair.client.Send(7, std::vector<uint8_t>(100, 1)).ok());
+  ASSERT_TRUE(WaitReadable(pair.server.fd()));
+  // Alive, with unread bytes: open.
+  EXPECT_FALSE(pair.server.PeerClosed());
+  pair.client = Channel(-1);  // closes with the server's bytes still unread (a FIN)
+  EXPECT_TRUE(EventuallyPeerClosed(pair.server));
+  // The unread message is still readable: closing is not a loss of what was sent.
+  auto got = pair.server.Receive(kTimeout);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->type, 7);
+}
+
+TEST(Control, APeerThatResetIsClosedEvenWithUnreadBytesWaiting) {
+  Pair pair = Connected();
+  ASSERT_TRUE(pair.client.Send(7, std::vector<uint8_t>(100, 1)).ok());
+  ASSERT_TRUE(WaitReadable(pair.server.fd()));
+  const linger abort_on_close{1, 0};  // close() sends an RST instead of a FIN
+  ASSERT_EQ(
+      setsockopt(pair.client.fd(), SOL_SOCKET, SO_LINGER, &abort_on_close, sizeof(abort_on_close)),
+      0);
+  pair.client = Channel(-1);
+  EXPECT_TRUE(EventuallyPeerClosed(pair.server));
+}
+
+// A herd peer never half-closes: one that shuts its sending side down has left.
+TEST(Control, APeerThatHalfClosedIsClosed) {
+  Pair pair = Connected();
+  ASSERT_EQ(shutdown(pair.client.fd(), SHUT_WR), 0);
+  EXPECT_TRUE(EventuallyPeerClosed(pair.server));
+  Pair with_data = Connected();
+  ASSERT_TRUE(with_data.client.Send(7, {}).ok());
+  ASSERT_EQ(shutdown(with_data.client.fd(), SHUT_WR), 0);
+  EXPECT_TRUE(EventuallyPeerClosed(with_data.server));
+}
+
+TEST(Control, PeerClosedNeverBlocksOnAnIdleConnection) {
+  Pair pair = Connected();
+  const absl::Time start = absl::Now();
+  EXPECT_FALSE(pair.server.PeerClosed());
+  EXPECT_FALSE(pair.client.PeerClosed());
+  EXPECT_LT(absl::Now() - start, absl::Seconds(1));
+  EXPECT_TRUE(Channel(-1).PeerClosed());  // no connection at all
 }
 
 TEST(Control, ReceiveTimesOutAndConnectNamesTheAddress) {

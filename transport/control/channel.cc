@@ -14,25 +14,21 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
+#include "transport/control/frame.h"
 
 namespace transport::control {
+
+using internal::Errno;
+using internal::MillisUntil;
+
 namespace {
 
 // Pause between attempts while the server is not listening yet.
 constexpr absl::Duration kConnectRetryInterval = absl::Milliseconds(20);
-constexpr int kListenBacklog = 128;
-
-absl::Status Errno(std::string_view what) {
-  return absl::UnavailableError(absl::StrFormat("%s: %s", what, std::strerror(errno)));
-}
-
-int MillisUntil(absl::Time deadline) {
-  const int64_t ms = absl::ToInt64Milliseconds(deadline - absl::Now());
-  return ms < 0 ? 0 : static_cast<int>(std::min<int64_t>(ms, 1 << 30));
-}
-
-void Put32(uint8_t* p, uint32_t v) { std::memcpy(p, &v, 4); }
-void Put16(uint8_t* p, uint16_t v) { std::memcpy(p, &v, 2); }
+// Connections the kernel queues for accept(): a burst of joins (or a flood of idle connections
+// while PendingConnections is between two accepts) must not have SYNs dropped, which a client sees
+// as a 1 s retransmission stall. The kernel caps it at net.core.somaxconn.
+constexpr int kListenBacklog = SOMAXCONN;
 
 absl::Status SplitHostPort(std::string_view host_port, std::string* host, std::string* port) {
   const size_t colon = host_port.rfind(':');
@@ -98,42 +94,7 @@ Channel::~Channel() {
 }
 
 absl::Status Channel::Send(uint16_t type, const std::vector<uint8_t>& payload) {
-  if (payload.size() > kMaxControlPayload) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "control message of %d bytes exceeds the limit of %d", payload.size(), kMaxControlPayload));
-  }
-  uint8_t header[kFrameHeaderBytes];
-  Put32(header, kControlMagic);
-  Put16(header + 4, kControlVersion);
-  Put16(header + 6, type);
-  Put32(header + 8, static_cast<uint32_t>(payload.size()));
-  iovec parts[2] = {{header, sizeof(header)},
-                    {const_cast<uint8_t*>(payload.data()), payload.size()}};
-  size_t total = sizeof(header) + payload.size();
-  msghdr msg{};
-  msg.msg_iov = parts;
-  msg.msg_iovlen = 2;
-  while (total > 0) {
-    const ssize_t n = sendmsg(fd_, &msg, MSG_NOSIGNAL);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return Errno("control send");
-    }
-    total -= static_cast<size_t>(n);
-    // Advance the iovecs past what was sent.
-    size_t sent = static_cast<size_t>(n);
-    while (sent > 0 && msg.msg_iovlen > 0) {
-      const size_t step = std::min(sent, msg.msg_iov->iov_len);
-      msg.msg_iov->iov_base = static_cast<uint8_t*>(msg.msg_iov->iov_base) + step;
-      msg.msg_iov->iov_len -= step;
-      sent -= step;
-      if (msg.msg_iov->iov_len == 0) {
-        ++msg.msg_iov;
-        --msg.msg_iovlen;
-      }
-    }
-  }
-  return absl::OkStatus();
+  return internal::SendFrame(fd_, type, payload, absl::InfiniteFuture());
 }
 
 absl::Status Channel::ReadExactly(uint8_t* out, size_t n, absl::Time deadline, bool frame_started) {
@@ -167,25 +128,12 @@ absl::StatusOr<Message> Channel::Receive(absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
   uint8_t header[kFrameHeaderBytes];
   if (absl::Status s = ReadExactly(header, sizeof(header), deadline, false); !s.ok()) return s;
-  uint32_t magic, length;
-  uint16_t version;
   Message message;
-  std::memcpy(&magic, header, 4);
-  std::memcpy(&version, header + 4, 2);
-  std::memcpy(&message.type, header + 6, 2);
-  std::memcpy(&length, header + 8, 4);
-  if (magic != kControlMagic) {
-    return absl::DataLossError(absl::StrFormat(
-        "not a herd control frame (magic 0x%08x, expected 0x%08x)", magic, kControlMagic));
-  }
-  if (version != kControlVersion) {
-    return absl::DataLossError(
-        absl::StrFormat("control protocol version %d, this build speaks %d: run matching builds",
-                        version, kControlVersion));
-  }
-  if (length > kMaxControlPayload) {
-    return absl::DataLossError(absl::StrFormat(
-        "control frame claims %d payload bytes, the limit is %d", length, kMaxControlPayload));
+  uint32_t length = 0;
+  if (absl::Status s =
+          internal::DecodeFrameHeader(header, kMaxControlPayload, &message.type, &length);
+      !s.ok()) {
+    return s;
   }
   message.payload.resize(length);
   if (absl::Status s = ReadExactly(message.payload.data(), length, deadline, true); !s.ok()) {
@@ -195,14 +143,12 @@ absl::StatusOr<Message> Channel::Receive(absl::Duration timeout) {
 }
 
 bool Channel::PeerClosed() const {
-  pollfd p{fd_, POLLIN | POLLRDHUP, 0};
-  if (poll(&p, 1, 0) <= 0) return false;
-  if (p.revents & (POLLERR | POLLHUP | POLLNVAL)) return true;
-  if (p.revents & POLLRDHUP) {
-    uint8_t byte;
-    return recv(fd_, &byte, 1, MSG_PEEK | MSG_DONTWAIT) <= 0;
-  }
-  return false;
+  if (fd_ < 0) return true;  // no connection at all
+  // POLLRDHUP: the peer's FIN arrived (it closed, or shut its sending side down; a herd peer
+  // never half-closes). POLLHUP/POLLERR: reset or both directions shut. Unread bytes do not
+  // matter: a peer that sends and then leaves has left.
+  pollfd p{fd_, POLLRDHUP, 0};
+  return poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) != 0;
 }
 
 std::string Channel::peer_name() const {
@@ -228,7 +174,9 @@ absl::StatusOr<Listener> Listener::Listen(std::string_view address, uint16_t por
     return absl::InvalidArgumentError(
         absl::StrFormat("bad listen address '%s': %s", address, gai_strerror(rc)));
   }
-  const int fd = socket(found->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  // Non-blocking: a connection can vanish between readiness and accept(), which must then fail
+  // with EAGAIN rather than block (Accept here and PendingConnections both wait with poll/epoll).
+  const int fd = socket(found->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (fd < 0) {
     freeaddrinfo(found);
     return Errno("socket");
@@ -256,15 +204,28 @@ Listener::~Listener() {
 }
 
 absl::StatusOr<Channel> Listener::Accept(absl::Duration timeout) {
-  pollfd p{fd_, POLLIN, 0};
-  const int ready = poll(&p, 1, MillisUntil(absl::Now() + timeout));
-  if (ready < 0) return Errno("accept poll");
-  if (ready == 0) return absl::DeadlineExceededError("no connection");
-  const int fd = accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC);
-  if (fd < 0) return Errno("accept");
-  const int one = 1;
-  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-  return Channel(fd);
+  const absl::Time deadline = absl::Now() + timeout;
+  while (true) {
+    pollfd p{fd_, POLLIN, 0};
+    const int ready = poll(&p, 1, MillisUntil(deadline));
+    if (ready < 0 && errno == EINTR) continue;
+    if (ready < 0) return Errno("accept poll");
+    if (ready == 0) return absl::DeadlineExceededError("no connection");
+    // The accepted socket is blocking (accept4 does not inherit O_NONBLOCK).
+    const int fd = accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    if (fd >= 0) {
+      const int one = 1;
+      setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+      return Channel(fd);
+    }
+    // Gone before we took it, or a network error that accept() passes on for that connection:
+    // wait for the next one.
+    if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR || errno == ECONNABORTED ||
+        errno == EPROTO) {
+      continue;
+    }
+    return Errno("accept");
+  }
 }
 
 }  // namespace transport::control

@@ -48,8 +48,9 @@ class Channel {
   // Waits up to `timeout` for one whole message. kDeadlineExceeded when none began; kUnavailable
   // when the peer closed between messages; kDataLoss for a bad or truncated frame.
   absl::StatusOr<Message> Receive(absl::Duration timeout);
-  // The peer closed (or reset) the connection; never blocks. Data waiting to be read counts as
-  // still open.
+  // The peer closed, reset or half-closed (shut its sending side down) the connection, or this
+  // channel has none; never blocks. Unread bytes the peer sent before closing do not count as
+  // open (they stay readable): a peer that sends and leaves has left.
   bool PeerClosed() const;
 
   int fd() const { return fd_; }
