@@ -2,6 +2,7 @@
 // per-second progress to stderr. Its first stdout line, "herd_server ready port=N", says it
 // accepts clients (scripts wait for it instead of sleeping).
 #include <signal.h>
+#include <sys/resource.h>
 
 #include <cstdio>
 #include <ctime>
@@ -73,6 +74,14 @@ int main(int argc, char** argv) {
   sigaddset(&stop_signals, SIGINT);
   sigaddset(&stop_signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+
+  // Every client holds a control connection, and unfinished handshakes wait in a set that can
+  // hold thousands: the default soft limit of 1,024 descriptors would cap both. Take the hard
+  // limit.
+  if (rlimit files; getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur < files.rlim_max) {
+    files.rlim_cur = files.rlim_max;
+    if (setrlimit(RLIMIT_NOFILE, &files) != 0) PLOG(WARNING) << "raising RLIMIT_NOFILE";
+  }
 
   herd::ServerOptions options;
   absl::StatusOr<herd::Config> config = herd::ConfigFromFlags();

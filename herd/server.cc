@@ -13,11 +13,16 @@ namespace herd {
 namespace {
 
 using transport::control::Channel;
+using transport::control::PendingConnections;
 
 // How often the control thread looks for departed clients while waiting for new ones.
 constexpr absl::Duration kControlPollInterval = absl::Milliseconds(20);
-// A joining client has this long to send each handshake message.
+// A joining client has this long to send each handshake message (its connection waits in the
+// pending set meanwhile, blocking nobody).
 constexpr absl::Duration kHandshakeTimeout = absl::Seconds(10);
+// Largest handshake message the server reads: a Join is a few endpoints per worker (under
+// 100 bytes each, kMaxWorkers of them per list), far below this.
+constexpr uint32_t kMaxHandshakeBytes = 256 << 10;
 // Completion queue entries per worker beyond its UD queues' signalled sends: error completions
 // of session queues (every failed WR completes).
 constexpr uint32_t kSendCqSlack = 4096;
@@ -149,6 +154,13 @@ absl::Status Server::Init() {
                                         r.recv_cq.get(), memory);
     if (absl::Status s = r.worker->PostInitialReceives(); !s.ok()) return s;
   }
+  transport::control::PendingOptions pending;
+  pending.max_payload = kMaxHandshakeBytes;
+  pending.first_message_timeout = kHandshakeTimeout;
+  absl::StatusOr<std::unique_ptr<PendingConnections>> set =
+      PendingConnections::Create(&listener_, pending);
+  if (!set.ok()) return set.status();
+  pending_ = *std::move(set);
   client_ids_used_.assign(c.max_clients, false);
   queue_slots_used_.assign(c.max_clients, false);
   queue_slot_generation_.assign(c.max_clients, 0);
@@ -192,16 +204,11 @@ void Server::Stop() {
 }
 
 void Server::ControlLoop() {
+  std::vector<PendingConnections::Event> events;
   while (!stop_.load()) {
-    absl::StatusOr<Channel> channel = listener_.Accept(kControlPollInterval);
-    if (channel.ok()) {
-      const std::string peer = channel->peer_name();
-      if (absl::Status s = Admit(*std::move(channel)); !s.ok()) {
-        LOG(WARNING) << "client " << peer << " not admitted: " << s;
-      }
-    } else if (channel.status().code() != absl::StatusCode::kDeadlineExceeded) {
-      LOG(WARNING) << "accept: " << channel.status();
-    }
+    // Every unfinished handshake at once, none able to block another or the retirements below.
+    pending_->Wait(kControlPollInterval, &events);
+    for (PendingConnections::Event& event : events) OnHandshakeEvent(event);
     for (size_t i = 0; i < sessions_.size();) {
       if (sessions_[i]->channel.PeerClosed()) {
         LOG(INFO) << "clients " << sessions_[i]->first_client << ".."
@@ -221,60 +228,95 @@ void Server::ControlLoop() {
   session_count_.store(0);
 }
 
-absl::Status Server::Admit(Channel channel) {
+void Server::OnHandshakeEvent(PendingConnections::Event& event) {
+  if (event.kind != PendingConnections::Event::Kind::kMessage) {
+    // Closed, timed out, malformed or evicted: the set already dropped the connection.
+    LOG(WARNING) << "client " << event.peer << " not admitted: " << event.status;
+    handshakes_.erase(event.id);
+    return;
+  }
+  auto [it, fresh] = handshakes_.try_emplace(event.id);
+  Handshake& handshake = it->second;
+  const MessageType expected = fresh ? kHello : kJoin;
+  absl::Status status;
+  if (event.message.type != expected) {
+    status = absl::InvalidArgumentError(absl::StrFormat("control message %d where %s was expected",
+                                                        event.message.type,
+                                                        expected == kHello ? "Hello" : "Join"));
+  } else if (fresh) {
+    status = OnHello(event.id, event.message, &handshake);
+    if (status.ok()) return;  // now awaiting the Join
+  } else {
+    status = OnJoin(event.id, event.message, handshake, event.peer);
+    if (status.ok()) {
+      handshakes_.erase(event.id);
+      return;
+    }
+  }
+  LOG(WARNING) << "client " << event.peer << " not admitted: " << status;
+  (void)pending_->Send(event.id, kError,
+                       transport::control::WireWriter().Bytes(status.ToString()).Take());
+  pending_->Close(event.id);
+  handshakes_.erase(event.id);
+}
+
+absl::Status Server::OnHello(uint64_t id, const transport::control::Message& message,
+                             Handshake* handshake) {
   const Config& c = options_.config;
-  auto refuse = [&](const absl::Status& why) {
-    (void)channel.Send(kError, transport::control::WireWriter().Bytes(why.ToString()).Take());
-    return why;
-  };
-  absl::StatusOr<transport::control::Message> hello_message =
-      Expect(channel, kHello, kHandshakeTimeout);
-  if (!hello_message.ok()) return hello_message.status();
-  absl::StatusOr<Hello> hello = DecodeHello(hello_message->payload);
-  if (!hello.ok()) return refuse(hello.status());
-  // First fit: a contiguous run of free client ids.
+  absl::StatusOr<Hello> hello = DecodeHello(message.payload);
+  if (!hello.ok()) return hello.status();
+  if (hello->clients == 0) {
+    return absl::InvalidArgumentError("hello: a connection must host at least 1 client");
+  }
+  if (hello->clients > c.max_clients) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "hello: %d clients asked for, but --max_clients=%d", hello->clients, c.max_clients));
+  }
+  handshake->clients = hello->clients;
+  if (absl::Status s = pending_->Send(id, kServerConfig, Encode(c)); !s.ok()) return s;
+  return pending_->SetDeadline(id, absl::Now() + kHandshakeTimeout);
+}
+
+absl::Status Server::OnJoin(uint64_t id, const transport::control::Message& message,
+                            const Handshake& handshake, const std::string& peer) {
+  const Config& c = options_.config;
+  absl::StatusOr<Join> join = DecodeJoin(message.payload, c.workers);
+  if (!join.ok()) return join.status();
+  if ((join->request_qps.size() == c.workers) != c.request_uses_slots() ||
+      (join->response_qps.size() == c.workers) != c.response_uses_slots()) {
+    return absl::InvalidArgumentError("join: the QP lists do not match the server's verbs");
+  }
+  if ((join->ud_qkey & kControlledQkeyBit) != 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "join: qkey 0x%08x has its top bit set (a controlled qkey, which a sender cannot use)",
+        join->ud_qkey));
+  }
+  // Client ids are taken only now, at the Join, so concurrent handshakes never race for them.
+  // First fit: a contiguous run of free ids.
   uint32_t first = 0, run = 0, longest = 0;
-  for (uint32_t id = 0; id < c.max_clients && run < hello->clients; ++id) {
-    run = client_ids_used_[id] ? 0 : run + 1;
-    if (run == 1) first = id;
+  for (uint32_t i = 0; i < c.max_clients && run < handshake.clients; ++i) {
+    run = client_ids_used_[i] ? 0 : run + 1;
+    if (run == 1) first = i;
     longest = std::max(longest, run);
   }
-  if (hello->clients == 0) {
-    return refuse(absl::InvalidArgumentError("hello: a connection must host at least 1 client"));
-  }
-  if (run < hello->clients) {
-    return refuse(absl::ResourceExhaustedError(absl::StrFormat(
+  if (run < handshake.clients) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
         "%d clients asked for, but the server has room for %d in a row (of --max_clients=%d)",
-        hello->clients, longest, c.max_clients)));
+        handshake.clients, longest, c.max_clients));
   }
   uint16_t slot = 0;
   if (c.response_uses_slots()) {
     while (slot < c.max_clients && queue_slots_used_[slot]) ++slot;
   }
-  if (absl::Status s = channel.Send(kServerConfig, Encode(c)); !s.ok()) return s;
-  absl::StatusOr<transport::control::Message> join_message =
-      Expect(channel, kJoin, kHandshakeTimeout);
-  if (!join_message.ok()) return join_message.status();
-  absl::StatusOr<Join> join = DecodeJoin(join_message->payload, c.workers);
-  if (!join.ok()) return refuse(join.status());
-  if ((join->request_qps.size() == c.workers) != c.request_uses_slots() ||
-      (join->response_qps.size() == c.workers) != c.response_uses_slots()) {
-    return refuse(absl::InvalidArgumentError("join: the QP lists do not match the server's verbs"));
-  }
-  if ((join->ud_qkey & kControlledQkeyBit) != 0) {
-    return refuse(absl::InvalidArgumentError(absl::StrFormat(
-        "join: qkey 0x%08x has its top bit set (a controlled qkey, which a sender cannot use)",
-        join->ud_qkey)));
-  }
   auto session = std::make_unique<Session>();
-  session->peer = channel.peer_name();
+  session->peer = peer;
   session->first_client = first;
-  session->clients = hello->clients;
+  session->clients = handshake.clients;
   session->generation = next_generation_++;
   session->secret = DrawSecret();
   session->has_queue_slot = c.response_uses_slots();
   session->queue_slot = slot;
-  if (absl::Status s = BuildSession(*session, *join); !s.ok()) return refuse(s);
+  if (absl::Status s = BuildSession(*session, *join); !s.ok()) return s;
 
   Welcome welcome;
   welcome.first_client_id = first;
@@ -290,12 +332,9 @@ absl::Status Server::Admit(Channel channel) {
     if (pw.request_qp) welcome.request_qps.push_back(pw.request_qp->endpoint());
     if (pw.response_qp) welcome.response_qps.push_back(pw.response_qp->endpoint());
   }
-  if (absl::Status s = channel.Send(kWelcome, Encode(welcome)); !s.ok()) return s;
-  // Publish only now: the client starts sending after the welcome.
-  for (uint32_t id = first; id < first + hello->clients; ++id) client_ids_used_[id] = true;
-  if (session->has_queue_slot) {
-    queue_slots_used_[slot] = true;
-  }
+  // Publish before the welcome: the client sends its first request as soon as it has it.
+  for (uint32_t i = first; i < first + session->clients; ++i) client_ids_used_[i] = true;
+  if (session->has_queue_slot) queue_slots_used_[slot] = true;
   for (uint32_t w = 0; w < c.workers; ++w) {
     Session::PerWorker& pw = session->workers[w];
     Worker& worker = *workers_[w].worker;
@@ -306,12 +345,19 @@ absl::Status Server::Admit(Channel channel) {
       worker.PublishRoute(first + i, &pw.routes[i]);
     }
   }
-  session->channel = std::move(channel);
-  LOG(INFO) << "clients " << first << ".." << first + hello->clients - 1 << " (" << session->peer
+  client_count_.fetch_add(session->clients);
+  absl::Status sent = pending_->Send(id, kWelcome, Encode(welcome));
+  absl::StatusOr<Channel> channel =
+      sent.ok() ? pending_->Release(id) : absl::StatusOr<Channel>(sent);
+  if (!channel.ok()) {
+    Retire(*session);  // the client never got (or will never read) its welcome
+    return channel.status();
+  }
+  session->channel = *std::move(channel);
+  LOG(INFO) << "clients " << first << ".." << first + session->clients - 1 << " (" << session->peer
             << ") joined";
   sessions_.push_back(std::move(session));
   session_count_.store(static_cast<uint32_t>(sessions_.size()));
-  client_count_.fetch_add(hello->clients);
   return absl::OkStatus();
 }
 

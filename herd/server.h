@@ -10,12 +10,14 @@
 #include <thread>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "herd/config.h"
 #include "herd/pinning.h"
 #include "herd/worker.h"
 #include "mica/config.h"
 #include "transport/control/channel.h"
+#include "transport/control/pending_connections.h"
 #include "transport/fabric.h"
 #include "transport/shared_memory.h"
 
@@ -67,7 +69,15 @@ class Server {
   Server(const ServerOptions& options, transport::control::Listener listener);
   absl::Status Init();
   void ControlLoop();
-  absl::Status Admit(transport::control::Channel channel);
+  // The join handshake, one message at a time per connection: Hello, then Join.
+  struct Handshake {
+    uint32_t clients = 0;  // from the Hello
+  };
+  void OnHandshakeEvent(transport::control::PendingConnections::Event& event);
+  absl::Status OnHello(uint64_t id, const transport::control::Message& message,
+                       Handshake* handshake);
+  absl::Status OnJoin(uint64_t id, const transport::control::Message& message,
+                      const Handshake& handshake, const std::string& peer);
   absl::Status BuildSession(Session& session, const struct Join& join);
   void Retire(Session& session);
   void WaitForWorkers();
@@ -107,6 +117,8 @@ class Server {
   bool started_ = false;
 
   // Control thread only (Stats() reads the device's counters and atomics, never these).
+  std::unique_ptr<transport::control::PendingConnections> pending_;
+  absl::flat_hash_map<uint64_t, Handshake> handshakes_;  // by pending connection id
   std::vector<std::unique_ptr<Session>> sessions_;
   std::vector<bool> client_ids_used_;
   std::vector<uint8_t> queue_slot_generation_;  // per session queue slot

@@ -1,5 +1,9 @@
 // The engine's defects found by an outside audit, each as a test that failed before its fix:
 // what a well-behaved client under ordinary load, or an unlucky one, must never see.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -13,10 +17,12 @@
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "herd/client.h"
+#include "herd/join.h"
 #include "herd/server.h"
 #include "mica/keyhash.h"
 #include "tests/herd/model_workload.h"
 #include "tests/herd/server_fixture.h"
+#include "transport/control/channel.h"
 
 namespace herd::testing {
 namespace {
@@ -222,6 +228,50 @@ TEST(Robustness, ServerReportsHitsMissesAndEvictions) {
   EXPECT_GT(stats.evictions[0], 0u);
   EXPECT_EQ(stats.get_hits[0], found);
   EXPECT_EQ(stats.get_misses[0], 200 - found + 1);
+}
+
+// Defect 18: handshakes ran one at a time with 10 s timeouts, so one silent TCP connection
+// delayed every join (a real client failed after 10.07 s). 1,000 connections that never finish
+// their join (silent, half a frame, a Hello and then nothing) must not delay a good one.
+TEST(Robustness, AThousandUnfinishedHandshakesDoNotDelayAJoin) {
+  constexpr int kIdle = 1000;
+  constexpr absl::Duration kPromptJoin = absl::Seconds(3);  // the old code: 10 s per idler
+  rlimit files;
+  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &files), 0);
+  if (files.rlim_max < kIdle * 2 + 256) GTEST_SKIP() << "descriptor hard limit too low";
+  files.rlim_cur = files.rlim_max;
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &files), 0);
+  const std::string fabric = "robust-idlers";
+  ServerProcess server(SmallServer(fabric));
+  ASSERT_TRUE(server.ok());
+  const uint16_t port = static_cast<uint16_t>(std::stoi(server.address().substr(10)));
+  std::vector<int> idlers;
+  const Hello hello{1};
+  const std::vector<uint8_t> hello_payload = Encode(hello);
+  for (int i = 0; i < kIdle; ++i) {
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    ASSERT_GE(fd, 0);
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_port = htons(port);
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
+    if (i % 3 == 1) {
+      const uint8_t half_header[5] = {'H', 'R', 'D', '1', 1};
+      ASSERT_EQ(write(fd, half_header, sizeof(half_header)), 5);
+    } else if (i % 3 == 2) {
+      // A whole Hello, then silence: the server answers and waits for a Join forever.
+      transport::control::Channel channel(dup(fd));
+      ASSERT_TRUE(channel.Send(kHello, hello_payload).ok());
+    }
+    idlers.push_back(fd);
+  }
+  const absl::Time start = absl::Now();
+  auto client = Join(server, fabric, 1);
+  ASSERT_NE(client, nullptr);
+  EXPECT_TRUE(client->Put("prompt", "join").ok());
+  EXPECT_LT(absl::Now() - start, kPromptJoin);
+  for (int fd : idlers) close(fd);
 }
 
 }  // namespace
