@@ -13,9 +13,10 @@
 // dropped. UD responses (and UC requests) can be lost: a request not answered within its
 // retransmission timeout is sent again (same slot, same sequence number, next attempt number);
 // the worker answers a repeated mutation from its dedupe table instead of applying it twice.
-// The timeout adapts to measured round trips (srtt + 4 rttvar, as TCP's RTO, from first-attempt
-// answers only) within [min_retry_timeout, max_retry_timeout], doubling per retransmission of a
-// request. Every request ends (answered, kTimedOut, or kSendFailed) within request_deadline.
+// The timeout adapts to measured round trips (srtt + 4 rttvar, as TCP's RTO, each answer timed
+// from its request's first send) within [min_retry_timeout, max_retry_timeout], doubling per
+// retransmission of a request. Every request ends (answered, kTimedOut, or kSendFailed) within
+// request_deadline.
 #ifndef HERD_HERD_CLIENT_H_
 #define HERD_HERD_CLIENT_H_
 
@@ -47,8 +48,10 @@ struct ClientOptions {
   // adaptive_retry is false).
   absl::Duration retry_timeout = absl::Milliseconds(20);
   bool adaptive_retry = true;
-  absl::Duration min_retry_timeout = absl::Milliseconds(1);  // floor of the adaptive timeout
-  absl::Duration max_retry_timeout = absl::Seconds(1);       // ceiling, backoff included
+  // Floor of the adaptive timeout: eRPC's fixed RTO. Below a few ms, a time-sliced host (a
+  // thread descheduled for a scheduler slice) times out everything outstanding at once.
+  absl::Duration min_retry_timeout = absl::Milliseconds(5);
+  absl::Duration max_retry_timeout = absl::Seconds(1);  // ceiling, backoff included
   uint32_t max_attempts = 250;  // sends of one request; then it completes with kTimedOut
   // A request outstanding this long completes with kTimedOut whatever its attempts.
   absl::Duration request_deadline = absl::Seconds(10);

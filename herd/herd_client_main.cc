@@ -34,7 +34,7 @@ DEFINE_uint32(retry_timeout_us, 20000,
 DEFINE_bool(adaptive_retry, true,
             "Derive the retransmission timeout from measured round trips (srtt + 4 rttvar, "
             "doubling per retransmission), within --min/max_retry_timeout_us");
-DEFINE_uint32(min_retry_timeout_us, 1000, "Floor of the adaptive retransmission timeout");
+DEFINE_uint32(min_retry_timeout_us, 5000, "Floor of the adaptive retransmission timeout");
 DEFINE_uint32(max_retry_timeout_us, 1000000, "Ceiling of the adaptive retransmission timeout");
 DEFINE_string(client_cores, "auto",
               "Cores the client threads are pinned to (hwloc): auto (the last cores of the NIC's "
