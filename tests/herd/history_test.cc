@@ -147,6 +147,7 @@ void Drive(const DriverSpec& spec, DriverOutput* out) {
   options.device.fabric = spec.fabric;
   options.device.faults = spec.faults;
   options.retry_timeout = kRetryTimeout;
+  options.adaptive_retry = false;  // a fixed, short timeout: retransmissions and late duplicates
   options.max_attempts = kMaxAttempts;
   absl::StatusOr<std::unique_ptr<Client>> connected = Client::Connect(options);
   if (!connected.ok()) {
