@@ -69,8 +69,8 @@ uint64_t WireChecksum(uint64_t secret, const uint8_t* message, uint64_t length) 
 
 uint32_t EncodeRequest(const RequestHeader& header, std::string_view key, std::string_view value,
                        uint64_t secret, uint8_t* out) {
-  const uint32_t key_space = Pad8(static_cast<uint32_t>(key.size()));
-  const uint32_t value_space = Pad8(static_cast<uint32_t>(value.size()));
+  const auto key_space = static_cast<uint32_t>(Pad8(key.size()));
+  const auto value_space = static_cast<uint32_t>(Pad8(value.size()));
   std::memcpy(out, key.data(), key.size());
   std::memset(out + key.size(), 0, key_space - key.size());
   if (!value.empty())
@@ -130,7 +130,7 @@ Parse ParseRequest(const uint8_t* message, uint32_t length, const RequestLimits&
 }
 
 void EncodeResponseHeader(const ResponseHeader& header, uint64_t secret, uint8_t* response_start) {
-  const uint32_t value_space = Pad8(header.value_bytes);
+  const auto value_space = static_cast<uint32_t>(Pad8(header.value_bytes));
   std::memset(response_start + header.value_bytes, 0, value_space - header.value_bytes);
   std::memcpy(response_start + value_space, &header, sizeof(header));
   if (secret != 0) {

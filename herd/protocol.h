@@ -48,7 +48,10 @@ inline constexpr uint8_t kOpCount = 4;
 inline bool IsMutation(Op op) { return op != Op::kGet; }
 
 inline constexpr uint32_t kWireAlign = 8;
-inline constexpr uint32_t Pad8(uint32_t n) { return (n + kWireAlign - 1) & ~(kWireAlign - 1); }
+// 64-bit: a peer-written 32-bit length near 2^32 must not wrap to a small padded size.
+inline constexpr uint64_t Pad8(uint64_t n) {
+  return (n + kWireAlign - 1) & ~uint64_t{kWireAlign - 1};
+}
 
 // Room for a later issue's out-of-line value (remote address, rkey, length); must be zero today.
 struct ValueDescriptor {
@@ -93,10 +96,10 @@ inline constexpr uint32_t kChecksumFromEnd = 16;  // bytes from a message's end 
 inline constexpr uint32_t kResponseHeaderBytes = sizeof(ResponseHeader);
 
 inline constexpr uint32_t RequestBytes(uint32_t key_bytes, uint32_t value_bytes) {
-  return Pad8(key_bytes) + Pad8(value_bytes) + kRequestHeaderBytes;
+  return static_cast<uint32_t>(Pad8(key_bytes) + Pad8(value_bytes) + kRequestHeaderBytes);
 }
 inline constexpr uint32_t ResponseBytes(uint32_t value_bytes) {
-  return Pad8(value_bytes) + kResponseHeaderBytes;
+  return static_cast<uint32_t>(Pad8(value_bytes) + kResponseHeaderBytes);
 }
 
 // A 64-bit keyed hash of a message (length a multiple of 8) that skips the checksum word itself

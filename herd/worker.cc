@@ -221,10 +221,14 @@ Worker::Admitted Worker::Admit(uint32_t client, uint32_t slot, const uint8_t* me
     }
     // A slot: maybe a WRITE whose bytes are still landing. Give it a grace period.
     SlotState& state = slots_[uint64_t{client} * config_.window + slot];
+    // The grace period belongs to these bytes: a new send into the slot (another seq, or a
+    // retransmission: another checksum) starts its own.
     const uint64_t marker = p.request.header.seq;
+    const uint64_t checksum = p.request.header.checksum;
     const int64_t now = absl::GetCurrentTimeNanos();
-    if (state.incomplete_marker != marker) {
+    if (state.incomplete_marker != marker || state.incomplete_checksum != checksum) {
       state.incomplete_marker = marker;
+      state.incomplete_checksum = checksum;
       state.incomplete_since_ns = now;
       return Admitted::kNotYet;
     }

@@ -106,6 +106,7 @@ class Worker {
     // since when (a WRITE still landing completes within microseconds; one that never does is
     // rejected after kIncompleteGrace).
     uint64_t incomplete_marker = 0;
+    uint64_t incomplete_checksum = 0;
     int64_t incomplete_since_ns = 0;
   };
   // What Admit did with a message.
