@@ -79,10 +79,16 @@ class CompletionQueue {
   virtual ~CompletionQueue();
   // Moves up to out.size() completions into out; returns how many. Never blocks.
   virtual size_t Poll(absl::Span<Completion> out) = 0;
-  const CqCounters& counters() const { return counters_; }
+  const CqCounters& counters() const {
+    SyncCounters();
+    return counters_;
+  }
 
  protected:
-  CqCounters counters_;
+  // Folds in counts that others recorded outside this object (shm: overruns counted by the
+  // producers in the ring). Any thread may call it: it may only raise counters to a new total.
+  virtual void SyncCounters() const {}
+  mutable CqCounters counters_;  // mutable: see SyncCounters
 
  private:
   friend class CounterRegistry;
@@ -127,15 +133,22 @@ class QueuePair {
   virtual QpEndpoint endpoint() const = 0;
   uint32_t qp_num() const { return endpoint().qp_num; }
   const QpConfig& config() const { return config_; }
-  const QpCounters& counters() const { return counters_; }
+  const QpCounters& counters() const {
+    SyncCounters();
+    return counters_;
+  }
 
  protected:
+  // Folds in counts that others recorded outside this object (shm: the inbound drops senders
+  // record in this QP's table entry). Any thread may call it: it may only raise counters to a new
+  // total. A backend calls it once more before it gives its table entry up.
+  virtual void SyncCounters() const {}
   explicit QueuePair(const QpConfig& config) : config_(config) {}
   // The post-time checks every backend makes, as a NIC's driver does: SGE count, inline length
   // against max_inline_data, and UD's SEND-only rule with an address handle.
   absl::Status ValidateSend(const SendWr& wr) const;
   QpConfig config_;
-  QpCounters counters_;
+  mutable QpCounters counters_;  // mutable: see SyncCounters
 
  private:
   friend class CounterRegistry;

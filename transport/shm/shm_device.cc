@@ -142,13 +142,24 @@ uint8_t* Peer::Resolve(uint32_t key, uint64_t addr, uint64_t length, uint32_t ac
 
 // ----------------------------------------------------------------------------- rings
 bool PushCompletion(CqRing* ring, const Completion& c, uint64_t sq_sequence) {
-  uint64_t ticket = ring->tail.load(std::memory_order_relaxed);
-  do {
-    if (ticket - ring->head.load(std::memory_order_acquire) >= ring->depth) {
+  uint64_t ticket = ring->tail.load(std::memory_order_acquire);
+  while (true) {
+    const uint64_t head = ring->head.load(std::memory_order_acquire);
+    if (ticket < head) {
+      // The tail we hold is stale: other producers pushed past it and the consumer caught up
+      // meanwhile. A tail read after this head is at least this head (head <= tail always).
+      ticket = ring->tail.load(std::memory_order_acquire);
+      if (ticket < head) {  // only a corrupt ring (a hostile peer) does this: refuse, counted
+        ring->overflows.fetch_add(1, std::memory_order_relaxed);
+        return false;
+      }
+    }
+    if (ticket - head >= ring->depth) {  // really full when this head was read
       ring->overflows.fetch_add(1, std::memory_order_relaxed);
       return false;
     }
-  } while (!ring->tail.compare_exchange_weak(ticket, ticket + 1, std::memory_order_acq_rel));
+    if (ring->tail.compare_exchange_weak(ticket, ticket + 1, std::memory_order_acq_rel)) break;
+  }
   CqEntry& e = ring->entries[ticket % ring->depth];
   e.wr_id = c.wr_id;
   e.sq_sequence = sq_sequence;
@@ -190,8 +201,31 @@ void RetireSends(QpEntry* qps, uint32_t qp_num, uint64_t sq_sequence) {
 
 }  // namespace
 
+void ShmCq::SyncCounters() const {
+  counters_.overruns.RaiseTo(ring_->overflows.load(std::memory_order_relaxed));
+}
+
+void ShmCq::ReportOverruns(uint64_t overflows) {
+  // At most one line per CQ per this interval: an overrunning CQ overruns at line rate.
+  constexpr int64_t kOverrunLogIntervalNs = 1'000'000'000;
+  const uint64_t lost = overflows - reported_overflows_;
+  reported_overflows_ = overflows;
+  counters_.overruns.RaiseTo(overflows);
+  const int64_t now = SteadyNanos();
+  if (last_overrun_log_ns_ != 0 && now - last_overrun_log_ns_ < kOverrunLogIntervalNs) return;
+  last_overrun_log_ns_ = now;
+  LOG(ERROR) << "shm CQ overrun: " << lost << " completion(s) lost since the last report ("
+             << overflows << " in all; depth " << ring_->depth
+             << "): poll it more often or make it deeper";
+}
+
 size_t ShmCq::Poll(absl::Span<Completion> out) {
   counters_.polls.Add();
+  // On the same cache line as head: free to watch on every poll.
+  if (const uint64_t overflows = ring_->overflows.load(std::memory_order_relaxed);
+      overflows != reported_overflows_) {
+    ReportOverruns(overflows);
+  }
   size_t n = 0;
   uint64_t head = ring_->head.load(std::memory_order_relaxed);
   for (; n < out.size(); ++n, ++head) {

@@ -120,9 +120,14 @@ class ShmCq : public CompletionQueue {
   ShmDevice* device() const { return device_; }
 
  private:
+  void SyncCounters() const override;
+  // Poll found that producers counted new overruns: count them and log (rate-limited).
+  void ReportOverruns(uint64_t overflows);
   ShmDevice* device_;
   uint64_t offset_;
   CqRing* ring_;
+  uint64_t reported_overflows_ = 0;  // Poll's view of ring_->overflows
+  int64_t last_overrun_log_ns_ = 0;
 };
 
 // Pushes one completion into a ring (any process); false when the ring is full (overrun).

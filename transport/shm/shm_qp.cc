@@ -81,7 +81,15 @@ absl::StatusOr<std::unique_ptr<ShmQp>> ShmQp::Create(ShmDevice* device, const Qp
 }
 
 ShmQp::~ShmQp() {
-  if (entry_ != nullptr) device_->RemoveQp(entry_);
+  if (entry_ != nullptr) {
+    SyncCounters();  // the last inbound drops, before the table entry goes
+    device_->RemoveQp(entry_);
+  }
+}
+
+void ShmQp::SyncCounters() const {
+  const uint64_t inbound = entry_ == nullptr ? 0 : entry_->dropped.load(std::memory_order_relaxed);
+  counters_.dropped.RaiseTo(outbound_dropped_.Get() + inbound);
 }
 
 QpState ShmQp::state() const {
@@ -297,13 +305,13 @@ std::optional<CompletionStatus> ShmQp::Execute(const SendWr& wr, uint32_t* byte_
     }
   }
   if (InjectLoss()) {
-    counters_.dropped.Add();
+    outbound_dropped_.Add();
     return CompletionStatus::kSuccess;
   }
   Peer* peer = PeerFor(wr);
   if (peer == nullptr || peer->header()->alive.load(std::memory_order_acquire) == 0) {
     if (reliable) return CompletionStatus::kRetryExceeded;
-    counters_.dropped.Add();
+    outbound_dropped_.Add();
     return CompletionStatus::kSuccess;
   }
   switch (wr.opcode) {
@@ -346,7 +354,7 @@ CompletionStatus ShmQp::RdmaWrite(Peer& peer, const SendWr& wr) {
   uint8_t* dst = peer.Resolve(wr.rkey, wr.remote_addr, length, kRemoteWrite);
   if (dst == nullptr) {
     if (config_.type == QpType::kRc) return CompletionStatus::kRemoteAccessError;
-    counters_.dropped.Add();  // UC: the responder silently drops a bad WRITE
+    outbound_dropped_.Add();  // UC: the responder silently drops a bad WRITE
     return CompletionStatus::kSuccess;
   }
   for (uint32_t i = 0; i < wr.num_sge; ++i) {
@@ -362,7 +370,7 @@ std::optional<CompletionStatus> ShmQp::Deliver(Peer& peer, uint32_t dst_qpn, con
   QpEntry& dst = peer.header()->qps[dst_qpn & ((1u << kQpIndexBits) - 1)];
   const auto dst_state = static_cast<QpState>(dst.state.load(std::memory_order_acquire));
   auto drop = [&]() -> CompletionStatus {
-    counters_.dropped.Add();
+    outbound_dropped_.Add();
     dst.dropped.fetch_add(1, std::memory_order_relaxed);
     return CompletionStatus::kSuccess;
   };

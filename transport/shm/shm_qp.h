@@ -84,6 +84,10 @@ class ShmQp : public QueuePair {
   // True when fault injection loses the next WR (UD SEND; UC WRITE or SEND).
   bool InjectLoss();
 
+  void SyncCounters() const override;
+  // This QP's own messages lost silently (the outbound half of counters().dropped).
+  Counter outbound_dropped_;
+
   uint64_t posted_ = 0;      // send WRs posted, ever
   uint64_t loss_state_ = 0;  // fault injection generator (splitmix64 state)
 };
