@@ -1,9 +1,13 @@
 // Tests of the shared-memory fabric's internals: the completion ring under concurrent producers,
 // CQ overruns, and peers whose segments are hostile.
+#include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <atomic>
+#include <cstring>
 #include <random>
 #include <thread>
 #include <vector>
@@ -70,7 +74,7 @@ TEST(ShmCompletionRing, ConcurrentProducersNeverLoseACompletion) {
         Completion c;
         c.wr_id = (uint64_t{p} << 48) | i;
         c.qp_num = p;
-        if (!shm::PushCompletion(ring, c, 0)) {
+        if (!shm::PushCompletion(ring, kDepth, c, 0)) {
           failed_pushes.fetch_add(1);
           received[p].fetch_add(1);  // lost: do not wait for it
         }
@@ -153,6 +157,115 @@ TEST(ShmCompletionRing, ARealOverrunShowsUpInTheCounters) {
   EXPECT_EQ(counters.cq_overruns, kMessages - kCqDepth);
   EXPECT_EQ(counters.dropped, kMessages - kCqDepth);
   EXPECT_NE(counters.ToJson().find("\"cq_overruns\":3"), std::string::npos) << counters.ToJson();
+}
+
+// ---------------------------------------------------------------- hostile peer segments
+// Everything a peer's segment says is input from the peer, as a request's bytes are: a forged or
+// corrupt one must give an error or a counted drop, never SIGBUS, SIGFPE or SIGSEGV here.
+class HostileSegment : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    a_ = MakeNode("shm");
+    b_ = MakeNode("shm");
+    ASSERT_NE(a_, nullptr);
+    ASSERT_NE(b_, nullptr);
+  }
+  // A GID in our fabric that names file descriptor `fd` of this process.
+  Gid ForgedGid(int fd) const {
+    shm::ShmAddress address;
+    std::memcpy(&address, a_->device->port().gid.data(), sizeof(address));
+    address.pid = getpid();
+    address.fd = fd;
+    Gid gid;
+    std::memcpy(gid.data(), &address, sizeof(address));
+    return gid;
+  }
+  shm::SegmentMapping& SegmentOf(Node& node) {
+    return dynamic_cast<shm::ShmDevice&>(*node.device).segment();
+  }
+  shm::QpEntry& EntryOf(Node& node, const QueuePair& qp) {
+    return SegmentOf(node).header()->qps[qp.qp_num() & ((1u << shm::kQpIndexBits) - 1)];
+  }
+  // Sends one UD message from a new QP of a_ to `qb` of b_; returns the sender's completion.
+  Completion SendUd(QueuePair& qb) {
+    qa_ = MakeQp(*a_, QpType::kUd);
+    EXPECT_TRUE(qa_->Connect(ConnectConfig{}).ok());
+    ah_ = *a_->pd->CreateAddressHandle(AddressInfo{0, b_->device->port().gid});
+    Sge sge = a_->sge(0, 16);
+    SendWr wr;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    wr.flags = kSignaled;
+    wr.ah = ah_.get();
+    wr.remote_qpn = qb.qp_num();
+    wr.remote_qkey = ConnectConfig{}.qkey;
+    EXPECT_TRUE(Post(*qa_, wr).ok());
+    std::vector<Completion> done = PollN(*a_->send_cq, 1);
+    EXPECT_EQ(done.size(), 1u);
+    return done.empty() ? Completion{} : done[0];
+  }
+  std::unique_ptr<Node> a_, b_;
+  std::unique_ptr<QueuePair> qa_;
+  std::unique_ptr<AddressHandle> ah_;
+};
+
+TEST_F(HostileSegment, AGidNamingAnEmptyFileIsAnErrorNotSigbus) {
+  const int fd = memfd_create("empty", MFD_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  auto qa = MakeQp(*a_, QpType::kRc);
+  ConnectConfig config;
+  config.remote.qp_num = 1;
+  config.remote.gid = ForgedGid(fd);
+  const absl::Status status = qa->Connect(config);
+  EXPECT_FALSE(status.ok());
+  EXPECT_NE(status.message().find("not a shm device"), std::string::npos) << status;
+  close(fd);
+}
+
+TEST_F(HostileSegment, AFullSizeFileOfGarbageIsAnError) {
+  constexpr uint32_t kSeed = 7;
+  const int fd = memfd_create("garbage", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(ftruncate(fd, shm::kSegmentBytes), 0);
+  // Garbage where the header is; sealed as a real segment is, so only the contents are wrong.
+  std::vector<uint8_t> garbage(sizeof(shm::SegmentHeader));
+  std::mt19937 random(kSeed);
+  for (uint8_t& byte : garbage) byte = static_cast<uint8_t>(random());
+  ASSERT_EQ(pwrite(fd, garbage.data(), garbage.size(), 0), static_cast<ssize_t>(garbage.size()));
+  ASSERT_EQ(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW), 0);
+  auto qa = MakeQp(*a_, QpType::kUc);
+  ConnectConfig config;
+  config.remote.qp_num = 1;
+  config.remote.gid = ForgedGid(fd);
+  EXPECT_FALSE(qa->Connect(config).ok());
+  close(fd);
+}
+
+TEST_F(HostileSegment, AReceiveRingOfDepthZeroIsADropNotSigfpe) {
+  auto qb = MakeQp(*b_, QpType::kUd);
+  ASSERT_TRUE(qb->Connect(ConnectConfig{}).ok());
+  ASSERT_TRUE(PostRecv(*qb, *b_, 1, 0, 256).ok());
+  shm::QpEntry& entry = EntryOf(*b_, *qb);
+  SegmentOf(*b_).At<shm::RecvRing>(entry.recv_ring_offset)->depth = 0;
+  EXPECT_EQ(SendUd(*qb).status, CompletionStatus::kSuccess);  // UD: silently dropped
+  EXPECT_EQ(qa_->counters().dropped.Get(), 1u);
+  EXPECT_EQ(qb->counters().dropped.Get(), 1u);
+}
+
+TEST_F(HostileSegment, RingsOutsideTheSegmentAreADropNotSigsegv) {
+  auto qb = MakeQp(*b_, QpType::kUd);
+  ASSERT_TRUE(qb->Connect(ConnectConfig{}).ok());
+  ASSERT_TRUE(PostRecv(*qb, *b_, 1, 0, 256).ok());
+  shm::QpEntry& entry = EntryOf(*b_, *qb);
+  const uint64_t cq_offset = entry.recv_cq_offset;
+  entry.recv_cq_offset = shm::kSegmentBytes - 8;  // the ring's header would end past the segment
+  EXPECT_EQ(SendUd(*qb).status, CompletionStatus::kSuccess);
+  EXPECT_EQ(qa_->counters().dropped.Get(), 1u);
+  entry.recv_cq_offset = cq_offset;
+  // A depth that reaches past the segment's end.
+  SegmentOf(*b_).At<shm::CqRing>(cq_offset)->depth = 0xffffffffu;
+  EXPECT_EQ(SendUd(*qb).status, CompletionStatus::kSuccess);
+  EXPECT_EQ(qa_->counters().dropped.Get(), 1u);
 }
 
 }  // namespace

@@ -17,6 +17,8 @@
 namespace transport::shm {
 
 inline constexpr uint64_t kSegmentMagic = 0x6865726473686d31ULL;  // "herdshm1"
+// The layout below; a peer with another version is refused (bump on any layout change).
+inline constexpr uint32_t kSegmentVersion = 2;
 // Virtual size of a segment; memfd pages are allocated only when touched.
 inline constexpr uint64_t kSegmentBytes = uint64_t{256} << 20;
 inline constexpr uint32_t kMaxMrs = 4096;  // registered regions per device
@@ -72,6 +74,9 @@ struct CqEntry {
   uint8_t reserved[5];
 };
 
+// Where a peer's rings may lie: in the arena, after the header, aligned for their atomics.
+inline constexpr uint64_t kRingAlignment = 64;
+
 struct CqRing {
   std::atomic<uint64_t> head;  // consumer
   std::atomic<uint64_t> tail;  // producers reserve tickets
@@ -100,8 +105,12 @@ struct QpEntry {
 inline constexpr int kRetiredCountBits = 52;
 inline constexpr uint64_t kRetiredCountMask = (uint64_t{1} << kRetiredCountBits) - 1;
 
+// Written by the owner at creation; a peer reads every field as hostile input (validated when it
+// attaches, and every ring offset and depth again at each use, since the owner can change them).
 struct SegmentHeader {
   uint64_t magic;
+  uint32_t version;
+  uint32_t reserved;
   uint64_t fabric_id;
   int32_t pid;
   int32_t fd;

@@ -35,11 +35,17 @@ uint64_t FabricId(const std::string& name) {
 // ---------------------------------------------------------------------------- segments
 absl::StatusOr<std::unique_ptr<SegmentMapping>> SegmentMapping::Create(uint64_t fabric_id,
                                                                        uint32_t mtu) {
-  const int fd = memfd_create("herd-shm-fabric", MFD_CLOEXEC);
+  const int fd = memfd_create("herd-shm-fabric", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (fd < 0) return Errno("memfd_create");
   if (ftruncate(fd, kSegmentBytes) != 0) {
     close(fd);
     return Errno("ftruncate");
+  }
+  // Sealed at its size: a peer that maps it can rely on every page existing (a shrunk file would
+  // SIGBUS the peer); peers refuse an unsealed segment.
+  if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+    close(fd);
+    return Errno("seal segment");
   }
   void* base = mmap(nullptr, kSegmentBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (base == MAP_FAILED) {
@@ -48,11 +54,12 @@ absl::StatusOr<std::unique_ptr<SegmentMapping>> SegmentMapping::Create(uint64_t 
   }
   auto* header = new (base) SegmentHeader();
   header->magic = kSegmentMagic;
+  header->version = kSegmentVersion;
   header->fabric_id = fabric_id;
   header->pid = getpid();
   header->fd = fd;
   header->mtu = mtu;
-  header->arena_used.store(RoundUp(sizeof(SegmentHeader), 64));
+  header->arena_used.store(RoundUp(sizeof(SegmentHeader), kRingAlignment));
   header->alive.store(1, std::memory_order_release);
   return std::unique_ptr<SegmentMapping>(new SegmentMapping(header, fd));
 }
@@ -63,16 +70,33 @@ absl::StatusOr<std::unique_ptr<SegmentMapping>> SegmentMapping::Attach(const Shm
   if (fd < 0) {
     return Errno(absl::StrFormat("shm peer (pid %d) is unreachable: open %s", address.pid, path));
   }
+  auto not_a_device = [&](const std::string& why) {
+    return absl::FailedPreconditionError(
+        absl::StrFormat("pid %d fd %d is not a shm device of this fabric (%s; stale address?)",
+                        address.pid, address.fd, why));
+  };
+  // Whatever the GID names is the peer's input: a file of the wrong size, or one its owner could
+  // shrink under our mapping, would SIGBUS us on first touch.
+  struct stat st;
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) ||
+      static_cast<uint64_t>(st.st_size) != kSegmentBytes) {
+    close(fd);
+    return not_a_device("not a segment-sized file");
+  }
+  const int seals = fcntl(fd, F_GET_SEALS);
+  if (seals < 0 || (seals & F_SEAL_SHRINK) == 0) {
+    close(fd);
+    return not_a_device("not sealed against shrinking");
+  }
   void* base = mmap(nullptr, kSegmentBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   close(fd);  // the mapping keeps the file alive
   if (base == MAP_FAILED) return Errno("mmap peer segment");
   auto* header = static_cast<SegmentHeader*>(base);
-  if (header->magic != kSegmentMagic || header->fabric_id != address.fabric_id ||
-      header->pid != address.pid) {
+  if (header->magic != kSegmentMagic || header->version != kSegmentVersion ||
+      header->fabric_id != address.fabric_id || header->pid != address.pid ||
+      header->fd != address.fd) {
     munmap(base, kSegmentBytes);
-    return absl::FailedPreconditionError(
-        absl::StrFormat("pid %d fd %d is not a shm device of this fabric (stale address?)",
-                        address.pid, address.fd));
+    return not_a_device("wrong magic, version or identity");
   }
   return std::unique_ptr<SegmentMapping>(new SegmentMapping(header, -1));
 }
@@ -106,42 +130,65 @@ Peer::~Peer() {
 uint8_t* Peer::Resolve(uint32_t key, uint64_t addr, uint64_t length, uint32_t access) {
   const uint32_t index = key >> kMrIndexShift;
   if (index >= kMaxMrs) return nullptr;
-  const MrEntry& entry = header()->mrs[index];
-  if (!Grants(entry, key, addr, length, access)) return nullptr;
+  MrEntry& entry = header()->mrs[index];
+  if (key == 0 || entry.key.load(std::memory_order_acquire) != key) return nullptr;
   MappedRegion& region = regions_[index];
-  if (region.key != key) {
-    if (region.mapping != nullptr) munmap(region.mapping, region.mapping_bytes);
-    region = MappedRegion{};
-    if (same_process_) {
-      region.local = reinterpret_cast<uint8_t*>(entry.addr);
-    } else {
-      const std::string path = absl::StrFormat("/proc/%d/fd/%d", header()->pid, entry.fd);
-      const int fd = open(path.c_str(), O_RDWR | O_CLOEXEC);
-      if (fd < 0) return nullptr;
-      // Mappings start and end on the file's page boundaries: 2 MiB ones for hugetlb memory
-      // (st_blksize is the file's page size there, and the base page size elsewhere).
-      struct stat st;
-      const uint64_t page = fstat(fd, &st) == 0 && st.st_blksize > 0
-                                ? static_cast<uint64_t>(st.st_blksize)
-                                : static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
-      const uint64_t start = entry.file_offset / page * page;
-      const uint64_t end = entry.file_offset + entry.length;
-      const uint64_t bytes = (end - start + page - 1) / page * page;
-      void* mapping =
-          mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, static_cast<off_t>(start));
-      close(fd);
-      if (mapping == MAP_FAILED) return nullptr;
-      region.mapping = mapping;
-      region.mapping_bytes = bytes;
-      region.local = static_cast<uint8_t*>(mapping) + (entry.file_offset - start);
-    }
-    region.key = key;
+  if (region.key != key && !Map(entry, key, &region)) return nullptr;
+  // The range is checked against what was mapped (the entry as it was then): the peer may
+  // rewrite its entry at any time, but never widens what we touch.
+  const uint32_t granted = std::atomic_ref<uint32_t>(entry.access).load(std::memory_order_relaxed);
+  if ((granted & access) != access || addr < region.addr || length > region.length ||
+      addr - region.addr > region.length - length) {
+    return nullptr;
   }
-  return region.local + (addr - entry.addr);
+  return region.local + (addr - region.addr);
+}
+
+bool Peer::Map(MrEntry& entry, uint32_t key, MappedRegion* region) {
+  if (region->mapping != nullptr) munmap(region->mapping, region->mapping_bytes);
+  *region = MappedRegion{};
+  // One read of each field: the peer may be rewriting them.
+  const uint64_t addr = std::atomic_ref<uint64_t>(entry.addr).load(std::memory_order_relaxed);
+  const uint64_t length = std::atomic_ref<uint64_t>(entry.length).load(std::memory_order_relaxed);
+  const int32_t file_fd = std::atomic_ref<int32_t>(entry.fd).load(std::memory_order_relaxed);
+  const uint64_t file_offset =
+      std::atomic_ref<uint64_t>(entry.file_offset).load(std::memory_order_relaxed);
+  if (length == 0 || addr + length < addr || file_offset + length < file_offset) return false;
+  if (same_process_) {
+    region->local = reinterpret_cast<uint8_t*>(addr);
+  } else {
+    const std::string path = absl::StrFormat("/proc/%d/fd/%d", header()->pid, file_fd);
+    const int fd = open(path.c_str(), O_RDWR | O_CLOEXEC);
+    if (fd < 0) return false;
+    // Mappings start and end on the file's page boundaries: 2 MiB ones for hugetlb memory
+    // (st_blksize is the file's page size there, and the base page size elsewhere). A region
+    // that reaches past the file's end would SIGBUS us: refused.
+    struct stat st;
+    if (fstat(fd, &st) != 0 || static_cast<uint64_t>(st.st_size) < file_offset + length) {
+      close(fd);
+      return false;
+    }
+    const uint64_t page = st.st_blksize > 0 ? static_cast<uint64_t>(st.st_blksize)
+                                            : static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+    const uint64_t start = file_offset / page * page;
+    const uint64_t end = file_offset + length;
+    const uint64_t bytes = (end - start + page - 1) / page * page;
+    void* mapping =
+        mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, static_cast<off_t>(start));
+    close(fd);
+    if (mapping == MAP_FAILED) return false;
+    region->mapping = mapping;
+    region->mapping_bytes = bytes;
+    region->local = static_cast<uint8_t*>(mapping) + (file_offset - start);
+  }
+  region->key = key;
+  region->addr = addr;
+  region->length = length;
+  return true;
 }
 
 // ----------------------------------------------------------------------------- rings
-bool PushCompletion(CqRing* ring, const Completion& c, uint64_t sq_sequence) {
+bool PushCompletion(CqRing* ring, uint32_t depth, const Completion& c, uint64_t sq_sequence) {
   uint64_t ticket = ring->tail.load(std::memory_order_acquire);
   while (true) {
     const uint64_t head = ring->head.load(std::memory_order_acquire);
@@ -154,13 +201,13 @@ bool PushCompletion(CqRing* ring, const Completion& c, uint64_t sq_sequence) {
         return false;
       }
     }
-    if (ticket - head >= ring->depth) {  // really full when this head was read
+    if (ticket - head >= depth) {  // really full when this head was read
       ring->overflows.fetch_add(1, std::memory_order_relaxed);
       return false;
     }
     if (ring->tail.compare_exchange_weak(ticket, ticket + 1, std::memory_order_acq_rel)) break;
   }
-  CqEntry& e = ring->entries[ticket % ring->depth];
+  CqEntry& e = ring->entries[ticket % depth];
   e.wr_id = c.wr_id;
   e.sq_sequence = sq_sequence;
   e.byte_len = c.byte_len;
@@ -174,11 +221,11 @@ bool PushCompletion(CqRing* ring, const Completion& c, uint64_t sq_sequence) {
   return true;
 }
 
-bool PopReceive(RecvRing* ring, RecvEntry* out) {
+bool PopReceive(RecvRing* ring, uint32_t depth, RecvEntry* out) {
   uint64_t head = ring->head.load(std::memory_order_acquire);
   while (true) {
     if (head == ring->tail.load(std::memory_order_acquire)) return false;
-    *out = ring->entries[head % ring->depth];
+    *out = ring->entries[head % depth];
     if (ring->head.compare_exchange_weak(head, head + 1, std::memory_order_acq_rel)) return true;
   }
 }
@@ -215,7 +262,7 @@ void ShmCq::ReportOverruns(uint64_t overflows) {
   if (last_overrun_log_ns_ != 0 && now - last_overrun_log_ns_ < kOverrunLogIntervalNs) return;
   last_overrun_log_ns_ = now;
   LOG(ERROR) << "shm CQ overrun: " << lost << " completion(s) lost since the last report ("
-             << overflows << " in all; depth " << ring_->depth
+             << overflows << " in all; depth " << depth_
              << "): poll it more often or make it deeper";
 }
 
@@ -229,7 +276,7 @@ size_t ShmCq::Poll(absl::Span<Completion> out) {
   size_t n = 0;
   uint64_t head = ring_->head.load(std::memory_order_relaxed);
   for (; n < out.size(); ++n, ++head) {
-    CqEntry& e = ring_->entries[head % ring_->depth];
+    CqEntry& e = ring_->entries[head % depth_];
     if (e.sequence.load(std::memory_order_acquire) != head + 1) break;
     Completion& c = out[n];
     c.wr_id = e.wr_id;
@@ -241,7 +288,7 @@ size_t ShmCq::Poll(absl::Span<Completion> out) {
     c.opcode = static_cast<CompletionOpcode>(e.opcode);
     c.has_imm = e.has_imm != 0;
     const uint64_t sq_sequence = e.sq_sequence;
-    e.sequence.store(head + ring_->depth, std::memory_order_release);
+    e.sequence.store(head + depth_, std::memory_order_release);
     ring_->head.store(head + 1, std::memory_order_release);
     if (sq_sequence != 0) {
       RetireSends(device_->segment().header()->qps, c.qp_num, sq_sequence);
@@ -396,7 +443,7 @@ absl::StatusOr<std::unique_ptr<CompletionQueue>> ShmDevice::CreateCq(uint32_t de
   ring->depth = depth;
   for (uint32_t i = 0; i < depth; ++i) new (&ring->entries[i]) CqEntry{};
   for (uint32_t i = 0; i < depth; ++i) ring->entries[i].sequence.store(i);
-  auto cq = std::make_unique<ShmCq>(this, *offset);
+  auto cq = std::make_unique<ShmCq>(this, *offset, depth);
   counter_registry().Register(cq.get());
   return std::unique_ptr<CompletionQueue>(std::move(cq));
 }
@@ -404,7 +451,7 @@ absl::StatusOr<std::unique_ptr<CompletionQueue>> ShmDevice::CreateCq(uint32_t de
 absl::StatusOr<uint64_t> ShmDevice::Carve(uint64_t bytes) {
   absl::MutexLock lock(&control_mutex_);
   const uint64_t offset = segment_->header()->arena_used.load();
-  const uint64_t end = RoundUp(offset + bytes, 64);
+  const uint64_t end = RoundUp(offset + bytes, kRingAlignment);
   if (end > kSegmentBytes) {
     return absl::ResourceExhaustedError(absl::StrFormat(
         "shm device segment full (%d bytes): too many or too deep queues", kSegmentBytes));

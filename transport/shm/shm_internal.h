@@ -57,11 +57,15 @@ class Peer {
  private:
   struct MappedRegion {
     uint32_t key = 0;
+    uint64_t addr = 0;  // the region as its entry said when we mapped it
+    uint64_t length = 0;
     uint8_t* local = nullptr;  // where the region's first byte is mapped here
     void* mapping = nullptr;   // for munmap (page-aligned); nullptr when in-process
     size_t mapping_bytes = 0;
   };
   explicit Peer(std::unique_ptr<SegmentMapping> segment);
+  // Maps region `key` as `entry` describes it now (every field validated); false if it cannot.
+  bool Map(MrEntry& entry, uint32_t key, MappedRegion* region);
   std::unique_ptr<SegmentMapping> segment_;
   bool same_process_;
   std::vector<MappedRegion> regions_;  // indexed by region index
@@ -113,10 +117,14 @@ class ShmDevice : public Device {
 
 class ShmCq : public CompletionQueue {
  public:
-  ShmCq(ShmDevice* device, uint64_t offset)
-      : device_(device), offset_(offset), ring_(device->segment().At<CqRing>(offset)) {}
+  ShmCq(ShmDevice* device, uint64_t offset, uint32_t depth)
+      : device_(device),
+        offset_(offset),
+        ring_(device->segment().At<CqRing>(offset)),
+        depth_(depth) {}
   size_t Poll(absl::Span<Completion> out) override;
   uint64_t offset() const { return offset_; }
+  uint32_t depth() const { return depth_; }
   ShmDevice* device() const { return device_; }
 
  private:
@@ -126,14 +134,35 @@ class ShmCq : public CompletionQueue {
   ShmDevice* device_;
   uint64_t offset_;
   CqRing* ring_;
+  uint32_t depth_;                   // ours, not the ring's copy (which peers can write)
   uint64_t reported_overflows_ = 0;  // Poll's view of ring_->overflows
   int64_t last_overrun_log_ns_ = 0;
 };
 
-// Pushes one completion into a ring (any process); false when the ring is full (overrun).
-bool PushCompletion(CqRing* ring, const Completion& completion, uint64_t sq_sequence);
-// Takes one posted receive from a ring; false when none is posted.
-bool PopReceive(RecvRing* ring, RecvEntry* out);
+// Pushes one completion into a ring of `depth` entries (any process); false when the ring is full
+// (an overrun, counted in the ring). `depth` is the one the caller validated (ValidRing), never
+// re-read from the ring: its owner may change it.
+bool PushCompletion(CqRing* ring, uint32_t depth, const Completion& completion,
+                    uint64_t sq_sequence);
+// Takes one posted receive from a ring of `depth` (validated) entries; false when none is posted.
+bool PopReceive(RecvRing* ring, uint32_t depth, RecvEntry* out);
+
+// The ring of type Ring (RecvRing, CqRing) at `offset` of a mapped segment, with its depth read
+// once into *depth, or nullptr when its header or its entries would not lie inside the segment's
+// arena, it is misaligned, or its depth is 0: what a hostile or corrupt peer segment says.
+template <typename Ring, typename Entry>
+Ring* ValidRing(const SegmentMapping& segment, uint64_t offset, uint32_t* depth) {
+  constexpr uint64_t kArenaStart = sizeof(SegmentHeader);
+  if (offset < kArenaStart || offset % kRingAlignment != 0 ||
+      offset > kSegmentBytes - sizeof(Ring)) {
+    return nullptr;
+  }
+  Ring* ring = segment.At<Ring>(offset);
+  const uint32_t d = std::atomic_ref<uint32_t>(ring->depth).load(std::memory_order_relaxed);
+  if (d == 0 || uint64_t{d} * sizeof(Entry) > kSegmentBytes - sizeof(Ring) - offset) return nullptr;
+  *depth = d;
+  return ring;
+}
 
 }  // namespace transport::shm
 

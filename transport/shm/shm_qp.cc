@@ -146,12 +146,12 @@ absl::Status ShmQp::PostRecv(RecvWr* chain, RecvWr** bad) {
       *bad = wr;
       return absl::InvalidArgumentError("shm receives take exactly one SGE");
     }
-    if (tail - recv_ring_->head.load(std::memory_order_acquire) >= recv_ring_->depth) {
+    const uint32_t depth = config_.max_recv_wr;  // not the ring's copy: peers can write it
+    if (tail - recv_ring_->head.load(std::memory_order_acquire) >= depth) {
       *bad = wr;
-      return absl::ResourceExhaustedError(
-          absl::StrFormat("receive queue full (%d)", recv_ring_->depth));
+      return absl::ResourceExhaustedError(absl::StrFormat("receive queue full (%d)", depth));
     }
-    recv_ring_->entries[tail % recv_ring_->depth] =
+    recv_ring_->entries[tail % depth] =
         RecvEntry{wr->wr_id, wr->sg_list[0].addr, wr->sg_list[0].length, wr->sg_list[0].lkey};
     recv_ring_->tail.store(tail + 1, std::memory_order_release);
     counters_.recv_wrs.Add();
@@ -279,7 +279,7 @@ void ShmQp::Complete(const SendWr& wr, CompletionStatus status, uint32_t byte_le
   c.opcode = CompletionOpcodeOf(wr.opcode);
   c.byte_len = byte_len;
   c.qp_num = number();
-  PushCompletion(device_->segment().At<CqRing>(send_cq_->offset()), c, sequence);
+  PushCompletion(device_->segment().At<CqRing>(send_cq_->offset()), send_cq_->depth(), c, sequence);
 }
 
 uint8_t* ShmQp::LocalBuffer(const Sge& sge, uint32_t need_access) const {
@@ -388,11 +388,19 @@ std::optional<CompletionStatus> ShmQp::Deliver(Peer& peer, uint32_t dst_qpn, con
   if (write_with_imm && peer.Resolve(wr.rkey, wr.remote_addr, length, kRemoteWrite) == nullptr) {
     return reliable ? CompletionStatus::kRemoteAccessError : drop();
   }
-  auto* ring = peer.segment().At<RecvRing>(dst.recv_ring_offset);
+  // The receiver's rings as its segment describes them now: validated before any use.
+  uint32_t ring_depth = 0, cq_depth = 0;
+  auto* ring = ValidRing<RecvRing, RecvEntry>(
+      peer.segment(),
+      std::atomic_ref<uint64_t>(dst.recv_ring_offset).load(std::memory_order_relaxed), &ring_depth);
+  auto* cq = ValidRing<CqRing, CqEntry>(
+      peer.segment(), std::atomic_ref<uint64_t>(dst.recv_cq_offset).load(std::memory_order_relaxed),
+      &cq_depth);
+  if (ring == nullptr || cq == nullptr) return reliable ? CompletionStatus::kRetryExceeded : drop();
   RecvEntry recv;
   const auto started = std::chrono::steady_clock::now();
   const bool forever = connect_.rnr_retry == kRnrRetryForever;
-  for (uint32_t attempt = 0; !PopReceive(ring, &recv); ++attempt) {
+  for (uint32_t attempt = 0; !PopReceive(ring, ring_depth, &recv); ++attempt) {
     if (!reliable) return drop();
     if (rnr != nullptr) {  // asynchronous: one attempt now, the next after the RNR timer
       if (!forever && rnr->attempts >= connect_.rnr_retry) {
@@ -437,7 +445,7 @@ std::optional<CompletionStatus> ShmQp::Deliver(Peer& peer, uint32_t dst_qpn, con
       }
     }
   }
-  if (!PushCompletion(peer.segment().At<CqRing>(dst.recv_cq_offset), c, 0)) {
+  if (!PushCompletion(cq, cq_depth, c, 0)) {
     dst.dropped.fetch_add(1, std::memory_order_relaxed);  // receiver's CQ overran
   }
   *byte_len = static_cast<uint32_t>(length);
