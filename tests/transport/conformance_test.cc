@@ -327,6 +327,52 @@ TEST_P(Conformance, UdSendsCarryGrhAndSourceAndObeyTheMtu) {
       << ToString(sent[1].status);
 }
 
+// A UD message within the MTU but larger than the posted receive buffer is the sender's
+// problem: one hostile client must not break a server's QP. shm drops it before it takes the
+// receive, counts it at the receiver, and the QP goes on delivering. A NIC may instead complete
+// the receive with a local length error (then this test checks only that); it accepts both.
+TEST_P(Conformance, AUdMessageLargerThanTheReceiveBufferIsDroppedAndTheQpStaysUsable) {
+  constexpr uint32_t kBuffer = 64;  // payload bytes the receive holds (after the GRH area)
+  constexpr uint32_t kOversize = 200;
+  constexpr uint32_t kFits = 32;
+  auto qa = MakeQp(*a_, QpType::kUd);
+  auto qb = MakeQp(*b_, QpType::kUd);
+  ConnectConfig ud;
+  ASSERT_TRUE(qa->Connect(ud).ok());
+  ASSERT_TRUE(qb->Connect(ud).ok());
+  ASSERT_TRUE(PostRecv(*qb, *b_, 1, 0, kGrhBytes + kBuffer).ok());
+  ASSERT_TRUE(PostRecv(*qb, *b_, 2, 1024, kGrhBytes + kBuffer).ok());
+  auto ah = *a_->pd->CreateAddressHandle(AddressInfo{0, b_->device->port().gid});
+  std::memset(a_->bytes(), 'o', kOversize);
+  std::memset(a_->bytes() + 4096, 'f', kFits);
+  Sge sge = a_->sge(0, kOversize);
+  SendWr wr;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.flags = kSignaled;
+  wr.ah = ah.get();
+  wr.remote_qpn = qb->qp_num();
+  wr.remote_qkey = ud.qkey;
+  ASSERT_TRUE(Post(*qa, wr).ok());
+  sge = a_->sge(4096, kFits);
+  ASSERT_TRUE(Post(*qa, wr).ok());
+  ASSERT_EQ(PollN(*a_->send_cq, 2).size(), 2u);
+  const std::vector<Completion> got = PollN(*b_->recv_cq, 1);
+  ASSERT_EQ(got.size(), 1u);
+  if (!IsShmBackend(GetParam()) && got[0].status == CompletionStatus::kLocalLengthError) {
+    return;  // the NIC's way: the receive completed in error
+  }
+  EXPECT_EQ(got[0].status, CompletionStatus::kSuccess) << ToString(got[0].status);
+  EXPECT_EQ(got[0].byte_len, kGrhBytes + kFits);
+  const size_t at = got[0].wr_id == 1 ? 0 : 1024;
+  EXPECT_EQ(b_->bytes()[at + kGrhBytes], 'f');
+  EXPECT_NE(qb->state(), QpState::kError);
+  if (CountsDrops()) {
+    EXPECT_EQ(got[0].wr_id, 1u);  // the oversize message never took a receive
+    EXPECT_EQ(qb->counters().dropped.Get(), 1u);
+  }
+}
+
 TEST_P(Conformance, UdWithoutReceiveOrWithWrongQkeyIsDropped) {
   auto qa = MakeQp(*a_, QpType::kUd);
   auto qb = MakeQp(*b_, QpType::kUd);

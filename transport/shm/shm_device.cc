@@ -221,11 +221,16 @@ bool PushCompletion(CqRing* ring, uint32_t depth, const Completion& c, uint64_t 
   return true;
 }
 
-bool PopReceive(RecvRing* ring, uint32_t depth, RecvEntry* out) {
+bool PopReceive(RecvRing* ring, uint32_t depth, RecvEntry* out, uint64_t min_length,
+                bool* too_small) {
   uint64_t head = ring->head.load(std::memory_order_acquire);
   while (true) {
     if (head == ring->tail.load(std::memory_order_acquire)) return false;
     *out = ring->entries[head % depth];
+    if (out->length < min_length) {
+      *too_small = true;
+      return false;
+    }
     if (ring->head.compare_exchange_weak(head, head + 1, std::memory_order_acq_rel)) return true;
   }
 }

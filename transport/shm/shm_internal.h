@@ -145,7 +145,9 @@ class ShmCq : public CompletionQueue {
 bool PushCompletion(CqRing* ring, uint32_t depth, const Completion& completion,
                     uint64_t sq_sequence);
 // Takes one posted receive from a ring of `depth` (validated) entries; false when none is posted.
-bool PopReceive(RecvRing* ring, uint32_t depth, RecvEntry* out);
+// A receive shorter than `min_length` is left posted: false, with *too_small set.
+bool PopReceive(RecvRing* ring, uint32_t depth, RecvEntry* out, uint64_t min_length = 0,
+                bool* too_small = nullptr);
 
 // The ring of type Ring (RecvRing, CqRing) at `offset` of a mapped segment, with its depth read
 // once into *depth, or nullptr when its header or its entries would not lie inside the segment's

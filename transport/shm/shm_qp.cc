@@ -397,11 +397,16 @@ std::optional<CompletionStatus> ShmQp::Deliver(Peer& peer, uint32_t dst_qpn, con
       peer.segment(), std::atomic_ref<uint64_t>(dst.recv_cq_offset).load(std::memory_order_relaxed),
       &cq_depth);
   if (ring == nullptr || cq == nullptr) return reliable ? CompletionStatus::kRetryExceeded : drop();
+  // UD: a message larger than the receive at the head is the sender's problem: dropped (counted
+  // at the receiver) before it takes the receive; the receiver's QP stays usable.
+  const uint64_t min_length = config_.type == QpType::kUd ? length + grh : 0;
+  bool too_small = false;
   RecvEntry recv;
   const auto started = std::chrono::steady_clock::now();
   const bool forever = connect_.rnr_retry == kRnrRetryForever;
-  for (uint32_t attempt = 0; !PopReceive(ring, ring_depth, &recv); ++attempt) {
-    if (!reliable) return drop();
+  for (uint32_t attempt = 0; !PopReceive(ring, ring_depth, &recv, min_length, &too_small);
+       ++attempt) {
+    if (!reliable || too_small) return drop();
     if (rnr != nullptr) {  // asynchronous: one attempt now, the next after the RNR timer
       if (!forever && rnr->attempts >= connect_.rnr_retry) {
         return CompletionStatus::kRnrRetryExceeded;
