@@ -233,6 +233,78 @@ TEST_P(Conformance, RcReadAndAtomics) {
   EXPECT_EQ(value, 100u);
 }
 
+// Protection domains: an inbound WRITE arriving on a QP may touch only regions registered in
+// that QP's PD, as a NIC enforces (a server gives each client session its own PD and slots).
+// QP in PD A, region in PD B of the same device: RC fails with a remote access error, UC is
+// dropped silently (counted on shm); through a QP in PD B the same region works.
+TEST_P(Conformance, RemoteAccessIsConfinedToTheQpsProtectionDomain) {
+  constexpr uint32_t kBytes = 16;
+  constexpr uint8_t kUntouched = 0x5a;
+  auto pd_b = b_->device->AllocatePd();
+  ASSERT_TRUE(pd_b.ok()) << pd_b.status();
+  auto memory_b = SharedMemory::Allocate(kNodeMemoryBytes);
+  ASSERT_TRUE(memory_b.ok()) << memory_b.status();
+  std::memset(memory_b->data(), kUntouched, kNodeMemoryBytes);
+  auto mr_b = (*pd_b)->RegisterMemory(memory_b->data(), memory_b->size(), kAllAccess);
+  ASSERT_TRUE(mr_b.ok()) << mr_b.status();
+  std::memset(a_->bytes(), 'p', kBytes);
+  Sge sge;
+  auto into_pd_b = [&](SendWr wr) {
+    wr.remote_addr = reinterpret_cast<uint64_t>(memory_b->data());
+    wr.rkey = (*mr_b)->rkey();
+    return wr;
+  };
+
+  // RC, QP in PD A: a remote access error.
+  auto rc_a = MakeQp(*a_, QpType::kRc);
+  auto rc_b = MakeQp(*b_, QpType::kRc);
+  ConnectPair(*rc_a, *rc_b);
+  SendWr wr = into_pd_b(Write(*a_, 0, kBytes, *b_, 0, &sge));
+  ASSERT_TRUE(Post(*rc_a, wr).ok());
+  std::vector<Completion> done = PollN(*a_->send_cq, 1);
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].status, CompletionStatus::kRemoteAccessError) << ToString(done[0].status);
+  EXPECT_EQ(memory_b->data()[0], kUntouched);
+
+  // UC, QP in PD A: dropped. A later WRITE of the same QP into PD A's region lands, so the first
+  // one was processed (and refused) before it.
+  auto uc_a = MakeQp(*a_, QpType::kUc);
+  auto uc_b = MakeQp(*b_, QpType::kUc);
+  ConnectPair(*uc_a, *uc_b);
+  wr = into_pd_b(Write(*a_, 0, kBytes, *b_, 0, &sge));
+  ASSERT_TRUE(Post(*uc_a, wr).ok());
+  Sge marker_sge;
+  SendWr marker = Write(*a_, 0, kBytes, *b_, 512, &marker_sge);
+  ASSERT_TRUE(Post(*uc_a, marker).ok());
+  ASSERT_EQ(PollN(*a_->send_cq, 2).size(), 2u);
+  volatile uint8_t* landed = b_->bytes() + 512 + kBytes - 1;
+  const absl::Time give_up = absl::Now() + kCompletionDeadline;
+  while (*landed != 'p' && absl::Now() < give_up) {
+  }
+  ASSERT_EQ(*landed, 'p');
+  EXPECT_EQ(memory_b->data()[0], kUntouched);
+  if (CountsDrops()) {
+    EXPECT_EQ(uc_a->counters().dropped.Get(), 1u);
+    EXPECT_EQ(uc_b->counters().dropped.Get(), 1u);
+  }
+
+  // RC through a QP in PD B: the same region works.
+  QpConfig config;
+  config.type = QpType::kRc;
+  config.send_cq = b_->send_cq.get();
+  config.recv_cq = b_->recv_cq.get();
+  auto rc_in_b = (*pd_b)->CreateQp(config);
+  ASSERT_TRUE(rc_in_b.ok()) << rc_in_b.status();
+  auto rc_a2 = MakeQp(*a_, QpType::kRc);
+  ConnectPair(*rc_a2, **rc_in_b);
+  wr = into_pd_b(Write(*a_, 0, kBytes, *b_, 0, &sge));
+  ASSERT_TRUE(Post(*rc_a2, wr).ok());
+  done = PollN(*a_->send_cq, 1);
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].status, CompletionStatus::kSuccess) << ToString(done[0].status);
+  EXPECT_EQ(memory_b->data()[kBytes - 1], 'p');
+}
+
 TEST_P(Conformance, UcReadFailsAndBreaksTheQp) {
   auto qa = MakeQp(*a_, QpType::kUc);
   auto qb = MakeQp(*b_, QpType::kUc);

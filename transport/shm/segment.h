@@ -31,8 +31,8 @@ struct MrEntry {
   uint32_t access;
   uint64_t addr;  // in the owner's address space
   uint64_t length;
-  int32_t fd;  // the owner's descriptor of the backing file
-  uint32_t reserved;
+  int32_t fd;   // the owner's descriptor of the backing file
+  uint32_t pd;  // the protection domain it was registered in (an id unique in its device)
   uint64_t file_offset;
 };
 
@@ -92,7 +92,7 @@ struct QpEntry {
   uint8_t type;                  // QpType
   uint16_t reserved;
   uint32_t qkey;
-  uint32_t reserved2;
+  uint32_t pd;  // its protection domain: remote accesses through it reach only that PD's regions
   uint64_t recv_ring_offset;  // in the segment
   uint64_t recv_cq_offset;
   std::atomic<uint64_t> dropped;  // inbound messages dropped (written by senders)

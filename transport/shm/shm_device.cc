@@ -127,7 +127,7 @@ Peer::~Peer() {
   }
 }
 
-uint8_t* Peer::Resolve(uint32_t key, uint64_t addr, uint64_t length, uint32_t access) {
+uint8_t* Peer::Resolve(uint32_t key, uint64_t addr, uint64_t length, uint32_t access, uint32_t pd) {
   const uint32_t index = key >> kMrIndexShift;
   if (index >= kMaxMrs) return nullptr;
   MrEntry& entry = header()->mrs[index];
@@ -137,6 +137,8 @@ uint8_t* Peer::Resolve(uint32_t key, uint64_t addr, uint64_t length, uint32_t ac
   // The range is checked against what was mapped (the entry as it was then): the peer may
   // rewrite its entry at any time, but never widens what we touch.
   const uint32_t granted = std::atomic_ref<uint32_t>(entry.access).load(std::memory_order_relaxed);
+  // Checked at every access, as a NIC checks the MR's PD against the QP's.
+  if (std::atomic_ref<uint32_t>(entry.pd).load(std::memory_order_relaxed) != pd) return nullptr;
   if ((granted & access) != access || addr < region.addr || length > region.length ||
       addr - region.addr > region.length - length) {
     return nullptr;
@@ -340,21 +342,21 @@ class ShmAh : public AddressHandle {
 
 class ShmPd : public ProtectionDomain {
  public:
-  explicit ShmPd(ShmDevice* device) : device_(device) {}
+  explicit ShmPd(ShmDevice* device) : device_(device), id_(device->NewPdId()) {}
 
   absl::StatusOr<std::unique_ptr<MemoryRegion>> RegisterMemory(void* addr, size_t length,
                                                                uint32_t access) override {
     if (length == 0) return absl::InvalidArgumentError("cannot register 0 bytes");
     absl::StatusOr<Backing> backing = FindBacking(addr, length);
     if (!backing.ok()) return backing.status();
-    absl::StatusOr<uint32_t> key = device_->AddRegion(reinterpret_cast<uint64_t>(addr), length,
+    absl::StatusOr<uint32_t> key = device_->AddRegion(id_, reinterpret_cast<uint64_t>(addr), length,
                                                       access, backing->fd, backing->file_offset);
     if (!key.ok()) return key.status();
     return std::unique_ptr<MemoryRegion>(new ShmMr(device_, addr, length, *key, access));
   }
 
   absl::StatusOr<std::unique_ptr<QueuePair>> CreateQp(const QpConfig& config) override {
-    absl::StatusOr<std::unique_ptr<ShmQp>> qp = ShmQp::Create(device_, config);
+    absl::StatusOr<std::unique_ptr<ShmQp>> qp = ShmQp::Create(device_, config, id_);
     if (!qp.ok()) return qp.status();
     device_->counter_registry().Register(qp->get());
     return std::unique_ptr<QueuePair>(std::move(*qp));
@@ -373,6 +375,7 @@ class ShmPd : public ProtectionDomain {
 
  private:
   ShmDevice* device_;
+  const uint32_t id_;  // this PD's identity in the segment's MR and QP entries
 };
 
 }  // namespace
@@ -465,8 +468,8 @@ absl::StatusOr<uint64_t> ShmDevice::Carve(uint64_t bytes) {
   return offset;
 }
 
-absl::StatusOr<uint32_t> ShmDevice::AddRegion(uint64_t addr, uint64_t length, uint32_t access,
-                                              int fd, uint64_t file_offset) {
+absl::StatusOr<uint32_t> ShmDevice::AddRegion(uint32_t pd, uint64_t addr, uint64_t length,
+                                              uint32_t access, int fd, uint64_t file_offset) {
   absl::MutexLock lock(&control_mutex_);
   for (uint32_t index = 0; index < kMaxMrs; ++index) {
     MrEntry& entry = segment_->header()->mrs[index];
@@ -474,6 +477,7 @@ absl::StatusOr<uint32_t> ShmDevice::AddRegion(uint64_t addr, uint64_t length, ui
     const uint32_t generation = next_generation_++ & ((1u << kMrIndexShift) - 1);
     const uint32_t key = (index << kMrIndexShift) | (generation == 0 ? 1 : generation);
     entry.access = access;
+    entry.pd = pd;
     entry.addr = addr;
     entry.length = length;
     entry.fd = fd;
@@ -490,13 +494,14 @@ void ShmDevice::RemoveRegion(uint32_t key) {
   segment_->header()->mrs[key >> kMrIndexShift].key.store(0, std::memory_order_release);
 }
 
-absl::StatusOr<QpEntry*> ShmDevice::AddQp(ShmQp* qp, QpType type) {
+absl::StatusOr<QpEntry*> ShmDevice::AddQp(ShmQp* qp, QpType type, uint32_t pd) {
   absl::MutexLock lock(&control_mutex_);
   for (uint32_t index = 0; index < kMaxQps; ++index) {
     QpEntry& entry = segment_->header()->qps[index];
     if (entry.qp_num.load(std::memory_order_relaxed) != 0) continue;
     const uint32_t generation = (next_generation_++ % 4095) + 1;  // 12 bits, never 0
     entry.type = static_cast<uint8_t>(type);
+    entry.pd = pd;
     entry.state.store(static_cast<uint8_t>(QpState::kReset));
     entry.dropped.store(0);
     entry.retired.store(uint64_t{generation} << kRetiredCountBits);

@@ -52,7 +52,8 @@ class Peer {
   // Our address for [addr, addr + length) of the peer's region `key` if the key is live, the
   // range lies inside it and `access` is granted; nullptr otherwise. The first access to a
   // region maps it (control-path cost once per region).
-  uint8_t* Resolve(uint32_t key, uint64_t addr, uint64_t length, uint32_t access);
+  // The region must belong to protection domain `pd` (the PD of the QP the access arrives on).
+  uint8_t* Resolve(uint32_t key, uint64_t addr, uint64_t length, uint32_t access, uint32_t pd);
 
  private:
   struct MappedRegion {
@@ -85,10 +86,12 @@ class ShmDevice : public Device {
   SegmentMapping& segment() { return *segment_; }
   // Carves `bytes` from the segment's arena; returns its offset.
   absl::StatusOr<uint64_t> Carve(uint64_t bytes);
-  absl::StatusOr<uint32_t> AddRegion(uint64_t addr, uint64_t length, uint32_t access, int fd,
-                                     uint64_t file_offset);
+  // A new protection domain's id (unique in this device, never 0).
+  uint32_t NewPdId() { return next_pd_.fetch_add(1, std::memory_order_relaxed); }
+  absl::StatusOr<uint32_t> AddRegion(uint32_t pd, uint64_t addr, uint64_t length, uint32_t access,
+                                     int fd, uint64_t file_offset);
   void RemoveRegion(uint32_t key);
-  absl::StatusOr<QpEntry*> AddQp(ShmQp* qp, QpType type);
+  absl::StatusOr<QpEntry*> AddQp(ShmQp* qp, QpType type, uint32_t pd);
   void RemoveQp(QpEntry* entry);
   const FaultOptions& faults() const { return faults_; }
   // Asynchronous mode (DeviceOptions::shm_async, or an injected delay): a progress thread runs
@@ -110,6 +113,7 @@ class ShmDevice : public Device {
   std::atomic<ShmQp*> progressing_{nullptr};
   // One past the highest QP table index ever used: the progress thread scans no further.
   std::atomic<uint32_t> qp_high_water_{0};
+  std::atomic<uint32_t> next_pd_{1};
   absl::Mutex control_mutex_;  // control path only: table slots and the arena
   uint32_t next_generation_ ABSL_GUARDED_BY(control_mutex_) = 1;
   std::atomic<ShmQp*> qps_[kMaxQps] = {};

@@ -43,7 +43,8 @@ CompletionOpcode CompletionOpcodeOf(Opcode opcode) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<ShmQp>> ShmQp::Create(ShmDevice* device, const QpConfig& config) {
+absl::StatusOr<std::unique_ptr<ShmQp>> ShmQp::Create(ShmDevice* device, const QpConfig& config,
+                                                     uint32_t pd) {
   if (config.send_cq == nullptr || config.recv_cq == nullptr) {
     return absl::InvalidArgumentError("a QP needs a send CQ and a receive CQ");
   }
@@ -60,12 +61,13 @@ absl::StatusOr<std::unique_ptr<ShmQp>> ShmQp::Create(ShmDevice* device, const Qp
     return absl::InvalidArgumentError("the shm fabric supports exactly one SGE per receive");
   }
   std::unique_ptr<ShmQp> qp(new ShmQp(device, config));
+  qp->pd_ = pd;
   absl::StatusOr<uint64_t> ring =
       device->Carve(sizeof(RecvRing) + uint64_t{config.max_recv_wr} * sizeof(RecvEntry));
   if (!ring.ok()) return ring.status();
   qp->recv_ring_ = new (device->segment().base() + *ring) RecvRing();
   qp->recv_ring_->depth = config.max_recv_wr;
-  absl::StatusOr<QpEntry*> entry = device->AddQp(qp.get(), config.type);
+  absl::StatusOr<QpEntry*> entry = device->AddQp(qp.get(), config.type, pd);
   if (!entry.ok()) return entry.status();
   qp->entry_ = *entry;
   qp->entry_->recv_ring_offset = *ring;
@@ -286,7 +288,9 @@ uint8_t* ShmQp::LocalBuffer(const Sge& sge, uint32_t need_access) const {
   const uint32_t index = sge.lkey >> kMrIndexShift;
   if (index >= kMaxMrs) return nullptr;
   const MrEntry& entry = device_->segment().header()->mrs[index];
-  if (!Grants(entry, sge.lkey, sge.addr, sge.length, need_access)) return nullptr;
+  if (!Grants(entry, sge.lkey, sge.addr, sge.length, need_access) || entry.pd != pd_) {
+    return nullptr;
+  }
   return reinterpret_cast<uint8_t*>(sge.addr);
 }
 
@@ -320,17 +324,31 @@ std::optional<CompletionStatus> ShmQp::Execute(const SendWr& wr, uint32_t* byte_
       const uint32_t dst = config_.type == QpType::kUd ? wr.remote_qpn : connect_.remote.qp_num;
       return Deliver(*peer, dst, wr, byte_len, rnr);
     }
-    case Opcode::kWrite:
-      return RdmaWrite(*peer, wr);
     case Opcode::kWriteWithImm:
       return Deliver(*peer, connect_.remote.qp_num, wr, byte_len, rnr);
+    case Opcode::kWrite:
     case Opcode::kRead:
-      if (!reliable) return CompletionStatus::kLocalQpOperationError;
-      return RdmaRead(*peer, wr, byte_len);
     case Opcode::kCompareSwap:
     case Opcode::kFetchAdd:
-      if (!reliable) return CompletionStatus::kLocalQpOperationError;
-      return Atomic(*peer, wr);
+      break;
+  }
+  if (!reliable && wr.opcode != Opcode::kWrite) return CompletionStatus::kLocalQpOperationError;
+  QpEntry* responder = Responder(*peer);
+  if (responder == nullptr) {
+    if (reliable) return CompletionStatus::kRetryExceeded;
+    outbound_dropped_.Add();
+    return CompletionStatus::kSuccess;
+  }
+  switch (wr.opcode) {
+    case Opcode::kWrite:
+      return RdmaWrite(*peer, *responder, wr);
+    case Opcode::kRead:
+      return RdmaRead(*peer, *responder, wr, byte_len);
+    case Opcode::kCompareSwap:
+    case Opcode::kFetchAdd:
+      return Atomic(*peer, *responder, wr);
+    default:
+      break;
   }
   return CompletionStatus::kLocalQpOperationError;
 }
@@ -349,12 +367,20 @@ bool ShmQp::InjectLoss() {
   return static_cast<double>(z >> 11) * 0x1.0p-53 < probability;
 }
 
-CompletionStatus ShmQp::RdmaWrite(Peer& peer, const SendWr& wr) {
+QpEntry* ShmQp::Responder(Peer& peer) const {
+  const uint32_t qpn = connect_.remote.qp_num;
+  QpEntry& entry = peer.header()->qps[qpn & ((1u << kQpIndexBits) - 1)];
+  return entry.qp_num.load(std::memory_order_acquire) == qpn ? &entry : nullptr;
+}
+
+CompletionStatus ShmQp::RdmaWrite(Peer& peer, QpEntry& responder, const SendWr& wr) {
   const uint64_t length = TotalLength(wr);
-  uint8_t* dst = peer.Resolve(wr.rkey, wr.remote_addr, length, kRemoteWrite);
+  uint8_t* dst = peer.Resolve(wr.rkey, wr.remote_addr, length, kRemoteWrite, responder.pd);
   if (dst == nullptr) {
     if (config_.type == QpType::kRc) return CompletionStatus::kRemoteAccessError;
-    outbound_dropped_.Add();  // UC: the responder silently drops a bad WRITE
+    // UC: the responder silently drops a bad WRITE; both ends count it.
+    outbound_dropped_.Add();
+    responder.dropped.fetch_add(1, std::memory_order_relaxed);
     return CompletionStatus::kSuccess;
   }
   for (uint32_t i = 0; i < wr.num_sge; ++i) {
@@ -385,7 +411,8 @@ std::optional<CompletionStatus> ShmQp::Deliver(Peer& peer, uint32_t dst_qpn, con
   }
   // WRITE_WITH_IMM: the data goes to remote_addr; the receive only carries the immediate.
   const bool write_with_imm = wr.opcode == Opcode::kWriteWithImm;
-  if (write_with_imm && peer.Resolve(wr.rkey, wr.remote_addr, length, kRemoteWrite) == nullptr) {
+  if (write_with_imm &&
+      peer.Resolve(wr.rkey, wr.remote_addr, length, kRemoteWrite, dst.pd) == nullptr) {
     return reliable ? CompletionStatus::kRemoteAccessError : drop();
   }
   // The receiver's rings as its segment describes them now: validated before any use.
@@ -430,12 +457,12 @@ std::optional<CompletionStatus> ShmQp::Deliver(Peer& peer, uint32_t dst_qpn, con
   c.byte_len = static_cast<uint32_t>(length) + grh;
   CompletionStatus sender_status = CompletionStatus::kSuccess;
   if (write_with_imm) {
-    if (RdmaWrite(peer, wr) != CompletionStatus::kSuccess)
+    if (RdmaWrite(peer, dst, wr) != CompletionStatus::kSuccess)
       return CompletionStatus::kRemoteAccessError;
   } else {
     uint8_t* buffer = recv.length < length + grh
                           ? nullptr
-                          : peer.Resolve(recv.lkey, recv.addr, length + grh, kLocalWrite);
+                          : peer.Resolve(recv.lkey, recv.addr, length + grh, kLocalWrite, dst.pd);
     if (buffer == nullptr) {
       c.status = recv.length < length + grh ? CompletionStatus::kLocalLengthError
                                             : CompletionStatus::kLocalProtectionError;
@@ -457,9 +484,10 @@ std::optional<CompletionStatus> ShmQp::Deliver(Peer& peer, uint32_t dst_qpn, con
   return sender_status;
 }
 
-CompletionStatus ShmQp::RdmaRead(Peer& peer, const SendWr& wr, uint32_t* byte_len) {
+CompletionStatus ShmQp::RdmaRead(Peer& peer, const QpEntry& responder, const SendWr& wr,
+                                 uint32_t* byte_len) {
   const uint64_t length = TotalLength(wr);
-  const uint8_t* src = peer.Resolve(wr.rkey, wr.remote_addr, length, kRemoteRead);
+  const uint8_t* src = peer.Resolve(wr.rkey, wr.remote_addr, length, kRemoteRead, responder.pd);
   if (src == nullptr) return CompletionStatus::kRemoteAccessError;
   for (uint32_t i = 0; i < wr.num_sge; ++i) {
     uint8_t* dst = LocalBuffer(wr.sg_list[i], kLocalWrite);
@@ -471,12 +499,13 @@ CompletionStatus ShmQp::RdmaRead(Peer& peer, const SendWr& wr, uint32_t* byte_le
   return CompletionStatus::kSuccess;
 }
 
-CompletionStatus ShmQp::Atomic(Peer& peer, const SendWr& wr) {
+CompletionStatus ShmQp::Atomic(Peer& peer, const QpEntry& responder, const SendWr& wr) {
   if (wr.num_sge != 1 || wr.sg_list[0].length != kAtomicBytes) {
     return CompletionStatus::kLocalLengthError;
   }
   if (wr.remote_addr % kAtomicBytes != 0) return CompletionStatus::kRemoteInvalidRequest;
-  uint8_t* target = peer.Resolve(wr.rkey, wr.remote_addr, kAtomicBytes, kRemoteAtomic);
+  uint8_t* target =
+      peer.Resolve(wr.rkey, wr.remote_addr, kAtomicBytes, kRemoteAtomic, responder.pd);
   if (target == nullptr) return CompletionStatus::kRemoteAccessError;
   uint8_t* result = LocalBuffer(wr.sg_list[0], kLocalWrite);
   if (result == nullptr) return CompletionStatus::kLocalProtectionError;
