@@ -194,13 +194,25 @@ class Device {
 // unreliable transport may show on a real fabric, and a delay before every work request takes
 // effect, so tests can prove a protocol survives both. Each QP draws from its own generator
 // seeded from `seed` and its QP number: reproducible.
+// How long a disordered WRITE waits before it writes some of its words again (see
+// FaultOptions::write_disorder): long enough for a poller to consume the first copy.
+inline constexpr uint32_t kDefaultDisorderPauseUs = 20;
+
 struct FaultOptions {
   double ud_loss = 0;     // probability that a UD SEND is silently lost (counted as dropped)
   double uc_loss = 0;     // probability that a UC WRITE or SEND is silently lost
   uint32_t delay_us = 0;  // every send WR executes no earlier than this long after its post
                           // (implies the asynchronous mode, see DeviceOptions::shm_async)
+  // Probability that a WRITE (or WRITE_WITH_IMM) lands as Soft-RoCE's memcpy may place it: its
+  // 8-byte words (counted from the WRITE's first byte) in a random order, the last one not
+  // necessarily last; then, after disorder_pause_us, a random subset of them AGAIN, always
+  // including the last word (a poller that consumed and zeroed it sees it reappear). All of it
+  // happens before the next WR of the same QP executes and before the WRITE's completion.
+  // Implies the asynchronous mode: the pause runs on the progress thread, not in PostSend.
+  double write_disorder = 0;
+  uint32_t disorder_pause_us = kDefaultDisorderPauseUs;
   uint64_t seed = 1;
-  bool any() const { return ud_loss > 0 || uc_loss > 0 || delay_us > 0; }
+  bool any() const { return ud_loss > 0 || uc_loss > 0 || delay_us > 0 || write_disorder > 0; }
 };
 
 // Options for opening a device; the verbs fields are ignored by the shm fabric and vice versa.

@@ -809,6 +809,79 @@ TEST_P(Conformance, WriteMakesItsLastEightBytesVisibleLast) {
   EXPECT_FALSE(torn);
 }
 
+// What a poller of one WRITE's slot saw (see ProbeWriteDisorder).
+struct DisorderSeen {
+  bool last_word_before_another = false;  // the last word landed while another had not
+  bool last_word_reappeared = false;      // it came back after the poller zeroed it
+};
+
+// UC WRITEs of a slot from `from` to `to`, up to `tries` of them (fewer once both things were
+// seen): a poller waits for the slot's last word, checks every other word, zeroes the last one;
+// once the WRITE completed (after any re-write) the last word shows whether it came back.
+DisorderSeen ProbeWriteDisorder(Node& from, Node& to, int tries) {
+  constexpr uint32_t kSlot = 32 << 10;  // 4096 words: a placement that takes a while
+  auto qa = MakeQp(from, QpType::kUc);
+  auto qb = MakeQp(to, QpType::kUc);
+  ConnectPair(*qa, *qb);
+  DisorderSeen seen;
+  std::atomic_ref<uint64_t> last(*reinterpret_cast<uint64_t*>(to.bytes() + kSlot - 8));
+  for (int round = 1; round <= tries; ++round) {
+    if (seen.last_word_before_another && seen.last_word_reappeared) break;
+    const auto marker = static_cast<uint8_t>(round);
+    uint64_t pattern;
+    std::memset(&pattern, marker, sizeof(pattern));
+    std::memset(from.bytes(), marker, kSlot);
+    std::memset(to.bytes(), 0, kSlot);
+    std::atomic<bool> early{false};
+    std::thread poller([&] {
+      const absl::Time give_up = absl::Now() + kCompletionDeadline;
+      while (last.load(std::memory_order_acquire) != pattern) {
+        if (absl::Now() > give_up) return;
+      }
+      volatile uint8_t* slot = to.bytes();
+      for (uint32_t i = 0; i < kSlot - 8; ++i) {
+        if (slot[i] != marker) {
+          early = true;
+          break;
+        }
+      }
+      last.store(0, std::memory_order_release);  // consumed
+    });
+    Sge sge;
+    SendWr wr = Write(from, 0, kSlot, to, 0, &sge);
+    const bool done = Post(*qa, wr).ok() && PollN(*from.send_cq, 1).size() == 1;
+    poller.join();
+    EXPECT_TRUE(done) << round;
+    if (!done) break;
+    seen.last_word_before_another |= early.load();
+    seen.last_word_reappeared |= last.load(std::memory_order_acquire) == pattern;
+  }
+  return seen;
+}
+
+// Injected write disorder (shm only): with probability 1, a poller sees a WRITE's last word
+// before some other word of it, and sees the last word come back after it consumed it; with
+// probability 0 neither ever happens.
+TEST_P(Conformance, InjectedWriteDisorderLandsWordsOutOfOrderAndTwice) {
+  if (!IsShmBackend(GetParam())) GTEST_SKIP() << "fault injection is a shm fabric feature";
+  constexpr int kTries = 50;
+  constexpr uint32_t kPauseUs = 2000;  // wide: the poller must zero the word within it
+  FaultOptions faults;
+  faults.write_disorder = 1;
+  faults.disorder_pause_us = kPauseUs;
+  auto x = MakeNode(GetParam(), kAllAccess, 4096, "test", faults);
+  auto y = MakeNode(GetParam(), kAllAccess, 4096, "test", faults);
+  ASSERT_NE(x, nullptr);
+  ASSERT_NE(y, nullptr);
+  const DisorderSeen disordered = ProbeWriteDisorder(*x, *y, kTries);
+  EXPECT_TRUE(disordered.last_word_before_another);
+  EXPECT_TRUE(disordered.last_word_reappeared);
+  constexpr int kOrderedTries = 10;
+  const DisorderSeen ordered = ProbeWriteDisorder(*a_, *b_, kOrderedTries);
+  EXPECT_FALSE(ordered.last_word_before_another);
+  EXPECT_FALSE(ordered.last_word_reappeared);
+}
+
 TEST_P(Conformance, FabricNamesIsolateRuns) {
   auto other = MakeNode(GetParam(), kAllAccess, 4096, "another-fabric");
   if (!IsShmBackend(GetParam())) GTEST_SKIP() << "fabric names are a shm fabric notion";

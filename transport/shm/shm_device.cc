@@ -389,15 +389,16 @@ absl::StatusOr<std::unique_ptr<ShmDevice>> ShmDevice::Open(const DeviceOptions& 
         absl::StrFormat("shm fabric MTU must be in 256..65536 bytes, got %d", options.mtu));
   }
   const FaultOptions& faults = options.faults;
-  if (faults.ud_loss < 0 || faults.ud_loss > 1 || faults.uc_loss < 0 || faults.uc_loss > 1) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("loss probabilities must be in [0, 1], got ud_loss=%g uc_loss=%g",
-                        faults.ud_loss, faults.uc_loss));
+  if (faults.ud_loss < 0 || faults.ud_loss > 1 || faults.uc_loss < 0 || faults.uc_loss > 1 ||
+      faults.write_disorder < 0 || faults.write_disorder > 1) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "fault probabilities must be in [0, 1], got ud_loss=%g uc_loss=%g write_disorder=%g",
+        faults.ud_loss, faults.uc_loss, faults.write_disorder));
   }
   absl::StatusOr<std::unique_ptr<SegmentMapping>> segment =
       SegmentMapping::Create(FabricId(options.fabric), options.mtu);
   if (!segment.ok()) return segment.status();
-  const bool async = options.shm_async || faults.delay_us > 0;
+  const bool async = options.shm_async || faults.delay_us > 0 || faults.write_disorder > 0;
   std::unique_ptr<ShmDevice> device(new ShmDevice(*std::move(segment), faults, async));
   if (async) device->progress_thread_ = std::thread([d = device.get()] { d->RunProgress(); });
   return device;

@@ -1,8 +1,10 @@
 // The shared-memory fabric's data path: PostSend executes each WR against the peer's segment.
 #include "transport/shm/shm_qp.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <numeric>
 #include <thread>
 
 #include "absl/strings/str_format.h"
@@ -22,6 +24,23 @@ constexpr uint8_t kRnrRetryForever = 7;
 constexpr uint32_t kAtomicBytes = 8;
 
 bool IsError(QpState state) { return state == QpState::kError; }
+
+// Seeds write disorder's generator apart from the loss generator of the same QP.
+constexpr uint64_t kDisorderStream = 0x6469736f72646572ull;  // "disorder"
+constexpr uint64_t kWordBytes = 8;
+
+// splitmix64: one multiply-xorshift step per draw.
+uint64_t NextRandom(uint64_t* state) {
+  uint64_t z = (*state += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+// A uniform double in [0, 1) from the top 53 bits of a draw.
+double NextUniform(uint64_t* state) {
+  return static_cast<double>(NextRandom(state) >> 11) * 0x1.0p-53;
+}
 
 CompletionOpcode CompletionOpcodeOf(Opcode opcode) {
   switch (opcode) {
@@ -74,6 +93,7 @@ absl::StatusOr<std::unique_ptr<ShmQp>> ShmQp::Create(ShmDevice* device, const Qp
   qp->entry_->recv_cq_offset = recv_cq->offset();
   qp->send_cq_ = send_cq;
   qp->loss_state_ = device->faults().seed ^ (uint64_t{qp->number()} << 32);
+  qp->disorder_state_ = qp->loss_state_ ^ kDisorderStream;
   if (device->async()) {
     qp->pending_.resize(config.max_send_wr);
     qp->pending_sges_.resize(uint64_t{config.max_send_wr} * config.max_send_sge);
@@ -359,12 +379,41 @@ bool ShmQp::InjectLoss() {
   if (config_.type == QpType::kUd) probability = faults.ud_loss;
   if (config_.type == QpType::kUc) probability = faults.uc_loss;
   if (probability <= 0) return false;
-  // splitmix64: one multiply-xorshift step per WR; the top 53 bits make a uniform double.
-  uint64_t z = (loss_state_ += 0x9e3779b97f4a7c15ull);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  z ^= z >> 31;
-  return static_cast<double>(z >> 11) * 0x1.0p-53 < probability;
+  return NextUniform(&loss_state_) < probability;
+}
+
+void ShmQp::DisorderedCopy(uint8_t* dst, const SendWr& wr, uint64_t length) {
+  // Copies the WRITE's bytes [begin, end) (gathered from its SGEs) to dst + begin.
+  auto copy = [&](uint64_t begin, uint64_t end) {
+    uint64_t at = 0;
+    for (uint32_t i = 0; i < wr.num_sge && at < end; ++i) {
+      const uint64_t sge_end = at + wr.sg_list[i].length;
+      const uint64_t from = std::max(begin, at), to = std::min(end, sge_end);
+      if (from < to) {
+        std::memcpy(dst + from, reinterpret_cast<const uint8_t*>(wr.sg_list[i].addr) + (from - at),
+                    to - from);
+      }
+      at = sge_end;
+    }
+  };
+  auto copy_word = [&](uint64_t word) {
+    copy(word * kWordBytes, std::min(length, (word + 1) * kWordBytes));
+  };
+  const uint64_t words = (length + kWordBytes - 1) / kWordBytes;
+  if (words == 0) return;
+  // A random order without a table: start anywhere, step by a stride coprime with the count.
+  uint64_t word = NextRandom(&disorder_state_) % words;
+  uint64_t stride = 1 + NextRandom(&disorder_state_) % words;
+  while (std::gcd(stride, words) != 1) stride = stride % words + 1;
+  for (uint64_t k = 0; k < words; ++k, word = (word + stride) % words) copy_word(word);
+  std::this_thread::sleep_for(std::chrono::microseconds(device_->faults().disorder_pause_us));
+  // Again: each word but the last with probability 1/2, then the last one.
+  uint64_t bits = 0;
+  for (uint64_t w = 0; w + 1 < words; ++w, bits >>= 1) {
+    if (w % 64 == 0) bits = NextRandom(&disorder_state_);
+    if (bits & 1) copy_word(w);
+  }
+  copy_word(words - 1);
 }
 
 QpEntry* ShmQp::Responder(Peer& peer) const {
@@ -381,6 +430,11 @@ CompletionStatus ShmQp::RdmaWrite(Peer& peer, QpEntry& responder, const SendWr& 
     // UC: the responder silently drops a bad WRITE; both ends count it.
     outbound_dropped_.Add();
     responder.dropped.fetch_add(1, std::memory_order_relaxed);
+    return CompletionStatus::kSuccess;
+  }
+  if (const double p = device_->faults().write_disorder;
+      p > 0 && NextUniform(&disorder_state_) < p) {
+    DisorderedCopy(dst, wr, length);
     return CompletionStatus::kSuccess;
   }
   for (uint32_t i = 0; i < wr.num_sge; ++i) {

@@ -89,13 +89,17 @@ class ShmQp : public QueuePair {
   std::unique_ptr<Peer> connected_peer_;  // RC/UC
   // True when fault injection loses the next WR (UD SEND; UC WRITE or SEND).
   bool InjectLoss();
+  // Fault injection: lands a WRITE's bytes at `dst` out of order and partly twice (see
+  // FaultOptions::write_disorder).
+  void DisorderedCopy(uint8_t* dst, const SendWr& wr, uint64_t length);
 
   void SyncCounters() const override;
   // This QP's own messages lost silently (the outbound half of counters().dropped).
   Counter outbound_dropped_;
 
-  uint64_t posted_ = 0;      // send WRs posted, ever
-  uint64_t loss_state_ = 0;  // fault injection generator (splitmix64 state)
+  uint64_t posted_ = 0;          // send WRs posted, ever
+  uint64_t loss_state_ = 0;      // fault injection generator (splitmix64 state)
+  uint64_t disorder_state_ = 0;  // write disorder's own generator: loss draws stay as they were
 };
 
 }  // namespace transport::shm
