@@ -175,6 +175,7 @@ void CounterSnapshot::Add(const CqCounters& cq) {
   polls += cq.polls.Get();
   empty_polls += cq.empty_polls.Get();
   completions += cq.completions.Get();
+  cq_overruns += cq.overruns.Get();
 }
 
 void CounterSnapshot::Add(const CounterSnapshot& other) {
@@ -188,15 +189,16 @@ void CounterSnapshot::Add(const CounterSnapshot& other) {
   polls += other.polls;
   empty_polls += other.empty_polls;
   completions += other.completions;
+  cq_overruns += other.cq_overruns;
 }
 
 std::string CounterSnapshot::ToJson() const {
   return absl::StrFormat(
       "{\"doorbells\":%d,\"wrs\":%d,\"signaled_wrs\":%d,\"inline_wrs\":%d,\"bytes\":%d,"
       "\"recv_wrs\":%d,\"dropped\":%d,\"cq_polls\":%d,\"cq_empty_polls\":%d,"
-      "\"completions\":%d}",
+      "\"completions\":%d,\"cq_overruns\":%d}",
       doorbells, wrs, signaled_wrs, inline_wrs, bytes, recv_wrs, dropped, polls, empty_polls,
-      completions);
+      completions, cq_overruns);
 }
 
 }  // namespace transport

@@ -79,10 +79,16 @@ class CompletionQueue {
   virtual ~CompletionQueue();
   // Moves up to out.size() completions into out; returns how many. Never blocks.
   virtual size_t Poll(absl::Span<Completion> out) = 0;
-  const CqCounters& counters() const { return counters_; }
+  const CqCounters& counters() const {
+    SyncCounters();
+    return counters_;
+  }
 
  protected:
-  CqCounters counters_;
+  // Folds in counts that others recorded outside this object (shm: overruns counted by the
+  // producers in the ring). Any thread may call it: it may only raise counters to a new total.
+  virtual void SyncCounters() const {}
+  mutable CqCounters counters_;  // mutable: see SyncCounters
 
  private:
   friend class CounterRegistry;
@@ -127,15 +133,22 @@ class QueuePair {
   virtual QpEndpoint endpoint() const = 0;
   uint32_t qp_num() const { return endpoint().qp_num; }
   const QpConfig& config() const { return config_; }
-  const QpCounters& counters() const { return counters_; }
+  const QpCounters& counters() const {
+    SyncCounters();
+    return counters_;
+  }
 
  protected:
+  // Folds in counts that others recorded outside this object (shm: the inbound drops senders
+  // record in this QP's table entry). Any thread may call it: it may only raise counters to a new
+  // total. A backend calls it once more before it gives its table entry up.
+  virtual void SyncCounters() const {}
   explicit QueuePair(const QpConfig& config) : config_(config) {}
   // The post-time checks every backend makes, as a NIC's driver does: SGE count, inline length
   // against max_inline_data, and UD's SEND-only rule with an address handle.
   absl::Status ValidateSend(const SendWr& wr) const;
   QpConfig config_;
-  QpCounters counters_;
+  mutable QpCounters counters_;  // mutable: see SyncCounters
 
  private:
   friend class CounterRegistry;
@@ -181,13 +194,25 @@ class Device {
 // unreliable transport may show on a real fabric, and a delay before every work request takes
 // effect, so tests can prove a protocol survives both. Each QP draws from its own generator
 // seeded from `seed` and its QP number: reproducible.
+// How long a disordered WRITE waits before it writes some of its words again (see
+// FaultOptions::write_disorder): long enough for a poller to consume the first copy.
+inline constexpr uint32_t kDefaultDisorderPauseUs = 20;
+
 struct FaultOptions {
   double ud_loss = 0;     // probability that a UD SEND is silently lost (counted as dropped)
   double uc_loss = 0;     // probability that a UC WRITE or SEND is silently lost
   uint32_t delay_us = 0;  // every send WR executes no earlier than this long after its post
                           // (implies the asynchronous mode, see DeviceOptions::shm_async)
+  // Probability that a WRITE (or WRITE_WITH_IMM) lands as Soft-RoCE's memcpy may place it: its
+  // 8-byte words (counted from the WRITE's first byte) in a random order, the last one not
+  // necessarily last; then, after disorder_pause_us, a random subset of them AGAIN, always
+  // including the last word (a poller that consumed and zeroed it sees it reappear). All of it
+  // happens before the next WR of the same QP executes and before the WRITE's completion.
+  // Implies the asynchronous mode: the pause runs on the progress thread, not in PostSend.
+  double write_disorder = 0;
+  uint32_t disorder_pause_us = kDefaultDisorderPauseUs;
   uint64_t seed = 1;
-  bool any() const { return ud_loss > 0 || uc_loss > 0 || delay_us > 0; }
+  bool any() const { return ud_loss > 0 || uc_loss > 0 || delay_us > 0 || write_disorder > 0; }
 };
 
 // Options for opening a device; the verbs fields are ignored by the shm fabric and vice versa.

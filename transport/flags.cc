@@ -13,6 +13,9 @@ DEFINE_int32(gid_index, -1,
              "verbs: GID index (-1: the first RoCE v2 GID with an IPv4 address; IB: LID routing)");
 DEFINE_double(inject_ud_loss, 0, "shm: probability that a UD SEND is lost (fault injection)");
 DEFINE_double(inject_uc_loss, 0, "shm: probability that a UC WRITE/SEND is lost");
+DEFINE_double(inject_write_disorder, 0,
+              "shm: probability that a WRITE lands its 8-byte words out of order and then some of "
+              "them (always the last) again, as Soft-RoCE may (implies --shm_async)");
 DEFINE_uint32(inject_delay_us, 0,
               "shm: every send WR takes effect this long after its post (implies --shm_async)");
 DEFINE_bool(shm_async, false,
@@ -60,6 +63,7 @@ absl::StatusOr<DeviceOptions> DeviceOptionsFromFlags() {
   options.faults.ud_loss = FLAGS_inject_ud_loss;
   options.faults.uc_loss = FLAGS_inject_uc_loss;
   options.faults.delay_us = FLAGS_inject_delay_us;
+  options.faults.write_disorder = FLAGS_inject_write_disorder;
   options.shm_async = FLAGS_shm_async;
   return options;
 }

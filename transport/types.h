@@ -141,6 +141,13 @@ struct Counter {
     value.store(value.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
   }
   uint64_t Get() const { return value.load(std::memory_order_relaxed); }
+  // Sets the counter to `total` unless it already shows more: for a counter whose total is
+  // computed from monotonic sources by any thread (see QueuePair::SyncCounters).
+  void RaiseTo(uint64_t total) {
+    uint64_t shown = value.load(std::memory_order_relaxed);
+    while (shown < total && !value.compare_exchange_weak(shown, total, std::memory_order_relaxed)) {
+    }
+  }
 };
 
 struct QpCounters {
@@ -150,19 +157,26 @@ struct QpCounters {
   Counter inline_wrs;    // ... of which inline
   Counter bytes;         // payload bytes of posted send WRs
   Counter recv_wrs;      // receive WRs posted
-  Counter dropped;       // inbound messages dropped (UD/UC: no RECV, over MTU, bad key)
+  // Messages dropped silently. Inbound ones at this QP (UD/UC: no RECV, over the MTU or the
+  // receive buffer, bad qkey or rkey, a full receive CQ; shm records them in the receiver's segment
+  // and the QP folds them in when its counters are read). On shm also this QP's own outbound
+  // messages that were lost (injected loss, or dropped at the receiver): only shm sees both ends.
+  Counter dropped;
 };
 
 struct CqCounters {
   Counter polls;        // Poll calls
   Counter empty_polls;  // ... that returned nothing
   Counter completions;  // completions returned
+  // Completions lost because this CQ was full when they arrived (never silent: the shm backend
+  // also logs an error). shm: counted by the producer in the ring, folded in by Poll.
+  Counter overruns;
 };
 
 // Plain copy of the counters, for printing and JSON.
 struct CounterSnapshot {
   uint64_t doorbells = 0, wrs = 0, signaled_wrs = 0, inline_wrs = 0, bytes = 0, recv_wrs = 0,
-           dropped = 0, polls = 0, empty_polls = 0, completions = 0;
+           dropped = 0, polls = 0, empty_polls = 0, completions = 0, cq_overruns = 0;
   void Add(const QpCounters& qp);
   void Add(const CqCounters& cq);
   void Add(const CounterSnapshot& other);

@@ -24,6 +24,31 @@ bool WriteAll(int fd, const void* data, size_t n) {
 }
 bool ReadAll(int fd, void* data, size_t n) { return read(fd, data, n) == static_cast<ssize_t>(n); }
 
+// Two pipes between a parent and its forked child: `up` (child -> parent) and `down`. Each side
+// closes the ends it does not use right after the fork: a parent that kept the child's write end
+// would never see end-of-file when the child exits early, and would wait forever on a read.
+struct Pipes {
+  int up[2] = {-1, -1};
+  int down[2] = {-1, -1};
+  bool Open() { return pipe(up) == 0 && pipe(down) == 0; }
+  void KeepChildEnds() {
+    close(up[0]);
+    close(down[1]);
+  }
+  void KeepParentEnds() {
+    close(up[1]);
+    close(down[0]);
+  }
+  int to_parent() const { return up[1]; }
+  int from_child() const { return up[0]; }
+  int to_child() const { return down[1]; }
+  int from_parent() const { return down[0]; }
+  void CloseParentEnds() {
+    close(up[0]);
+    close(down[1]);
+  }
+};
+
 // The child: serve one WRITE + one UD request, answer by UD, exit 0 on success.
 int RunPeer(const std::string& backend, int to_parent, int from_parent) {
   auto node = MakeNode(backend);
@@ -69,12 +94,17 @@ TEST_P(ForkedPeer, WriteAndUdRoundTrip) {
     GTEST_SKIP() << "no " << GetParam() << " device on this machine (set HERD_VERBS_DEVICE, or "
                  << "run scripts/rxe_vm.sh for Soft-RoCE)";
   }
-  int down[2], up[2];
-  ASSERT_EQ(pipe(down), 0);
-  ASSERT_EQ(pipe(up), 0);
+  Pipes pipes;
+  ASSERT_TRUE(pipes.Open());
   const pid_t child = fork();
   ASSERT_GE(child, 0);
-  if (child == 0) _exit(RunPeer(GetParam(), up[1], down[0]));
+  if (child == 0) {
+    pipes.KeepChildEnds();
+    _exit(RunPeer(GetParam(), pipes.to_parent(), pipes.from_parent()));
+  }
+  pipes.KeepParentEnds();
+  const int* up = pipes.up;
+  const int* down = pipes.down;
 
   // Opened after the fork: a child must not inherit a verbs context or registered memory.
   auto node = MakeNode(GetParam());
@@ -131,6 +161,7 @@ TEST_P(ForkedPeer, WriteAndUdRoundTrip) {
   EXPECT_EQ(reply[0].byte_len, kGrhBytes + 5);
   EXPECT_EQ(reply[0].src_qp, theirs.ud.qp_num);
   EXPECT_EQ(std::memcmp(node->bytes() + kGrhBytes, "reply", 5), 0);
+  pipes.CloseParentEnds();
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, ForkedPeer, ::testing::Values("shm", "shm_async", "verbs"),
@@ -149,12 +180,14 @@ TEST(MultiProcess, AHugepageRegionIsReachableFromAnotherProcess) {
     uint64_t addr;
     uint32_t rkey;
   };
-  int down[2], up[2];
-  ASSERT_EQ(pipe(down), 0);
-  ASSERT_EQ(pipe(up), 0);
+  Pipes pipes;
+  ASSERT_TRUE(pipes.Open());
+  const int* up = pipes.up;
+  const int* down = pipes.down;
   const pid_t child = fork();
   ASSERT_GE(child, 0);
   if (child == 0) {
+    pipes.KeepChildEnds();
     auto memory = SharedMemory::Allocate(kRegionBytes, "peer-huge", PagePolicy::kHugeRequired);
     if (!memory.ok()) _exit(kNoHugepages);
     auto node = MakeNode("shm");
@@ -175,6 +208,7 @@ TEST(MultiProcess, AHugepageRegionIsReachableFromAnotherProcess) {
     if (!ReadAll(down[0], &done, 1)) _exit(24);  // the parent's WRITE and READ are over
     _exit(std::memcmp(memory->data() + kOffset, "from the parent", 15) == 0 ? 0 : 25);
   }
+  pipes.KeepParentEnds();
   Region theirs;
   const bool announced = ReadAll(up[0], &theirs, sizeof(theirs));
   if (!announced) {
@@ -183,7 +217,8 @@ TEST(MultiProcess, AHugepageRegionIsReachableFromAnotherProcess) {
     if (WIFEXITED(status) && WEXITSTATUS(status) == kNoHugepages) {
       GTEST_SKIP() << "no two free 2 MiB hugepages (as root: echo 16 > /proc/sys/vm/nr_hugepages)";
     }
-    FAIL() << "the peer failed before announcing itself";
+    pipes.CloseParentEnds();
+    FAIL() << "the peer failed before announcing itself (exit status " << status << ")";
   }
   auto node = MakeNode("shm");
   ASSERT_NE(node, nullptr);
@@ -224,14 +259,17 @@ TEST(MultiProcess, AHugepageRegionIsReachableFromAnotherProcess) {
   ASSERT_EQ(waitpid(child, &status, 0), child);
   ASSERT_TRUE(WIFEXITED(status));
   EXPECT_EQ(WEXITSTATUS(status), 0) << "the peer failed at step " << WEXITSTATUS(status);
+  pipes.CloseParentEnds();
 }
 
 TEST(MultiProcess, AKilledPeerLeavesNothingAndGetsAClearError) {
-  int up[2];
-  ASSERT_EQ(pipe(up), 0);
+  Pipes pipes;
+  ASSERT_TRUE(pipes.Open());
+  const int* up = pipes.up;
   const pid_t child = fork();
   ASSERT_GE(child, 0);
   if (child == 0) {
+    pipes.KeepChildEnds();
     auto node = MakeNode("shm");
     auto qp = MakeQp(*node, QpType::kRc);
     const QpEndpoint endpoint = qp->endpoint();
@@ -239,6 +277,7 @@ TEST(MultiProcess, AKilledPeerLeavesNothingAndGetsAClearError) {
     pause();  // until killed
     _exit(0);
   }
+  pipes.KeepParentEnds();
   QpEndpoint dead;
   ASSERT_TRUE(ReadAll(up[0], &dead, sizeof(dead)));
   ASSERT_EQ(kill(child, SIGKILL), 0);

@@ -17,6 +17,8 @@
 namespace transport::shm {
 
 inline constexpr uint64_t kSegmentMagic = 0x6865726473686d31ULL;  // "herdshm1"
+// The layout below; a peer with another version is refused (bump on any layout change).
+inline constexpr uint32_t kSegmentVersion = 2;
 // Virtual size of a segment; memfd pages are allocated only when touched.
 inline constexpr uint64_t kSegmentBytes = uint64_t{256} << 20;
 inline constexpr uint32_t kMaxMrs = 4096;  // registered regions per device
@@ -29,8 +31,8 @@ struct MrEntry {
   uint32_t access;
   uint64_t addr;  // in the owner's address space
   uint64_t length;
-  int32_t fd;  // the owner's descriptor of the backing file
-  uint32_t reserved;
+  int32_t fd;   // the owner's descriptor of the backing file
+  uint32_t pd;  // the protection domain it was registered in (an id unique in its device)
   uint64_t file_offset;
 };
 
@@ -72,6 +74,9 @@ struct CqEntry {
   uint8_t reserved[5];
 };
 
+// Where a peer's rings may lie: in the arena, after the header, aligned for their atomics.
+inline constexpr uint64_t kRingAlignment = 64;
+
 struct CqRing {
   std::atomic<uint64_t> head;  // consumer
   std::atomic<uint64_t> tail;  // producers reserve tickets
@@ -87,7 +92,7 @@ struct QpEntry {
   uint8_t type;                  // QpType
   uint16_t reserved;
   uint32_t qkey;
-  uint32_t reserved2;
+  uint32_t pd;  // its protection domain: remote accesses through it reach only that PD's regions
   uint64_t recv_ring_offset;  // in the segment
   uint64_t recv_cq_offset;
   std::atomic<uint64_t> dropped;  // inbound messages dropped (written by senders)
@@ -100,8 +105,12 @@ struct QpEntry {
 inline constexpr int kRetiredCountBits = 52;
 inline constexpr uint64_t kRetiredCountMask = (uint64_t{1} << kRetiredCountBits) - 1;
 
+// Written by the owner at creation; a peer reads every field as hostile input (validated when it
+// attaches, and every ring offset and depth again at each use, since the owner can change them).
 struct SegmentHeader {
   uint64_t magic;
+  uint32_t version;
+  uint32_t reserved;
   uint64_t fabric_id;
   int32_t pid;
   int32_t fd;

@@ -35,11 +35,17 @@ uint64_t FabricId(const std::string& name) {
 // ---------------------------------------------------------------------------- segments
 absl::StatusOr<std::unique_ptr<SegmentMapping>> SegmentMapping::Create(uint64_t fabric_id,
                                                                        uint32_t mtu) {
-  const int fd = memfd_create("herd-shm-fabric", MFD_CLOEXEC);
+  const int fd = memfd_create("herd-shm-fabric", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (fd < 0) return Errno("memfd_create");
   if (ftruncate(fd, kSegmentBytes) != 0) {
     close(fd);
     return Errno("ftruncate");
+  }
+  // Sealed at its size: a peer that maps it can rely on every page existing (a shrunk file would
+  // SIGBUS the peer); peers refuse an unsealed segment.
+  if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+    close(fd);
+    return Errno("seal segment");
   }
   void* base = mmap(nullptr, kSegmentBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (base == MAP_FAILED) {
@@ -48,11 +54,12 @@ absl::StatusOr<std::unique_ptr<SegmentMapping>> SegmentMapping::Create(uint64_t 
   }
   auto* header = new (base) SegmentHeader();
   header->magic = kSegmentMagic;
+  header->version = kSegmentVersion;
   header->fabric_id = fabric_id;
   header->pid = getpid();
   header->fd = fd;
   header->mtu = mtu;
-  header->arena_used.store(RoundUp(sizeof(SegmentHeader), 64));
+  header->arena_used.store(RoundUp(sizeof(SegmentHeader), kRingAlignment));
   header->alive.store(1, std::memory_order_release);
   return std::unique_ptr<SegmentMapping>(new SegmentMapping(header, fd));
 }
@@ -63,16 +70,33 @@ absl::StatusOr<std::unique_ptr<SegmentMapping>> SegmentMapping::Attach(const Shm
   if (fd < 0) {
     return Errno(absl::StrFormat("shm peer (pid %d) is unreachable: open %s", address.pid, path));
   }
+  auto not_a_device = [&](const std::string& why) {
+    return absl::FailedPreconditionError(
+        absl::StrFormat("pid %d fd %d is not a shm device of this fabric (%s; stale address?)",
+                        address.pid, address.fd, why));
+  };
+  // Whatever the GID names is the peer's input: a file of the wrong size, or one its owner could
+  // shrink under our mapping, would SIGBUS us on first touch.
+  struct stat st;
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) ||
+      static_cast<uint64_t>(st.st_size) != kSegmentBytes) {
+    close(fd);
+    return not_a_device("not a segment-sized file");
+  }
+  const int seals = fcntl(fd, F_GET_SEALS);
+  if (seals < 0 || (seals & F_SEAL_SHRINK) == 0) {
+    close(fd);
+    return not_a_device("not sealed against shrinking");
+  }
   void* base = mmap(nullptr, kSegmentBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   close(fd);  // the mapping keeps the file alive
   if (base == MAP_FAILED) return Errno("mmap peer segment");
   auto* header = static_cast<SegmentHeader*>(base);
-  if (header->magic != kSegmentMagic || header->fabric_id != address.fabric_id ||
-      header->pid != address.pid) {
+  if (header->magic != kSegmentMagic || header->version != kSegmentVersion ||
+      header->fabric_id != address.fabric_id || header->pid != address.pid ||
+      header->fd != address.fd) {
     munmap(base, kSegmentBytes);
-    return absl::FailedPreconditionError(
-        absl::StrFormat("pid %d fd %d is not a shm device of this fabric (stale address?)",
-                        address.pid, address.fd));
+    return not_a_device("wrong magic, version or identity");
   }
   return std::unique_ptr<SegmentMapping>(new SegmentMapping(header, -1));
 }
@@ -103,53 +127,89 @@ Peer::~Peer() {
   }
 }
 
-uint8_t* Peer::Resolve(uint32_t key, uint64_t addr, uint64_t length, uint32_t access) {
+uint8_t* Peer::Resolve(uint32_t key, uint64_t addr, uint64_t length, uint32_t access, uint32_t pd) {
   const uint32_t index = key >> kMrIndexShift;
   if (index >= kMaxMrs) return nullptr;
-  const MrEntry& entry = header()->mrs[index];
-  if (!Grants(entry, key, addr, length, access)) return nullptr;
+  MrEntry& entry = header()->mrs[index];
+  if (key == 0 || entry.key.load(std::memory_order_acquire) != key) return nullptr;
   MappedRegion& region = regions_[index];
-  if (region.key != key) {
-    if (region.mapping != nullptr) munmap(region.mapping, region.mapping_bytes);
-    region = MappedRegion{};
-    if (same_process_) {
-      region.local = reinterpret_cast<uint8_t*>(entry.addr);
-    } else {
-      const std::string path = absl::StrFormat("/proc/%d/fd/%d", header()->pid, entry.fd);
-      const int fd = open(path.c_str(), O_RDWR | O_CLOEXEC);
-      if (fd < 0) return nullptr;
-      // Mappings start and end on the file's page boundaries: 2 MiB ones for hugetlb memory
-      // (st_blksize is the file's page size there, and the base page size elsewhere).
-      struct stat st;
-      const uint64_t page = fstat(fd, &st) == 0 && st.st_blksize > 0
-                                ? static_cast<uint64_t>(st.st_blksize)
-                                : static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
-      const uint64_t start = entry.file_offset / page * page;
-      const uint64_t end = entry.file_offset + entry.length;
-      const uint64_t bytes = (end - start + page - 1) / page * page;
-      void* mapping =
-          mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, static_cast<off_t>(start));
-      close(fd);
-      if (mapping == MAP_FAILED) return nullptr;
-      region.mapping = mapping;
-      region.mapping_bytes = bytes;
-      region.local = static_cast<uint8_t*>(mapping) + (entry.file_offset - start);
-    }
-    region.key = key;
+  if (region.key != key && !Map(entry, key, &region)) return nullptr;
+  // The range is checked against what was mapped (the entry as it was then): the peer may
+  // rewrite its entry at any time, but never widens what we touch.
+  const uint32_t granted = std::atomic_ref<uint32_t>(entry.access).load(std::memory_order_relaxed);
+  // Checked at every access, as a NIC checks the MR's PD against the QP's.
+  if (std::atomic_ref<uint32_t>(entry.pd).load(std::memory_order_relaxed) != pd) return nullptr;
+  if ((granted & access) != access || addr < region.addr || length > region.length ||
+      addr - region.addr > region.length - length) {
+    return nullptr;
   }
-  return region.local + (addr - entry.addr);
+  return region.local + (addr - region.addr);
+}
+
+bool Peer::Map(MrEntry& entry, uint32_t key, MappedRegion* region) {
+  if (region->mapping != nullptr) munmap(region->mapping, region->mapping_bytes);
+  *region = MappedRegion{};
+  // One read of each field: the peer may be rewriting them.
+  const uint64_t addr = std::atomic_ref<uint64_t>(entry.addr).load(std::memory_order_relaxed);
+  const uint64_t length = std::atomic_ref<uint64_t>(entry.length).load(std::memory_order_relaxed);
+  const int32_t file_fd = std::atomic_ref<int32_t>(entry.fd).load(std::memory_order_relaxed);
+  const uint64_t file_offset =
+      std::atomic_ref<uint64_t>(entry.file_offset).load(std::memory_order_relaxed);
+  if (length == 0 || addr + length < addr || file_offset + length < file_offset) return false;
+  if (same_process_) {
+    region->local = reinterpret_cast<uint8_t*>(addr);
+  } else {
+    const std::string path = absl::StrFormat("/proc/%d/fd/%d", header()->pid, file_fd);
+    const int fd = open(path.c_str(), O_RDWR | O_CLOEXEC);
+    if (fd < 0) return false;
+    // Mappings start and end on the file's page boundaries: 2 MiB ones for hugetlb memory
+    // (st_blksize is the file's page size there, and the base page size elsewhere). A region
+    // that reaches past the file's end would SIGBUS us: refused.
+    struct stat st;
+    if (fstat(fd, &st) != 0 || static_cast<uint64_t>(st.st_size) < file_offset + length) {
+      close(fd);
+      return false;
+    }
+    const uint64_t page = st.st_blksize > 0 ? static_cast<uint64_t>(st.st_blksize)
+                                            : static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+    const uint64_t start = file_offset / page * page;
+    const uint64_t end = file_offset + length;
+    const uint64_t bytes = (end - start + page - 1) / page * page;
+    void* mapping =
+        mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, static_cast<off_t>(start));
+    close(fd);
+    if (mapping == MAP_FAILED) return false;
+    region->mapping = mapping;
+    region->mapping_bytes = bytes;
+    region->local = static_cast<uint8_t*>(mapping) + (file_offset - start);
+  }
+  region->key = key;
+  region->addr = addr;
+  region->length = length;
+  return true;
 }
 
 // ----------------------------------------------------------------------------- rings
-bool PushCompletion(CqRing* ring, const Completion& c, uint64_t sq_sequence) {
-  uint64_t ticket = ring->tail.load(std::memory_order_relaxed);
-  do {
-    if (ticket - ring->head.load(std::memory_order_acquire) >= ring->depth) {
+bool PushCompletion(CqRing* ring, uint32_t depth, const Completion& c, uint64_t sq_sequence) {
+  uint64_t ticket = ring->tail.load(std::memory_order_acquire);
+  while (true) {
+    const uint64_t head = ring->head.load(std::memory_order_acquire);
+    if (ticket < head) {
+      // The tail we hold is stale: other producers pushed past it and the consumer caught up
+      // meanwhile. A tail read after this head is at least this head (head <= tail always).
+      ticket = ring->tail.load(std::memory_order_acquire);
+      if (ticket < head) {  // only a corrupt ring (a hostile peer) does this: refuse, counted
+        ring->overflows.fetch_add(1, std::memory_order_relaxed);
+        return false;
+      }
+    }
+    if (ticket - head >= depth) {  // really full when this head was read
       ring->overflows.fetch_add(1, std::memory_order_relaxed);
       return false;
     }
-  } while (!ring->tail.compare_exchange_weak(ticket, ticket + 1, std::memory_order_acq_rel));
-  CqEntry& e = ring->entries[ticket % ring->depth];
+    if (ring->tail.compare_exchange_weak(ticket, ticket + 1, std::memory_order_acq_rel)) break;
+  }
+  CqEntry& e = ring->entries[ticket % depth];
   e.wr_id = c.wr_id;
   e.sq_sequence = sq_sequence;
   e.byte_len = c.byte_len;
@@ -163,11 +223,16 @@ bool PushCompletion(CqRing* ring, const Completion& c, uint64_t sq_sequence) {
   return true;
 }
 
-bool PopReceive(RecvRing* ring, RecvEntry* out) {
+bool PopReceive(RecvRing* ring, uint32_t depth, RecvEntry* out, uint64_t min_length,
+                bool* too_small) {
   uint64_t head = ring->head.load(std::memory_order_acquire);
   while (true) {
     if (head == ring->tail.load(std::memory_order_acquire)) return false;
-    *out = ring->entries[head % ring->depth];
+    *out = ring->entries[head % depth];
+    if (out->length < min_length) {
+      *too_small = true;
+      return false;
+    }
     if (ring->head.compare_exchange_weak(head, head + 1, std::memory_order_acq_rel)) return true;
   }
 }
@@ -190,12 +255,35 @@ void RetireSends(QpEntry* qps, uint32_t qp_num, uint64_t sq_sequence) {
 
 }  // namespace
 
+void ShmCq::SyncCounters() const {
+  counters_.overruns.RaiseTo(ring_->overflows.load(std::memory_order_relaxed));
+}
+
+void ShmCq::ReportOverruns(uint64_t overflows) {
+  // At most one line per CQ per this interval: an overrunning CQ overruns at line rate.
+  constexpr int64_t kOverrunLogIntervalNs = 1'000'000'000;
+  const uint64_t lost = overflows - reported_overflows_;
+  reported_overflows_ = overflows;
+  counters_.overruns.RaiseTo(overflows);
+  const int64_t now = SteadyNanos();
+  if (last_overrun_log_ns_ != 0 && now - last_overrun_log_ns_ < kOverrunLogIntervalNs) return;
+  last_overrun_log_ns_ = now;
+  LOG(ERROR) << "shm CQ overrun: " << lost << " completion(s) lost since the last report ("
+             << overflows << " in all; depth " << depth_
+             << "): poll it more often or make it deeper";
+}
+
 size_t ShmCq::Poll(absl::Span<Completion> out) {
   counters_.polls.Add();
+  // On the same cache line as head: free to watch on every poll.
+  if (const uint64_t overflows = ring_->overflows.load(std::memory_order_relaxed);
+      overflows != reported_overflows_) {
+    ReportOverruns(overflows);
+  }
   size_t n = 0;
   uint64_t head = ring_->head.load(std::memory_order_relaxed);
   for (; n < out.size(); ++n, ++head) {
-    CqEntry& e = ring_->entries[head % ring_->depth];
+    CqEntry& e = ring_->entries[head % depth_];
     if (e.sequence.load(std::memory_order_acquire) != head + 1) break;
     Completion& c = out[n];
     c.wr_id = e.wr_id;
@@ -207,7 +295,7 @@ size_t ShmCq::Poll(absl::Span<Completion> out) {
     c.opcode = static_cast<CompletionOpcode>(e.opcode);
     c.has_imm = e.has_imm != 0;
     const uint64_t sq_sequence = e.sq_sequence;
-    e.sequence.store(head + ring_->depth, std::memory_order_release);
+    e.sequence.store(head + depth_, std::memory_order_release);
     ring_->head.store(head + 1, std::memory_order_release);
     if (sq_sequence != 0) {
       RetireSends(device_->segment().header()->qps, c.qp_num, sq_sequence);
@@ -254,21 +342,21 @@ class ShmAh : public AddressHandle {
 
 class ShmPd : public ProtectionDomain {
  public:
-  explicit ShmPd(ShmDevice* device) : device_(device) {}
+  explicit ShmPd(ShmDevice* device) : device_(device), id_(device->NewPdId()) {}
 
   absl::StatusOr<std::unique_ptr<MemoryRegion>> RegisterMemory(void* addr, size_t length,
                                                                uint32_t access) override {
     if (length == 0) return absl::InvalidArgumentError("cannot register 0 bytes");
     absl::StatusOr<Backing> backing = FindBacking(addr, length);
     if (!backing.ok()) return backing.status();
-    absl::StatusOr<uint32_t> key = device_->AddRegion(reinterpret_cast<uint64_t>(addr), length,
+    absl::StatusOr<uint32_t> key = device_->AddRegion(id_, reinterpret_cast<uint64_t>(addr), length,
                                                       access, backing->fd, backing->file_offset);
     if (!key.ok()) return key.status();
     return std::unique_ptr<MemoryRegion>(new ShmMr(device_, addr, length, *key, access));
   }
 
   absl::StatusOr<std::unique_ptr<QueuePair>> CreateQp(const QpConfig& config) override {
-    absl::StatusOr<std::unique_ptr<ShmQp>> qp = ShmQp::Create(device_, config);
+    absl::StatusOr<std::unique_ptr<ShmQp>> qp = ShmQp::Create(device_, config, id_);
     if (!qp.ok()) return qp.status();
     device_->counter_registry().Register(qp->get());
     return std::unique_ptr<QueuePair>(std::move(*qp));
@@ -287,6 +375,7 @@ class ShmPd : public ProtectionDomain {
 
  private:
   ShmDevice* device_;
+  const uint32_t id_;  // this PD's identity in the segment's MR and QP entries
 };
 
 }  // namespace
@@ -300,15 +389,16 @@ absl::StatusOr<std::unique_ptr<ShmDevice>> ShmDevice::Open(const DeviceOptions& 
         absl::StrFormat("shm fabric MTU must be in 256..65536 bytes, got %d", options.mtu));
   }
   const FaultOptions& faults = options.faults;
-  if (faults.ud_loss < 0 || faults.ud_loss > 1 || faults.uc_loss < 0 || faults.uc_loss > 1) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("loss probabilities must be in [0, 1], got ud_loss=%g uc_loss=%g",
-                        faults.ud_loss, faults.uc_loss));
+  if (faults.ud_loss < 0 || faults.ud_loss > 1 || faults.uc_loss < 0 || faults.uc_loss > 1 ||
+      faults.write_disorder < 0 || faults.write_disorder > 1) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "fault probabilities must be in [0, 1], got ud_loss=%g uc_loss=%g write_disorder=%g",
+        faults.ud_loss, faults.uc_loss, faults.write_disorder));
   }
   absl::StatusOr<std::unique_ptr<SegmentMapping>> segment =
       SegmentMapping::Create(FabricId(options.fabric), options.mtu);
   if (!segment.ok()) return segment.status();
-  const bool async = options.shm_async || faults.delay_us > 0;
+  const bool async = options.shm_async || faults.delay_us > 0 || faults.write_disorder > 0;
   std::unique_ptr<ShmDevice> device(new ShmDevice(*std::move(segment), faults, async));
   if (async) device->progress_thread_ = std::thread([d = device.get()] { d->RunProgress(); });
   return device;
@@ -362,7 +452,7 @@ absl::StatusOr<std::unique_ptr<CompletionQueue>> ShmDevice::CreateCq(uint32_t de
   ring->depth = depth;
   for (uint32_t i = 0; i < depth; ++i) new (&ring->entries[i]) CqEntry{};
   for (uint32_t i = 0; i < depth; ++i) ring->entries[i].sequence.store(i);
-  auto cq = std::make_unique<ShmCq>(this, *offset);
+  auto cq = std::make_unique<ShmCq>(this, *offset, depth);
   counter_registry().Register(cq.get());
   return std::unique_ptr<CompletionQueue>(std::move(cq));
 }
@@ -370,7 +460,7 @@ absl::StatusOr<std::unique_ptr<CompletionQueue>> ShmDevice::CreateCq(uint32_t de
 absl::StatusOr<uint64_t> ShmDevice::Carve(uint64_t bytes) {
   absl::MutexLock lock(&control_mutex_);
   const uint64_t offset = segment_->header()->arena_used.load();
-  const uint64_t end = RoundUp(offset + bytes, 64);
+  const uint64_t end = RoundUp(offset + bytes, kRingAlignment);
   if (end > kSegmentBytes) {
     return absl::ResourceExhaustedError(absl::StrFormat(
         "shm device segment full (%d bytes): too many or too deep queues", kSegmentBytes));
@@ -379,8 +469,8 @@ absl::StatusOr<uint64_t> ShmDevice::Carve(uint64_t bytes) {
   return offset;
 }
 
-absl::StatusOr<uint32_t> ShmDevice::AddRegion(uint64_t addr, uint64_t length, uint32_t access,
-                                              int fd, uint64_t file_offset) {
+absl::StatusOr<uint32_t> ShmDevice::AddRegion(uint32_t pd, uint64_t addr, uint64_t length,
+                                              uint32_t access, int fd, uint64_t file_offset) {
   absl::MutexLock lock(&control_mutex_);
   for (uint32_t index = 0; index < kMaxMrs; ++index) {
     MrEntry& entry = segment_->header()->mrs[index];
@@ -388,6 +478,7 @@ absl::StatusOr<uint32_t> ShmDevice::AddRegion(uint64_t addr, uint64_t length, ui
     const uint32_t generation = next_generation_++ & ((1u << kMrIndexShift) - 1);
     const uint32_t key = (index << kMrIndexShift) | (generation == 0 ? 1 : generation);
     entry.access = access;
+    entry.pd = pd;
     entry.addr = addr;
     entry.length = length;
     entry.fd = fd;
@@ -404,13 +495,14 @@ void ShmDevice::RemoveRegion(uint32_t key) {
   segment_->header()->mrs[key >> kMrIndexShift].key.store(0, std::memory_order_release);
 }
 
-absl::StatusOr<QpEntry*> ShmDevice::AddQp(ShmQp* qp, QpType type) {
+absl::StatusOr<QpEntry*> ShmDevice::AddQp(ShmQp* qp, QpType type, uint32_t pd) {
   absl::MutexLock lock(&control_mutex_);
   for (uint32_t index = 0; index < kMaxQps; ++index) {
     QpEntry& entry = segment_->header()->qps[index];
     if (entry.qp_num.load(std::memory_order_relaxed) != 0) continue;
     const uint32_t generation = (next_generation_++ % 4095) + 1;  // 12 bits, never 0
     entry.type = static_cast<uint8_t>(type);
+    entry.pd = pd;
     entry.state.store(static_cast<uint8_t>(QpState::kReset));
     entry.dropped.store(0);
     entry.retired.store(uint64_t{generation} << kRetiredCountBits);

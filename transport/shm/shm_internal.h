@@ -52,16 +52,21 @@ class Peer {
   // Our address for [addr, addr + length) of the peer's region `key` if the key is live, the
   // range lies inside it and `access` is granted; nullptr otherwise. The first access to a
   // region maps it (control-path cost once per region).
-  uint8_t* Resolve(uint32_t key, uint64_t addr, uint64_t length, uint32_t access);
+  // The region must belong to protection domain `pd` (the PD of the QP the access arrives on).
+  uint8_t* Resolve(uint32_t key, uint64_t addr, uint64_t length, uint32_t access, uint32_t pd);
 
  private:
   struct MappedRegion {
     uint32_t key = 0;
+    uint64_t addr = 0;  // the region as its entry said when we mapped it
+    uint64_t length = 0;
     uint8_t* local = nullptr;  // where the region's first byte is mapped here
     void* mapping = nullptr;   // for munmap (page-aligned); nullptr when in-process
     size_t mapping_bytes = 0;
   };
   explicit Peer(std::unique_ptr<SegmentMapping> segment);
+  // Maps region `key` as `entry` describes it now (every field validated); false if it cannot.
+  bool Map(MrEntry& entry, uint32_t key, MappedRegion* region);
   std::unique_ptr<SegmentMapping> segment_;
   bool same_process_;
   std::vector<MappedRegion> regions_;  // indexed by region index
@@ -81,10 +86,12 @@ class ShmDevice : public Device {
   SegmentMapping& segment() { return *segment_; }
   // Carves `bytes` from the segment's arena; returns its offset.
   absl::StatusOr<uint64_t> Carve(uint64_t bytes);
-  absl::StatusOr<uint32_t> AddRegion(uint64_t addr, uint64_t length, uint32_t access, int fd,
-                                     uint64_t file_offset);
+  // A new protection domain's id (unique in this device, never 0).
+  uint32_t NewPdId() { return next_pd_.fetch_add(1, std::memory_order_relaxed); }
+  absl::StatusOr<uint32_t> AddRegion(uint32_t pd, uint64_t addr, uint64_t length, uint32_t access,
+                                     int fd, uint64_t file_offset);
   void RemoveRegion(uint32_t key);
-  absl::StatusOr<QpEntry*> AddQp(ShmQp* qp, QpType type);
+  absl::StatusOr<QpEntry*> AddQp(ShmQp* qp, QpType type, uint32_t pd);
   void RemoveQp(QpEntry* entry);
   const FaultOptions& faults() const { return faults_; }
   // Asynchronous mode (DeviceOptions::shm_async, or an injected delay): a progress thread runs
@@ -106,6 +113,7 @@ class ShmDevice : public Device {
   std::atomic<ShmQp*> progressing_{nullptr};
   // One past the highest QP table index ever used: the progress thread scans no further.
   std::atomic<uint32_t> qp_high_water_{0};
+  std::atomic<uint32_t> next_pd_{1};
   absl::Mutex control_mutex_;  // control path only: table slots and the arena
   uint32_t next_generation_ ABSL_GUARDED_BY(control_mutex_) = 1;
   std::atomic<ShmQp*> qps_[kMaxQps] = {};
@@ -113,22 +121,54 @@ class ShmDevice : public Device {
 
 class ShmCq : public CompletionQueue {
  public:
-  ShmCq(ShmDevice* device, uint64_t offset)
-      : device_(device), offset_(offset), ring_(device->segment().At<CqRing>(offset)) {}
+  ShmCq(ShmDevice* device, uint64_t offset, uint32_t depth)
+      : device_(device),
+        offset_(offset),
+        ring_(device->segment().At<CqRing>(offset)),
+        depth_(depth) {}
   size_t Poll(absl::Span<Completion> out) override;
   uint64_t offset() const { return offset_; }
+  uint32_t depth() const { return depth_; }
   ShmDevice* device() const { return device_; }
 
  private:
+  void SyncCounters() const override;
+  // Poll found that producers counted new overruns: count them and log (rate-limited).
+  void ReportOverruns(uint64_t overflows);
   ShmDevice* device_;
   uint64_t offset_;
   CqRing* ring_;
+  uint32_t depth_;                   // ours, not the ring's copy (which peers can write)
+  uint64_t reported_overflows_ = 0;  // Poll's view of ring_->overflows
+  int64_t last_overrun_log_ns_ = 0;
 };
 
-// Pushes one completion into a ring (any process); false when the ring is full (overrun).
-bool PushCompletion(CqRing* ring, const Completion& completion, uint64_t sq_sequence);
-// Takes one posted receive from a ring; false when none is posted.
-bool PopReceive(RecvRing* ring, RecvEntry* out);
+// Pushes one completion into a ring of `depth` entries (any process); false when the ring is full
+// (an overrun, counted in the ring). `depth` is the one the caller validated (ValidRing), never
+// re-read from the ring: its owner may change it.
+bool PushCompletion(CqRing* ring, uint32_t depth, const Completion& completion,
+                    uint64_t sq_sequence);
+// Takes one posted receive from a ring of `depth` (validated) entries; false when none is posted.
+// A receive shorter than `min_length` is left posted: false, with *too_small set.
+bool PopReceive(RecvRing* ring, uint32_t depth, RecvEntry* out, uint64_t min_length = 0,
+                bool* too_small = nullptr);
+
+// The ring of type Ring (RecvRing, CqRing) at `offset` of a mapped segment, with its depth read
+// once into *depth, or nullptr when its header or its entries would not lie inside the segment's
+// arena, it is misaligned, or its depth is 0: what a hostile or corrupt peer segment says.
+template <typename Ring, typename Entry>
+Ring* ValidRing(const SegmentMapping& segment, uint64_t offset, uint32_t* depth) {
+  constexpr uint64_t kArenaStart = sizeof(SegmentHeader);
+  if (offset < kArenaStart || offset % kRingAlignment != 0 ||
+      offset > kSegmentBytes - sizeof(Ring)) {
+    return nullptr;
+  }
+  Ring* ring = segment.At<Ring>(offset);
+  const uint32_t d = std::atomic_ref<uint32_t>(ring->depth).load(std::memory_order_relaxed);
+  if (d == 0 || uint64_t{d} * sizeof(Entry) > kSegmentBytes - sizeof(Ring) - offset) return nullptr;
+  *depth = d;
+  return ring;
+}
 
 }  // namespace transport::shm
 

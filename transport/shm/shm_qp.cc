@@ -1,8 +1,10 @@
 // The shared-memory fabric's data path: PostSend executes each WR against the peer's segment.
 #include "transport/shm/shm_qp.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <numeric>
 #include <thread>
 
 #include "absl/strings/str_format.h"
@@ -22,6 +24,23 @@ constexpr uint8_t kRnrRetryForever = 7;
 constexpr uint32_t kAtomicBytes = 8;
 
 bool IsError(QpState state) { return state == QpState::kError; }
+
+// Seeds write disorder's generator apart from the loss generator of the same QP.
+constexpr uint64_t kDisorderStream = 0x6469736f72646572ull;  // "disorder"
+constexpr uint64_t kWordBytes = 8;
+
+// splitmix64: one multiply-xorshift step per draw.
+uint64_t NextRandom(uint64_t* state) {
+  uint64_t z = (*state += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+// A uniform double in [0, 1) from the top 53 bits of a draw.
+double NextUniform(uint64_t* state) {
+  return static_cast<double>(NextRandom(state) >> 11) * 0x1.0p-53;
+}
 
 CompletionOpcode CompletionOpcodeOf(Opcode opcode) {
   switch (opcode) {
@@ -43,7 +62,8 @@ CompletionOpcode CompletionOpcodeOf(Opcode opcode) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<ShmQp>> ShmQp::Create(ShmDevice* device, const QpConfig& config) {
+absl::StatusOr<std::unique_ptr<ShmQp>> ShmQp::Create(ShmDevice* device, const QpConfig& config,
+                                                     uint32_t pd) {
   if (config.send_cq == nullptr || config.recv_cq == nullptr) {
     return absl::InvalidArgumentError("a QP needs a send CQ and a receive CQ");
   }
@@ -60,18 +80,20 @@ absl::StatusOr<std::unique_ptr<ShmQp>> ShmQp::Create(ShmDevice* device, const Qp
     return absl::InvalidArgumentError("the shm fabric supports exactly one SGE per receive");
   }
   std::unique_ptr<ShmQp> qp(new ShmQp(device, config));
+  qp->pd_ = pd;
   absl::StatusOr<uint64_t> ring =
       device->Carve(sizeof(RecvRing) + uint64_t{config.max_recv_wr} * sizeof(RecvEntry));
   if (!ring.ok()) return ring.status();
   qp->recv_ring_ = new (device->segment().base() + *ring) RecvRing();
   qp->recv_ring_->depth = config.max_recv_wr;
-  absl::StatusOr<QpEntry*> entry = device->AddQp(qp.get(), config.type);
+  absl::StatusOr<QpEntry*> entry = device->AddQp(qp.get(), config.type, pd);
   if (!entry.ok()) return entry.status();
   qp->entry_ = *entry;
   qp->entry_->recv_ring_offset = *ring;
   qp->entry_->recv_cq_offset = recv_cq->offset();
   qp->send_cq_ = send_cq;
   qp->loss_state_ = device->faults().seed ^ (uint64_t{qp->number()} << 32);
+  qp->disorder_state_ = qp->loss_state_ ^ kDisorderStream;
   if (device->async()) {
     qp->pending_.resize(config.max_send_wr);
     qp->pending_sges_.resize(uint64_t{config.max_send_wr} * config.max_send_sge);
@@ -81,7 +103,15 @@ absl::StatusOr<std::unique_ptr<ShmQp>> ShmQp::Create(ShmDevice* device, const Qp
 }
 
 ShmQp::~ShmQp() {
-  if (entry_ != nullptr) device_->RemoveQp(entry_);
+  if (entry_ != nullptr) {
+    SyncCounters();  // the last inbound drops, before the table entry goes
+    device_->RemoveQp(entry_);
+  }
+}
+
+void ShmQp::SyncCounters() const {
+  const uint64_t inbound = entry_ == nullptr ? 0 : entry_->dropped.load(std::memory_order_relaxed);
+  counters_.dropped.RaiseTo(outbound_dropped_.Get() + inbound);
 }
 
 QpState ShmQp::state() const {
@@ -138,12 +168,12 @@ absl::Status ShmQp::PostRecv(RecvWr* chain, RecvWr** bad) {
       *bad = wr;
       return absl::InvalidArgumentError("shm receives take exactly one SGE");
     }
-    if (tail - recv_ring_->head.load(std::memory_order_acquire) >= recv_ring_->depth) {
+    const uint32_t depth = config_.max_recv_wr;  // not the ring's copy: peers can write it
+    if (tail - recv_ring_->head.load(std::memory_order_acquire) >= depth) {
       *bad = wr;
-      return absl::ResourceExhaustedError(
-          absl::StrFormat("receive queue full (%d)", recv_ring_->depth));
+      return absl::ResourceExhaustedError(absl::StrFormat("receive queue full (%d)", depth));
     }
-    recv_ring_->entries[tail % recv_ring_->depth] =
+    recv_ring_->entries[tail % depth] =
         RecvEntry{wr->wr_id, wr->sg_list[0].addr, wr->sg_list[0].length, wr->sg_list[0].lkey};
     recv_ring_->tail.store(tail + 1, std::memory_order_release);
     counters_.recv_wrs.Add();
@@ -271,14 +301,16 @@ void ShmQp::Complete(const SendWr& wr, CompletionStatus status, uint32_t byte_le
   c.opcode = CompletionOpcodeOf(wr.opcode);
   c.byte_len = byte_len;
   c.qp_num = number();
-  PushCompletion(device_->segment().At<CqRing>(send_cq_->offset()), c, sequence);
+  PushCompletion(device_->segment().At<CqRing>(send_cq_->offset()), send_cq_->depth(), c, sequence);
 }
 
 uint8_t* ShmQp::LocalBuffer(const Sge& sge, uint32_t need_access) const {
   const uint32_t index = sge.lkey >> kMrIndexShift;
   if (index >= kMaxMrs) return nullptr;
   const MrEntry& entry = device_->segment().header()->mrs[index];
-  if (!Grants(entry, sge.lkey, sge.addr, sge.length, need_access)) return nullptr;
+  if (!Grants(entry, sge.lkey, sge.addr, sge.length, need_access) || entry.pd != pd_) {
+    return nullptr;
+  }
   return reinterpret_cast<uint8_t*>(sge.addr);
 }
 
@@ -297,13 +329,13 @@ std::optional<CompletionStatus> ShmQp::Execute(const SendWr& wr, uint32_t* byte_
     }
   }
   if (InjectLoss()) {
-    counters_.dropped.Add();
+    outbound_dropped_.Add();
     return CompletionStatus::kSuccess;
   }
   Peer* peer = PeerFor(wr);
   if (peer == nullptr || peer->header()->alive.load(std::memory_order_acquire) == 0) {
     if (reliable) return CompletionStatus::kRetryExceeded;
-    counters_.dropped.Add();
+    outbound_dropped_.Add();
     return CompletionStatus::kSuccess;
   }
   switch (wr.opcode) {
@@ -312,17 +344,31 @@ std::optional<CompletionStatus> ShmQp::Execute(const SendWr& wr, uint32_t* byte_
       const uint32_t dst = config_.type == QpType::kUd ? wr.remote_qpn : connect_.remote.qp_num;
       return Deliver(*peer, dst, wr, byte_len, rnr);
     }
-    case Opcode::kWrite:
-      return RdmaWrite(*peer, wr);
     case Opcode::kWriteWithImm:
       return Deliver(*peer, connect_.remote.qp_num, wr, byte_len, rnr);
+    case Opcode::kWrite:
     case Opcode::kRead:
-      if (!reliable) return CompletionStatus::kLocalQpOperationError;
-      return RdmaRead(*peer, wr, byte_len);
     case Opcode::kCompareSwap:
     case Opcode::kFetchAdd:
-      if (!reliable) return CompletionStatus::kLocalQpOperationError;
-      return Atomic(*peer, wr);
+      break;
+  }
+  if (!reliable && wr.opcode != Opcode::kWrite) return CompletionStatus::kLocalQpOperationError;
+  QpEntry* responder = Responder(*peer);
+  if (responder == nullptr) {
+    if (reliable) return CompletionStatus::kRetryExceeded;
+    outbound_dropped_.Add();
+    return CompletionStatus::kSuccess;
+  }
+  switch (wr.opcode) {
+    case Opcode::kWrite:
+      return RdmaWrite(*peer, *responder, wr);
+    case Opcode::kRead:
+      return RdmaRead(*peer, *responder, wr, byte_len);
+    case Opcode::kCompareSwap:
+    case Opcode::kFetchAdd:
+      return Atomic(*peer, *responder, wr);
+    default:
+      break;
   }
   return CompletionStatus::kLocalQpOperationError;
 }
@@ -333,20 +379,62 @@ bool ShmQp::InjectLoss() {
   if (config_.type == QpType::kUd) probability = faults.ud_loss;
   if (config_.type == QpType::kUc) probability = faults.uc_loss;
   if (probability <= 0) return false;
-  // splitmix64: one multiply-xorshift step per WR; the top 53 bits make a uniform double.
-  uint64_t z = (loss_state_ += 0x9e3779b97f4a7c15ull);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  z ^= z >> 31;
-  return static_cast<double>(z >> 11) * 0x1.0p-53 < probability;
+  return NextUniform(&loss_state_) < probability;
 }
 
-CompletionStatus ShmQp::RdmaWrite(Peer& peer, const SendWr& wr) {
+void ShmQp::DisorderedCopy(uint8_t* dst, const SendWr& wr, uint64_t length) {
+  // Copies the WRITE's bytes [begin, end) (gathered from its SGEs) to dst + begin.
+  auto copy = [&](uint64_t begin, uint64_t end) {
+    uint64_t at = 0;
+    for (uint32_t i = 0; i < wr.num_sge && at < end; ++i) {
+      const uint64_t sge_end = at + wr.sg_list[i].length;
+      const uint64_t from = std::max(begin, at), to = std::min(end, sge_end);
+      if (from < to) {
+        std::memcpy(dst + from, reinterpret_cast<const uint8_t*>(wr.sg_list[i].addr) + (from - at),
+                    to - from);
+      }
+      at = sge_end;
+    }
+  };
+  auto copy_word = [&](uint64_t word) {
+    copy(word * kWordBytes, std::min(length, (word + 1) * kWordBytes));
+  };
+  const uint64_t words = (length + kWordBytes - 1) / kWordBytes;
+  if (words == 0) return;
+  // A random order without a table: start anywhere, step by a stride coprime with the count.
+  uint64_t word = NextRandom(&disorder_state_) % words;
+  uint64_t stride = 1 + NextRandom(&disorder_state_) % words;
+  while (std::gcd(stride, words) != 1) stride = stride % words + 1;
+  for (uint64_t k = 0; k < words; ++k, word = (word + stride) % words) copy_word(word);
+  std::this_thread::sleep_for(std::chrono::microseconds(device_->faults().disorder_pause_us));
+  // Again: each word but the last with probability 1/2, then the last one.
+  uint64_t bits = 0;
+  for (uint64_t w = 0; w + 1 < words; ++w, bits >>= 1) {
+    if (w % 64 == 0) bits = NextRandom(&disorder_state_);
+    if (bits & 1) copy_word(w);
+  }
+  copy_word(words - 1);
+}
+
+QpEntry* ShmQp::Responder(Peer& peer) const {
+  const uint32_t qpn = connect_.remote.qp_num;
+  QpEntry& entry = peer.header()->qps[qpn & ((1u << kQpIndexBits) - 1)];
+  return entry.qp_num.load(std::memory_order_acquire) == qpn ? &entry : nullptr;
+}
+
+CompletionStatus ShmQp::RdmaWrite(Peer& peer, QpEntry& responder, const SendWr& wr) {
   const uint64_t length = TotalLength(wr);
-  uint8_t* dst = peer.Resolve(wr.rkey, wr.remote_addr, length, kRemoteWrite);
+  uint8_t* dst = peer.Resolve(wr.rkey, wr.remote_addr, length, kRemoteWrite, responder.pd);
   if (dst == nullptr) {
     if (config_.type == QpType::kRc) return CompletionStatus::kRemoteAccessError;
-    counters_.dropped.Add();  // UC: the responder silently drops a bad WRITE
+    // UC: the responder silently drops a bad WRITE; both ends count it.
+    outbound_dropped_.Add();
+    responder.dropped.fetch_add(1, std::memory_order_relaxed);
+    return CompletionStatus::kSuccess;
+  }
+  if (const double p = device_->faults().write_disorder;
+      p > 0 && NextUniform(&disorder_state_) < p) {
+    DisorderedCopy(dst, wr, length);
     return CompletionStatus::kSuccess;
   }
   for (uint32_t i = 0; i < wr.num_sge; ++i) {
@@ -362,7 +450,7 @@ std::optional<CompletionStatus> ShmQp::Deliver(Peer& peer, uint32_t dst_qpn, con
   QpEntry& dst = peer.header()->qps[dst_qpn & ((1u << kQpIndexBits) - 1)];
   const auto dst_state = static_cast<QpState>(dst.state.load(std::memory_order_acquire));
   auto drop = [&]() -> CompletionStatus {
-    counters_.dropped.Add();
+    outbound_dropped_.Add();
     dst.dropped.fetch_add(1, std::memory_order_relaxed);
     return CompletionStatus::kSuccess;
   };
@@ -377,15 +465,29 @@ std::optional<CompletionStatus> ShmQp::Deliver(Peer& peer, uint32_t dst_qpn, con
   }
   // WRITE_WITH_IMM: the data goes to remote_addr; the receive only carries the immediate.
   const bool write_with_imm = wr.opcode == Opcode::kWriteWithImm;
-  if (write_with_imm && peer.Resolve(wr.rkey, wr.remote_addr, length, kRemoteWrite) == nullptr) {
+  if (write_with_imm &&
+      peer.Resolve(wr.rkey, wr.remote_addr, length, kRemoteWrite, dst.pd) == nullptr) {
     return reliable ? CompletionStatus::kRemoteAccessError : drop();
   }
-  auto* ring = peer.segment().At<RecvRing>(dst.recv_ring_offset);
+  // The receiver's rings as its segment describes them now: validated before any use.
+  uint32_t ring_depth = 0, cq_depth = 0;
+  auto* ring = ValidRing<RecvRing, RecvEntry>(
+      peer.segment(),
+      std::atomic_ref<uint64_t>(dst.recv_ring_offset).load(std::memory_order_relaxed), &ring_depth);
+  auto* cq = ValidRing<CqRing, CqEntry>(
+      peer.segment(), std::atomic_ref<uint64_t>(dst.recv_cq_offset).load(std::memory_order_relaxed),
+      &cq_depth);
+  if (ring == nullptr || cq == nullptr) return reliable ? CompletionStatus::kRetryExceeded : drop();
+  // UD: a message larger than the receive at the head is the sender's problem: dropped (counted
+  // at the receiver) before it takes the receive; the receiver's QP stays usable.
+  const uint64_t min_length = config_.type == QpType::kUd ? length + grh : 0;
+  bool too_small = false;
   RecvEntry recv;
   const auto started = std::chrono::steady_clock::now();
   const bool forever = connect_.rnr_retry == kRnrRetryForever;
-  for (uint32_t attempt = 0; !PopReceive(ring, &recv); ++attempt) {
-    if (!reliable) return drop();
+  for (uint32_t attempt = 0; !PopReceive(ring, ring_depth, &recv, min_length, &too_small);
+       ++attempt) {
+    if (!reliable || too_small) return drop();
     if (rnr != nullptr) {  // asynchronous: one attempt now, the next after the RNR timer
       if (!forever && rnr->attempts >= connect_.rnr_retry) {
         return CompletionStatus::kRnrRetryExceeded;
@@ -409,12 +511,12 @@ std::optional<CompletionStatus> ShmQp::Deliver(Peer& peer, uint32_t dst_qpn, con
   c.byte_len = static_cast<uint32_t>(length) + grh;
   CompletionStatus sender_status = CompletionStatus::kSuccess;
   if (write_with_imm) {
-    if (RdmaWrite(peer, wr) != CompletionStatus::kSuccess)
+    if (RdmaWrite(peer, dst, wr) != CompletionStatus::kSuccess)
       return CompletionStatus::kRemoteAccessError;
   } else {
     uint8_t* buffer = recv.length < length + grh
                           ? nullptr
-                          : peer.Resolve(recv.lkey, recv.addr, length + grh, kLocalWrite);
+                          : peer.Resolve(recv.lkey, recv.addr, length + grh, kLocalWrite, dst.pd);
     if (buffer == nullptr) {
       c.status = recv.length < length + grh ? CompletionStatus::kLocalLengthError
                                             : CompletionStatus::kLocalProtectionError;
@@ -429,16 +531,17 @@ std::optional<CompletionStatus> ShmQp::Deliver(Peer& peer, uint32_t dst_qpn, con
       }
     }
   }
-  if (!PushCompletion(peer.segment().At<CqRing>(dst.recv_cq_offset), c, 0)) {
+  if (!PushCompletion(cq, cq_depth, c, 0)) {
     dst.dropped.fetch_add(1, std::memory_order_relaxed);  // receiver's CQ overran
   }
   *byte_len = static_cast<uint32_t>(length);
   return sender_status;
 }
 
-CompletionStatus ShmQp::RdmaRead(Peer& peer, const SendWr& wr, uint32_t* byte_len) {
+CompletionStatus ShmQp::RdmaRead(Peer& peer, const QpEntry& responder, const SendWr& wr,
+                                 uint32_t* byte_len) {
   const uint64_t length = TotalLength(wr);
-  const uint8_t* src = peer.Resolve(wr.rkey, wr.remote_addr, length, kRemoteRead);
+  const uint8_t* src = peer.Resolve(wr.rkey, wr.remote_addr, length, kRemoteRead, responder.pd);
   if (src == nullptr) return CompletionStatus::kRemoteAccessError;
   for (uint32_t i = 0; i < wr.num_sge; ++i) {
     uint8_t* dst = LocalBuffer(wr.sg_list[i], kLocalWrite);
@@ -450,12 +553,13 @@ CompletionStatus ShmQp::RdmaRead(Peer& peer, const SendWr& wr, uint32_t* byte_le
   return CompletionStatus::kSuccess;
 }
 
-CompletionStatus ShmQp::Atomic(Peer& peer, const SendWr& wr) {
+CompletionStatus ShmQp::Atomic(Peer& peer, const QpEntry& responder, const SendWr& wr) {
   if (wr.num_sge != 1 || wr.sg_list[0].length != kAtomicBytes) {
     return CompletionStatus::kLocalLengthError;
   }
   if (wr.remote_addr % kAtomicBytes != 0) return CompletionStatus::kRemoteInvalidRequest;
-  uint8_t* target = peer.Resolve(wr.rkey, wr.remote_addr, kAtomicBytes, kRemoteAtomic);
+  uint8_t* target =
+      peer.Resolve(wr.rkey, wr.remote_addr, kAtomicBytes, kRemoteAtomic, responder.pd);
   if (target == nullptr) return CompletionStatus::kRemoteAccessError;
   uint8_t* result = LocalBuffer(wr.sg_list[0], kLocalWrite);
   if (result == nullptr) return CompletionStatus::kLocalProtectionError;

@@ -17,7 +17,8 @@ namespace transport::shm {
 
 class ShmQp : public QueuePair {
  public:
-  static absl::StatusOr<std::unique_ptr<ShmQp>> Create(ShmDevice* device, const QpConfig& config);
+  static absl::StatusOr<std::unique_ptr<ShmQp>> Create(ShmDevice* device, const QpConfig& config,
+                                                       uint32_t pd);
   ~ShmQp() override;
 
   absl::Status PostSend(SendWr* chain, SendWr** bad) override;
@@ -46,9 +47,13 @@ class ShmQp : public QueuePair {
   std::optional<CompletionStatus> Execute(const SendWr& wr, uint32_t* byte_len, RnrRetries* rnr);
   std::optional<CompletionStatus> Deliver(Peer& peer, uint32_t dst_qpn, const SendWr& wr,
                                           uint32_t* byte_len, RnrRetries* rnr);
-  CompletionStatus RdmaWrite(Peer& peer, const SendWr& wr);
-  CompletionStatus RdmaRead(Peer& peer, const SendWr& wr, uint32_t* byte_len);
-  CompletionStatus Atomic(Peer& peer, const SendWr& wr);
+  // The responder of an RDMA operation: our connected peer QP's table entry, or nullptr when that
+  // QP is gone (RC: retry exceeded; UC: a silent drop, as from a NIC).
+  QpEntry* Responder(Peer& peer) const;
+  CompletionStatus RdmaWrite(Peer& peer, QpEntry& responder, const SendWr& wr);
+  CompletionStatus RdmaRead(Peer& peer, const QpEntry& responder, const SendWr& wr,
+                            uint32_t* byte_len);
+  CompletionStatus Atomic(Peer& peer, const QpEntry& responder, const SendWr& wr);
   // Our address for a local SGE, or nullptr if its key or range is wrong.
   uint8_t* LocalBuffer(const Sge& sge, uint32_t need_access) const;
   Peer* PeerFor(const SendWr& wr);
@@ -76,6 +81,7 @@ class ShmQp : public QueuePair {
   std::atomic<uint64_t> pending_tail_{0};  // written by PostSend
   std::atomic<uint64_t> pending_head_{0};  // written by the progress thread
   ShmDevice* device_;
+  uint32_t pd_ = 0;  // our protection domain: local SGEs must be registered in it
   QpEntry* entry_ = nullptr;
   RecvRing* recv_ring_ = nullptr;
   ShmCq* send_cq_ = nullptr;
@@ -83,9 +89,17 @@ class ShmQp : public QueuePair {
   std::unique_ptr<Peer> connected_peer_;  // RC/UC
   // True when fault injection loses the next WR (UD SEND; UC WRITE or SEND).
   bool InjectLoss();
+  // Fault injection: lands a WRITE's bytes at `dst` out of order and partly twice (see
+  // FaultOptions::write_disorder).
+  void DisorderedCopy(uint8_t* dst, const SendWr& wr, uint64_t length);
 
-  uint64_t posted_ = 0;      // send WRs posted, ever
-  uint64_t loss_state_ = 0;  // fault injection generator (splitmix64 state)
+  void SyncCounters() const override;
+  // This QP's own messages lost silently (the outbound half of counters().dropped).
+  Counter outbound_dropped_;
+
+  uint64_t posted_ = 0;          // send WRs posted, ever
+  uint64_t loss_state_ = 0;      // fault injection generator (splitmix64 state)
+  uint64_t disorder_state_ = 0;  // write disorder's own generator: loss draws stay as they were
 };
 
 }  // namespace transport::shm

@@ -1,0 +1,272 @@
+// Tests of the shared-memory fabric's internals: the completion ring under concurrent producers,
+// CQ overruns, and peers whose segments are hostile.
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "tests/transport/fabric_fixture.h"
+#include "transport/shm/shm_internal.h"
+
+namespace transport::testing {
+namespace {
+
+// The ring a signalled producer stalls on (see StallUntilHeadMoves).
+std::atomic<shm::CqRing*> g_stalled_ring{nullptr};
+
+// A signal handler that stalls the interrupted producer wherever it is (as a preemption would)
+// until the consumer has moved on by a ring's worth, or a bounded while: a producer stalled
+// between reading the tail and reading the head then sees a head past its tail.
+void StallUntilHeadMoves(int) {
+  constexpr uint64_t kSpinLimit = 200000;  // bounded: the ring may be waiting for this producer
+  shm::CqRing* ring = g_stalled_ring.load();
+  if (ring == nullptr) return;
+  const uint64_t start = ring->head.load(std::memory_order_acquire);
+  for (uint64_t i = 0; i < kSpinLimit; ++i) {
+    if (ring->head.load(std::memory_order_acquire) - start > ring->depth) return;
+  }
+}
+
+shm::ShmCq& AsShm(CompletionQueue& cq) { return dynamic_cast<shm::ShmCq&>(cq); }
+shm::CqRing* RingOf(shm::ShmCq& cq) { return cq.device()->segment().At<shm::CqRing>(cq.offset()); }
+
+// Several producers push into a small completion ring while one consumer drains it. Each
+// producer keeps at most its share of the ring outstanding, so the ring can never really be
+// full: every push must succeed and every completion must arrive, exactly once. A producer whose
+// view of the tail is stale (others pushed and the consumer caught up past it) must not take
+// that for an overflow.
+TEST(ShmCompletionRing, ConcurrentProducersNeverLoseACompletion) {
+  constexpr uint32_t kProducers = 4;
+  constexpr uint32_t kDepth = 8;                    // small: head passes a stale tail often
+  constexpr uint32_t kShare = kDepth / kProducers;  // outstanding per producer: never full
+  constexpr uint64_t kPushesPerProducer = 200000;   // bounded; about a second here
+  constexpr uint32_t kSeed = 20240601;              // fixed: reproducible pacing
+  auto node = MakeNode("shm");
+  ASSERT_NE(node, nullptr);
+  auto cq = node->device->CreateCq(kDepth);
+  ASSERT_TRUE(cq.ok()) << cq.status();
+  shm::ShmCq& ring_cq = AsShm(**cq);
+  shm::CqRing* ring = RingOf(ring_cq);
+
+  // Stall producers at random points, often: the race that a scheduler produces now and then on
+  // a loaded machine happens within the test's bounded run.
+  struct sigaction action = {};
+  action.sa_handler = StallUntilHeadMoves;
+  ASSERT_EQ(sigaction(SIGUSR1, &action, nullptr), 0);
+  g_stalled_ring.store(ring);
+
+  std::atomic<uint64_t> received[kProducers] = {};
+  std::atomic<uint64_t> failed_pushes{0};
+  std::atomic<uint32_t> producers_done{0};
+  std::vector<std::thread> producers;
+  for (uint32_t p = 0; p < kProducers; ++p) {
+    producers.emplace_back([&, p] {
+      for (uint64_t i = 0; i < kPushesPerProducer; ++i) {
+        while (i - received[p].load(std::memory_order_acquire) >= kShare) {
+        }
+        Completion c;
+        c.wr_id = (uint64_t{p} << 48) | i;
+        c.qp_num = p;
+        if (!shm::PushCompletion(ring, kDepth, c, 0)) {
+          failed_pushes.fetch_add(1);
+          received[p].fetch_add(1);  // lost: do not wait for it
+        }
+      }
+      producers_done.fetch_add(1);
+    });
+  }
+  std::atomic<bool> stop_stalls{false};
+  std::thread staller([&] {
+    constexpr auto kStallInterval = std::chrono::microseconds(50);
+    std::mt19937 random(kSeed);
+    while (!stop_stalls.load()) {
+      pthread_kill(producers[random() % kProducers].native_handle(), SIGUSR1);
+      std::this_thread::sleep_for(kStallInterval);
+    }
+  });
+  uint64_t out_of_order = 0;
+  uint64_t next[kProducers] = {};
+  Completion buffer[kDepth];
+  uint64_t total = 0;
+  while (total < kProducers * kPushesPerProducer) {
+    const size_t n = (*cq)->Poll(absl::MakeSpan(buffer, kDepth));
+    for (size_t k = 0; k < n; ++k) {
+      const uint32_t p = buffer[k].qp_num;
+      ASSERT_LT(p, kProducers);
+      if ((buffer[k].wr_id & ((uint64_t{1} << 48) - 1)) != next[p]) ++out_of_order;
+      next[p] = (buffer[k].wr_id & ((uint64_t{1} << 48) - 1)) + 1;
+      received[p].fetch_add(1, std::memory_order_release);
+    }
+    total += n;
+    if (n == 0 && producers_done.load() == kProducers) {
+      total = 0;
+      for (uint32_t p = 0; p < kProducers; ++p) total += received[p].load();
+      if (total == kProducers * kPushesPerProducer) break;
+    }
+  }
+  stop_stalls.store(true);
+  staller.join();
+  for (std::thread& t : producers) t.join();
+  g_stalled_ring.store(nullptr);
+  EXPECT_EQ(failed_pushes.load(), 0u) << "a push into a ring with room reported an overflow";
+  EXPECT_EQ(out_of_order, 0u);
+}
+
+// A receive CQ too shallow for what arrives: the completions that do not fit are lost, and that
+// is never silent. The CQ counts the overruns, the receiving QP counts the messages dropped, the
+// device's counters (and their JSON) show both.
+TEST(ShmCompletionRing, ARealOverrunShowsUpInTheCounters) {
+  constexpr uint32_t kCqDepth = 2;
+  constexpr uint32_t kMessages = 5;  // kMessages - kCqDepth completions cannot fit
+  auto a = MakeNode("shm");
+  auto b = MakeNode("shm");
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  auto shallow = *b->device->CreateCq(kCqDepth);
+  QpConfig config;
+  config.type = QpType::kUd;
+  config.send_cq = b->send_cq.get();
+  config.recv_cq = shallow.get();
+  auto qb = *b->pd->CreateQp(config);
+  auto qa = MakeQp(*a, QpType::kUd);
+  ASSERT_TRUE(qa->Connect(ConnectConfig{}).ok());
+  ASSERT_TRUE(qb->Connect(ConnectConfig{}).ok());
+  for (uint32_t i = 0; i < kMessages; ++i) {
+    ASSERT_TRUE(PostRecv(*qb, *b, i, 256 * i, 256).ok());
+  }
+  auto ah = *a->pd->CreateAddressHandle(AddressInfo{0, b->device->port().gid});
+  Sge sge = a->sge(0, 16);
+  SendWr wr;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.ah = ah.get();
+  wr.remote_qpn = qb->qp_num();
+  wr.remote_qkey = ConnectConfig{}.qkey;
+  for (uint32_t i = 0; i < kMessages; ++i) ASSERT_TRUE(Post(*qa, wr).ok());
+  EXPECT_EQ(PollN(*shallow, kMessages, kQuietPeriod).size(), kCqDepth);
+  EXPECT_EQ(shallow->counters().overruns.Get(), kMessages - kCqDepth);
+  EXPECT_EQ(qb->counters().dropped.Get(), kMessages - kCqDepth);
+  const CounterSnapshot counters = b->device->counters();
+  EXPECT_EQ(counters.cq_overruns, kMessages - kCqDepth);
+  EXPECT_EQ(counters.dropped, kMessages - kCqDepth);
+  EXPECT_NE(counters.ToJson().find("\"cq_overruns\":3"), std::string::npos) << counters.ToJson();
+}
+
+// ---------------------------------------------------------------- hostile peer segments
+// Everything a peer's segment says is input from the peer, as a request's bytes are: a forged or
+// corrupt one must give an error or a counted drop, never SIGBUS, SIGFPE or SIGSEGV here.
+class HostileSegment : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    a_ = MakeNode("shm");
+    b_ = MakeNode("shm");
+    ASSERT_NE(a_, nullptr);
+    ASSERT_NE(b_, nullptr);
+  }
+  // A GID in our fabric that names file descriptor `fd` of this process.
+  Gid ForgedGid(int fd) const {
+    shm::ShmAddress address;
+    std::memcpy(&address, a_->device->port().gid.data(), sizeof(address));
+    address.pid = getpid();
+    address.fd = fd;
+    Gid gid;
+    std::memcpy(gid.data(), &address, sizeof(address));
+    return gid;
+  }
+  shm::SegmentMapping& SegmentOf(Node& node) {
+    return dynamic_cast<shm::ShmDevice&>(*node.device).segment();
+  }
+  shm::QpEntry& EntryOf(Node& node, const QueuePair& qp) {
+    return SegmentOf(node).header()->qps[qp.qp_num() & ((1u << shm::kQpIndexBits) - 1)];
+  }
+  // Sends one UD message from a new QP of a_ to `qb` of b_; returns the sender's completion.
+  Completion SendUd(QueuePair& qb) {
+    qa_ = MakeQp(*a_, QpType::kUd);
+    EXPECT_TRUE(qa_->Connect(ConnectConfig{}).ok());
+    ah_ = *a_->pd->CreateAddressHandle(AddressInfo{0, b_->device->port().gid});
+    Sge sge = a_->sge(0, 16);
+    SendWr wr;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    wr.flags = kSignaled;
+    wr.ah = ah_.get();
+    wr.remote_qpn = qb.qp_num();
+    wr.remote_qkey = ConnectConfig{}.qkey;
+    EXPECT_TRUE(Post(*qa_, wr).ok());
+    std::vector<Completion> done = PollN(*a_->send_cq, 1);
+    EXPECT_EQ(done.size(), 1u);
+    return done.empty() ? Completion{} : done[0];
+  }
+  std::unique_ptr<Node> a_, b_;
+  std::unique_ptr<QueuePair> qa_;
+  std::unique_ptr<AddressHandle> ah_;
+};
+
+TEST_F(HostileSegment, AGidNamingAnEmptyFileIsAnErrorNotSigbus) {
+  const int fd = memfd_create("empty", MFD_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  auto qa = MakeQp(*a_, QpType::kRc);
+  ConnectConfig config;
+  config.remote.qp_num = 1;
+  config.remote.gid = ForgedGid(fd);
+  const absl::Status status = qa->Connect(config);
+  EXPECT_FALSE(status.ok());
+  EXPECT_NE(status.message().find("not a shm device"), std::string::npos) << status;
+  close(fd);
+}
+
+TEST_F(HostileSegment, AFullSizeFileOfGarbageIsAnError) {
+  constexpr uint32_t kSeed = 7;
+  const int fd = memfd_create("garbage", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(ftruncate(fd, shm::kSegmentBytes), 0);
+  // Garbage where the header is; sealed as a real segment is, so only the contents are wrong.
+  std::vector<uint8_t> garbage(sizeof(shm::SegmentHeader));
+  std::mt19937 random(kSeed);
+  for (uint8_t& byte : garbage) byte = static_cast<uint8_t>(random());
+  ASSERT_EQ(pwrite(fd, garbage.data(), garbage.size(), 0), static_cast<ssize_t>(garbage.size()));
+  ASSERT_EQ(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW), 0);
+  auto qa = MakeQp(*a_, QpType::kUc);
+  ConnectConfig config;
+  config.remote.qp_num = 1;
+  config.remote.gid = ForgedGid(fd);
+  EXPECT_FALSE(qa->Connect(config).ok());
+  close(fd);
+}
+
+TEST_F(HostileSegment, AReceiveRingOfDepthZeroIsADropNotSigfpe) {
+  auto qb = MakeQp(*b_, QpType::kUd);
+  ASSERT_TRUE(qb->Connect(ConnectConfig{}).ok());
+  ASSERT_TRUE(PostRecv(*qb, *b_, 1, 0, 256).ok());
+  shm::QpEntry& entry = EntryOf(*b_, *qb);
+  SegmentOf(*b_).At<shm::RecvRing>(entry.recv_ring_offset)->depth = 0;
+  EXPECT_EQ(SendUd(*qb).status, CompletionStatus::kSuccess);  // UD: silently dropped
+  EXPECT_EQ(qa_->counters().dropped.Get(), 1u);
+  EXPECT_EQ(qb->counters().dropped.Get(), 1u);
+}
+
+TEST_F(HostileSegment, RingsOutsideTheSegmentAreADropNotSigsegv) {
+  auto qb = MakeQp(*b_, QpType::kUd);
+  ASSERT_TRUE(qb->Connect(ConnectConfig{}).ok());
+  ASSERT_TRUE(PostRecv(*qb, *b_, 1, 0, 256).ok());
+  shm::QpEntry& entry = EntryOf(*b_, *qb);
+  const uint64_t cq_offset = entry.recv_cq_offset;
+  entry.recv_cq_offset = shm::kSegmentBytes - 8;  // the ring's header would end past the segment
+  EXPECT_EQ(SendUd(*qb).status, CompletionStatus::kSuccess);
+  EXPECT_EQ(qa_->counters().dropped.Get(), 1u);
+  entry.recv_cq_offset = cq_offset;
+  // A depth that reaches past the segment's end.
+  SegmentOf(*b_).At<shm::CqRing>(cq_offset)->depth = 0xffffffffu;
+  EXPECT_EQ(SendUd(*qb).status, CompletionStatus::kSuccess);
+  EXPECT_EQ(qa_->counters().dropped.Get(), 1u);
+}
+
+}  // namespace
+}  // namespace transport::testing
