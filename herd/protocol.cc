@@ -52,19 +52,32 @@ inline uint64_t LoadWord(const uint8_t* p) {
 
 }  // namespace
 
-uint64_t WireChecksum(uint64_t secret, const uint8_t* message, uint64_t length) {
-  // Position-dependent rounds over 8-byte words (the message is 8-byte padded); the length is
+namespace {
+
+// The checksum of a message given as two consecutive parts (a body, then a header), both whole
+// words: the same value WireChecksum computes over them laid end to end.
+uint64_t ChecksumOfParts(uint64_t secret, const uint8_t* body, uint64_t body_bytes,
+                         const uint8_t* header, uint64_t header_bytes) {
+  // Position-dependent rounds over 8-byte words (messages are 8-byte padded); the length is
   // mixed in so a prefix never matches its extension.
+  const uint64_t length = body_bytes + header_bytes;
   uint64_t h = secret ^ (length * kMixA);
   const uint64_t skip = length - kChecksumFromEnd;
   for (uint64_t at = 0; at + sizeof(uint64_t) <= length; at += sizeof(uint64_t)) {
     if (at == skip) continue;
-    h = Rotl(h ^ (LoadWord(message + at) * kMixB), 31) * kMixA;
+    const uint8_t* word = at < body_bytes ? body + at : header + (at - body_bytes);
+    h = Rotl(h ^ (LoadWord(word) * kMixB), 31) * kMixA;
   }
   h ^= h >> 33;
   h *= kMixC;
   h ^= h >> 29;
   return h;
+}
+
+}  // namespace
+
+uint64_t WireChecksum(uint64_t secret, const uint8_t* message, uint64_t length) {
+  return ChecksumOfParts(secret, message, length, nullptr, 0);
 }
 
 uint32_t EncodeRequest(const RequestHeader& header, std::string_view key, std::string_view value,
@@ -100,10 +113,15 @@ Parse ParseRequest(const uint8_t* message, uint32_t length, const RequestLimits&
   const uint64_t need = uint64_t{Pad8(h.key_bytes)} + Pad8(h.value_bytes) + kRequestHeaderBytes;
   if (need > length) return Parse::kIncomplete;
   const uint8_t* start = message + length - need;
-  // The checksum is computed over the message in place; if bytes change after this check, the
-  // change is a later WRITE of the same session into its own slot (only it knows the secret),
-  // which the client library never does to a request that has not been answered.
-  if (WireChecksum(secret, start, need) != h.checksum) return Parse::kIncomplete;
+  // The header is checked as copied (the copy is what the worker acts on; bytes landing after
+  // the copy must not make a torn copy pass), the key and value in place. Those can change after
+  // the check only by a later WRITE of the same session into its own slot (only it knows the
+  // secret): a retransmission, whose key and value are the same bytes.
+  if (ChecksumOfParts(secret, start, need - kRequestHeaderBytes,
+                      reinterpret_cast<const uint8_t*>(&out->header),
+                      kRequestHeaderBytes) != h.checksum) {
+    return Parse::kIncomplete;
+  }
   out->key = std::string_view(reinterpret_cast<const char*>(start), h.key_bytes);
   out->value =
       std::string_view(reinterpret_cast<const char*>(start + Pad8(h.key_bytes)), h.value_bytes);

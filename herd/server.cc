@@ -134,9 +134,10 @@ absl::Status Server::Init() {
     memory.staging = r.staging->data();
     memory.staging_lkey = r.staging_mr->lkey();
     if (c.request_verb == RequestVerb::kUdSend) {
+      memory.receive_bytes =
+          transport::kGrhBytes + std::max(c.slot_bytes, device_->port().active_mtu);
       absl::StatusOr<transport::SharedMemory> receives = transport::SharedMemory::Allocate(
-          uint64_t{c.recv_depth} * (transport::kGrhBytes + c.slot_bytes), "herd-receives",
-          options_.region_pages);
+          uint64_t{c.recv_depth} * memory.receive_bytes, "herd-receives", options_.region_pages);
       if (!receives.ok()) return receives.status();
       r.receives = std::make_unique<transport::SharedMemory>(*std::move(receives));
       if (absl::Status s = Take(

@@ -95,7 +95,7 @@ Worker::~Worker() = default;
 
 absl::Status Worker::PostInitialReceives() {
   if (config_.request_verb != RequestVerb::kUdSend) return absl::OkStatus();
-  const uint32_t bytes = transport::kGrhBytes + config_.slot_bytes;
+  const uint32_t bytes = memory_.receive_bytes;
   for (uint32_t i = 0; i < config_.recv_depth; ++i) {
     transport::Sge sge{reinterpret_cast<uint64_t>(memory_.receives + uint64_t{i} * bytes), bytes,
                        memory_.receives_lkey};
@@ -164,7 +164,7 @@ uint32_t Worker::GatherFromSlots() {
 uint32_t Worker::GatherFromReceives() {
   const uint32_t got = static_cast<uint32_t>(recv_cq_->Poll(absl::MakeSpan(recv_completions_)));
   uint32_t count = 0;
-  const uint32_t bytes = transport::kGrhBytes + config_.slot_bytes;
+  const uint32_t bytes = memory_.receive_bytes;
   for (uint32_t i = 0; i < got; ++i) {
     const transport::Completion& c = recv_completions_[i];
     const uint64_t buffer = c.wr_id;
@@ -176,8 +176,8 @@ uint32_t Worker::GatherFromReceives() {
     }
     const uint8_t* message = memory_.receives + buffer * bytes + transport::kGrhBytes;
     const uint32_t length = c.byte_len - transport::kGrhBytes;
-    if (length < kRequestHeaderBytes) {
-      counters_.dropped.Add();
+    if (length < kRequestHeaderBytes || length > config_.slot_bytes) {
+      counters_.rejected.Add();  // no request is shorter than its header or longer than a slot
       continue;
     }
     uint32_t client;
@@ -439,7 +439,7 @@ void Worker::RepostReceives(uint32_t count) {
   if (count == 0) return;
   for (uint32_t i = 0; i < count; ++i) {
     recv_wrs_[i] = transport::RecvWr{};
-    const uint32_t bytes = transport::kGrhBytes + config_.slot_bytes;
+    const uint32_t bytes = memory_.receive_bytes;
     recv_wrs_[i].wr_id =
         (recv_sges_[i].addr - reinterpret_cast<uint64_t>(memory_.receives)) / bytes;
     recv_wrs_[i].sg_list = &recv_sges_[i];

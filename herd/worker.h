@@ -60,6 +60,10 @@ struct WorkerMemory {
   uint32_t staging_lkey = 0;
   uint8_t* receives = nullptr;  // recv_depth UD request buffers (request_verb = ud_send)
   uint32_t receives_lkey = 0;
+  // Bytes of one receive buffer: the GRH area and a whole path-MTU payload, however small the
+  // slot. A UD message larger than its receive buffer is an error completion on a NIC, and rxe
+  // then moves the QP to the error state: one oversize request would silence the worker.
+  uint32_t receive_bytes = 0;
 };
 
 class Worker {

@@ -162,7 +162,10 @@ class Harness {
     memory.staging = staging_->data();
     memory.staging_lkey = staging_mr_->lkey();
     if (!config.request_uses_slots()) {
-      receives_ = Allocate(uint64_t{kRecvDepth} * (transport::kGrhBytes + config.slot_bytes));
+      // As the server sizes them: a whole path-MTU payload per receive.
+      memory.receive_bytes =
+          transport::kGrhBytes + std::max(config.slot_bytes, device_->port().active_mtu);
+      receives_ = Allocate(uint64_t{kRecvDepth} * memory.receive_bytes);
       receives_mr_ = Register(*pd_, *receives_, transport::kLocalWrite);
       memory.receives = receives_->data();
       memory.receives_lkey = receives_mr_->lkey();

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdio>
 #include <cstring>
 #include <thread>
 
@@ -402,7 +403,8 @@ TEST_P(Conformance, UdSendsCarryGrhAndSourceAndObeyTheMtu) {
 // A UD message within the MTU but larger than the posted receive buffer is the sender's
 // problem: one hostile client must not break a server's QP. shm drops it before it takes the
 // receive, counts it at the receiver, and the QP goes on delivering. A NIC may instead complete
-// the receive with a local length error (then this test checks only that); it accepts both.
+// the receive in error (rxe does, and puts the QP in the error state); it accepts both and
+// says which.
 TEST_P(Conformance, AUdMessageLargerThanTheReceiveBufferIsDroppedAndTheQpStaysUsable) {
   constexpr uint32_t kBuffer = 64;  // payload bytes the receive holds (after the GRH area)
   constexpr uint32_t kOversize = 200;
@@ -429,11 +431,18 @@ TEST_P(Conformance, AUdMessageLargerThanTheReceiveBufferIsDroppedAndTheQpStaysUs
   sge = a_->sge(4096, kFits);
   ASSERT_TRUE(Post(*qa, wr).ok());
   ASSERT_EQ(PollN(*a_->send_cq, 2).size(), 2u);
-  const std::vector<Completion> got = PollN(*b_->recv_cq, 1);
-  ASSERT_EQ(got.size(), 1u);
-  if (!IsShmBackend(GetParam()) && got[0].status == CompletionStatus::kLocalLengthError) {
-    return;  // the NIC's way: the receive completed in error
+  std::vector<Completion> got = PollN(*b_->recv_cq, 1);
+  ASSERT_GE(got.size(), 1u);
+  if (!IsShmBackend(GetParam()) && got[0].status != CompletionStatus::kSuccess) {
+    // A NIC's way: the oversize message consumed a receive, in error. rxe (kernel 6.1) reports
+    // LOC_QP_OP_ERR and moves the UD QP to the error state, flushing the rest: so a receiver
+    // cannot rely on the fabric here, and herd sizes its workers' UD receives to the path MTU,
+    // so no message a sender can get through the network is ever too large for them.
+    std::printf("oversize UD receive completed with %s; receiver QP %s\n", ToString(got[0].status),
+                ToString(qb->state()));
+    return;
   }
+  ASSERT_EQ(got.size(), 1u);
   EXPECT_EQ(got[0].status, CompletionStatus::kSuccess) << ToString(got[0].status);
   EXPECT_EQ(got[0].byte_len, kGrhBytes + kFits);
   const size_t at = got[0].wr_id == 1 ? 0 : 1024;
