@@ -151,20 +151,26 @@ TEST(Herd, AClientKilledMidRunDoesNotStallTheOthers) {
     auto client = Join(server, fabric, 2);
     if (client == nullptr) _exit(1);
     std::vector<Result> results(16);
-    char one = 1;
-    (void)!write(ready[1], &one, 1);
+    // Tells the test once it has had this many answers: it is provably mid-run when killed.
+    constexpr uint64_t kAnswersBeforeReady = 200;
+    uint64_t answered = 0;
+    bool told = false;
     for (uint64_t i = 0;; ++i) {  // hammer until killed
       const std::string key = absl::StrFormat("k%d", i % 50);
       if (client->CanSubmit(i % 2, mica::KeyHash(key))) {
         (void)client->Submit(i % 2, Op::kPut, key, "v", 0, i);
       }
-      client->Poll(absl::MakeSpan(results));
+      answered += client->Poll(absl::MakeSpan(results));
+      if (!told && answered >= kAnswersBeforeReady) {
+        char one = 1;
+        (void)!write(ready[1], &one, 1);
+        told = true;
+      }
     }
   }
   char one;
-  ASSERT_EQ(read(ready[0], &one, 1), 1);
-  usleep(50 * 1000);
-  ASSERT_EQ(kill(victim, SIGKILL), 0);
+  ASSERT_EQ(read(ready[0], &one, 1), 1) << "the victim never got 200 answers";
+  ASSERT_EQ(kill(victim, SIGKILL), 0);  // with requests outstanding
   ASSERT_EQ(waitpid(victim, nullptr, 0), victim);
   auto survivor = Join(server, fabric, 1);
   ASSERT_NE(survivor, nullptr);
