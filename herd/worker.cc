@@ -7,6 +7,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "glog/logging.h"
+#include "herd/slot_scanner.h"
 #include "mica/keyhash.h"
 
 namespace herd {
@@ -28,8 +29,6 @@ constexpr uint32_t kFromReceive = UINT32_MAX;
 // microseconds on a NIC and in well under this on Soft-RoCE under emulation; bytes that never
 // check out were not written by the slot's session (or were corrupted), and get no answer.
 constexpr int64_t kIncompleteGraceNs = 10'000'000;  // 10 ms
-
-std::atomic_ref<uint64_t> Word(uint64_t* p) { return std::atomic_ref<uint64_t>(*p); }
 
 }  // namespace
 
@@ -68,16 +67,15 @@ Worker::Worker(uint32_t index, const Config& config, std::unique_ptr<mica::Parti
       store_requests_(config.postlist),
       store_responses_(config.postlist),
       store_index_(config.postlist),
-      wrs_(config.postlist),
-      sges_(config.postlist),
       recv_wrs_(config.postlist),
       recv_sges_(config.postlist),
       send_completions_(config.postlist + config.unsig_batch),
       recv_completions_(config.postlist),
       ud_progress_(ud_qps_.size()),
-      chain_queues_(config.postlist),
-      chain_heads_(config.postlist),
-      chain_tails_(config.postlist) {
+      chains_(config.postlist),
+      scanner_(SlotLayout{memory.region + uint64_t{index} * config.window * config.slot_bytes,
+                          config.max_clients, config.window, config.slot_bytes,
+                          config.client_block_bytes()}) {
   for (uint32_t q = 0; q < ud_qps_.size(); ++q) {
     SendQueue& queue = ud_queues_[q];
     queue.qp = ud_qps_[q];
@@ -137,27 +135,14 @@ void Worker::Run(const std::atomic<bool>& stop) {
 }
 
 uint32_t Worker::GatherFromSlots() {
-  // The region is [client][worker][window]: this worker's slots are runs of `window` contiguous
-  // slots, one run per client, `client_stride` apart. Two cursors, no division per slot.
-  const uint64_t client_stride = uint64_t{config_.workers} * config_.window * config_.slot_bytes;
-  const uint32_t total = config_.max_clients * config_.window;
   uint32_t count = 0;
-  for (uint32_t scanned = 0; scanned < total && count < config_.postlist; ++scanned) {
-    const uint32_t client = cursor_client_;
-    const uint32_t slot = cursor_slot_;
-    if (++cursor_slot_ == config_.window) {
-      cursor_slot_ = 0;
-      cursor_client_ = cursor_client_ + 1 == config_.max_clients ? 0 : cursor_client_ + 1;
-    }
-    uint8_t* start = memory_.region + client * client_stride +
-                     (uint64_t{index_} * config_.window + slot) * config_.slot_bytes;
-    auto* marker = reinterpret_cast<uint64_t*>(start + config_.slot_bytes - sizeof(uint64_t));
-    uint64_t seq = Word(marker).load(std::memory_order_acquire);
-    if (seq == 0) continue;
-    if (Admit(client, slot, start, config_.slot_bytes, 0, &count) == Admitted::kNotYet) continue;
-    // Consume the marker (only if still this request's: a new WRITE may have replaced it).
-    Word(marker).compare_exchange_strong(seq, 0, std::memory_order_acq_rel);
-  }
+  scanner_.Scan(
+      [&](uint32_t client, uint32_t slot, const uint8_t* start, uint64_t) {
+        return Admit(client, slot, start, config_.slot_bytes, 0, &count) == Admitted::kNotYet
+                   ? SlotAction::kLeave
+                   : SlotAction::kConsume;
+      },
+      [&] { return count == config_.postlist; });
   return count;
 }
 
@@ -301,16 +286,12 @@ bool Worker::AssignResponse(Pending& p) {
   } else {
     queue = queues_[p.route->response_queue].load(std::memory_order_acquire);
   }
-  if (queue != nullptr && !queue->broken && !queue->HasRoom()) {
-    const absl::Time give_up = absl::Now() + kMaxWaitForRoom;
-    for (uint32_t reaps = 1; !queue->broken && !queue->HasRoom(); ++reaps) {
-      Reap();
-      if (reaps % kReapsPerClockCheck == 0 && absl::Now() > give_up) return false;
-    }
+  if (queue == nullptr || !AwaitRoom(
+                              *queue, [this] { Reap(); }, kMaxWaitForRoom, kReapsPerClockCheck)) {
+    return false;
   }
-  if (queue == nullptr || queue->broken) return false;
   p.queue = queue;
-  p.wr_index = queue->posted + queue->unposted++;
+  p.wr_index = ResponseChains::Reserve(*queue);
   p.staging = queue->StagingFor(p.wr_index);
   return true;
 }
@@ -381,15 +362,13 @@ void Worker::ExecuteAndRespond(uint32_t count) {
 
 void Worker::PostResponses(uint32_t count) {
   // One chain (one doorbell) per queue the batch uses, in request order within each.
-  uint32_t chains = 0;
   for (uint32_t i = 0; i < count; ++i) {
     Pending& p = batch_[i];
     const uint32_t length = ResponseBytes(p.value_bytes);
-    sges_[i] = transport::Sge{reinterpret_cast<uint64_t>(p.staging), length, p.queue->staging_lkey};
-    transport::SendWr& wr = wrs_[i];
-    wr = transport::SendWr{};
+    transport::Sge& sge = chains_.NextSge();
+    sge = transport::Sge{reinterpret_cast<uint64_t>(p.staging), length, p.queue->staging_lkey};
+    transport::SendWr& wr = chains_.NextWr();
     wr.wr_id = p.queue->WrId(p.wr_index);
-    wr.sg_list = &sges_[i];
     wr.num_sge = 1;
     wr.flags = p.queue->Signal(p.wr_index) ? uint32_t{transport::kSignaled} : 0u;
     if (config_.use_inline && length <= config_.max_inline) wr.flags |= transport::kInline;
@@ -404,34 +383,11 @@ void Worker::PostResponses(uint32_t count) {
           p.route->response_addr + uint64_t{p.slot + 1} * config_.response_slot_bytes() - length;
       wr.rkey = p.route->response_rkey;
     }
-    uint32_t c = 0;
-    while (c < chains && chain_queues_[c] != p.queue) ++c;
-    if (c == chains) {
-      chain_queues_[chains++] = p.queue;
-      chain_heads_[c] = &wr;
-    } else {
-      chain_tails_[c]->next = &wr;
-    }
-    chain_tails_[c] = &wr;
+    chains_.Append(p.queue);
   }
-  for (uint32_t c = 0; c < chains; ++c) {
-    SendQueue& queue = *chain_queues_[c];
-    transport::SendWr* bad = nullptr;
-    const absl::Status status = queue.qp->PostSend(chain_heads_[c], &bad);
-    uint32_t posted = 0;
-    for (transport::SendWr* wr = chain_heads_[c]; wr != nullptr && wr != bad; wr = wr->next) {
-      ++posted;
-    }
-    if (!status.ok()) {
-      LOG_EVERY_N(WARNING, 1000) << "worker " << index_ << ": post_send failed: " << status;
-      counters_.dropped.Add(queue.unposted - posted);
-      queue.broken = queue.qp->state() == transport::QpState::kError;
-    }
-    queue.posted += posted;
-    queue.unposted = 0;
-    if (queue.table_slot < ud_progress_.size()) {
-      ud_progress_[queue.table_slot].posted.store(queue.posted, std::memory_order_release);
-    }
+  counters_.dropped.Add(chains_.Post());
+  for (uint32_t q = 0; q < ud_queues_.size(); ++q) {
+    ud_progress_[q].posted.store(ud_queues_[q].posted, std::memory_order_release);
   }
 }
 

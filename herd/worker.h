@@ -14,7 +14,9 @@
 
 #include "herd/config.h"
 #include "herd/protocol.h"
+#include "herd/response_chain.h"
 #include "herd/send_queue.h"
+#include "herd/slot_scanner.h"
 #include "mica/partition.h"
 #include "transport/fabric.h"
 
@@ -159,19 +161,14 @@ class Worker {
   std::vector<mica::Request> store_requests_;
   std::vector<mica::Response> store_responses_;
   std::vector<uint32_t> store_index_;  // batch position of each store request
-  std::vector<transport::SendWr> wrs_;
-  std::vector<transport::Sge> sges_;
   std::vector<transport::RecvWr> recv_wrs_;
   std::vector<transport::Sge> recv_sges_;
   std::vector<transport::Completion> send_completions_;  // Reap's
   std::vector<transport::Completion> recv_completions_;  // GatherFromReceives' (Admit may Reap)
   std::vector<QueueProgress> ud_progress_;
-  std::vector<SendQueue*> chain_queues_;  // PostResponses: one chain per distinct queue
-  std::vector<transport::SendWr*> chain_heads_;
-  std::vector<transport::SendWr*> chain_tails_;
-  uint32_t reposts_ = 0;        // receives consumed by the current batch (recv_sges_[0..reposts_))
-  uint32_t cursor_client_ = 0;  // next slot to poll: (client, window slot)
-  uint32_t cursor_slot_ = 0;
+  ResponseChains chains_;    // PostResponses: one chain per distinct queue
+  SlotScanner scanner_;      // over this worker's slots of the region
+  uint32_t reposts_ = 0;     // receives consumed by the current batch (recv_sges_[0..reposts_))
   uint32_t next_ud_qp_ = 0;  // round robin over the response UD QPs
   WorkerCounters counters_;
 };

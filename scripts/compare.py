@@ -96,7 +96,7 @@ class Comparison:
                   f"--worker_cores={a.server_core}", f"--window={a.window}",
                   f"--max_clients={max(64, a.clients)}",
                   f"--max_key_bytes={max(16, a.key_bytes)}"] + self.fabric
-        client = lambda port: ([str(self.bin / "herd" / "herd_client"), f"--server=127.0.0.1:{port}",
+        client = lambda port: ([str(self.bin / "bench" / "herd_client"), f"--server=127.0.0.1:{port}",
                                 f"--clients_per_thread={a.clients}",
                                 f"--client_cores={a.client_core}"] + self.fabric +
                                self.workload_flags() + self.timing_flags())
@@ -179,7 +179,7 @@ def main():
     if args.repetitions < 1 or args.clients < 1 or args.window < 1:
         herd_exp.fail("--repetitions, --clients and --window must be at least 1")
     if not args.no_build:
-        herd_exp.build_targets(args.build, ["//herd:herd_server", "//herd:herd_client",
+        herd_exp.build_targets(args.build, ["//herd:herd_server", "//bench:herd_client",
                                             "//bench:echo_server", "//bench:echo_client",
                                             "//bench:memcached_bench"])
     comparison = Comparison(args)

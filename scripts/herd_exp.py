@@ -322,7 +322,7 @@ class Runner:
         self.logs = out_dir / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
         self.processes = processes
-        self.bin = bazel_bin(experiment.build) / "herd"
+        self.bin = bazel_bin(experiment.build)
 
     def fabric_flags(self, host, point_name):
         if self.x.fabric == "shm":
@@ -344,7 +344,7 @@ class Runner:
     def run_point(self, point, repetition, name):
         server_knobs = self.knobs_for("server", point)
         client_knobs = self.knobs_for("client", point)
-        server_argv = [str(self.bin / "herd_server"), "--port=0"]
+        server_argv = [str(self.bin / "herd" / "herd_server"), "--port=0"]
         server_argv += self.fabric_flags(self.x.server, name) + flags(server_knobs)
         if self.x.server.cores is not None and "worker_cores" not in server_knobs:
             server_argv.append(f"--worker_cores={self.x.server.cores}")
@@ -361,7 +361,7 @@ class Runner:
                       float(client_knobs.get("duration_s", 5)) + CLIENT_SLACK_S)
             clients = []
             for index, host in enumerate(self.x.clients):
-                argv = [str(self.bin / "herd_client"), f"--server={address}:{port}"]
+                argv = [str(self.bin / "bench" / "herd_client"), f"--server={address}:{port}"]
                 argv += self.fabric_flags(host, name) + flags(client_knobs)
                 if host.cores is not None and "client_cores" not in client_knobs:
                     argv.append(f"--client_cores={host.cores}")
@@ -476,7 +476,7 @@ def build_targets(build, targets):
 
 
 def build(experiment):
-    build_targets(experiment.build, ["//herd:herd_server", "//herd:herd_client"])
+    build_targets(experiment.build, ["//herd:herd_server", "//bench:herd_client"])
 
 
 def command_run(args):

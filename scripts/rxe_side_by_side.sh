@@ -15,7 +15,7 @@ bin=bazel-out/k8-optportable/bin/herd  # --config=portable_opt (.bazelrc)
 if [ "${1:-}" != "--inside" ]; then
   ./scripts/setup.sh --quiet
   # portable_opt: -O3 without -march=native (the guest CPU has no AVX-512).
-  bazel build --config=portable_opt //herd:herd_server //herd:herd_client 2>&1 | tail -n 1
+  bazel build --config=portable_opt //herd:herd_server //bench:herd_client 2>&1 | tail -n 1
   mkdir -p "$out"
   HERD_VM_RW="$out" exec ./scripts/rxe_vm.sh bash scripts/rxe_side_by_side.sh --inside "$out"
 fi
@@ -38,7 +38,7 @@ run_herd() {  # run_herd NAME FABRIC_FLAGS...
   rm -f "$fifo"
   port=${ready#*port=}
   port=${port%% *}
-  "$bin/herd_client" --server="127.0.0.1:$port" "${client_knobs[@]}" "$@" \
+  "$bin/../bench/herd_client" --server="127.0.0.1:$port" "${client_knobs[@]}" "$@" \
     2>"$out/$name.client.log" | tail -n 1 >"$out/$name.json"
   kill -TERM "$server"
   cat <&3 >"$out/$name.server.json"

@@ -18,7 +18,9 @@
 #include "glog/logging.h"
 #include "herd/pinning.h"
 #include "herd/protocol.h"
+#include "herd/response_chain.h"
 #include "herd/send_queue.h"
+#include "herd/slot_scanner.h"
 #include "transport/control/channel.h"
 #include "transport/fabric.h"
 #include "transport/flags.h"
@@ -80,9 +82,9 @@ class Server {
   transport::CounterSnapshot counters() const;
 
  private:
-  explicit Server(const EchoConfig& config) : config_(config), routes_(config.max_clients) {}
+  explicit Server(const EchoConfig& config)
+      : config_(config), routes_(config.max_clients), chains_(config.postlist) {}
   void Reap();
-  void Post(uint32_t count);
 
   EchoConfig config_;
   std::unique_ptr<transport::Device> device_;
@@ -96,9 +98,7 @@ class Server {
   std::vector<Session> sessions_;
   uint32_t joined_ = 0;  // accept thread only
   // Echo thread state, preallocated.
-  uint32_t cursor_ = 0;
-  std::vector<SendWr> wrs_;
-  std::vector<Sge> sges_;
+  herd::ResponseChains chains_;
   std::vector<Completion> completions_;
   transport::Counter responses_, dropped_;  // written by the echo thread only
 };
@@ -155,8 +155,6 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(const EchoConfig& config,
   s->queue_.staging = s->staging_->data();
   s->queue_.staging_lkey = s->staging_mr_->lkey();
   s->queue_.buffer_bytes = config.response_bytes;
-  s->wrs_.resize(config.postlist);
-  s->sges_.resize(config.postlist);
   s->completions_.resize(config.sq_depth);
   return s;
 }
@@ -217,74 +215,51 @@ absl::Status Server::AcceptOne(transport::control::Listener& listener) {
 }
 
 void Server::Run(const std::atomic<bool>& stop) {
-  const uint32_t total = config_.max_clients * config_.window;
+  // herd's own slot scanner and response chains: the same per-slot and per-doorbell work as a
+  // worker, minus parsing, the store and the protocol.
+  herd::SlotScanner scanner(herd::SlotLayout{region_->data(), config_.max_clients, config_.window,
+                                             config_.slot_bytes,
+                                             uint64_t{config_.window} * config_.slot_bytes});
   while (!stop.load(std::memory_order_relaxed)) {
-    uint32_t count = 0;
-    for (uint32_t scanned = 0; scanned < total && count < config_.postlist; ++scanned) {
-      const uint32_t position = cursor_;
-      cursor_ = cursor_ + 1 == total ? 0 : cursor_ + 1;
-      uint8_t* slot_end = region_->data() +
-                          config_.SlotOffset(position / config_.window, position % config_.window) +
-                          config_.slot_bytes;
-      auto* marker = reinterpret_cast<uint64_t*>(slot_end - sizeof(uint64_t));
-      uint64_t seq = std::atomic_ref<uint64_t>(*marker).load(std::memory_order_acquire);
-      if (seq == 0) continue;
-      const Route& route = routes_[position / config_.window];
-      transport::AddressHandle* ah = route.ah.load(std::memory_order_acquire);
-      if (ah != nullptr && !queue_.broken && !queue_.HasRoom()) {
-        const absl::Time give_up = absl::Now() + kMaxWaitForRoom;
-        for (uint32_t reaps = 1; !queue_.broken && !queue_.HasRoom(); ++reaps) {
-          Reap();
-          if (reaps % kReapsPerClockCheck == 0 && absl::Now() > give_up) break;
-        }
-      }
-      if (ah == nullptr || queue_.broken || !queue_.HasRoom()) {
-        dropped_.Add();
-      } else {
-        const uint64_t index = queue_.posted + queue_.unposted++;
-        uint8_t* response = queue_.StagingFor(index);
-        std::memcpy(response + config_.response_bytes - sizeof(Tag), slot_end - sizeof(Tag),
-                    sizeof(Tag));
-        sges_[count] =
-            Sge{reinterpret_cast<uint64_t>(response), config_.response_bytes, queue_.staging_lkey};
-        SendWr& wr = wrs_[count];
-        wr = SendWr{};
-        wr.wr_id = queue_.WrId(index);
-        wr.sg_list = &sges_[count];
-        wr.num_sge = 1;
-        wr.opcode = transport::Opcode::kSend;
-        wr.flags = queue_.Signal(index) ? uint32_t{transport::kSignaled} : 0u;
-        if (config_.response_bytes <= config_.max_inline) wr.flags |= transport::kInline;
-        wr.ah = ah;
-        wr.remote_qpn = route.qpn;
-        wr.remote_qkey = kEchoQkey;
-        if (count > 0) wrs_[count - 1].next = &wr;
-        ++count;
-      }
-      // Consume the marker (only if still this request's: a new WRITE may have replaced it).
-      std::atomic_ref<uint64_t>(*marker).compare_exchange_strong(seq, 0, std::memory_order_acq_rel);
-    }
-    if (count > 0) {
-      Post(count);
+    scanner.Scan(
+        [&](uint32_t client, uint32_t, uint8_t* start, uint64_t) {
+          const Route& route = routes_[client];
+          transport::AddressHandle* ah = route.ah.load(std::memory_order_acquire);
+          if (ah == nullptr ||
+              !herd::AwaitRoom(
+                  queue_, [this] { Reap(); }, kMaxWaitForRoom, kReapsPerClockCheck)) {
+            dropped_.Add();
+            return herd::SlotAction::kConsume;
+          }
+          const uint64_t index = herd::ResponseChains::Reserve(queue_);
+          uint8_t* response = queue_.StagingFor(index);
+          const uint8_t* slot_end = start + config_.slot_bytes;
+          std::memcpy(response + config_.response_bytes - sizeof(Tag), slot_end - sizeof(Tag),
+                      sizeof(Tag));
+          chains_.NextSge() = Sge{reinterpret_cast<uint64_t>(response), config_.response_bytes,
+                                  queue_.staging_lkey};
+          SendWr& wr = chains_.NextWr();
+          wr.wr_id = queue_.WrId(index);
+          wr.num_sge = 1;
+          wr.opcode = transport::Opcode::kSend;
+          wr.flags = queue_.Signal(index) ? uint32_t{transport::kSignaled} : 0u;
+          if (config_.response_bytes <= config_.max_inline) wr.flags |= transport::kInline;
+          wr.ah = ah;
+          wr.remote_qpn = route.qpn;
+          wr.remote_qkey = kEchoQkey;
+          chains_.Append(&queue_);
+          return herd::SlotAction::kConsume;
+        },
+        [&] { return chains_.size() == config_.postlist; });
+    if (chains_.size() > 0) {
+      const uint32_t count = chains_.size();
+      const uint32_t not_posted = chains_.Post();
+      dropped_.Add(not_posted);
+      responses_.Add(count - not_posted);
     } else {
       Reap();
     }
   }
-}
-
-void Server::Post(uint32_t count) {
-  SendWr* bad = nullptr;
-  const absl::Status status = queue_.qp->PostSend(wrs_.data(), &bad);
-  uint32_t posted = 0;
-  for (SendWr* wr = wrs_.data(); wr != nullptr && wr != bad; wr = wr->next) ++posted;
-  if (!status.ok()) {
-    LOG_EVERY_N(WARNING, 1000) << "post_send failed: " << status;
-    dropped_.Add(count - posted);
-    queue_.broken = queue_.qp->state() == transport::QpState::kError;
-  }
-  queue_.posted += posted;
-  queue_.unposted = 0;
-  responses_.Add(posted);
 }
 
 void Server::Reap() {
