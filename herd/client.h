@@ -170,14 +170,16 @@ class Client {
   uint32_t first_client_id_ = 0;
   Welcome welcome_;
 
+  // Destroyed in reverse: the QPs first (their pending WRs read the staging buffers and name the
+  // address handles until they are gone), then handles and memory, then CQs, PD, device.
   std::unique_ptr<transport::Device> device_;
   std::unique_ptr<transport::ProtectionDomain> pd_;
   std::unique_ptr<transport::CompletionQueue> send_cq_, recv_cq_;
-  std::unique_ptr<transport::QueuePair> ud_qp_;
-  std::vector<std::unique_ptr<transport::QueuePair>> request_qps_, response_qps_;
-  std::vector<std::unique_ptr<transport::AddressHandle>> worker_ahs_;
   std::unique_ptr<transport::SharedMemory> staging_, receives_, responses_;
   std::unique_ptr<transport::MemoryRegion> staging_mr_, receives_mr_, responses_mr_;
+  std::vector<std::unique_ptr<transport::AddressHandle>> worker_ahs_;
+  std::unique_ptr<transport::QueuePair> ud_qp_;
+  std::vector<std::unique_ptr<transport::QueuePair>> request_qps_, response_qps_;
   std::vector<SendQueue> queues_;  // [0] = UD QP, then one per worker request QP
 
   std::vector<Outstanding> slots_;  // [client][worker][window]

@@ -51,12 +51,14 @@ struct Server::Session {
   // after the QPs in it.
   std::unique_ptr<transport::ProtectionDomain> pd;
   std::unique_ptr<transport::MemoryRegion> region_mr;
+  // Declared so that destruction (reverse order) takes the QPs first: a QP's pending WRs read
+  // its staging buffers and name its address handle until the QP is gone.
   struct PerWorker {
+    std::unique_ptr<transport::SharedMemory> staging;
+    std::unique_ptr<transport::MemoryRegion> staging_mr;
     std::unique_ptr<transport::AddressHandle> ah;
     std::unique_ptr<transport::QueuePair> request_qp;
     std::unique_ptr<transport::QueuePair> response_qp;
-    std::unique_ptr<transport::SharedMemory> staging;
-    std::unique_ptr<transport::MemoryRegion> staging_mr;
     SendQueue queue;
     std::vector<ClientRoute> routes;
   };

@@ -103,11 +103,13 @@ class Server {
   };
   std::vector<RetiredHandles> graveyard_;
 
+  // Destroyed in reverse: the worker, then its QPs (whose pending WRs read the staging and
+  // receive buffers), then the memory, then the CQs.
   struct WorkerResources {
     std::unique_ptr<transport::CompletionQueue> send_cq, recv_cq;
-    std::vector<std::unique_ptr<transport::QueuePair>> ud_qps;
     std::unique_ptr<transport::SharedMemory> staging, receives;
     std::unique_ptr<transport::MemoryRegion> staging_mr, receives_mr;
+    std::vector<std::unique_ptr<transport::QueuePair>> ud_qps;
     std::unique_ptr<Worker> worker;
   };
   std::vector<WorkerResources> workers_;

@@ -117,9 +117,7 @@ absl::StatusOr<std::unique_ptr<Peer>> Peer::Connect(const ShmAddress& address) {
 }
 
 Peer::Peer(std::unique_ptr<SegmentMapping> segment)
-    : segment_(std::move(segment)),
-      same_process_(segment_->header()->pid == getpid()),
-      regions_(kMaxMrs) {}
+    : segment_(std::move(segment)), regions_(kMaxMrs) {}
 
 Peer::~Peer() {
   for (MappedRegion& region : regions_) {
@@ -156,9 +154,10 @@ bool Peer::Map(MrEntry& entry, uint32_t key, MappedRegion* region) {
   const uint64_t file_offset =
       std::atomic_ref<uint64_t>(entry.file_offset).load(std::memory_order_relaxed);
   if (length == 0 || addr + length < addr || file_offset + length < file_offset) return false;
-  if (same_process_) {
-    region->local = reinterpret_cast<uint8_t*>(addr);
-  } else {
+  // Our own mapping of the owner's file, in the same process too: the owner may unmap its memory
+  // (deregister and free) while a WR we already resolved still writes, as a NIC's DMA may
+  // outlive the application's view; the file lives as long as any mapping of it does.
+  {
     const std::string path = absl::StrFormat("/proc/%d/fd/%d", header()->pid, file_fd);
     const int fd = open(path.c_str(), O_RDWR | O_CLOEXEC);
     if (fd < 0) return false;

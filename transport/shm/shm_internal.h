@@ -68,7 +68,6 @@ class Peer {
   // Maps region `key` as `entry` describes it now (every field validated); false if it cannot.
   bool Map(MrEntry& entry, uint32_t key, MappedRegion* region);
   std::unique_ptr<SegmentMapping> segment_;
-  bool same_process_;
   std::vector<MappedRegion> regions_;  // indexed by region index
 };
 
