@@ -123,4 +123,15 @@ int DeviceNumaNode(std::string_view device) {
   return node;
 }
 
+absl::Status PinCallingThreadTo(int core) {
+  if (core < 0) return absl::OkStatus();
+  absl::StatusOr<std::unique_ptr<Topology>> topology = Topology::Load();
+  if (!topology.ok()) return topology.status();
+  if (core >= (*topology)->cores()) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("core %d: this machine has %d cores", core, (*topology)->cores()));
+  }
+  return (*topology)->PinCurrentThread(core);
+}
+
 }  // namespace herd

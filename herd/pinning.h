@@ -41,6 +41,10 @@ class Topology {
   void* topology_;  // hwloc_topology_t
 };
 
+// Binds the calling thread to `core` (an hwloc core index) checked against this machine; a
+// negative core leaves it unpinned. The one way herd's binaries and baselines pin a thread.
+absl::Status PinCallingThreadTo(int core);
+
 // NUMA node of a verbs device from sysfs, or -1 when unknown (and always for "shm").
 int DeviceNumaNode(std::string_view device);
 

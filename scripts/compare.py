@@ -37,6 +37,8 @@ MEMCACHED_MEMORY_MB = 1024
 
 
 def pinned(core, argv):
+    """For memcached only: an outside binary with no pinning flag of its own. herd's binaries and
+    baselines pin themselves with hwloc (--worker_cores, --client_cores, --core), one way."""
     return ["taskset", "-c", str(core)] + argv
 
 
@@ -67,7 +69,7 @@ class Comparison:
 
     def run_client(self, argv, name):
         with open(self.out / "logs" / f"{name}.client.log", "wb") as log:
-            client = self.processes.start(LOCAL, pinned(self.args.client_core, argv),
+            client = self.processes.start(LOCAL, argv,
                                           subprocess.PIPE, log)
             try:
                 stdout = herd_exp.read_to_end(client, self.budget())
@@ -108,7 +110,8 @@ class Comparison:
                   f"--window={a.window}", f"--max_clients={max(64, a.clients)}",
                   f"--key_bytes={a.key_bytes}", f"--value_bytes={a.value_bytes}"] + self.fabric
         client = lambda port: ([str(self.bin / "bench" / "echo_client"), f"--server=127.0.0.1:{port}",
-                                f"--clients={a.clients}"] + self.fabric + self.timing_flags())
+                                f"--clients={a.clients}", f"--core={a.client_core}"] +
+                               self.fabric + self.timing_flags())
         return self.run_with_server(server, "echo_server ready", client, name)
 
     def run_memcached(self, name):
@@ -123,7 +126,8 @@ class Comparison:
             try:
                 wait_for_port(port, server)
                 client = [str(self.bin / "bench" / "memcached_bench"), f"--server=127.0.0.1:{port}",
-                          f"--connections={a.clients}", f"--window={a.window}"]
+                          f"--connections={a.clients}", f"--window={a.window}",
+                          f"--core={a.client_core}"]
                 return self.run_client(client + self.workload_flags() + self.timing_flags(),
                                        name)
             finally:
@@ -209,4 +213,8 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except herd_exp.HerdExpError as error:
+        print(f"compare: {error}", file=sys.stderr)
+        sys.exit(2)

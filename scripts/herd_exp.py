@@ -82,8 +82,13 @@ class PointFailed(Exception):
     pass
 
 
+class HerdExpError(Exception):
+    """What stops a command, with its reason; main() turns it into an exit status. Raised, never
+    sys.exit(): compare.py and the tests import this module."""
+
+
 def fail(message):
-    sys.exit(f"herd_exp: {message}")
+    raise HerdExpError(message)
 
 
 def knob_role(name):
@@ -624,7 +629,11 @@ def main():
     plot = commands.add_parser("plot", help="plot a results directory")
     plot.add_argument("dir")
     args = parser.parse_args()
-    return command_run(args) if args.command == "run" else command_plot(args)
+    try:
+        return command_run(args) if args.command == "run" else command_plot(args)
+    except HerdExpError as error:
+        print(f"herd_exp: {error}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@
 #include "bench/machine.h"
 #include "gflags/gflags.h"
 #include "glog/logging.h"
+#include "herd/pinning.h"
 #include "herd/send_queue.h"
 #include "transport/control/channel.h"
 #include "transport/fabric.h"
@@ -27,6 +28,7 @@ DEFINE_string(server, "127.0.0.1:31860", "host:port of echo_server's control pla
 DEFINE_uint32(clients, 1, "Logical clients hosted by this thread");
 DEFINE_double(duration_s, 5, "Measured seconds (after the warm-up)");
 DEFINE_double(warmup_s, 1, "Seconds run before measuring");
+DEFINE_int32(core, -1, "Core this client's thread is pinned to (hwloc; -1: not pinned)");
 
 namespace bench::echo {
 namespace {
@@ -66,6 +68,7 @@ struct Slot {
 };
 
 int Main() {
+  if (absl::Status s = herd::PinCallingThreadTo(FLAGS_core); !s.ok()) return Fail(s);
   if (FLAGS_clients < 1) return Fail(absl::InvalidArgumentError("--clients must be at least 1"));
   absl::StatusOr<transport::DeviceOptions> options = transport::DeviceOptionsFromFlags();
   if (!options.ok()) return Fail(options.status());

@@ -312,20 +312,8 @@ int Main() {
   if (!listener.ok()) return Fail(listener.status());
 
   std::atomic<bool> stop{false};
-  std::unique_ptr<herd::Topology> topology;
-  if (FLAGS_core >= 0) {
-    absl::StatusOr<std::unique_ptr<herd::Topology>> loaded = herd::Topology::Load();
-    if (!loaded.ok()) return Fail(loaded.status());
-    topology = std::move(*loaded);
-    if (FLAGS_core >= topology->cores()) {
-      return Fail(absl::InvalidArgumentError(
-          absl::StrFormat("--core=%d: this machine has %d cores", FLAGS_core, topology->cores())));
-    }
-  }
   std::thread echo([&] {
-    if (topology != nullptr) {
-      if (absl::Status s = topology->PinCurrentThread(FLAGS_core); !s.ok()) LOG(WARNING) << s;
-    }
+    if (absl::Status s = herd::PinCallingThreadTo(FLAGS_core); !s.ok()) LOG(WARNING) << s;
     (*server)->Run(stop);
   });
   printf("echo_server ready port=%d device=%s\n", listener->port(), device->name.c_str());

@@ -29,6 +29,7 @@
 #include "bench/workload_flags.h"
 #include "gflags/gflags.h"
 #include "glog/logging.h"
+#include "herd/pinning.h"
 
 DEFINE_string(server, "127.0.0.1:11211", "host:port of memcached");
 DEFINE_uint32(connections, 1, "TCP connections (herd_client's logical clients)");
@@ -36,6 +37,7 @@ DEFINE_uint32(window, 4, "Requests pipelined per connection (herd's --window)");
 DEFINE_double(duration_s, 5, "Measured seconds (after the warm-up)");
 DEFINE_double(warmup_s, 1, "Seconds run before measuring");
 DEFINE_bool(preload, true, "SET every key once before the run");
+DEFINE_int32(core, -1, "Core this client's thread is pinned to (hwloc; -1: not pinned)");
 
 namespace bench::memcached {
 namespace {
@@ -208,6 +210,7 @@ absl::Status Drive(std::vector<Connection>& connections, Totals& totals, NextReq
 }
 
 int Main() {
+  if (absl::Status s = herd::PinCallingThreadTo(FLAGS_core); !s.ok()) return Fail(s);
   absl::StatusOr<WorkloadConfig> workload = WorkloadConfigFromFlags();
   if (!workload.ok()) return Fail(workload.status());
   if (FLAGS_connections < 1 || FLAGS_window < 1 || FLAGS_window > kMaxWindow) {
