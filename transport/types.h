@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <string>
 
+#include "util/counter.h"
+
 namespace transport {
 
 enum class QpType : uint8_t { kRc, kUc, kUd };
@@ -135,20 +137,7 @@ struct AddressInfo {
 
 // Counters that show a program's verb economy. Kept identically by every backend: one writer (the
 // thread that owns the QP or CQ), relaxed atomics so a progress thread may read them.
-struct Counter {
-  std::atomic<uint64_t> value{0};
-  void Add(uint64_t n = 1) {
-    value.store(value.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
-  }
-  uint64_t Get() const { return value.load(std::memory_order_relaxed); }
-  // Sets the counter to `total` unless it already shows more: for a counter whose total is
-  // computed from monotonic sources by any thread (see QueuePair::SyncCounters).
-  void RaiseTo(uint64_t total) {
-    uint64_t shown = value.load(std::memory_order_relaxed);
-    while (shown < total && !value.compare_exchange_weak(shown, total, std::memory_order_relaxed)) {
-    }
-  }
-};
+using Counter = util::Counter;
 
 struct QpCounters {
   Counter doorbells;     // PostSend calls that posted at least one WR

@@ -14,15 +14,17 @@
 #include "transport/shared_memory.h"
 #include "transport/shm/shm_internal.h"
 #include "transport/shm/shm_qp.h"
+#include "util/errno_status.h"
+#include "util/round_up.h"
 
 namespace transport::shm {
 namespace {
 
-absl::Status Errno(const std::string& what) {
-  return absl::UnavailableError(absl::StrFormat("%s: %s", what, std::strerror(errno)));
+absl::Status Errno(std::string_view what) {
+  return util::ErrnoStatus(absl::StatusCode::kUnavailable, what);
 }
 
-uint64_t RoundUp(uint64_t n, uint64_t unit) { return (n + unit - 1) / unit * unit; }
+using util::RoundUp;
 
 uint64_t FabricId(const std::string& name) {
   uint64_t h = 0xcbf29ce484222325ULL;  // FNV-1a: stable across processes and builds
