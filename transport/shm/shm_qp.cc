@@ -12,8 +12,6 @@
 
 namespace transport::shm {
 
-Peer* AddressHandlePeer(const AddressHandle* ah);  // shm_device.cc: nullptr if unreachable
-
 namespace {
 
 // rnr_retry = 7 means "retry forever" in verbs. The asynchronous mode does (the progress thread
@@ -104,9 +102,18 @@ absl::StatusOr<std::unique_ptr<ShmQp>> ShmQp::Create(ShmDevice* device, const Qp
 
 ShmQp::~ShmQp() {
   if (entry_ != nullptr) {
-    SyncCounters();  // the last inbound drops, before the table entry goes
-    device_->RemoveQp(entry_);
+    SyncCounters();             // the last inbound drops, before the table entry goes
+    device_->RemoveQp(entry_);  // after it, the progress thread never enters this QP again
   }
+  // WRs that never executed no longer name their address handles.
+  const uint64_t tail = pending_tail_.load(std::memory_order_acquire);
+  for (uint64_t head = pending_head_.load(std::memory_order_acquire); head != tail; ++head) {
+    ReleaseAh(pending_[head % pending_.size()].wr);
+  }
+}
+
+void ShmQp::ReleaseAh(const SendWr& wr) const {
+  if (config_.type == QpType::kUd) static_cast<const ShmAh*>(wr.ah)->RemovePending();
 }
 
 void ShmQp::SyncCounters() const {
@@ -267,6 +274,7 @@ void ShmQp::Enqueue(const SendWr& wr, uint64_t sequence) {
     for (uint32_t i = 0; i < wr.num_sge; ++i) sges[i] = wr.sg_list[i];
   }
   p.wr.sg_list = sges;
+  if (config_.type == QpType::kUd) static_cast<const ShmAh*>(wr.ah)->AddPending();
   pending_tail_.store(tail + 1, std::memory_order_release);
 }
 
@@ -286,6 +294,7 @@ uint32_t ShmQp::Progress(int64_t now_ns) {
       break;
     }
     Finish(p.wr, *status, byte_len, p.sequence);
+    ReleaseAh(p.wr);
   }
   pending_head_.store(head, std::memory_order_release);
   return executed;
@@ -315,7 +324,9 @@ uint8_t* ShmQp::LocalBuffer(const Sge& sge, uint32_t need_access) const {
 }
 
 Peer* ShmQp::PeerFor(const SendWr& wr) {
-  return config_.type == QpType::kUd ? AddressHandlePeer(wr.ah) : connected_peer_.get();
+  // Address handles of this backend are ShmAh (CreateAddressHandle makes no other).
+  return config_.type == QpType::kUd ? static_cast<const ShmAh*>(wr.ah)->peer()
+                                     : connected_peer_.get();
 }
 
 std::optional<CompletionStatus> ShmQp::Execute(const SendWr& wr, uint32_t* byte_len,

@@ -66,6 +66,8 @@ class ShmQp : public QueuePair {
   // Asynchronous mode: copies `wr` into the pending ring (room is guaranteed by the send-queue
   // depth check: a WR leaves the ring before its completion can free its slot).
   void Enqueue(const SendWr& wr, uint64_t sequence);
+  // Asynchronous mode: a pending UD WR executed or was discarded; its AH may go.
+  void ReleaseAh(const SendWr& wr) const;
 
   // One pending WR: a copy whose sg_list points at its own SGE copies (or, for inline data, at
   // its own copy of the bytes).
