@@ -294,7 +294,7 @@ void ShmCq::ReportOverruns(uint64_t overflows) {
 
 size_t ShmCq::Poll(absl::Span<Completion> out) {
   counters_.polls.Add();
-  // On the same cache line as head: free to watch on every poll.
+  // On the same cache line as head (see CqRing): free to watch on every poll.
   if (const uint64_t overflows = ring_->overflows.load(std::memory_order_relaxed);
       overflows != reported_overflows_) {
     ReportOverruns(overflows);
@@ -315,11 +315,13 @@ size_t ShmCq::Poll(absl::Span<Completion> out) {
     c.has_imm = e.has_imm != 0;
     const uint64_t sq_sequence = e.sq_sequence;
     e.sequence.store(head + depth_, std::memory_order_release);
-    ring_->head.store(head + 1, std::memory_order_release);
     if (sq_sequence != 0) {
       RetireSends(device_->segment().header()->qps, c.qp_num, sq_sequence);
     }
   }
+  // Once per Poll, not per completion: every store takes the line from the producers, who read
+  // head to see room. Publishing late only makes the room visible a little later.
+  if (n > 0) ring_->head.store(head, std::memory_order_release);
   if (n == 0) counters_.empty_polls.Add();
   counters_.completions.Add(n);
   return n;

@@ -176,7 +176,12 @@ absl::Status ShmQp::PostRecv(RecvWr* chain, RecvWr** bad) {
       return absl::InvalidArgumentError("shm receives take exactly one SGE");
     }
     const uint32_t depth = config_.max_recv_wr;  // not the ring's copy: peers can write it
-    if (tail - recv_ring_->head.load(std::memory_order_acquire) >= depth) {
+    // Senders write head: read it only when the ring looks full by the last value seen, not per
+    // receive (each read would pull the line from the sender's core).
+    if (tail - recv_head_seen_ >= depth) {
+      recv_head_seen_ = recv_ring_->head.load(std::memory_order_acquire);
+    }
+    if (tail - recv_head_seen_ >= depth) {
       *bad = wr;
       return absl::ResourceExhaustedError(absl::StrFormat("receive queue full (%d)", depth));
     }
@@ -494,7 +499,8 @@ std::optional<CompletionStatus> ShmQp::Deliver(Peer& peer, uint32_t dst_qpn, con
   const uint64_t min_length = config_.type == QpType::kUd ? length + grh : 0;
   bool too_small = false;
   RecvEntry recv;
-  const auto started = std::chrono::steady_clock::now();
+  // Read only once a receive is missing: a clock read per message is a measurable cost.
+  std::optional<std::chrono::steady_clock::time_point> started;
   const bool forever = connect_.rnr_retry == kRnrRetryForever;
   for (uint32_t attempt = 0; !PopReceive(ring, ring_depth, &recv, min_length, &too_small);
        ++attempt) {
@@ -506,8 +512,9 @@ std::optional<CompletionStatus> ShmQp::Deliver(Peer& peer, uint32_t dst_qpn, con
       ++rnr->attempts;
       return std::nullopt;
     }
+    if (!started.has_value()) started = std::chrono::steady_clock::now();
     if ((!forever && attempt >= connect_.rnr_retry) ||
-        (forever && std::chrono::steady_clock::now() - started > kInfiniteRnrWait)) {
+        (forever && std::chrono::steady_clock::now() - *started > kInfiniteRnrWait)) {
       return CompletionStatus::kRnrRetryExceeded;
     }
     std::this_thread::sleep_for(std::chrono::microseconds(connect_.min_rnr_timer_us));

@@ -100,6 +100,7 @@ class ShmQp : public QueuePair {
   Counter outbound_dropped_;
 
   uint64_t posted_ = 0;          // send WRs posted, ever
+  uint64_t recv_head_seen_ = 0;  // PostRecv's last read of the receive ring's head (see there)
   uint64_t loss_state_ = 0;      // fault injection generator (splitmix64 state)
   uint64_t disorder_state_ = 0;  // write disorder's own generator: loss draws stay as they were
 };
