@@ -10,29 +10,30 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_format.h"
 #include "glog/logging.h"
+#include "util/errno_status.h"
+#include "util/memfd.h"
+#include "util/round_up.h"
 
 namespace mica {
 namespace {
 
-size_t RoundUp(size_t n, size_t unit) { return (n + unit - 1) / unit * unit; }
+using util::RoundUp;
 
 absl::Status Errno(const char* what) {
-  return absl::InternalError(absl::StrFormat("%s: %s", what, std::strerror(errno)));
+  return util::ErrnoStatus(absl::StatusCode::kInternal, what);
 }
+
+// The memfd's name (in /proc/PID/fd and in the hugepage fallback's log line).
+constexpr const char* kMemfdName = "herd-mica-partition";
 
 // Maps [head | ring | mirror] from a new memfd with the given page size, or fails (e.g. ENOMEM
 // when the hugepage pool is too small: hugetlbfs reserves all pages at mmap time, so a shortage
 // shows here and never as a SIGBUS later).
 absl::Status MapRegion(size_t page, size_t head, size_t ring, size_t mirror, int* fd_out,
                        uint8_t** reservation_out, size_t* reserved_out, uint8_t** base_out) {
-  const unsigned flags = MFD_CLOEXEC | (page > MirroredRegion::kSmallPageBytes ? MFD_HUGETLB : 0);
-  const int fd = memfd_create("herd-mica-partition", flags);
-  if (fd < 0) return Errno("memfd_create");
-  if (ftruncate(fd, static_cast<off_t>(head + ring)) != 0) {
-    const absl::Status status = Errno("ftruncate");
-    close(fd);
-    return status;
-  }
+  absl::StatusOr<int> memfd = util::CreateMemfd(kMemfdName, head + ring, page);
+  if (!memfd.ok()) return memfd.status();
+  const int fd = *memfd;
   // Reserve address space with slack so the base can be page-aligned, then map over it.
   const size_t total = head + ring + mirror;
   const size_t reserved = total + page;
@@ -85,10 +86,7 @@ absl::StatusOr<MirroredRegion> MirroredRegion::Create(const RegionRequest& reque
       region.page_bytes_ = page;
       return region;
     }
-    if (page == kHugePageBytes) {
-      VLOG(1) << "no hugepages for a " << (head + ring) << "-byte partition (" << last.message()
-              << "); using 4 KiB pages";
-    }
+    if (page == kHugePageBytes) util::LogSmallPageFallback(kMemfdName, head + ring, last);
   }
   return last;
 }

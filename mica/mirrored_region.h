@@ -13,6 +13,7 @@
 #include <cstdint>
 
 #include "absl/status/statusor.h"
+#include "util/memfd.h"
 
 namespace mica {
 
@@ -48,7 +49,7 @@ class MirroredRegion {
   size_t page_bytes() const { return page_bytes_; }
 
   static constexpr size_t kSmallPageBytes = 4096;
-  static constexpr size_t kHugePageBytes = size_t{2} << 20;
+  static constexpr size_t kHugePageBytes = util::kHugePageBytes;
 
  private:
   MirroredRegion() = default;

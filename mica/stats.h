@@ -2,23 +2,14 @@
 #ifndef HERD_MICA_STATS_H_
 #define HERD_MICA_STATS_H_
 
-#include <atomic>
 #include <cstdint>
+
+#include "util/counter.h"
 
 namespace mica {
 
-// A counter with a single writer: a relaxed load and store (a plain add on x86, no lock prefix)
-// keep concurrent readers free of data races.
-class Counter {
- public:
-  void Add(uint64_t n = 1) {
-    value_.store(value_.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
-  }
-  uint64_t Get() const { return value_.load(std::memory_order_relaxed); }
-
- private:
-  std::atomic<uint64_t> value_{0};
-};
+// One writer (the partition's core), any reader: util/counter.h.
+using Counter = util::Counter;
 
 struct PartitionStats {
   Counter get_hits;

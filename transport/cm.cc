@@ -13,6 +13,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "glog/logging.h"
+#include "util/errno_status.h"
 
 namespace transport {
 namespace {
@@ -61,8 +62,8 @@ absl::StatusOr<QpEndpoint> Decode(const void* data, size_t length) {
   return e;
 }
 
-absl::Status Errno(const char* what) {
-  return absl::UnavailableError(absl::StrFormat("%s: %s", what, std::strerror(errno)));
+absl::Status Errno(std::string_view what) {
+  return util::ErrnoStatus(absl::StatusCode::kUnavailable, what);
 }
 
 int Milliseconds(absl::Duration d) {

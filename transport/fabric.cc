@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "glog/logging.h"
 #include "transport/shm/shm_internal.h"
 #include "transport/verbs/verbs_internal.h"
 
@@ -18,11 +19,90 @@ absl::StatusOr<std::unique_ptr<Device>> OpenDevice(const DeviceOptions& options)
   return std::unique_ptr<Device>(std::move(*device));
 }
 
+ChildLinks::~ChildLinks() {
+  for (int i = 0; i < linked_; ++i) counts_[i]->fetch_sub(1, std::memory_order_acq_rel);
+}
+
+void ChildLinks::Link(std::atomic<uint32_t>* live_count) {
+  CHECK_LT(linked_, kMaxParents);
+  live_count->fetch_add(1, std::memory_order_acq_rel);
+  counts_[linked_++] = live_count;
+}
+
+absl::StatusOr<std::unique_ptr<MemoryRegion>> ProtectionDomain::RegisterMemory(void* addr,
+                                                                               size_t length,
+                                                                               uint32_t access) {
+  absl::StatusOr<std::unique_ptr<MemoryRegion>> mr = DoRegisterMemory(addr, length, access);
+  if (mr.ok()) (*mr)->parents_.Link(&live_mrs_);
+  return mr;
+}
+
+absl::StatusOr<std::unique_ptr<QueuePair>> ProtectionDomain::CreateQp(const QpConfig& config) {
+  absl::StatusOr<std::unique_ptr<QueuePair>> qp = DoCreateQp(config);
+  if (!qp.ok()) return qp;
+  QueuePair& created = **qp;
+  created.parents_.Link(&live_qps_);
+  created.parents_.Link(&created.config().send_cq->live_qps_);
+  created.parents_.Link(&created.config().recv_cq->live_qps_);
+  return qp;
+}
+
+absl::StatusOr<std::unique_ptr<AddressHandle>> ProtectionDomain::CreateAddressHandle(
+    const AddressInfo& info) {
+  absl::StatusOr<std::unique_ptr<AddressHandle>> ah = DoCreateAddressHandle(info);
+  if (ah.ok()) (*ah)->parents_.Link(&live_ahs_);
+  return ah;
+}
+
+ProtectionDomain::~ProtectionDomain() { CheckNoChildren(); }
+
+void ProtectionDomain::CheckNoChildren() const {
+  const uint32_t mrs = live_mrs_.load(std::memory_order_acquire);
+  const uint32_t qps = live_qps_.load(std::memory_order_acquire);
+  const uint32_t ahs = live_ahs_.load(std::memory_order_acquire);
+  CHECK(mrs == 0 && qps == 0 && ahs == 0)
+      << "ProtectionDomain destroyed while " << mrs << " MR(s), " << qps << " QP(s) and " << ahs
+      << " AH(s) of it are still alive: destroy them first (fabric.h, ownership)";
+}
+
+absl::StatusOr<std::unique_ptr<ProtectionDomain>> Device::AllocatePd() {
+  absl::StatusOr<std::unique_ptr<ProtectionDomain>> pd = DoAllocatePd();
+  if (pd.ok()) (*pd)->parents_.Link(&live_pds_);
+  return pd;
+}
+
+absl::StatusOr<std::unique_ptr<CompletionQueue>> Device::CreateCq(uint32_t depth) {
+  absl::StatusOr<std::unique_ptr<CompletionQueue>> cq = DoCreateCq(depth);
+  if (cq.ok()) (*cq)->parents_.Link(&live_cqs_);
+  return cq;
+}
+
+// name() is pure virtual: not callable once the backend's destructor has run.
+Device::~Device() { CheckNoChildren("(its backend already destroyed)"); }
+
+void Device::CheckNoChildren() const { CheckNoChildren(name()); }
+
+void Device::CheckNoChildren(const std::string& name) const {
+  const uint32_t pds = live_pds_.load(std::memory_order_acquire);
+  const uint32_t cqs = live_cqs_.load(std::memory_order_acquire);
+  CHECK(pds == 0 && cqs == 0) << "Device " << name << " destroyed while " << pds << " PD(s) and "
+                              << cqs
+                              << " CQ(s) of it are still alive: destroy them first (fabric.h, "
+                                 "ownership)";
+}
+
+void CompletionQueue::CheckNoLiveQps() const {
+  const uint32_t qps = live_qps();
+  CHECK_EQ(qps, 0u) << "CompletionQueue destroyed while " << qps
+                    << " QP(s) still use it: destroy them first (fabric.h, ownership)";
+}
+
 QueuePair::~QueuePair() {
   if (registry_ != nullptr) registry_->Retire(this);
 }
 
 CompletionQueue::~CompletionQueue() {
+  CheckNoLiveQps();
   if (registry_ != nullptr) registry_->Retire(this);
 }
 

@@ -4,13 +4,33 @@
 //   other   a libibverbs device by name (mlx5_0, rxe0, ...): InfiniBand and RoCE.
 //
 // Ownership follows verbs: a Device outlives its PDs and CQs, a PD outlives its MRs, QPs and
-// AHs; destroying out of order is a programming error (CHECK-fails), never silent corruption.
+// AHs, a CQ outlives the QPs that use it. Destroying out of order CHECK-fails on both backends,
+// naming what is still alive (ChildLinks), never silent corruption. On the asynchronous shm
+// fabric an AH destroyed while a posted WR naming it has not executed also CHECK-fails.
+//
 // Data-path calls (PostSend, PostRecv, Poll) are virtual once per CALL, not per work request: a
 // chain of WRs is one call and one doorbell, as ibv_post_send itself dispatches once per call.
-// They never allocate, block or take a lock.
+// What they may cost beyond that, exactly:
+//   - Never: a heap allocation, a system call or a lock of this project's code, except as listed
+//     here.
+//   - verbs: one ibv_post_send / ibv_post_recv / ibv_poll_cq. The provider may take its own
+//     per-queue spinlock (mlx5 and rxe do), and rxe rings its doorbell with a system call.
+//   - shm, synchronous mode (the default): PostSend EXECUTES each WR in the poster's thread: it
+//     copies the payload into the peer's memory, so it takes as long as the copy. An RC SEND
+//     whose receiver has no RECV posted (RNR) sleeps min_rnr_timer_us between retries inside
+//     PostSend: up to rnr_retry retries, and for rnr_retry = 7 ("forever") up to 1 s, then
+//     completes with kRnrRetryExceeded.
+//   - shm, both modes: the first access to each remote memory region through a peer (an AH's or
+//     a connected QP's) maps it once: a file open and mmap under that peer's mutex when the
+//     peer is another process. Every later access to it is lock-free.
+//   - shm, asynchronous mode: PostSend only copies the WR (and inline data) into the QP's
+//     pending ring; the progress thread executes it later (and sleeps there, never in PostSend).
+//   - Poll never blocks on either backend.
+// Control-path calls (open, create, connect, destroy, counters()) may allocate, lock and block.
 #ifndef HERD_TRANSPORT_FABRIC_H_
 #define HERD_TRANSPORT_FABRIC_H_
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -27,6 +47,28 @@ namespace transport {
 
 class CompletionQueue;
 class QueuePair;
+class ProtectionDomain;
+class Device;
+
+// The ownership rule's bookkeeping. A parent (device, PD, CQ) counts its live children; each
+// child links to its parents' counts when the parent's public create call hands it out, and
+// drops the links in its base destructor, after its backend released it. A parent destroyed
+// with a child alive CHECK-fails, naming what is still alive, before its backend releases
+// anything (on verbs ibv_dealloc_pd would only fail with EBUSY and leak; on shm a QP would
+// write into an unmapped segment later).
+class ChildLinks {
+ public:
+  ChildLinks() = default;
+  ChildLinks(const ChildLinks&) = delete;
+  ChildLinks& operator=(const ChildLinks&) = delete;
+  ~ChildLinks();
+  void Link(std::atomic<uint32_t>* live_count);
+
+ private:
+  static constexpr int kMaxParents = 3;  // a QP has the most: its PD, send CQ and receive CQ
+  std::atomic<uint32_t>* counts_[kMaxParents] = {};
+  int linked_ = 0;
+};
 
 // A device's counters: the sum over every QP and CQ it created, destroyed ones included (their
 // counters are folded in when they go). Backends register each QP and CQ they create; reading is
@@ -51,6 +93,8 @@ class CounterRegistry {
 class MemoryRegion {
  public:
   virtual ~MemoryRegion() = default;
+  MemoryRegion(const MemoryRegion&) = delete;
+  MemoryRegion& operator=(const MemoryRegion&) = delete;
   void* addr() const { return addr_; }
   size_t length() const { return length_; }
   uint32_t lkey() const { return lkey_; }
@@ -67,16 +111,27 @@ class MemoryRegion {
   uint32_t lkey_;
   uint32_t rkey_;
   uint32_t access_;
+  friend class ProtectionDomain;
+  ChildLinks parents_;
 };
 
+// Where UD sends go. Like a verbs AH it may be shared: several QPs on several threads may post
+// with one AH at once. Destroy it only after every WR that names it has executed (asynchronous
+// shm: CHECK-fails otherwise; a NIC would read freed memory).
 class AddressHandle {
  public:
   virtual ~AddressHandle() = default;
+
+ private:
+  friend class ProtectionDomain;
+  ChildLinks parents_;
 };
 
 class CompletionQueue {
  public:
   virtual ~CompletionQueue();
+  // How many QPs use this CQ (as send or receive CQ, or both): it must outlive them.
+  uint32_t live_qps() const { return live_qps_.load(std::memory_order_acquire); }
   // Moves up to out.size() completions into out; returns how many. Never blocks.
   virtual size_t Poll(absl::Span<Completion> out) = 0;
   const CqCounters& counters() const {
@@ -89,10 +144,17 @@ class CompletionQueue {
   // producers in the ring). Any thread may call it: it may only raise counters to a new total.
   virtual void SyncCounters() const {}
   mutable CqCounters counters_;  // mutable: see SyncCounters
+  // CHECK-fails when a QP still uses this CQ. Backends call it first in their destructors
+  // (before releasing anything); the base destructor checks again.
+  void CheckNoLiveQps() const;
 
  private:
   friend class CounterRegistry;
+  friend class Device;
+  friend class ProtectionDomain;
   CounterRegistry* registry_ = nullptr;
+  std::atomic<uint32_t> live_qps_{0};
+  ChildLinks parents_;
 };
 
 struct QpConfig {
@@ -152,19 +214,40 @@ class QueuePair {
 
  private:
   friend class CounterRegistry;
+  friend class ProtectionDomain;
   CounterRegistry* registry_ = nullptr;
+  ChildLinks parents_;
 };
 
+// Creates MRs, QPs and AHs, and must outlive them. The public calls are the backends' Do*
+// calls plus the ownership bookkeeping (ChildLinks), so no backend can forget it.
 class ProtectionDomain {
  public:
-  virtual ~ProtectionDomain() = default;
+  virtual ~ProtectionDomain();
   // Registers [addr, addr + length). The shm fabric needs shared memory (see
   // AllocateSharedMemory); the verbs backend takes any memory.
-  virtual absl::StatusOr<std::unique_ptr<MemoryRegion>> RegisterMemory(void* addr, size_t length,
-                                                                       uint32_t access) = 0;
-  virtual absl::StatusOr<std::unique_ptr<QueuePair>> CreateQp(const QpConfig& config) = 0;
-  virtual absl::StatusOr<std::unique_ptr<AddressHandle>> CreateAddressHandle(
+  absl::StatusOr<std::unique_ptr<MemoryRegion>> RegisterMemory(void* addr, size_t length,
+                                                               uint32_t access);
+  // The QP must also die before its send and receive CQs.
+  absl::StatusOr<std::unique_ptr<QueuePair>> CreateQp(const QpConfig& config);
+  // shm: maps the peer's segment now (an unreachable peer is an error here, not at the first
+  // SEND); verbs: ibv_create_ah.
+  absl::StatusOr<std::unique_ptr<AddressHandle>> CreateAddressHandle(const AddressInfo& info);
+
+ protected:
+  virtual absl::StatusOr<std::unique_ptr<MemoryRegion>> DoRegisterMemory(void* addr, size_t length,
+                                                                         uint32_t access) = 0;
+  virtual absl::StatusOr<std::unique_ptr<QueuePair>> DoCreateQp(const QpConfig& config) = 0;
+  virtual absl::StatusOr<std::unique_ptr<AddressHandle>> DoCreateAddressHandle(
       const AddressInfo& info) = 0;
+  // CHECK-fails, naming them, when MRs, QPs or AHs of this PD are alive. Backends call it first
+  // in their destructors; the base destructor checks again.
+  void CheckNoChildren() const;
+
+ private:
+  friend class Device;
+  std::atomic<uint32_t> live_mrs_{0}, live_qps_{0}, live_ahs_{0};
+  ChildLinks parents_;
 };
 
 struct PortInfo {
@@ -174,20 +257,30 @@ struct PortInfo {
   bool ethernet = false;    // RoCE: addresses by GID, GRH required
 };
 
+// Creates PDs and CQs, and must outlive them (see ChildLinks).
 class Device {
  public:
-  virtual ~Device() = default;
+  virtual ~Device();
   virtual std::string name() const = 0;
   virtual PortInfo port() const = 0;
-  virtual absl::StatusOr<std::unique_ptr<ProtectionDomain>> AllocatePd() = 0;
-  virtual absl::StatusOr<std::unique_ptr<CompletionQueue>> CreateCq(uint32_t depth) = 0;
+  absl::StatusOr<std::unique_ptr<ProtectionDomain>> AllocatePd();
+  absl::StatusOr<std::unique_ptr<CompletionQueue>> CreateCq(uint32_t depth);
   // Every counter of this device's QPs and CQs, past and present: its verb economy as a whole.
   CounterSnapshot counters() const { return registry_.Snapshot(); }
   // Backends register what they create here.
   CounterRegistry& counter_registry() { return registry_; }
 
+ protected:
+  virtual absl::StatusOr<std::unique_ptr<ProtectionDomain>> DoAllocatePd() = 0;
+  virtual absl::StatusOr<std::unique_ptr<CompletionQueue>> DoCreateCq(uint32_t depth) = 0;
+  // CHECK-fails, naming them, when PDs or CQs of this device are alive. Backends call it first
+  // in their destructors; the base destructor checks again.
+  void CheckNoChildren() const;
+
  private:
+  void CheckNoChildren(const std::string& name) const;
   CounterRegistry registry_;
+  std::atomic<uint32_t> live_pds_{0}, live_cqs_{0};
 };
 
 // Fault injection on the shm fabric (the verbs backend rejects non-zero values): loss that an

@@ -10,18 +10,20 @@
 #include <cinttypes>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_format.h"
 #include "glog/logging.h"
+#include "util/errno_status.h"
+#include "util/memfd.h"
+#include "util/round_up.h"
 
 namespace transport {
 namespace {
 
 absl::Status Errno(const char* what) {
-  return absl::InternalError(absl::StrFormat("%s: %s", what, std::strerror(errno)));
+  return util::ErrnoStatus(absl::StatusCode::kInternal, what);
 }
 
 // A descriptor of this process that refers to the file with this device and inode, or -1.
@@ -66,40 +68,23 @@ std::string_view Name(PagePolicy policy) {
   return "off";
 }
 
-HugepagePool ReadHugepagePool() {
-  // The sysfs directory of the 2 MiB size (the pool /proc/sys/vm/nr_hugepages fills).
-  constexpr const char* kPoolDir = "/sys/kernel/mm/hugepages/hugepages-2048kB/";
-  auto read = [&](const char* file) {
-    uint64_t value = 0;
-    std::ifstream(std::string(kPoolDir) + file) >> value;
-    return value;
-  };
-  return HugepagePool{read("nr_hugepages"), read("free_hugepages")};
-}
-
 namespace {
 
 // Maps `size` bytes (a multiple of `page`) of a new memfd; hugetlb when page is 2 MiB, in which
 // case the kernel reserves every page now (ENOMEM when the pool is short).
 absl::Status MapMemfd(const char* name, size_t size, size_t page, int* fd_out, void** data_out) {
-  const unsigned flags = MFD_CLOEXEC | (page == kHugePageBytes ? MFD_HUGETLB : 0u);
-  const int fd = memfd_create(name, flags);
-  if (fd < 0) return Errno("memfd_create");
-  void* data = MAP_FAILED;
-  if (ftruncate(fd, static_cast<off_t>(size)) == 0) {
-    data = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  }
+  absl::StatusOr<int> fd = util::CreateMemfd(name, size, page);
+  if (!fd.ok()) return fd.status();
+  void* data = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, *fd, 0);
   if (data == MAP_FAILED) {
     const absl::Status status = Errno("memfd mapping");
-    close(fd);
+    close(*fd);
     return status;
   }
-  *fd_out = fd;
+  *fd_out = *fd;
   *data_out = data;
   return absl::OkStatus();
 }
-
-size_t RoundUp(size_t n, size_t unit) { return (n + unit - 1) / unit * unit; }
 
 }  // namespace
 
@@ -111,7 +96,7 @@ absl::StatusOr<SharedMemory> SharedMemory::Allocate(size_t bytes, const char* na
   const bool huge = pages == PagePolicy::kHugeRequired ||
                     (pages == PagePolicy::kHugeIfAvailable && bytes >= kHugePageBytes);
   if (huge) {
-    const size_t size = RoundUp(bytes, kHugePageBytes);
+    const size_t size = util::RoundUp(bytes, kHugePageBytes);
     const absl::Status mapped = MapMemfd(name, size, kHugePageBytes, &memory.fd_, &data);
     if (mapped.ok()) {
       memory.data_ = static_cast<uint8_t*>(data);
@@ -119,16 +104,13 @@ absl::StatusOr<SharedMemory> SharedMemory::Allocate(size_t bytes, const char* na
       memory.page_bytes_ = kHugePageBytes;
       return memory;
     }
-    const HugepagePool pool = ReadHugepagePool();
-    const std::string why = absl::StrFormat(
-        "%s: %d bytes of 2 MiB hugepages: %s (pool: %d free of %d; fill it with "
-        "echo N > /proc/sys/vm/nr_hugepages)",
-        name, size, mapped.message(), pool.free, pool.total);
-    if (pages == PagePolicy::kHugeRequired) return absl::ResourceExhaustedError(why);
-    LOG(INFO) << why << "; using small pages";
+    if (pages == PagePolicy::kHugeRequired) {
+      return absl::ResourceExhaustedError(util::HugepageShortage(name, size, mapped));
+    }
+    util::LogSmallPageFallback(name, size, mapped);
   }
   const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
-  const size_t size = RoundUp(bytes, page);
+  const size_t size = util::RoundUp(bytes, page);
   if (absl::Status s = MapMemfd(name, size, page, &memory.fd_, &data); !s.ok()) return s;
   memory.data_ = static_cast<uint8_t*>(data);
   memory.size_ = size;
@@ -140,20 +122,24 @@ SharedMemory::SharedMemory(SharedMemory&& other) noexcept { *this = std::move(ot
 
 SharedMemory& SharedMemory::operator=(SharedMemory&& other) noexcept {
   if (this != &other) {
-    this->~SharedMemory();
+    Release();  // not ~SharedMemory(): ending a live object's lifetime and using it again is UB
     data_ = std::exchange(other.data_, nullptr);
     size_ = std::exchange(other.size_, 0);
     fd_ = std::exchange(other.fd_, -1);
-    page_bytes_ = other.page_bytes_;
+    page_bytes_ = std::exchange(other.page_bytes_, 0);
   }
   return *this;
 }
 
-SharedMemory::~SharedMemory() {
+SharedMemory::~SharedMemory() { Release(); }
+
+void SharedMemory::Release() {
   if (data_ != nullptr) munmap(data_, size_);
   if (fd_ >= 0) close(fd_);
   data_ = nullptr;
+  size_ = 0;
   fd_ = -1;
+  page_bytes_ = 0;
 }
 
 absl::StatusOr<Backing> FindBacking(const void* addr, size_t length) {

@@ -10,10 +10,11 @@
 #include <string_view>
 
 #include "absl/status/statusor.h"
+#include "util/memfd.h"
 
 namespace transport {
 
-inline constexpr size_t kHugePageBytes = size_t{2} << 20;  // x86-64's default hugepage size
+using util::kHugePageBytes;
 
 // Which pages back a SharedMemory. Hugepages come from the kernel's pool
 // (/proc/sys/vm/nr_hugepages), which is empty unless an administrator fills it; the whole
@@ -49,18 +50,16 @@ class SharedMemory {
 
  private:
   SharedMemory() = default;
+  void Release();  // unmaps and closes; leaves an empty object
   uint8_t* data_ = nullptr;
   size_t size_ = 0;
   int fd_ = -1;
   size_t page_bytes_ = 0;
 };
 
-// The 2 MiB hugepage pool, as the kernel reports it (zeros where it reports nothing).
-struct HugepagePool {
-  uint64_t total = 0;
-  uint64_t free = 0;
-};
-HugepagePool ReadHugepagePool();
+// The 2 MiB hugepage pool (util/memfd.h).
+using util::HugepagePool;
+using util::ReadHugepagePool;
 
 // Where a registered range lives in a shareable file: the descriptor this process holds and the
 // file offset of the range's first byte.

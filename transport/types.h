@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <string>
 
+#include "util/counter.h"
+
 namespace transport {
 
 enum class QpType : uint8_t { kRc, kUc, kUd };
@@ -135,20 +137,7 @@ struct AddressInfo {
 
 // Counters that show a program's verb economy. Kept identically by every backend: one writer (the
 // thread that owns the QP or CQ), relaxed atomics so a progress thread may read them.
-struct Counter {
-  std::atomic<uint64_t> value{0};
-  void Add(uint64_t n = 1) {
-    value.store(value.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
-  }
-  uint64_t Get() const { return value.load(std::memory_order_relaxed); }
-  // Sets the counter to `total` unless it already shows more: for a counter whose total is
-  // computed from monotonic sources by any thread (see QueuePair::SyncCounters).
-  void RaiseTo(uint64_t total) {
-    uint64_t shown = value.load(std::memory_order_relaxed);
-    while (shown < total && !value.compare_exchange_weak(shown, total, std::memory_order_relaxed)) {
-    }
-  }
-};
+using Counter = util::Counter;
 
 struct QpCounters {
   Counter doorbells;     // PostSend calls that posted at least one WR
@@ -157,10 +146,19 @@ struct QpCounters {
   Counter inline_wrs;    // ... of which inline
   Counter bytes;         // payload bytes of posted send WRs
   Counter recv_wrs;      // receive WRs posted
-  // Messages dropped silently. Inbound ones at this QP (UD/UC: no RECV, over the MTU or the
-  // receive buffer, bad qkey or rkey, a full receive CQ; shm records them in the receiver's segment
-  // and the QP folds them in when its counters are read). On shm also this QP's own outbound
-  // messages that were lost (injected loss, or dropped at the receiver): only shm sees both ends.
+  // Messages lost silently (UD/UC only: RC reports a loss as an error completion). It sums two
+  // views, and only the shm fabric has both:
+  //   inbound, at this QP as receiver: no RECV posted, over the MTU or the receive buffer at the
+  //     head, bad qkey or rkey, and a receive completion lost to a full receive CQ (that one is
+  //     ALSO counted in the CQ's overruns). shm: senders record these in this QP's segment entry,
+  //     folded in when the counters are read. verbs: a NIC cannot report them; always 0.
+  //   outbound, at this QP as sender (shm only): its own messages lost: injected loss, an
+  //     unreachable or closed peer QP, and every inbound drop above that it caused (so one
+  //     message dropped at a receiver counts once at each end), except a completion lost to a
+  //     full CQ (the message itself landed).
+  // Device totals (Device::counters(), JSON "dropped") add these over the device's QPs: a message
+  // between two QPs of ONE device that is dropped at the receiver counts twice there (once per
+  // end), and a completion lost to a full CQ counts in both "dropped" and "cq_overruns".
   Counter dropped;
 };
 
@@ -169,11 +167,15 @@ struct CqCounters {
   Counter empty_polls;  // ... that returned nothing
   Counter completions;  // completions returned
   // Completions lost because this CQ was full when they arrived (never silent: the shm backend
-  // also logs an error). shm: counted by the producer in the ring, folded in by Poll.
+  // also logs an error). shm: counted by the producer in the ring, folded in by Poll and by
+  // counters(). A lost receive completion also counts in its QP's dropped (see there). verbs: 0
+  // (an overrun is a fatal CQ error there, not a count).
   Counter overruns;
 };
 
-// Plain copy of the counters, for printing and JSON.
+// Plain copy of the counters, for printing and JSON. JSON names are the field names, except
+// polls -> "cq_polls", empty_polls -> "cq_empty_polls" (CqCounters::polls, empty_polls) and
+// cq_overruns (CqCounters::overruns).
 struct CounterSnapshot {
   uint64_t doorbells = 0, wrs = 0, signaled_wrs = 0, inline_wrs = 0, bytes = 0, recv_wrs = 0,
            dropped = 0, polls = 0, empty_polls = 0, completions = 0, cq_overruns = 0;

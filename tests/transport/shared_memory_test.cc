@@ -4,6 +4,7 @@
 // pool when it runs as root).
 #include "transport/shared_memory.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <cinttypes>
@@ -47,6 +48,26 @@ TEST(SharedMemory, SmallPagesByDefault) {
   EXPECT_EQ(memory->size(), 2 * page);
   EXPECT_EQ(KernelPageBytes(memory->data()), page);
   EXPECT_EQ(memory->data()[4999], 0);  // zero-filled
+}
+
+// Moving into a live SharedMemory releases what it held (its descriptor is closed) and leaves
+// the source empty in every field, so nothing is unmapped or closed twice.
+TEST(SharedMemory, MoveAssignmentReleasesTheTargetAndEmptiesTheSource) {
+  constexpr size_t kBytes = 8192;
+  auto target = SharedMemory::Allocate(kBytes);
+  auto source = SharedMemory::Allocate(kBytes);
+  ASSERT_TRUE(target.ok() && source.ok());
+  const int old_fd = target->fd();
+  const int moved_fd = source->fd();
+  source->data()[0] = 42;
+  *target = std::move(*source);
+  EXPECT_EQ(fcntl(old_fd, F_GETFD), -1) << "the target's old memfd is still open";
+  EXPECT_EQ(target->fd(), moved_fd);
+  EXPECT_EQ(target->data()[0], 42);
+  EXPECT_EQ(source->data(), nullptr);  // NOLINT(bugprone-use-after-move): moved-from is empty
+  EXPECT_EQ(source->size(), 0u);
+  EXPECT_EQ(source->fd(), -1);
+  EXPECT_EQ(source->page_bytes(), 0u);
 }
 
 TEST(SharedMemory, AutoLeavesMappingsUnderOneHugepageOnSmallPages) {

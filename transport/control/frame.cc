@@ -8,11 +8,12 @@
 #include <cstring>
 
 #include "absl/strings/str_format.h"
+#include "util/errno_status.h"
 
 namespace transport::control::internal {
 
 absl::Status Errno(std::string_view what) {
-  return absl::UnavailableError(absl::StrFormat("%s: %s", what, std::strerror(errno)));
+  return util::ErrnoStatus(absl::StatusCode::kUnavailable, what);
 }
 
 int MillisUntil(absl::Time deadline) {

@@ -10,6 +10,7 @@
 #define HERD_TRANSPORT_SHM_SEGMENT_H_
 
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
 
 #include "transport/types.h"
@@ -18,7 +19,7 @@ namespace transport::shm {
 
 inline constexpr uint64_t kSegmentMagic = 0x6865726473686d31ULL;  // "herdshm1"
 // The layout below; a peer with another version is refused (bump on any layout change).
-inline constexpr uint32_t kSegmentVersion = 2;
+inline constexpr uint32_t kSegmentVersion = 3;
 // Virtual size of a segment; memfd pages are allocated only when touched.
 inline constexpr uint64_t kSegmentBytes = uint64_t{256} << 20;
 inline constexpr uint32_t kMaxMrs = 4096;  // registered regions per device
@@ -51,13 +52,18 @@ struct RecvEntry {
   uint32_t lkey;
 };
 
-// Owner posts at tail; senders claim at head with a CAS.
+// A cache line: what two cores write must not share one, or every write by one core takes the
+// line from the other (false sharing).
+inline constexpr size_t kCacheLineBytes = 64;
+
+// Owner posts at tail; senders claim at head with a CAS. Head and tail on separate cache lines:
+// a sender's claim does not take the owner's tail line away from it, nor a post the senders'.
 struct RecvRing {
-  std::atomic<uint64_t> head;
-  std::atomic<uint64_t> tail;
-  uint32_t depth;
+  alignas(kCacheLineBytes) std::atomic<uint64_t> head;  // written by senders
+  alignas(kCacheLineBytes) std::atomic<uint64_t> tail;  // written by the owner
+  uint32_t depth;  // written once at creation, next to what the senders read anyway
   uint32_t reserved;
-  RecvEntry entries[];  // depth entries follow
+  alignas(kCacheLineBytes) RecvEntry entries[];  // depth entries follow
 };
 
 struct CqEntry {
@@ -77,14 +83,26 @@ struct CqEntry {
 // Where a peer's rings may lie: in the arena, after the header, aligned for their atomics.
 inline constexpr uint64_t kRingAlignment = 64;
 
+// Head (the consumer's, published once per Poll) and tail (the producers') on separate cache
+// lines. overflows sits with head: producers write it only when the ring is full, and the
+// consumer reads it on every poll without touching the producers' line.
 struct CqRing {
-  std::atomic<uint64_t> head;  // consumer
-  std::atomic<uint64_t> tail;  // producers reserve tickets
+  alignas(kCacheLineBytes) std::atomic<uint64_t> head;  // consumer
   std::atomic<uint64_t> overflows;
-  uint32_t depth;
+  alignas(kCacheLineBytes) std::atomic<uint64_t> tail;  // producers reserve tickets
+  uint32_t depth;  // written once at creation; read by producers with tail
   uint32_t reserved;
-  CqEntry entries[];
+  alignas(kCacheLineBytes) CqEntry entries[];
 };
+
+// The layouts above, as peers rely on them (kSegmentVersion names this one).
+static_assert(offsetof(RecvRing, tail) - offsetof(RecvRing, head) >= kCacheLineBytes);
+static_assert(offsetof(RecvRing, entries) - offsetof(RecvRing, tail) >= kCacheLineBytes);
+static_assert(offsetof(CqRing, tail) - offsetof(CqRing, head) >= kCacheLineBytes);
+static_assert(offsetof(CqRing, tail) - offsetof(CqRing, overflows) >= kCacheLineBytes / 2);
+static_assert(offsetof(CqRing, entries) - offsetof(CqRing, tail) >= kCacheLineBytes);
+static_assert(alignof(RecvRing) == kCacheLineBytes && alignof(CqRing) == kCacheLineBytes);
+static_assert(kRingAlignment % kCacheLineBytes == 0);
 
 struct QpEntry {
   std::atomic<uint32_t> qp_num;  // 0: free

@@ -14,15 +14,17 @@
 #include "transport/shared_memory.h"
 #include "transport/shm/shm_internal.h"
 #include "transport/shm/shm_qp.h"
+#include "util/errno_status.h"
+#include "util/round_up.h"
 
 namespace transport::shm {
 namespace {
 
-absl::Status Errno(const std::string& what) {
-  return absl::UnavailableError(absl::StrFormat("%s: %s", what, std::strerror(errno)));
+absl::Status Errno(std::string_view what) {
+  return util::ErrnoStatus(absl::StatusCode::kUnavailable, what);
 }
 
-uint64_t RoundUp(uint64_t n, uint64_t unit) { return (n + unit - 1) / unit * unit; }
+using util::RoundUp;
 
 uint64_t FabricId(const std::string& name) {
   uint64_t h = 0xcbf29ce484222325ULL;  // FNV-1a: stable across processes and builds
@@ -117,11 +119,15 @@ absl::StatusOr<std::unique_ptr<Peer>> Peer::Connect(const ShmAddress& address) {
 }
 
 Peer::Peer(std::unique_ptr<SegmentMapping> segment)
-    : segment_(std::move(segment)), regions_(kMaxMrs) {}
+    : segment_(std::move(segment)),
+      regions_(new std::atomic<const MappedRegion*>[kMaxMrs]) {
+  for (uint32_t i = 0; i < kMaxMrs; ++i) regions_[i].store(nullptr, std::memory_order_relaxed);
+}
 
 Peer::~Peer() {
-  for (MappedRegion& region : regions_) {
-    if (region.mapping != nullptr) munmap(region.mapping, region.mapping_bytes);
+  absl::MutexLock lock(&map_mutex_);
+  for (const std::unique_ptr<MappedRegion>& region : mappings_) {
+    if (region->mapping != nullptr) munmap(region->mapping, region->mapping_bytes);
   }
 }
 
@@ -130,23 +136,37 @@ uint8_t* Peer::Resolve(uint32_t key, uint64_t addr, uint64_t length, uint32_t ac
   if (index >= kMaxMrs) return nullptr;
   MrEntry& entry = header()->mrs[index];
   if (key == 0 || entry.key.load(std::memory_order_acquire) != key) return nullptr;
-  MappedRegion& region = regions_[index];
-  if (region.key != key && !Map(entry, key, &region)) return nullptr;
+  const MappedRegion* region = regions_[index].load(std::memory_order_acquire);
+  if (region == nullptr || region->key != key) region = MapRegion(index, key);
+  if (region == nullptr) return nullptr;
   // The range is checked against what was mapped (the entry as it was then): the peer may
   // rewrite its entry at any time, but never widens what we touch.
   const uint32_t granted = std::atomic_ref<uint32_t>(entry.access).load(std::memory_order_relaxed);
   // Checked at every access, as a NIC checks the MR's PD against the QP's.
   if (std::atomic_ref<uint32_t>(entry.pd).load(std::memory_order_relaxed) != pd) return nullptr;
-  if ((granted & access) != access || addr < region.addr || length > region.length ||
-      addr - region.addr > region.length - length) {
+  if ((granted & access) != access || addr < region->addr || length > region->length ||
+      addr - region->addr > region->length - length) {
     return nullptr;
   }
-  return region.local + (addr - region.addr);
+  return region->local + (addr - region->addr);
+}
+
+const Peer::MappedRegion* Peer::MapRegion(uint32_t index, uint32_t key) {
+  absl::MutexLock lock(&map_mutex_);
+  // Another thread may have mapped it while we waited.
+  if (const MappedRegion* current = regions_[index].load(std::memory_order_acquire);
+      current != nullptr && current->key == key) {
+    return current;
+  }
+  auto region = std::make_unique<MappedRegion>();
+  if (!Map(header()->mrs[index], key, region.get())) return nullptr;
+  const MappedRegion* published = region.get();
+  mappings_.push_back(std::move(region));
+  regions_[index].store(published, std::memory_order_release);
+  return published;
 }
 
 bool Peer::Map(MrEntry& entry, uint32_t key, MappedRegion* region) {
-  if (region->mapping != nullptr) munmap(region->mapping, region->mapping_bytes);
-  *region = MappedRegion{};
   // One read of each field: the peer may be rewriting them.
   const uint64_t addr = std::atomic_ref<uint64_t>(entry.addr).load(std::memory_order_relaxed);
   const uint64_t length = std::atomic_ref<uint64_t>(entry.length).load(std::memory_order_relaxed);
@@ -274,7 +294,7 @@ void ShmCq::ReportOverruns(uint64_t overflows) {
 
 size_t ShmCq::Poll(absl::Span<Completion> out) {
   counters_.polls.Add();
-  // On the same cache line as head: free to watch on every poll.
+  // On the same cache line as head (see CqRing): free to watch on every poll.
   if (const uint64_t overflows = ring_->overflows.load(std::memory_order_relaxed);
       overflows != reported_overflows_) {
     ReportOverruns(overflows);
@@ -295,11 +315,13 @@ size_t ShmCq::Poll(absl::Span<Completion> out) {
     c.has_imm = e.has_imm != 0;
     const uint64_t sq_sequence = e.sq_sequence;
     e.sequence.store(head + depth_, std::memory_order_release);
-    ring_->head.store(head + 1, std::memory_order_release);
     if (sq_sequence != 0) {
       RetireSends(device_->segment().header()->qps, c.qp_num, sq_sequence);
     }
   }
+  // Once per Poll, not per completion: every store takes the line from the producers, who read
+  // head to see room. Publishing late only makes the room visible a little later.
+  if (n > 0) ring_->head.store(head, std::memory_order_release);
   if (n == 0) counters_.empty_polls.Add();
   counters_.completions.Add(n);
   return n;
@@ -318,33 +340,14 @@ class ShmMr : public MemoryRegion {
   ShmDevice* device_;
 };
 
-// The AH maps its peer's segment on the first SEND through it (like verbs, creating an AH never
-// checks that the peer is alive) and unmaps it when destroyed, so a server that drops the AHs of
-// departed clients keeps no mapping of them. Unlike verbs, one AH must not be used by two threads
-// at once (its first use maps); herd gives each worker its own AHs.
-class ShmAh : public AddressHandle {
- public:
-  explicit ShmAh(const Gid& gid) { std::memcpy(&address_, gid.data(), sizeof(address_)); }
-
-  Peer* peer() const {
-    if (peer_ == nullptr) {
-      absl::StatusOr<std::unique_ptr<Peer>> peer = Peer::Connect(address_);
-      if (peer.ok()) peer_ = *std::move(peer);
-    }
-    return peer_.get();
-  }
-
- private:
-  ShmAddress address_;
-  mutable std::unique_ptr<Peer> peer_;
-};
-
 class ShmPd : public ProtectionDomain {
  public:
   explicit ShmPd(ShmDevice* device) : device_(device), id_(device->NewPdId()) {}
+  ~ShmPd() override { CheckNoChildren(); }
 
-  absl::StatusOr<std::unique_ptr<MemoryRegion>> RegisterMemory(void* addr, size_t length,
-                                                               uint32_t access) override {
+ protected:
+  absl::StatusOr<std::unique_ptr<MemoryRegion>> DoRegisterMemory(void* addr, size_t length,
+                                                                 uint32_t access) override {
     if (length == 0) return absl::InvalidArgumentError("cannot register 0 bytes");
     absl::StatusOr<Backing> backing = FindBacking(addr, length);
     if (!backing.ok()) return backing.status();
@@ -354,14 +357,14 @@ class ShmPd : public ProtectionDomain {
     return std::unique_ptr<MemoryRegion>(new ShmMr(device_, addr, length, *key, access));
   }
 
-  absl::StatusOr<std::unique_ptr<QueuePair>> CreateQp(const QpConfig& config) override {
+  absl::StatusOr<std::unique_ptr<QueuePair>> DoCreateQp(const QpConfig& config) override {
     absl::StatusOr<std::unique_ptr<ShmQp>> qp = ShmQp::Create(device_, config, id_);
     if (!qp.ok()) return qp.status();
     device_->counter_registry().Register(qp->get());
     return std::unique_ptr<QueuePair>(std::move(*qp));
   }
 
-  absl::StatusOr<std::unique_ptr<AddressHandle>> CreateAddressHandle(
+  absl::StatusOr<std::unique_ptr<AddressHandle>> DoCreateAddressHandle(
       const AddressInfo& info) override {
     ShmAddress address;
     std::memcpy(&address, info.gid.data(), sizeof(address));
@@ -369,7 +372,10 @@ class ShmPd : public ProtectionDomain {
       return absl::InvalidArgumentError(
           "address handle: GID is not a shm device of this fabric (wrong fabric name?)");
     }
-    return std::unique_ptr<AddressHandle>(new ShmAh(info.gid));
+    // Resolved now, not at the first SEND: the data path never opens, maps or allocates.
+    absl::StatusOr<std::unique_ptr<Peer>> peer = Peer::Connect(address);
+    if (!peer.ok()) return peer.status();
+    return std::unique_ptr<AddressHandle>(new ShmAh(*std::move(peer)));
   }
 
  private:
@@ -379,7 +385,12 @@ class ShmPd : public ProtectionDomain {
 
 }  // namespace
 
-Peer* AddressHandlePeer(const AddressHandle* ah) { return static_cast<const ShmAh*>(ah)->peer(); }
+ShmAh::~ShmAh() {
+  const uint64_t pending = pending_.load(std::memory_order_acquire);
+  CHECK_EQ(pending, 0u) << "AddressHandle destroyed while " << pending
+                        << " posted WR(s) that name it have not executed yet (asynchronous shm "
+                           "fabric; a NIC would read freed memory): poll their completions first";
+}
 
 // ------------------------------------------------------------------------------ device
 absl::StatusOr<std::unique_ptr<ShmDevice>> ShmDevice::Open(const DeviceOptions& options) {
@@ -404,6 +415,7 @@ absl::StatusOr<std::unique_ptr<ShmDevice>> ShmDevice::Open(const DeviceOptions& 
 }
 
 ShmDevice::~ShmDevice() {
+  CheckNoChildren();  // before the progress thread stops and the segment goes
   if (progress_thread_.joinable()) {
     stop_progress_.store(true, std::memory_order_relaxed);
     progress_thread_.join();
@@ -439,11 +451,11 @@ PortInfo ShmDevice::port() const {
   return info;
 }
 
-absl::StatusOr<std::unique_ptr<ProtectionDomain>> ShmDevice::AllocatePd() {
+absl::StatusOr<std::unique_ptr<ProtectionDomain>> ShmDevice::DoAllocatePd() {
   return std::unique_ptr<ProtectionDomain>(new ShmPd(this));
 }
 
-absl::StatusOr<std::unique_ptr<CompletionQueue>> ShmDevice::CreateCq(uint32_t depth) {
+absl::StatusOr<std::unique_ptr<CompletionQueue>> ShmDevice::DoCreateCq(uint32_t depth) {
   if (depth == 0) return absl::InvalidArgumentError("CQ depth must be positive");
   absl::StatusOr<uint64_t> offset = Carve(sizeof(CqRing) + uint64_t{depth} * sizeof(CqEntry));
   if (!offset.ok()) return offset.status();

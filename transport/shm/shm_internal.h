@@ -42,7 +42,8 @@ class SegmentMapping {
   int owned_fd_;  // -1 for a peer's segment
 };
 
-// A peer device as one sender sees it: its segment and the regions of it we have mapped.
+// A peer device as one sender sees it: its segment and the regions of it we have mapped. Safe to
+// share between threads (an address handle is: several QPs on several threads post with one).
 class Peer {
  public:
   static absl::StatusOr<std::unique_ptr<Peer>> Connect(const ShmAddress& address);
@@ -50,9 +51,11 @@ class Peer {
   SegmentHeader* header() const { return segment_->header(); }
   const SegmentMapping& segment() const { return *segment_; }
   // Our address for [addr, addr + length) of the peer's region `key` if the key is live, the
-  // range lies inside it and `access` is granted; nullptr otherwise. The first access to a
-  // region maps it (control-path cost once per region).
-  // The region must belong to protection domain `pd` (the PD of the QP the access arrives on).
+  // range lies inside it and `access` is granted; nullptr otherwise. The region must belong to
+  // protection domain `pd` (the PD of the QP the access arrives on). The first access to a
+  // region (and the first after the peer re-registered its index under a new key) maps it: a
+  // file open and mmap under map_mutex_ when the peer is another process, once per region; every
+  // later access is lock-free.
   uint8_t* Resolve(uint32_t key, uint64_t addr, uint64_t length, uint32_t access, uint32_t pd);
 
  private:
@@ -65,10 +68,37 @@ class Peer {
     size_t mapping_bytes = 0;
   };
   explicit Peer(std::unique_ptr<SegmentMapping> segment);
+  // The slow path of Resolve: maps region `key` (at `index`) as its entry describes it now, and
+  // publishes it; nullptr if it cannot be mapped.
+  const MappedRegion* MapRegion(uint32_t index, uint32_t key);
   // Maps region `key` as `entry` describes it now (every field validated); false if it cannot.
   bool Map(MrEntry& entry, uint32_t key, MappedRegion* region);
   std::unique_ptr<SegmentMapping> segment_;
-  std::vector<MappedRegion> regions_;  // indexed by region index
+  // The current mapping of each region index (nullptr: none yet), read without a lock.
+  std::unique_ptr<std::atomic<const MappedRegion*>[]> regions_;
+  absl::Mutex map_mutex_;  // serialises MapRegion: control-path cost, once per region
+  // Every mapping ever made, unmapped only when the peer goes: a replaced one may still be in use
+  // by another thread's Resolve.
+  std::vector<std::unique_ptr<MappedRegion>> mappings_ ABSL_GUARDED_BY(map_mutex_);
+};
+
+// A UD address handle: its peer is resolved (the segment mapped) when it is created, so an
+// unreachable peer is an error then and the data path never opens or maps the segment. It
+// unmaps the peer when destroyed, so a server that drops the AHs of departed clients keeps no
+// mapping of them.
+class ShmAh : public AddressHandle {
+ public:
+  explicit ShmAh(std::unique_ptr<Peer> peer) : peer_(std::move(peer)) {}
+  ~ShmAh() override;
+  Peer* peer() const { return peer_.get(); }
+  // Asynchronous mode: a posted WR names this AH (PostSend) / has executed or been discarded (the
+  // progress thread, or its QP's destruction). Destroying the AH in between CHECK-fails.
+  void AddPending() const { pending_.fetch_add(1, std::memory_order_relaxed); }
+  void RemovePending() const { pending_.fetch_sub(1, std::memory_order_release); }
+
+ private:
+  const std::unique_ptr<Peer> peer_;
+  mutable std::atomic<uint64_t> pending_{0};
 };
 
 class ShmQp;
@@ -79,8 +109,6 @@ class ShmDevice : public Device {
   ~ShmDevice() override;
   std::string name() const override { return "shm"; }
   PortInfo port() const override;
-  absl::StatusOr<std::unique_ptr<ProtectionDomain>> AllocatePd() override;
-  absl::StatusOr<std::unique_ptr<CompletionQueue>> CreateCq(uint32_t depth) override;
 
   SegmentMapping& segment() { return *segment_; }
   // Carves `bytes` from the segment's arena; returns its offset.
@@ -96,6 +124,10 @@ class ShmDevice : public Device {
   // Asynchronous mode (DeviceOptions::shm_async, or an injected delay): a progress thread runs
   // the QPs' pending send WRs.
   bool async() const { return async_; }
+
+ protected:
+  absl::StatusOr<std::unique_ptr<ProtectionDomain>> DoAllocatePd() override;
+  absl::StatusOr<std::unique_ptr<CompletionQueue>> DoCreateCq(uint32_t depth) override;
 
  private:
   ShmDevice(std::unique_ptr<SegmentMapping> segment, const FaultOptions& faults, bool async)
@@ -125,6 +157,7 @@ class ShmCq : public CompletionQueue {
         offset_(offset),
         ring_(device->segment().At<CqRing>(offset)),
         depth_(depth) {}
+  ~ShmCq() override { CheckNoLiveQps(); }
   size_t Poll(absl::Span<Completion> out) override;
   uint64_t offset() const { return offset_; }
   uint32_t depth() const { return depth_; }

@@ -12,8 +12,6 @@
 
 namespace transport::shm {
 
-Peer* AddressHandlePeer(const AddressHandle* ah);  // shm_device.cc: nullptr if unreachable
-
 namespace {
 
 // rnr_retry = 7 means "retry forever" in verbs. The asynchronous mode does (the progress thread
@@ -104,9 +102,18 @@ absl::StatusOr<std::unique_ptr<ShmQp>> ShmQp::Create(ShmDevice* device, const Qp
 
 ShmQp::~ShmQp() {
   if (entry_ != nullptr) {
-    SyncCounters();  // the last inbound drops, before the table entry goes
-    device_->RemoveQp(entry_);
+    SyncCounters();             // the last inbound drops, before the table entry goes
+    device_->RemoveQp(entry_);  // after it, the progress thread never enters this QP again
   }
+  // WRs that never executed no longer name their address handles.
+  const uint64_t tail = pending_tail_.load(std::memory_order_acquire);
+  for (uint64_t head = pending_head_.load(std::memory_order_acquire); head != tail; ++head) {
+    ReleaseAh(pending_[head % pending_.size()].wr);
+  }
+}
+
+void ShmQp::ReleaseAh(const SendWr& wr) const {
+  if (config_.type == QpType::kUd) static_cast<const ShmAh*>(wr.ah)->RemovePending();
 }
 
 void ShmQp::SyncCounters() const {
@@ -169,7 +176,12 @@ absl::Status ShmQp::PostRecv(RecvWr* chain, RecvWr** bad) {
       return absl::InvalidArgumentError("shm receives take exactly one SGE");
     }
     const uint32_t depth = config_.max_recv_wr;  // not the ring's copy: peers can write it
-    if (tail - recv_ring_->head.load(std::memory_order_acquire) >= depth) {
+    // Senders write head: read it only when the ring looks full by the last value seen, not per
+    // receive (each read would pull the line from the sender's core).
+    if (tail - recv_head_seen_ >= depth) {
+      recv_head_seen_ = recv_ring_->head.load(std::memory_order_acquire);
+    }
+    if (tail - recv_head_seen_ >= depth) {
       *bad = wr;
       return absl::ResourceExhaustedError(absl::StrFormat("receive queue full (%d)", depth));
     }
@@ -267,6 +279,7 @@ void ShmQp::Enqueue(const SendWr& wr, uint64_t sequence) {
     for (uint32_t i = 0; i < wr.num_sge; ++i) sges[i] = wr.sg_list[i];
   }
   p.wr.sg_list = sges;
+  if (config_.type == QpType::kUd) static_cast<const ShmAh*>(wr.ah)->AddPending();
   pending_tail_.store(tail + 1, std::memory_order_release);
 }
 
@@ -286,6 +299,7 @@ uint32_t ShmQp::Progress(int64_t now_ns) {
       break;
     }
     Finish(p.wr, *status, byte_len, p.sequence);
+    ReleaseAh(p.wr);
   }
   pending_head_.store(head, std::memory_order_release);
   return executed;
@@ -315,7 +329,9 @@ uint8_t* ShmQp::LocalBuffer(const Sge& sge, uint32_t need_access) const {
 }
 
 Peer* ShmQp::PeerFor(const SendWr& wr) {
-  return config_.type == QpType::kUd ? AddressHandlePeer(wr.ah) : connected_peer_.get();
+  // Address handles of this backend are ShmAh (CreateAddressHandle makes no other).
+  return config_.type == QpType::kUd ? static_cast<const ShmAh*>(wr.ah)->peer()
+                                     : connected_peer_.get();
 }
 
 std::optional<CompletionStatus> ShmQp::Execute(const SendWr& wr, uint32_t* byte_len,
@@ -483,7 +499,8 @@ std::optional<CompletionStatus> ShmQp::Deliver(Peer& peer, uint32_t dst_qpn, con
   const uint64_t min_length = config_.type == QpType::kUd ? length + grh : 0;
   bool too_small = false;
   RecvEntry recv;
-  const auto started = std::chrono::steady_clock::now();
+  // Read only once a receive is missing: a clock read per message is a measurable cost.
+  std::optional<std::chrono::steady_clock::time_point> started;
   const bool forever = connect_.rnr_retry == kRnrRetryForever;
   for (uint32_t attempt = 0; !PopReceive(ring, ring_depth, &recv, min_length, &too_small);
        ++attempt) {
@@ -495,8 +512,9 @@ std::optional<CompletionStatus> ShmQp::Deliver(Peer& peer, uint32_t dst_qpn, con
       ++rnr->attempts;
       return std::nullopt;
     }
+    if (!started.has_value()) started = std::chrono::steady_clock::now();
     if ((!forever && attempt >= connect_.rnr_retry) ||
-        (forever && std::chrono::steady_clock::now() - started > kInfiniteRnrWait)) {
+        (forever && std::chrono::steady_clock::now() - *started > kInfiniteRnrWait)) {
       return CompletionStatus::kRnrRetryExceeded;
     }
     std::this_thread::sleep_for(std::chrono::microseconds(connect_.min_rnr_timer_us));

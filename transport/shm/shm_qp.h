@@ -66,6 +66,8 @@ class ShmQp : public QueuePair {
   // Asynchronous mode: copies `wr` into the pending ring (room is guaranteed by the send-queue
   // depth check: a WR leaves the ring before its completion can free its slot).
   void Enqueue(const SendWr& wr, uint64_t sequence);
+  // Asynchronous mode: a pending UD WR executed or was discarded; its AH may go.
+  void ReleaseAh(const SendWr& wr) const;
 
   // One pending WR: a copy whose sg_list points at its own SGE copies (or, for inline data, at
   // its own copy of the bytes).
@@ -98,6 +100,7 @@ class ShmQp : public QueuePair {
   Counter outbound_dropped_;
 
   uint64_t posted_ = 0;          // send WRs posted, ever
+  uint64_t recv_head_seen_ = 0;  // PostRecv's last read of the receive ring's head (see there)
   uint64_t loss_state_ = 0;      // fault injection generator (splitmix64 state)
   uint64_t disorder_state_ = 0;  // write disorder's own generator: loss draws stay as they were
 };

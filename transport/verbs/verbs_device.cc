@@ -306,12 +306,13 @@ absl::StatusOr<std::unique_ptr<VerbsDevice>> VerbsDevice::Open(const DeviceOptio
 }
 
 VerbsDevice::~VerbsDevice() {
+  CheckNoChildren();  // before the context goes: its PDs and CQs would be left dangling
   if (context_ != nullptr && ibv_close_device(context_) != 0) {
     LOG(ERROR) << "ibv_close_device(" << name_ << ") failed";
   }
 }
 
-absl::StatusOr<std::unique_ptr<ProtectionDomain>> VerbsDevice::AllocatePd() {
+absl::StatusOr<std::unique_ptr<ProtectionDomain>> VerbsDevice::DoAllocatePd() {
   ibv_pd* pd = ibv_alloc_pd(context_);
   if (pd == nullptr) {
     return absl::ResourceExhaustedError(
@@ -320,7 +321,7 @@ absl::StatusOr<std::unique_ptr<ProtectionDomain>> VerbsDevice::AllocatePd() {
   return std::unique_ptr<ProtectionDomain>(new VerbsPd(this, pd));
 }
 
-absl::StatusOr<std::unique_ptr<CompletionQueue>> VerbsDevice::CreateCq(uint32_t depth) {
+absl::StatusOr<std::unique_ptr<CompletionQueue>> VerbsDevice::DoCreateCq(uint32_t depth) {
   ibv_cq* cq = ibv_create_cq(context_, static_cast<int>(depth), nullptr, nullptr, 0);
   if (cq == nullptr) {
     return absl::ResourceExhaustedError(
@@ -388,6 +389,7 @@ void PollGrace::Synchronize() {
 }
 
 VerbsCq::~VerbsCq() {
+  CheckNoLiveQps();  // ibv_destroy_cq would only fail with EBUSY and leak
   if (const int rc = ibv_destroy_cq(cq_); rc != 0) {
     LOG(ERROR) << "ibv_destroy_cq: " << std::strerror(rc) << " (QPs still use it?)";
   }
@@ -446,13 +448,14 @@ size_t VerbsCq::Poll(absl::Span<Completion> out) {
 
 // ---------------------------------------------------------------------------- PD, MR, AH
 VerbsPd::~VerbsPd() {
+  CheckNoChildren();  // ibv_dealloc_pd would only fail with EBUSY and leak
   if (const int rc = ibv_dealloc_pd(pd_); rc != 0) {
     LOG(ERROR) << "ibv_dealloc_pd: " << std::strerror(rc) << " (MRs, QPs or AHs still use it?)";
   }
 }
 
-absl::StatusOr<std::unique_ptr<MemoryRegion>> VerbsPd::RegisterMemory(void* addr, size_t length,
-                                                                      uint32_t access) {
+absl::StatusOr<std::unique_ptr<MemoryRegion>> VerbsPd::DoRegisterMemory(void* addr, size_t length,
+                                                                        uint32_t access) {
   ibv_mr* mr = ibv_reg_mr(pd_, addr, length, static_cast<int>(ToIbvAccess(access)));
   if (mr == nullptr) {
     const int e = errno;
@@ -463,14 +466,14 @@ absl::StatusOr<std::unique_ptr<MemoryRegion>> VerbsPd::RegisterMemory(void* addr
   return std::unique_ptr<MemoryRegion>(new VerbsMr(mr, access));
 }
 
-absl::StatusOr<std::unique_ptr<QueuePair>> VerbsPd::CreateQp(const QpConfig& config) {
+absl::StatusOr<std::unique_ptr<QueuePair>> VerbsPd::DoCreateQp(const QpConfig& config) {
   absl::StatusOr<std::unique_ptr<VerbsQp>> qp = VerbsQp::Create(device_, pd_, config);
   if (!qp.ok()) return qp.status();
   device_->counter_registry().Register(qp->get());
   return std::unique_ptr<QueuePair>(std::move(*qp));
 }
 
-absl::StatusOr<std::unique_ptr<AddressHandle>> VerbsPd::CreateAddressHandle(
+absl::StatusOr<std::unique_ptr<AddressHandle>> VerbsPd::DoCreateAddressHandle(
     const AddressInfo& info) {
   ibv_ah_attr attr = AddressVector(*device_, info.lid, info.gid);
   ibv_ah* ah = ibv_create_ah(pd_, &attr);

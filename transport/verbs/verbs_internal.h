@@ -29,8 +29,6 @@ class VerbsDevice : public Device {
   ~VerbsDevice() override;
   std::string name() const override { return name_; }
   PortInfo port() const override { return port_info_; }
-  absl::StatusOr<std::unique_ptr<ProtectionDomain>> AllocatePd() override;
-  absl::StatusOr<std::unique_ptr<CompletionQueue>> CreateCq(uint32_t depth) override;
 
   ibv_context* context() const { return context_; }
   uint8_t port_num() const { return port_num_; }
@@ -43,6 +41,10 @@ class VerbsDevice : public Device {
   // use it until its CQ's WaitForPollers returns.
   void RemoveQp(uint32_t qp_num);
   VerbsQp* FindQp(uint32_t qp_num) const;  // nullptr when not (or no longer) registered
+
+ protected:
+  absl::StatusOr<std::unique_ptr<ProtectionDomain>> DoAllocatePd() override;
+  absl::StatusOr<std::unique_ptr<CompletionQueue>> DoCreateCq(uint32_t depth) override;
 
  private:
   VerbsDevice() = default;
@@ -102,10 +104,12 @@ class VerbsPd : public ProtectionDomain {
  public:
   VerbsPd(VerbsDevice* device, ibv_pd* pd) : device_(device), pd_(pd) {}
   ~VerbsPd() override;
-  absl::StatusOr<std::unique_ptr<MemoryRegion>> RegisterMemory(void* addr, size_t length,
-                                                               uint32_t access) override;
-  absl::StatusOr<std::unique_ptr<QueuePair>> CreateQp(const QpConfig& config) override;
-  absl::StatusOr<std::unique_ptr<AddressHandle>> CreateAddressHandle(
+
+ protected:
+  absl::StatusOr<std::unique_ptr<MemoryRegion>> DoRegisterMemory(void* addr, size_t length,
+                                                                 uint32_t access) override;
+  absl::StatusOr<std::unique_ptr<QueuePair>> DoCreateQp(const QpConfig& config) override;
+  absl::StatusOr<std::unique_ptr<AddressHandle>> DoCreateAddressHandle(
       const AddressInfo& info) override;
 
  private:

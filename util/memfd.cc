@@ -1,0 +1,49 @@
+#include "util/memfd.h"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <fstream>
+
+#include "absl/strings/str_format.h"
+#include "glog/logging.h"
+#include "util/errno_status.h"
+
+namespace util {
+
+HugepagePool ReadHugepagePool() {
+  // The sysfs directory of the 2 MiB size (the pool /proc/sys/vm/nr_hugepages fills).
+  constexpr const char* kPoolDir = "/sys/kernel/mm/hugepages/hugepages-2048kB/";
+  auto read = [&](const char* file) {
+    uint64_t value = 0;
+    std::ifstream(std::string(kPoolDir) + file) >> value;
+    return value;
+  };
+  return HugepagePool{read("nr_hugepages"), read("free_hugepages")};
+}
+
+absl::StatusOr<int> CreateMemfd(const char* name, size_t bytes, size_t page_bytes) {
+  const unsigned flags = MFD_CLOEXEC | (page_bytes == kHugePageBytes ? MFD_HUGETLB : 0u);
+  const int fd = memfd_create(name, flags);
+  if (fd < 0) return ErrnoStatus(absl::StatusCode::kInternal, "memfd_create");
+  if (ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+    const absl::Status status = ErrnoStatus(absl::StatusCode::kInternal, "ftruncate memfd");
+    close(fd);
+    return status;
+  }
+  return fd;
+}
+
+std::string HugepageShortage(std::string_view name, size_t bytes, const absl::Status& why) {
+  const HugepagePool pool = ReadHugepagePool();
+  return absl::StrFormat(
+      "%s: %d bytes of 2 MiB hugepages: %s (pool: %d free of %d; fill it with "
+      "echo N > /proc/sys/vm/nr_hugepages)",
+      name, bytes, why.message(), pool.free, pool.total);
+}
+
+void LogSmallPageFallback(std::string_view name, size_t bytes, const absl::Status& why) {
+  LOG(INFO) << HugepageShortage(name, bytes, why) << "; using small pages";
+}
+
+}  // namespace util
