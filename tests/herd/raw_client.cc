@@ -1,5 +1,6 @@
 #include "tests/herd/raw_client.h"
 
+#include <algorithm>
 #include <cstring>
 #include <random>
 
@@ -306,20 +307,28 @@ absl::StatusOr<RawResponse> RawClient::Receive(absl::Duration timeout) {
 }
 
 absl::StatusOr<RawResponse> RawClient::Call(const Request& request, absl::Duration timeout) {
-  absl::StatusOr<transport::CompletionStatus> sent = Send(request);
-  if (!sent.ok()) return sent.status();
-  if (*sent != transport::CompletionStatus::kSuccess) {
-    return absl::InternalError(
-        absl::StrFormat("the request's WR completed with %s", transport::ToString(*sent)));
-  }
+  // Retransmitted (next attempt) until answered, as herd's client does: a session's first
+  // request can reach the worker before the server published its route, and is dropped then.
+  constexpr absl::Duration kRetransmitAfter = absl::Milliseconds(100);
   // Answers go to the slot's (or the sending QP's) owner, whatever id the request named.
   const uint32_t client_id = welcome_.first_client_id + request.client;
   const absl::Time give_up = absl::Now() + timeout;
-  while (true) {
-    absl::StatusOr<RawResponse> r = Receive(give_up - absl::Now());
-    if (!r.ok() && absl::IsDeadlineExceeded(r.status())) return r.status();
-    if (r.ok() && r->header.seq == request.seq && r->header.client_id == client_id) return r;
+  Request send = request;
+  while (absl::Now() < give_up) {
+    absl::StatusOr<transport::CompletionStatus> sent = Send(send);
+    if (!sent.ok()) return sent.status();
+    if (*sent != transport::CompletionStatus::kSuccess) {
+      return absl::InternalError(
+          absl::StrFormat("the request's WR completed with %s", transport::ToString(*sent)));
+    }
+    const absl::Time retransmit = std::min(give_up, absl::Now() + kRetransmitAfter);
+    while (absl::Now() < retransmit) {
+      absl::StatusOr<RawResponse> r = Receive(retransmit - absl::Now());
+      if (r.ok() && r->header.seq == request.seq && r->header.client_id == client_id) return r;
+    }
+    ++send.attempt;
   }
+  return absl::DeadlineExceededError("no answer through every retransmission");
 }
 
 absl::StatusOr<std::unique_ptr<transport::QueuePair>> RawClient::NewConnectedQp(

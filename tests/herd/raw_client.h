@@ -93,7 +93,8 @@ class RawClient {
   // Waits up to `timeout` for the next UD response on the UD QP (kDeadlineExceeded when none).
   absl::StatusOr<RawResponse> Receive(absl::Duration timeout);
   // Sends `request` and waits for the response that answers it (its seq, and this session's id
-  // for request.client), skipping others; kDeadlineExceeded when none came within `timeout`.
+  // for request.client), skipping others, retransmitting it (next attempt) every 100 ms;
+  // kDeadlineExceeded when none came within `timeout`.
   absl::StatusOr<RawResponse> Call(const Request& request,
                                    absl::Duration timeout = absl::Seconds(10));
 
