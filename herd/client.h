@@ -132,6 +132,10 @@ class Client {
                        absl::Span<const uint8_t> bytes);
   // Tests only: the session's checksum key, to build requests by hand.
   uint64_t session_secret() const { return welcome_.secret; }
+  // Tests only (a forger that learned them): this client's UD QP, where UD responses land, and
+  // the qkey it accepts.
+  transport::QpEndpoint UdEndpointForTest() const { return ud_qp_->endpoint(); }
+  uint32_t UdQkeyForTest() const { return ud_qkey_; }
   // Tests only: forces this client's QPs into the error state (a broken NIC path while the
   // server lives on).
   void BreakQpsForTest();
