@@ -72,6 +72,7 @@ Client::~Client() = default;
 
 absl::Status Client::Handshake() {
   if (absl::Status s = Take(transport::OpenDevice(options_.device), &device_); !s.ok()) return s;
+  grh_is_ipv4_ = device_->port().grh_is_ipv4;
   absl::StatusOr<transport::control::Channel> channel =
       transport::control::Channel::Connect(options_.server, options_.connect_timeout);
   if (!channel.ok()) return channel.status();
@@ -448,11 +449,15 @@ void Client::PollUdResponses(absl::Span<Result> out, size_t* n) {
                             c.byte_len - transport::kGrhBytes, /*secret=*/0, &response) &&
               response.header.worker < config_.workers;
     if (ok) {
-      // Only the named worker's own QPs answer for it.
+      // Only the named worker's own QPs answer for it: their numbers, on the server's device
+      // (QP numbers are unique per device only).
       const uint32_t per_worker = config_.ud_qps_per_worker;
       const auto first = welcome_.worker_response_qpns.begin() +
                          static_cast<ptrdiff_t>(response.header.worker * per_worker);
+      const uint8_t* grh = receives_->data() + c.wr_id * receive_bytes_;
       ok = std::find(first, first + per_worker, c.src_qp) != first + per_worker &&
+           transport::SourceGidOfGrh(grh, grh_is_ipv4_) ==
+               welcome_.worker_ud[response.header.worker].gid &&
            Accept(response, &out[*n]);
     }
     if (ok) {

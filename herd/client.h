@@ -190,6 +190,7 @@ class Client {
   std::vector<uint64_t> next_seq_;  // [client][worker]
   std::vector<uint8_t> delivered_;  // WRITE responses copied out before checking: [slot]
   uint32_t ud_qkey_ = 0;            // our UD QP's own qkey
+  bool grh_is_ipv4_ = false;        // how our receives' GRH area names a sender
   // The adaptive retransmission timeout (TCP's estimator): smoothed round trip and its mean
   // deviation, in nanoseconds; no sample yet while srtt_ns_ == 0.
   double srtt_ns_ = 0, rttvar_ns_ = 0;

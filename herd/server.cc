@@ -138,6 +138,7 @@ absl::Status Server::Init() {
     if (c.request_verb == RequestVerb::kUdSend) {
       memory.receive_bytes =
           transport::kGrhBytes + std::max(c.slot_bytes, device_->port().active_mtu);
+      memory.grh_is_ipv4 = device_->port().grh_is_ipv4;
       absl::StatusOr<transport::SharedMemory> receives = transport::SharedMemory::Allocate(
           uint64_t{c.recv_depth} * memory.receive_bytes, "herd-receives", options_.region_pages);
       if (!receives.ok()) return receives.status();
@@ -450,6 +451,7 @@ absl::Status Server::BuildSession(Session& session, const Join& join) {
       ClientRoute& route = pw.routes[i];
       route.ah = pw.ah.get();
       route.ud_qpn = join.ud.qp_num;
+      route.ud_gid = join.ud.gid;
       route.ud_qkey = join.ud_qkey;
       route.secret = session.secret;
       route.generation = session.generation;

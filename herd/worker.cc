@@ -138,7 +138,8 @@ uint32_t Worker::GatherFromSlots() {
   uint32_t count = 0;
   scanner_.Scan(
       [&](uint32_t client, uint32_t slot, const uint8_t* start, uint64_t) {
-        return Admit(client, slot, start, config_.slot_bytes, 0, &count) == Admitted::kNotYet
+        return Admit(client, slot, start, config_.slot_bytes, nullptr, 0, &count) ==
+                       Admitted::kNotYet
                    ? SlotAction::kLeave
                    : SlotAction::kConsume;
       },
@@ -173,14 +174,15 @@ uint32_t Worker::GatherFromReceives() {
       counters_.rejected.Add();
       continue;
     }
-    Admit(client, kFromReceive, message, length, c.src_qp, &count);
+    Admit(client, kFromReceive, message, length, message - transport::kGrhBytes, c.src_qp, &count);
   }
   reposts_ = got;
   return count;
 }
 
 Worker::Admitted Worker::Admit(uint32_t client, uint32_t slot, const uint8_t* message,
-                               uint32_t length, uint32_t src_qp, uint32_t* count) {
+                               uint32_t length, const uint8_t* grh, uint32_t src_qp,
+                               uint32_t* count) {
   const ClientRoute* route = routes_[client].load(std::memory_order_acquire);
   if (route == nullptr) {
     counters_.dropped.Add();  // nobody to answer: the client id is not in use
@@ -192,7 +194,8 @@ Worker::Admitted Worker::Admit(uint32_t client, uint32_t slot, const uint8_t* me
     generations_seen_[client] = route->generation;
   }
   const bool from_receive = slot == kFromReceive;
-  if (from_receive && src_qp != route->ud_qpn) {
+  if (from_receive && (src_qp != route->ud_qpn ||
+                       transport::SourceGidOfGrh(grh, memory_.grh_is_ipv4) != route->ud_gid)) {
     counters_.rejected.Add();  // a UD request names a client it was not sent by
     return Admitted::kConsumed;
   }

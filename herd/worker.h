@@ -26,7 +26,8 @@ namespace herd {
 struct ClientRoute {
   const transport::AddressHandle* ah = nullptr;  // UD responses (this worker's own AH)
   uint32_t ud_qpn = 0;      // the client's UD QP: where responses go, and (request_verb = ud_send)
-                            // the only QP its requests are accepted from
+                            // with ud_gid the only sender its requests are accepted from
+  transport::Gid ud_gid{};  // the device of that QP (QP numbers are unique per device only)
   uint32_t ud_qkey = 0;     // the session's own qkey: the client's UD QP accepts nothing else
   uint64_t secret = 0;      // the session's checksum key (protocol.h: WireChecksum)
   uint32_t generation = 0;  // new for every session that takes this client id
@@ -66,6 +67,7 @@ struct WorkerMemory {
   // slot. A UD message larger than its receive buffer is an error completion on a NIC, and rxe
   // then moves the QP to the error state: one oversize request would silence the worker.
   uint32_t receive_bytes = 0;
+  bool grh_is_ipv4 = false;  // how a receive's GRH area names the sender (transport::PortInfo)
 };
 
 class Worker {
@@ -125,10 +127,10 @@ class Worker {
   uint32_t GatherFromSlots();
   uint32_t GatherFromReceives();
   // Validates one request, gives it a response slot and appends it to batch_[*count] (or
-  // counts a drop). `slot` is the window slot it was polled from, or kFromReceive (then
-  // `src_qp` is the sender's QP number, which must be the client's).
+  // counts a drop). `slot` is the window slot it was polled from, or kFromReceive (then `grh`
+  // is the receive's GRH area and `src_qp` the sender's QP number: together the client's).
   Admitted Admit(uint32_t client, uint32_t slot, const uint8_t* message, uint32_t length,
-                 uint32_t src_qp, uint32_t* count);
+                 const uint8_t* grh, uint32_t src_qp, uint32_t* count);
   void ExecuteAndRespond(uint32_t count);
   // Picks the queue and staging buffer for a response; false if there is none (the request is
   // dropped unexecuted, and its retransmission runs it).

@@ -255,6 +255,9 @@ struct PortInfo {
   Gid gid{};
   uint32_t active_mtu = 0;  // bytes
   bool ethernet = false;    // RoCE: addresses by GID, GRH required
+  // RoCE v2 over IPv4: a UD receive's GRH area holds the sender's IPv4 header in its last 20
+  // bytes instead of a GRH (see SourceGidOfGrh).
+  bool grh_is_ipv4 = false;
 };
 
 // Creates PDs and CQs, and must outlive them (see ChildLinks).

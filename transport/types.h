@@ -116,10 +116,28 @@ struct Completion {
   uint32_t src_qp = 0;  // UD receives: the sender's QP number
 };
 
-// UD receive buffers start with this many bytes of GRH area (filled or not), as on hardware.
+// UD receive buffers start with this many bytes of GRH area, as on hardware.
 inline constexpr uint32_t kGrhBytes = 40;
 
 using Gid = std::array<uint8_t, 16>;
+
+// Where a UD receive's GRH area names the sender. An InfiniBand GRH (and RoCE v1's, and RoCE
+// v2's over IPv6, whose IPv6 header has the same layout) carries the source GID at bytes 8..23;
+// RoCE v2 over IPv4 puts the IPv4 header in bytes 20..39, its source address at 32..35, which
+// the GID ::ffff:a.b.c.d names. The shm fabric writes an InfiniBand-layout GRH. Queue pair
+// numbers are unique per device only: (source GID, source QP) is a UD sender's identity.
+inline constexpr uint32_t kGrhSourceGidOffset = 8;
+inline constexpr uint32_t kGrhIpv4SourceOffset = 32;
+inline Gid SourceGidOfGrh(const uint8_t* grh, bool grh_is_ipv4) {
+  Gid gid{};
+  if (grh_is_ipv4) {
+    gid[10] = gid[11] = 0xff;  // IPv4-mapped
+    for (int i = 0; i < 4; ++i) gid[12 + i] = grh[kGrhIpv4SourceOffset + i];
+  } else {
+    for (int i = 0; i < 16; ++i) gid[i] = grh[kGrhSourceGidOffset + i];
+  }
+  return gid;
+}
 
 // What a peer needs to reach one QP: exchanged over the control plane.
 struct QpEndpoint {

@@ -216,6 +216,7 @@ class Harness {
     ClientRoute r;
     r.ah = route_ah_.get();
     r.ud_qpn = client_qp_->qp_num();
+    r.ud_gid = device_->port().gid;  // the client QP lives on the same device
     r.ud_qkey = kClientQkey;
     r.secret = secret;
     r.generation = generation;

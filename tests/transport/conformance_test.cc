@@ -454,6 +454,31 @@ TEST_P(Conformance, AUdMessageLargerThanTheReceiveBufferIsDroppedAndTheQpStaysUs
   }
 }
 
+// A UD receive names its sender: the source QP in the completion, the sender's device in the
+// GRH area (QP numbers are unique per device only, so the two together are its identity).
+TEST_P(Conformance, AUdReceiveNamesTheSendersDeviceAndQp) {
+  auto qa = MakeQp(*a_, QpType::kUd);
+  auto qb = MakeQp(*b_, QpType::kUd);
+  ConnectConfig ud;
+  ASSERT_TRUE(qa->Connect(ud).ok());
+  ASSERT_TRUE(qb->Connect(ud).ok());
+  ASSERT_TRUE(PostRecv(*qb, *b_, 7, 0, kGrhBytes + 64).ok());
+  auto ah = *a_->pd->CreateAddressHandle(AddressInfo{0, b_->device->port().gid});
+  Sge sge = a_->sge(0, 16);
+  SendWr wr;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.ah = ah.get();
+  wr.remote_qpn = qb->qp_num();
+  wr.remote_qkey = ud.qkey;
+  ASSERT_TRUE(Post(*qa, wr).ok());
+  const std::vector<Completion> got = PollN(*b_->recv_cq, 1);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].src_qp, qa->qp_num());
+  const PortInfo receiver = b_->device->port();
+  EXPECT_EQ(SourceGidOfGrh(b_->bytes(), receiver.grh_is_ipv4), a_->device->port().gid);
+}
+
 TEST_P(Conformance, UdWithoutReceiveOrWithWrongQkeyIsDropped) {
   auto qa = MakeQp(*a_, QpType::kUd);
   auto qb = MakeQp(*b_, QpType::kUd);

@@ -541,6 +541,13 @@ std::optional<CompletionStatus> ShmQp::Deliver(Peer& peer, uint32_t dst_qpn, con
       dst.state.store(static_cast<uint8_t>(QpState::kError), std::memory_order_release);
       sender_status = reliable ? CompletionStatus::kRemoteInvalidRequest : sender_status;
     } else {
+      if (grh != 0) {
+        // An InfiniBand-layout GRH naming the sender: its device's GID, which a program using
+        // this fabric cannot choose (the segment's fabric, pid and descriptor).
+        std::memset(buffer, 0, grh);
+        const Gid source = device_->port().gid;
+        std::memcpy(buffer + kGrhSourceGidOffset, source.data(), source.size());
+      }
       buffer += grh;
       for (uint32_t i = 0; i < wr.num_sge; ++i) {
         OrderedCopy(buffer, reinterpret_cast<const uint8_t*>(wr.sg_list[i].addr),

@@ -298,7 +298,11 @@ absl::StatusOr<std::unique_ptr<VerbsDevice>> VerbsDevice::Open(const DeviceOptio
   device->port_info_.lid = port_attr.lid;
   device->port_info_.ethernet = ethernet;
   device->port_info_.active_mtu = MtuBytes(port_attr.active_mtu);
-  if (chosen != gids.end()) std::memcpy(device->port_info_.gid.data(), chosen->gid.raw, 16);
+  if (chosen != gids.end()) {
+    std::memcpy(device->port_info_.gid.data(), chosen->gid.raw, 16);
+    device->port_info_.grh_is_ipv4 =
+        ethernet && chosen->gid_type == IBV_GID_TYPE_ROCE_V2 && IsIpv4Mapped(chosen->gid);
+  }
   VLOG(1) << "opened " << options.name << " port " << int{options.port} << " "
           << (ethernet ? "RoCE" : "IB") << " lid " << port_attr.lid << " gid index " << gid_index
           << " path MTU " << MtuBytes(device->path_mtu_);
