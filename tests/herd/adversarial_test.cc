@@ -885,14 +885,19 @@ TEST_P(ForgedSegment, AJoinNamingItDoesNotCrashTheServer) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Layouts, ForgedSegment,
-    ::testing::Values(SegmentLayout{"ring_past_the_segment", uint64_t{1} << 40, 16},
-                      SegmentLayout{"ring_of_depth_0", sizeof(transport::shm::SegmentHeader) + 4096,
-                                    0}),
-    [](const ::testing::TestParamInfo<SegmentLayout>& info) {
-      return std::string(info.param.name);
-    });
+// Past the header, on the ring alignment the fabric requires (a misaligned offset is refused
+// before the depth is even read): so the depth of 0 is what the server must survive.
+constexpr uint64_t kAlignedRingOffset =
+    (sizeof(transport::shm::SegmentHeader) + 4096 + transport::shm::kRingAlignment - 1) /
+    transport::shm::kRingAlignment * transport::shm::kRingAlignment;
+
+INSTANTIATE_TEST_SUITE_P(Layouts, ForgedSegment,
+                         ::testing::Values(SegmentLayout{"ring_past_the_segment", uint64_t{1} << 40,
+                                                         16},
+                                           SegmentLayout{"ring_of_depth_0", kAlignedRingOffset, 0}),
+                         [](const ::testing::TestParamInfo<SegmentLayout>& info) {
+                           return std::string(info.param.name);
+                         });
 
 // ------------------------------------------------------------------------------------------
 // 7. Garbage everywhere: random bytes at random offsets and lengths of the attacker's own slots,

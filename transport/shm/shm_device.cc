@@ -119,8 +119,7 @@ absl::StatusOr<std::unique_ptr<Peer>> Peer::Connect(const ShmAddress& address) {
 }
 
 Peer::Peer(std::unique_ptr<SegmentMapping> segment)
-    : segment_(std::move(segment)),
-      regions_(new std::atomic<const MappedRegion*>[kMaxMrs]) {
+    : segment_(std::move(segment)), regions_(new std::atomic<const MappedRegion*>[kMaxMrs]) {
   for (uint32_t i = 0; i < kMaxMrs; ++i) regions_[i].store(nullptr, std::memory_order_relaxed);
 }
 
