@@ -9,9 +9,12 @@
 #include "absl/strings/str_format.h"
 #include "glog/logging.h"
 #include "mica/keyhash.h"
+#include "util/take.h"
 
 namespace herd {
 namespace {
+
+using util::Take;
 
 using Clock = std::chrono::steady_clock;
 
@@ -28,13 +31,6 @@ constexpr double kRttVarGain = 0.25;
 constexpr double kRttVarWeight = 4;
 // Doublings of the timeout for a request sent many times (then it stays at the ceiling).
 constexpr uint32_t kMaxBackoffShift = 16;
-
-template <typename T>
-absl::Status Take(absl::StatusOr<T> value, T* out) {
-  if (!value.ok()) return value.status();
-  *out = *std::move(value);
-  return absl::OkStatus();
-}
 
 absl::StatusOr<std::unique_ptr<transport::SharedMemory>> Allocate(uint64_t bytes) {
   absl::StatusOr<transport::SharedMemory> memory = transport::SharedMemory::Allocate(bytes);

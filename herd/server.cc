@@ -8,9 +8,12 @@
 #include "herd/join.h"
 #include "mica/partition.h"
 #include "transport/control/wire.h"
+#include "util/take.h"
 
 namespace herd {
 namespace {
+
+using util::Take;
 
 using transport::control::Channel;
 using transport::control::PendingConnections;
@@ -26,13 +29,6 @@ constexpr uint32_t kMaxHandshakeBytes = 256 << 10;
 // Completion queue entries per worker beyond its UD queues' signalled sends: error completions
 // of session queues (every failed WR completes).
 constexpr uint32_t kSendCqSlack = 4096;
-
-template <typename T>
-absl::Status Take(absl::StatusOr<T> value, T* out) {
-  if (!value.ok()) return value.status();
-  *out = *std::move(value);
-  return absl::OkStatus();
-}
 
 }  // namespace
 

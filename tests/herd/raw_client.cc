@@ -7,21 +7,17 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "mica/keyhash.h"
+#include "util/take.h"
 
 namespace herd::testing {
 namespace {
+
+using util::Take;
 
 constexpr uint32_t kReceiveBuffers = 64;
 constexpr uint32_t kMaxMessageBytes = 4096;  // the shm fabric's default MTU: the largest UD SEND
 constexpr uint64_t kBufferBytes = 64 << 10;  // staging for one WR at a time
 constexpr uint32_t kQpDepth = 64;
-
-template <typename T>
-absl::Status Take(absl::StatusOr<T> value, T* out) {
-  if (!value.ok()) return value.status();
-  *out = *std::move(value);
-  return absl::OkStatus();
-}
 
 absl::StatusOr<std::unique_ptr<transport::SharedMemory>> Allocate(uint64_t bytes) {
   absl::StatusOr<transport::SharedMemory> memory = transport::SharedMemory::Allocate(bytes);
