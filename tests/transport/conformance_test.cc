@@ -82,7 +82,16 @@ TEST_P(Conformance, RcSendWithImmCarriesEverythingToTheReceiver) {
   EXPECT_EQ(got[0].byte_len, 5u);
   EXPECT_EQ(got[0].qp_num, qb->qp_num());
   EXPECT_EQ(std::memcmp(b_->bytes(), "hello", 5), 0);
-  EXPECT_TRUE(StaysQuiet(*a_->send_cq));  // unsignalled: no send completion
+  // Unsignalled: no send completion. A later signalled WR on the same QP completes after it
+  // would have; it must be the first and only one.
+  constexpr uint64_t kMarker = 4242;
+  Sge marker_sge;
+  SendWr marker = Write(*a_, 0, 8, *b_, 1024, &marker_sge);
+  marker.wr_id = kMarker;
+  ASSERT_TRUE(Post(*qa, marker).ok());
+  const std::vector<Completion> sent = PollThrough(*a_->send_cq, kMarker);
+  ASSERT_EQ(sent.size(), 1u) << "an unsignalled SEND completed";
+  EXPECT_EQ(sent[0].wr_id, kMarker);
 }
 
 TEST_P(Conformance, RcSendsArriveInOrder) {
@@ -387,17 +396,26 @@ TEST_P(Conformance, UdSendsCarryGrhAndSourceAndObeyTheMtu) {
   EXPECT_EQ(got[0].src_qp, qa->qp_num());
   EXPECT_EQ(b_->bytes()[kGrhBytes], 'u');
   EXPECT_EQ(b_->bytes()[kGrhBytes + 199], 'u');
-  EXPECT_TRUE(StaysQuiet(*small_mtu->recv_cq));
+  // The oversize SEND took no receive: a later one that fits, from the same QP, is the first
+  // (and only) thing the small-MTU receiver gets.
+  constexpr uint32_t kFits = 24;
+  sge = a_->sge(0, kFits);
+  ASSERT_TRUE(Post(*qa, wr).ok());
+  got = PollN(*small_mtu->recv_cq, 1);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].wr_id, 2u);
+  EXPECT_EQ(got[0].byte_len, kGrhBytes + kFits) << "the oversize SEND was delivered";
   if (CountsDrops()) {
     EXPECT_EQ(qa->counters().dropped.Get(), 1u);
   }
-  auto sent = PollN(*a_->send_cq, 2);
-  ASSERT_EQ(sent.size(), 2u);
+  auto sent = PollN(*a_->send_cq, 3);  // the three SENDs were signalled
+  ASSERT_EQ(sent.size(), 3u);
   EXPECT_EQ(sent[0].status, CompletionStatus::kSuccess);
   // shm and rxe complete the oversize SEND as sent; some NICs report a local length error.
   EXPECT_TRUE(sent[1].status == CompletionStatus::kSuccess ||
               (!CountsDrops() && sent[1].status == CompletionStatus::kLocalLengthError))
       << ToString(sent[1].status);
+  EXPECT_EQ(sent[2].status, CompletionStatus::kSuccess);
 }
 
 // A UD message within the MTU but larger than the posted receive buffer is the sender's
@@ -500,7 +518,15 @@ TEST_P(Conformance, UdWithoutReceiveOrWithWrongQkeyIsDropped) {
   ASSERT_TRUE(PostRecv(*qb, *b_, 1, 0, 128).ok());
   wr.remote_qkey = ud.qkey + 1;
   ASSERT_TRUE(Post(*qa, wr).ok());  // wrong qkey
-  EXPECT_TRUE(StaysQuiet(*b_->recv_cq));
+  // Neither took the receive: a later SEND with the right qkey (and its own length), from the
+  // same QP, is the first thing it gets.
+  constexpr uint32_t kLater = 12;
+  wr.remote_qkey = ud.qkey;
+  sge = a_->sge(0, kLater);
+  ASSERT_TRUE(Post(*qa, wr).ok());
+  const std::vector<Completion> got = PollN(*b_->recv_cq, 1);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].byte_len, kGrhBytes + kLater) << "a dropped SEND was delivered";
   if (CountsDrops()) {
     EXPECT_EQ(qa->counters().dropped.Get(), 2u);
   }
@@ -535,11 +561,20 @@ TEST_P(Conformance, InjectedUdLossDropsTheConfiguredFraction) {
   wr.remote_qkey = ConnectConfig{}.qkey;
   size_t received = 0;
   constexpr int kRound = 100;  // drain between rounds: the receive CQ holds 256
+  constexpr uint64_t kLast = 1;
   for (int i = 0; i < kSends; i += kRound) {
-    for (int j = 0; j < kRound; ++j) ASSERT_TRUE(Post(*qa, wr).ok());
-    received += PollN(*b_->recv_cq, kRound, kQuietPeriod).size();
+    for (int j = 0; j < kRound; ++j) {
+      // The round's last SEND is signalled: the shm fabric executes a QP's WRs in order and
+      // completes a SEND after delivering (or dropping) it, so once it completed, every SEND of
+      // the round has arrived or never will.
+      wr.flags = j + 1 == kRound ? uint32_t{kSignaled} : 0u;
+      wr.wr_id = j + 1 == kRound ? kLast : 0;
+      ASSERT_TRUE(Post(*qa, wr).ok());
+    }
+    ASSERT_EQ(PollThrough(*lossy->send_cq, kLast).size(), 1u);
+    Completion drained[16];
+    for (size_t k; (k = b_->recv_cq->Poll(absl::MakeSpan(drained, 16))) > 0;) received += k;
   }
-  EXPECT_TRUE(StaysQuiet(*b_->recv_cq));
   const uint64_t dropped = qa->counters().dropped.Get();
   EXPECT_GT(dropped, kSends * kLoss * 0.7);
   EXPECT_LT(dropped, kSends * kLoss * 1.3);
@@ -757,7 +792,18 @@ TEST_P(Conformance, SendQueueDepthIsEnforcedUntilASignalledCompletionIsPolled) {
   wr.flags = 0;
   for (int i = 0; i < 4; ++i) ASSERT_TRUE(Post(*qa, wr).ok()) << i;
   EXPECT_EQ(Post(*qa, wr).code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_TRUE(StaysQuiet(*a_->send_cq));  // unsignalled: nothing to reap
+  // Unsignalled: nothing to reap. A signalled WRITE of another QP on the same CQ, posted later,
+  // is the only completion there.
+  constexpr uint64_t kMarker = 4242;
+  auto marker_qa = MakeQp(*a_, QpType::kRc);
+  auto marker_qb = MakeQp(*b_, QpType::kRc);
+  ConnectPair(*marker_qa, *marker_qb);
+  Sge marker_sge;
+  SendWr marker = Write(*a_, 64, 8, *b_, 64, &marker_sge);
+  marker.wr_id = kMarker;
+  ASSERT_TRUE(Post(*marker_qa, marker).ok());
+  const std::vector<Completion> reaped = PollThrough(*a_->send_cq, kMarker);
+  ASSERT_EQ(reaped.size(), 1u) << "an unsignalled WRITE completed";
   // Nothing can be signalled while the queue is full; a fresh QP shows the recovery path.
   auto qc = MakeQp(*a_, QpType::kRc, 4);
   auto qd = MakeQp(*b_, QpType::kRc);

@@ -103,8 +103,9 @@ inline void ConnectPair(QueuePair& a, QueuePair& b, uint8_t rnr_retry = 7) {
 // How long a test waits for a completion that must come. Generous: ASan, a loaded 2-core CI
 // machine or Soft-RoCE under qemu TCG can be thousands of times slower than a NIC.
 inline constexpr absl::Duration kCompletionDeadline = absl::Seconds(20);
-// How long a test watches a CQ to see that nothing arrives (an unsignalled WR, a dropped
-// message). A NIC or rxe delivers in microseconds to milliseconds.
+// How long a polling loop that waits for something that MUST come gives up one round of
+// PollN (it loops until its own deadline). Never used to prove that nothing comes: that is
+// shown by something provably later arriving first (PollThrough).
 inline constexpr absl::Duration kQuietPeriod = absl::Milliseconds(50);
 
 // Polls until n completions arrived or `deadline` passed; returns what arrived.
@@ -121,8 +122,22 @@ inline std::vector<Completion> PollN(CompletionQueue& cq, size_t n,
   return got;
 }
 
-// True when no completion arrives on `cq` during the quiet period.
-inline bool StaysQuiet(CompletionQueue& cq) { return PollN(cq, 1, kQuietPeriod).empty(); }
+// Polls until the completion of WR `wr_id` arrived (or the deadline passed); returns every
+// completion polled, that one last. How a test shows that something did NOT complete: post a
+// later WR whose completion must come after it, and see that nothing came before.
+inline std::vector<Completion> PollThrough(CompletionQueue& cq, uint64_t wr_id) {
+  std::vector<Completion> got;
+  Completion one[1];
+  const absl::Time give_up = absl::Now() + kCompletionDeadline;
+  while (got.empty() || got.back().wr_id != wr_id) {
+    if (cq.Poll(absl::MakeSpan(one, 1)) == 1) {
+      got.push_back(one[0]);
+    } else if (absl::Now() > give_up) {
+      break;
+    }
+  }
+  return got;
+}
 
 inline absl::Status Post(QueuePair& qp, SendWr& wr) {
   SendWr* bad = nullptr;
