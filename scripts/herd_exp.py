@@ -48,21 +48,18 @@ import time
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 
-# Which binary a knob belongs to. The server's config is authoritative (clients learn it when
-# they join), so every engine and store knob is a server flag; fabric knobs go to both.
-SERVER_KNOBS = {
-    "request_verb", "response_verb", "workers", "ud_qps_per_worker", "window", "postlist",
-    "unsig_batch", "inline", "max_inline", "slot_bytes", "max_key_bytes", "max_clients",
-    "sq_depth", "recv_depth", "mica_log_bytes", "mica_buckets", "mica_items", "max_value_bytes",
-    "mica_hugepages", "hugepages", "pin_workers", "worker_cores",
-}
-CLIENT_KNOBS = {
-    "threads", "clients_per_thread", "duration_s", "warmup_s", "workload", "get_fraction",
-    "put_fraction", "delete_fraction", "cas_fraction", "distribution", "zipf_theta", "keys",
-    "key_bytes", "value_bytes", "seed", "preload", "retry_timeout_us", "client_cores",
-    "adaptive_retry", "min_retry_timeout_us", "max_retry_timeout_us",
-}
-BOTH_KNOBS = {"mtu", "inject_ud_loss", "inject_uc_loss", "inject_delay_us", "shm_async"}
+# Which binary a knob belongs to is read from the binaries themselves (--helpxml): a flag that
+# herd_server defines is a server knob, one herd_client defines a client knob, one both define
+# (the fabric's) goes to both. The server's config is authoritative (clients learn it when they
+# join), so every engine and store knob is a server flag.
+PROJECT_SOURCES = ("herd/", "mica/", "transport/", "bench/", "util/")
+# Flags the runner sets itself from the experiment's hosts and fabric: never knobs.
+RUNNER_FLAGS = {"port", "listen_address", "server", "fabric", "device", "shm_fabric_name",
+                "gid_index", "ib_port"}
+# Flags both binaries define where the knob is one side's: the server's --duration_s would stop
+# it in the middle of the client's measurement; herd_client links the transport's --hugepages
+# but reads no page policy (its buffers are small), so the knob is the server's.
+ROLE_OVERRIDES = {"duration_s": "client", "hugepages": "server"}
 # Plot titles wrap at this many characters: 8-point text across a 7-inch figure.
 TITLE_WRAP_CHARS = 95
 # "clients" is the HERD plot's x axis: logical clients per client thread.
@@ -91,16 +88,45 @@ def fail(message):
     raise HerdExpError(message)
 
 
-def knob_role(name):
-    name = ALIASES.get(name, name)
-    if name in SERVER_KNOBS:
-        return "server", name
-    if name in CLIENT_KNOBS:
-        return "client", name
-    if name in BOTH_KNOBS:
-        return "both", name
-    fail(f"unknown knob '{name}' (server: {sorted(SERVER_KNOBS)}; client: {sorted(CLIENT_KNOBS)}"
-         f"; both: {sorted(BOTH_KNOBS)})")
+def binary_flags(path):
+    """The flags a binary defines in this project's sources, from its --helpxml (gflags prints
+    the XML and exits 1)."""
+    import xml.etree.ElementTree as ElementTree
+    try:
+        out = subprocess.run([str(path), "--helpxml"], capture_output=True, text=True,
+                             timeout=60).stdout
+        root = ElementTree.fromstring(out)
+    except (OSError, subprocess.TimeoutExpired, ElementTree.ParseError) as error:
+        fail(f"{path}: cannot read its flags ({error}); build it first")
+    return {flag.findtext("name") for flag in root.iter("flag")
+            if (flag.findtext("file") or "").startswith(PROJECT_SOURCES)}
+
+
+class Knobs:
+    """Which binary each knob goes to, derived from the two binaries' own flags."""
+
+    def __init__(self, server_flags, client_flags):
+        server = set(server_flags) - RUNNER_FLAGS
+        client = set(client_flags) - RUNNER_FLAGS
+        self.roles = {}
+        for name in server | client:
+            both = name in server and name in client
+            self.roles[name] = ROLE_OVERRIDES.get(name) or (
+                "both" if both else "server" if name in server else "client")
+
+    @staticmethod
+    def from_binaries(bin_dir):
+        return Knobs(binary_flags(bin_dir / "herd" / "herd_server"),
+                     binary_flags(bin_dir / "bench" / "herd_client"))
+
+    def role(self, name):
+        name = ALIASES.get(name, name)
+        if name not in self.roles:
+            by_role = {r: sorted(n for n, rr in self.roles.items() if rr == r)
+                       for r in ("server", "client", "both")}
+            fail(f"unknown knob '{name}' (server: {by_role['server']}; client: "
+                 f"{by_role['client']}; both: {by_role['both']})")
+        return self.roles[name], name
 
 
 # ------------------------------------------------------------------------------ the experiment
@@ -170,12 +196,9 @@ class Experiment:
         self.server = servers[0]
         if self.fabric == "shm" and not all(h.loopback for h in self.hosts):
             fail(f"{path}: the shm fabric connects processes of ONE machine: all hosts local")
+        self.path = path
         self.fixed = {"server": dict(spec.get("server") or {}),
                       "client": dict(spec.get("client") or {})}
-        for role, knobs in self.fixed.items():
-            for knob in knobs:
-                if knob_role(knob)[0] not in (role, "both"):
-                    fail(f"{path}: '{knob}' is not a {role} knob")
         self.sweep = {k: list(v) if isinstance(v, list) else [v]
                       for k, v in (spec.get("sweep") or {}).items()}
         for override in overrides:
@@ -183,9 +206,18 @@ class Experiment:
             if not values:
                 fail(f"--sweep {override}: write AXIS=V1,V2")
             self.sweep[axis] = [yaml.safe_load(v) for v in values.split(",")]
-        for axis in self.sweep:
-            knob_role(axis)
         self.repetitions = int(spec.get("repetitions", 1))
+        self.knobs = None  # check_knobs, once the binaries are built
+
+    def check_knobs(self, knobs):
+        """Every fixed knob and sweep axis must be a flag of the binary it is given to."""
+        for role, fixed in self.fixed.items():
+            for knob in fixed:
+                if knobs.role(knob)[0] not in (role, "both"):
+                    fail(f"{self.path}: '{knob}' is not a {role} knob")
+        for axis in self.sweep:
+            knobs.role(axis)
+        self.knobs = knobs
 
     def points(self):
         axes = list(self.sweep)
@@ -344,7 +376,7 @@ class Runner:
         """The flags of `role`'s binary: its fixed knobs, fabric knobs fixed for either side, and
         the point's values of the axes that belong to it."""
         fixed = {**self.x.fixed["server"], **self.x.fixed["client"], **point}
-        return {k: v for k, v in fixed.items() if knob_role(k)[0] in (role, "both")}
+        return {k: v for k, v in fixed.items() if self.x.knobs.role(k)[0] in (role, "both")}
 
     def run_point(self, point, repetition, name):
         server_knobs = self.knobs_for("server", point)
@@ -486,13 +518,14 @@ def build(experiment):
 
 def command_run(args):
     experiment = Experiment(args.file, args.sweep)
+    if not args.no_build:
+        build(experiment)
+    experiment.check_knobs(Knobs.from_binaries(REPO / bazel_bin(experiment.build)))
     out_dir = pathlib.Path(args.out) if args.out else REPO / "results" / experiment.name
     out_dir.mkdir(parents=True, exist_ok=True)
     if args.fresh:
         for path in list(out_dir.glob("*.json")) + list(out_dir.glob("*.failed")):
             path.unlink()
-    if not args.no_build:
-        build(experiment)
     processes = Processes()
 
     def interrupted(signum, _frame):

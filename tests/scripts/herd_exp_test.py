@@ -67,6 +67,27 @@ class RecordOrderTest(unittest.TestCase):
         self.assertEqual(order, [(c, rep) for c in (1, 2, 4, 8, 16, 32) for rep in (0, 1)])
 
 
+class KnobsTest(unittest.TestCase):
+    """Knob routing is read from the binaries' own flags (--helpxml), never a hand-kept list."""
+
+    def test_knobs_come_from_the_binaries(self):
+        sys.path.insert(0, str(REPO / "scripts"))
+        import herd_exp
+        knobs = herd_exp.Knobs.from_binaries(REPO / herd_exp.bazel_bin("opt"))
+        self.assertEqual(knobs.role("workers")[0], "server")         # herd/flags.cc
+        self.assertEqual(knobs.role("mica_log_bytes")[0], "server")  # mica/flags.cc
+        self.assertEqual(knobs.role("keys")[0], "client")            # bench/workload_flags
+        self.assertEqual(knobs.role("adaptive_retry")[0], "client")  # bench/herd_client_main
+        self.assertEqual(knobs.role("mtu")[0], "both")               # transport/flags.cc
+        self.assertEqual(knobs.role("duration_s")[0], "client")      # both define it
+        self.assertEqual(knobs.role("clients"), ("client", "clients_per_thread"))
+        for reserved in ("port", "server", "fabric", "shm_fabric_name"):
+            with self.assertRaises(herd_exp.HerdExpError):
+                knobs.role(reserved)
+        with self.assertRaises(herd_exp.HerdExpError):
+            knobs.role("v")  # glog's, not ours
+
+
 class HerdExpTest(unittest.TestCase):
     def setUp(self):
         self.dir = tempfile.mkdtemp(prefix="herd-exp-test-")
