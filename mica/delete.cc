@@ -16,8 +16,9 @@ Response Partition::Delete(std::string_view key, uint64_t keyhash) {
     stats_.delete_misses.Add();
     return Response{Result::kNotFound, 0, 0};
   }
-  *slot = 0;
-  ++bucket->version;
+  BeginBucketWrite(bucket);
+  SetSlot(slot, 0);
+  EndBucketWrite(bucket);
   stats_.deletes.Add();
   return Response{Result::kOk, 0, ++version_clock_};
 }

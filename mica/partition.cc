@@ -82,8 +82,9 @@ uint64_t* Partition::FindSlot(Bucket* bucket, uint16_t tag, std::string_view key
   for (uint64_t& slot : bucket->slots) {
     if (slot == 0 || SlotTag(slot) != tag) continue;
     if (!IsAlive(SlotOffset(slot))) {
-      slot = 0;
-      ++bucket->version;
+      BeginBucketWrite(bucket);
+      SetSlot(&slot, 0);
+      EndBucketWrite(bucket);
       continue;
     }
     const ItemHeader* item = ItemAt(SlotOffset(slot));
@@ -146,8 +147,9 @@ uint64_t Partition::WriteItem(Bucket* bucket, uint64_t* slot, uint16_t tag, std:
                               uint64_t keyhash, std::string_view value) {
   const uint64_t version = ++version_clock_;
   const uint64_t offset = Append(key, keyhash, value, version);
-  *slot = MakeSlot(tag, offset);
-  ++bucket->version;
+  BeginBucketWrite(bucket);
+  SetSlot(slot, MakeSlot(tag, offset));
+  EndBucketWrite(bucket);
   return version;
 }
 

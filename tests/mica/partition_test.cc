@@ -1,10 +1,12 @@
 #include "mica/partition.h"
 
+#include <atomic>
 #include <cstring>
 #include <map>
 #include <optional>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -306,6 +308,69 @@ TEST(Status, ResultsMapToAbslCodes) {
   EXPECT_EQ(ToStatus(Result::kKeyTooLong).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(ToStatus(Result::kValueTooLong).code(), absl::StatusCode::kOutOfRange);
   EXPECT_EQ(ResultName(Result::kCasFailed), "CAS_FAILED");
+}
+
+// The bucket's version is a sequence lock for readers outside the owning core (a one-sided READ):
+// even at rest, 2 higher after every change of the bucket's slots, unchanged by what changes
+// none.
+const Bucket& BucketOf(Partition& p, const std::string& key) {
+  const auto* buckets = reinterpret_cast<const Bucket*>(p.region().head());
+  return buckets[KeyHash(key) & (p.layout().bucket_count - 1)];
+}
+
+TEST(BucketSeqlock, EveryChangeMovesTheVersionByTwoAndLeavesItEven) {
+  Store s(SmallConfig());
+  const Bucket& bucket = BucketOf(s.p(), "k");
+  const uint32_t v0 = bucket.version;
+  EXPECT_EQ(v0 % 2, 0u);
+  ASSERT_EQ(s.Put("k", "one").result, Result::kOk);
+  EXPECT_EQ(bucket.version, v0 + 2);
+  const Response two = s.Put("k", "two");
+  EXPECT_EQ(bucket.version, v0 + 4);
+  ASSERT_TRUE(s.Get("k").has_value());
+  EXPECT_EQ(bucket.version, v0 + 4) << "a GET changes nothing";
+  EXPECT_EQ(s.Cas("k", two.version + 1, "x").result, Result::kCasFailed);
+  EXPECT_EQ(bucket.version, v0 + 4) << "a failed CAS changes nothing";
+  ASSERT_EQ(s.Cas("k", two.version, "three").result, Result::kOk);
+  EXPECT_EQ(bucket.version, v0 + 6);
+  ASSERT_EQ(s.Delete("k").result, Result::kOk);
+  EXPECT_EQ(bucket.version, v0 + 8);
+  EXPECT_EQ(s.Delete("k").result, Result::kNotFound);
+  EXPECT_EQ(bucket.version, v0 + 8) << "a DELETE that finds nothing changes nothing";
+  Bucket copy;
+  EXPECT_TRUE(ReadBucketConsistently(bucket, &copy));
+  EXPECT_EQ(copy.version, v0 + 8);
+}
+
+// A reader on another thread, while the owner keeps changing one bucket: every copy it accepts
+// carries an even version, and the versions it accepts never go back.
+TEST(BucketSeqlock, AConcurrentReaderAcceptsOnlyEvenRisingVersions) {
+  PartitionConfig config = SmallConfig();
+  config.expected_items = 8;  // a handful of buckets: the keys below share a few
+  Store s(config);
+  const Bucket& bucket = BucketOf(s.p(), "key-0");
+  constexpr int kWrites = 20000;
+  std::atomic<bool> done{false};
+  uint64_t accepted = 0;
+  std::thread reader([&] {
+    uint32_t last = 0;
+    Bucket copy;
+    while (!done.load(std::memory_order_acquire)) {
+      if (!ReadBucketConsistently(bucket, &copy)) continue;
+      EXPECT_EQ(copy.version % 2, 0u);
+      EXPECT_GE(copy.version, last);
+      last = copy.version;
+      ++accepted;
+    }
+  });
+  for (int i = 0; i < kWrites; ++i) {
+    const std::string key = absl::StrCat("key-", i % 4);
+    ASSERT_EQ((i % 3 == 2 ? s.Delete(key) : s.Put(key, "v")).result == Result::kInvalidOp, false);
+  }
+  done.store(true, std::memory_order_release);
+  reader.join();
+  EXPECT_GT(accepted, 0u);
+  EXPECT_EQ(bucket.version % 2, 0u);
 }
 
 }  // namespace
