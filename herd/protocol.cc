@@ -56,18 +56,54 @@ namespace {
 
 // The checksum of a message given as two consecutive parts (a body, then a header), both whole
 // words: the same value WireChecksum computes over them laid end to end.
+// kLanes independent accumulators: word i of a message goes to lane i % kLanes, in order, so
+// the multiplications of neighbouring words overlap instead of forming one serial chain, and
+// moving a word still changes the result.
+constexpr int kLanes = 4;
+struct Lanes {
+  uint64_t lane[kLanes];
+  uint64_t words = 0;  // absorbed so far
+
+  void Absorb(uint64_t word) {
+    uint64_t& l = lane[words % kLanes];
+    l = Rotl(l ^ (word * kMixB), 31) * kMixA;
+    ++words;
+  }
+  void AbsorbSpan(const uint8_t* p, uint64_t count) {
+    uint64_t i = 0;
+    for (; i < count && words % kLanes != 0; ++i) Absorb(LoadWord(p + i * sizeof(uint64_t)));
+    for (; i + kLanes <= count; i += kLanes) {  // whole rounds: no lane arithmetic
+      for (int l = 0; l < kLanes; ++l) {
+        lane[l] = Rotl(lane[l] ^ (LoadWord(p + (i + l) * sizeof(uint64_t)) * kMixB), 31) * kMixA;
+      }
+      words += kLanes;
+    }
+    for (; i < count; ++i) Absorb(LoadWord(p + i * sizeof(uint64_t)));
+  }
+};
+
+// The checksum of a message given as two consecutive parts (a body, then a header), both whole
+// words: the same value WireChecksum computes over them laid end to end. The checksum word
+// itself (kChecksumFromEnd from the end, in the last part) counts as 0; the length seeds every
+// lane, so a prefix never matches its extension.
 uint64_t ChecksumOfParts(uint64_t secret, const uint8_t* body, uint64_t body_bytes,
                          const uint8_t* header, uint64_t header_bytes) {
-  // Position-dependent rounds over 8-byte words (messages are 8-byte padded); the length is
-  // mixed in so a prefix never matches its extension.
   const uint64_t length = body_bytes + header_bytes;
-  uint64_t h = secret ^ (length * kMixA);
-  const uint64_t skip = length - kChecksumFromEnd;
-  for (uint64_t at = 0; at + sizeof(uint64_t) <= length; at += sizeof(uint64_t)) {
-    if (at == skip) continue;
-    const uint8_t* word = at < body_bytes ? body + at : header + (at - body_bytes);
-    h = Rotl(h ^ (LoadWord(word) * kMixB), 31) * kMixA;
+  Lanes lanes;
+  for (int l = 0; l < kLanes; ++l) {
+    lanes.lane[l] = (secret + static_cast<uint64_t>(l) * kMixC) ^ (length * kMixA);
   }
+  // The part holding the checksum word: the header, or the message itself when whole.
+  const uint8_t* last = header_bytes != 0 ? header : body;
+  const uint64_t last_bytes = header_bytes != 0 ? header_bytes : body_bytes;
+  if (header_bytes != 0) lanes.AbsorbSpan(body, body_bytes / sizeof(uint64_t));
+  const uint64_t before = (last_bytes - kChecksumFromEnd) / sizeof(uint64_t);
+  lanes.AbsorbSpan(last, before);
+  lanes.Absorb(0);
+  lanes.AbsorbSpan(last + last_bytes - kChecksumFromEnd + sizeof(uint64_t),
+                   (kChecksumFromEnd - sizeof(uint64_t)) / sizeof(uint64_t));
+  uint64_t h = Rotl(lanes.lane[0], 1) + Rotl(lanes.lane[1], 7) + Rotl(lanes.lane[2], 12) +
+               Rotl(lanes.lane[3], 18);
   h ^= h >> 33;
   h *= kMixC;
   h ^= h >> 29;
