@@ -233,13 +233,13 @@ Worker::Admitted Worker::Admit(uint32_t client, uint32_t slot, const uint8_t* me
   p.version = 0;
   p.value_bytes = 0;
   p.slot = from_receive ? static_cast<uint32_t>(h.seq % config_.window) : slot;
-  if (h.client_id != client || h.seq == 0 || h.seq % config_.window != p.slot) {
-    // Authentic (the session's checksum) but inconsistent: the session's own bug. Answer it, but
-    // keep the slot's dedupe state out of it.
-    p.status = Status::kBadRequest;
-  }
+  // Authentic (the session's checksum) but naming another client or slot: the session's own bug.
+  // Answered, but kept out of the slot's dedupe state, which it does not belong to. Any other
+  // request, valid or not, goes through it: a duplicate landing is never answered twice.
+  const bool consistent = h.client_id == client && h.seq != 0 && h.seq % config_.window == p.slot;
+  if (!consistent) p.status = Status::kBadRequest;
   SlotState* claim = nullptr;  // set when this send is new
-  if (p.status != Status::kBadRequest) {
+  if (consistent) {
     SlotState& state = slots_[uint64_t{client} * config_.window + p.slot];
     state.incomplete_marker = 0;
     if (h.seq < state.last_seq) {

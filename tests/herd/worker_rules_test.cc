@@ -578,6 +578,19 @@ TEST(WorkerRulesTest, ADuplicateLandingIsConsumedNeverExecutedNorAnswered) {
   EXPECT_EQ(h.stats().overwrites.Get(), 1u);
 }
 
+// An authentic request with a field the worker refuses (here: an expected version on a GET) is
+// answered BAD_REQUEST once: its bytes landing again are a duplicate like any other.
+TEST(WorkerRulesTest, ABadRequestLandingTwiceIsAnsweredOnce) {
+  Harness h(SlotsAndUd());
+  Request bad = Get(0, 1, KeyOf(kWorkerIndex, 11));
+  bad.expected_version = 5;
+  ASSERT_EQ(StatusOf(h.Call(bad)), Status::kBadRequest);
+  h.Land(0, 1, Encode(bad));
+  ASSERT_TRUE(h.AwaitConsumed(0, 1));
+  EXPECT_TRUE(h.Barrier().empty()) << "a duplicate landing of a bad request was answered again";
+  EXPECT_EQ(h.counters().duplicates.Get(), 1u);
+}
+
 TEST(WorkerRulesTest, RetransmittedMutationsReplayTheirOutcomeAndGetsExecuteAgain) {
   Harness h(SlotsAndUd());
   const std::string key = KeyOf(kWorkerIndex, 2);
