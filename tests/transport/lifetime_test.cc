@@ -155,6 +155,51 @@ TEST_F(Lifetime, AnAhMayGoOnceItsWrsExecutedOrTheirQpWentAway) {
   }
 }
 
+// A full send queue of a UD QP alternating between two AHs, each signalled WR reaped the moment
+// it completes and its queue entry reused at once: every AH's count of pending WRs must come
+// back to exactly 0 (the progress thread once released an AH after pushing the completion, when
+// the poster had already reused the entry for a WR naming the other AH: one count leaked, the
+// other went below 0 and its destruction CHECK-failed; this test caught that about 1 run in 3,
+// history_test once in CI). Bounded rounds; the AHs' destruction at
+// the end is the check.
+TEST_F(Lifetime, AhPendingCountsSurviveAQueueReusedAsFastAsItCompletes) {
+  constexpr uint32_t kDepth = 1;  // every WR reuses the one entry: the race at its widest
+  constexpr int kRounds = 200000;
+  auto node = MakeNode("shm_async");
+  auto peer = MakeNode("shm");
+  ASSERT_NE(node, nullptr);
+  ASSERT_NE(peer, nullptr);
+  auto qp = MakeQp(*node, QpType::kUd, kDepth);
+  ConnectConfig config;
+  config.qkey = kQkey;
+  ASSERT_TRUE(qp->Connect(config).ok());
+  auto to_self = node->pd->CreateAddressHandle({0, node->device->port().gid});
+  auto to_peer = node->pd->CreateAddressHandle({0, peer->device->port().gid});
+  ASSERT_TRUE(to_self.ok() && to_peer.ok());
+  Sge sge = node->sge(0, 8);
+  SendWr wr;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.flags = kSignaled;
+  wr.remote_qpn = 1;  // nobody: dropped at the receiver, completed at the sender
+  wr.remote_qkey = kQkey;
+  Completion done[kDepth];
+  uint32_t outstanding = 0;
+  for (int i = 0; i < kRounds; ++i) {
+    wr.ah = (i % 2 == 0 ? to_self : to_peer)->get();
+    while (outstanding == kDepth) {
+      outstanding -= static_cast<uint32_t>(node->send_cq->Poll(absl::MakeSpan(done, kDepth)));
+    }
+    ASSERT_TRUE(Post(*qp, wr).ok()) << i;
+    ++outstanding;
+  }
+  while (outstanding > 0) {
+    outstanding -= static_cast<uint32_t>(node->send_cq->Poll(absl::MakeSpan(done, kDepth)));
+  }
+  to_self->reset();  // CHECK-fails if a count did not come back to 0
+  to_peer->reset();
+}
+
 TEST_F(Lifetime, AnAhToAnUnreachablePeerIsAnErrorWhenCreated) {
   auto node = MakeNode("shm");
   shm::ShmAddress address;

@@ -298,8 +298,11 @@ uint32_t ShmQp::Progress(int64_t now_ns) {
       p.due_ns = now_ns + int64_t{connect_.min_rnr_timer_us} * 1000;
       break;
     }
-    Finish(p.wr, *status, byte_len, p.sequence);
+    // The AH is released BEFORE the completion is pushed: once the poster can see the
+    // completion, its send queue has room again and it may reuse this very pending entry (the
+    // ring's head moves only after this pass), so nothing of `p` may be read after Finish.
     ReleaseAh(p.wr);
+    Finish(p.wr, *status, byte_len, p.sequence);
   }
   pending_head_.store(head, std::memory_order_release);
   return executed;
