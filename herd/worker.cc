@@ -36,6 +36,8 @@ struct Worker::Pending {
   ParsedRequest request;
   Status status = Status::kOk;
   bool replay = false;
+  bool held = false;     // the gate holds its response
+  bool dropped = false;  // no send-queue room for its response
   uint32_t client = 0;
   uint32_t slot = 0;
   const ClientRoute* route = nullptr;
@@ -48,7 +50,7 @@ struct Worker::Pending {
 
 Worker::Worker(uint32_t index, const Config& config, std::unique_ptr<mica::Partition> partition,
                std::vector<transport::QueuePair*> ud_qps, transport::CompletionQueue* send_cq,
-               transport::CompletionQueue* recv_cq, const WorkerMemory& memory)
+               transport::CompletionQueue* recv_cq, const WorkerMemory& memory, ResponseGate* gate)
     : index_(index),
       config_(config),
       limits_{config.max_key_bytes, config.max_value_bytes()},
@@ -58,6 +60,7 @@ Worker::Worker(uint32_t index, const Config& config, std::unique_ptr<mica::Parti
       send_cq_(send_cq),
       recv_cq_(recv_cq),
       memory_(memory),
+      gate_(gate),
       routes_(config.max_clients),
       queues_(config.ud_qps_per_worker + config.max_clients),
       ud_queues_(ud_qps_.size()),
@@ -67,6 +70,8 @@ Worker::Worker(uint32_t index, const Config& config, std::unique_ptr<mica::Parti
       store_requests_(config.postlist),
       store_responses_(config.postlist),
       store_index_(config.postlist),
+      to_post_(config.postlist),
+      released_(config.postlist),
       recv_wrs_(config.postlist),
       recv_sges_(config.postlist),
       send_completions_(config.postlist + config.unsig_batch),
@@ -114,6 +119,7 @@ void Worker::Run(const std::atomic<bool>& stop) {
     epoch_.store(epoch_.load(std::memory_order_relaxed) + 1, std::memory_order_release);
     const uint32_t count = config_.request_uses_slots() ? GatherFromSlots() : GatherFromReceives();
     if (count > 0) ExecuteAndRespond(count);
+    if (gate_ != nullptr) AnswerReleased();
     if (reposts_ > 0) {
       // Consumed receives go back only now: values were read from them until the store ran.
       RepostReceives(reposts_);
@@ -252,6 +258,12 @@ Worker::Admitted Worker::Admit(uint32_t client, uint32_t slot, const uint8_t* me
       counters_.duplicates.Add();
       return Admitted::kConsumed;
     }
+    if (h.seq == state.last_seq && state.held) {
+      // Executed, but not yet safe to acknowledge: the release answers this newest attempt.
+      state.last_attempt = h.attempt;
+      counters_.held_retransmissions.Add();
+      return Admitted::kConsumed;
+    }
     if (p.status == Status::kOk && mica::PartitionOf(h.keyhash, config_.workers) != index_) {
       p.status = Status::kWrongWorker;
     } else if (p.status == Status::kOk && h.seq == state.last_seq &&
@@ -260,18 +272,15 @@ Worker::Admitted Worker::Admit(uint32_t client, uint32_t slot, const uint8_t* me
     }
     claim = &state;
   }
-  // A response slot first: a request that cannot be answered now is dropped BEFORE it claims its
-  // sequence number, so its retransmission executes instead of replaying a stale outcome.
-  if (!AssignResponse(p)) {
-    counters_.dropped.Add();
-    return Admitted::kConsumed;
-  }
+  p.queue = nullptr;  // ExecuteAndRespond assigns the response's queue and staging buffer
   if (claim != nullptr) {
     if (claim->last_seq != h.seq && IsMutation(static_cast<Op>(h.op))) {
       // Until the batch executes, a retransmission of this mutation must replay, not re-apply;
       // its outcome is filled in by ExecuteAndRespond before any replay of it is answered.
       claim->status = p.status;
       claim->version = 0;
+      claim->held = false;
+      claim->keyhash = h.keyhash;
     }
     claim->last_seq = h.seq;
     claim->last_attempt = h.attempt;
@@ -296,25 +305,36 @@ bool Worker::AssignResponse(Pending& p) {
   p.queue = queue;
   p.wr_index = ResponseChains::Reserve(*queue);
   p.staging = queue->StagingFor(p.wr_index);
+  to_post_[to_post_count_++] = &p;
   return true;
 }
 
 void Worker::ExecuteAndRespond(uint32_t count) {
-  // The store executes every valid, non-replayed request as one prefetched batch; GET values land
-  // directly in the response staging buffers.
+  // The store executes every valid, non-replayed request as one prefetched batch. A GET's value
+  // lands directly in its response's staging buffer, so GETs take theirs before the store runs;
+  // every other response takes its own afterwards, so a held one never reserves a send-queue
+  // entry (and the WRs are still reserved and posted in the same order on each queue).
   uint32_t executed = 0;
   for (uint32_t i = 0; i < count; ++i) {
     Pending& p = batch_[i];
+    p.held = false;
+    p.dropped = false;
     if (p.status != Status::kOk || p.replay) continue;
     const RequestHeader& h = p.request.header;
+    const bool get = h.op == static_cast<uint8_t>(Op::kGet);
+    if (get && !AssignResponse(p)) {
+      p.dropped = true;  // unexecuted: the retransmission (a new attempt) executes it
+      counters_.dropped.Add();
+      continue;
+    }
     mica::Request& r = store_requests_[executed];
     r.op = static_cast<mica::OpCode>(h.op);
     r.keyhash = h.keyhash;
     r.key = p.request.key;
     r.value = p.request.value;
     r.expected_version = h.expected_version;
-    r.value_out = reinterpret_cast<char*>(p.staging);
-    r.value_out_bytes = limits_.max_value_bytes;
+    r.value_out = get ? reinterpret_cast<char*>(p.staging) : nullptr;
+    r.value_out_bytes = get ? limits_.max_value_bytes : 0;
     store_index_[executed++] = i;
   }
   partition_->ExecuteBatch(absl::MakeSpan(store_requests_.data(), executed),
@@ -322,51 +342,111 @@ void Worker::ExecuteAndRespond(uint32_t count) {
   for (uint32_t e = 0; e < executed; ++e) {
     Pending& p = batch_[store_index_[e]];
     const mica::Response& r = store_responses_[e];
+    const Op op = static_cast<Op>(p.request.header.op);
     p.status = static_cast<Status>(r.result);
     p.version = r.version;
-    p.value_bytes =
-        p.request.header.op == static_cast<uint8_t>(Op::kGet) && r.result == mica::Result::kOk
-            ? r.value_bytes
-            : 0;
-    if (IsMutation(static_cast<Op>(p.request.header.op))) {
-      SlotState& state = slots_[uint64_t{p.client} * config_.window + p.slot];
-      state.version = r.version;
-      state.status = p.status;
+    p.value_bytes = op == Op::kGet && r.result == mica::Result::kOk ? r.value_bytes : 0;
+    if (!IsMutation(op)) continue;
+    SlotState& state = slots_[uint64_t{p.client} * config_.window + p.slot];
+    state.version = r.version;
+    state.status = p.status;
+    if (gate_ != nullptr &&
+        gate_->Hold(ExecutedMutation{
+            HeldId{p.client, p.slot, generations_seen_[p.client], p.request.header.seq}, op,
+            p.request.header.keyhash, p.status, p.version})) {
+      state.held = true;
+      p.held = true;
+      counters_.held.Add();
     }
   }
-  const bool write_responses = config_.response_uses_slots();
+  if (gate_ != nullptr && executed > 0) gate_->EndBatch();
+  uint32_t answered = 0;
   for (uint32_t i = 0; i < count; ++i) {
     Pending& p = batch_[i];
+    if (p.dropped || p.held) continue;
     if (p.replay) {
       const SlotState& state = slots_[uint64_t{p.client} * config_.window + p.slot];
+      if (state.held) {
+        // Its original ran in this very batch and is held: the release answers it.
+        counters_.held_retransmissions.Add();
+        continue;
+      }
       p.status = state.status;
       p.version = state.version;
       p.value_bytes = 0;
       counters_.replays.Add();
     }
     if (p.status != Status::kOk) p.value_bytes = 0;
-    ResponseHeader header{};
-    header.keyhash = p.request.header.keyhash;
-    header.version = p.version;
-    header.value_bytes = p.value_bytes;
-    header.client_id = p.client;
-    header.status = static_cast<uint8_t>(p.status);
-    header.worker = static_cast<uint16_t>(index_);
-    header.attempt = p.request.header.attempt;
-    header.seq = p.request.header.seq;
-    // A WRITE response can be torn by a late duplicate landing in the same slot: it carries a
-    // checksum. A UD response lands whole in a receive buffer only the client's QP fills.
-    EncodeResponseHeader(header, write_responses ? p.route->secret : 0, p.staging);
+    if (p.queue == nullptr && !AssignResponse(p)) {
+      counters_.dropped.Add();  // a mutation's retransmission replays its recorded outcome
+      continue;
+    }
+    EncodeResponse(p);
+    ++answered;
   }
-  PostResponses(count);
-  counters_.requests.Add(count);
+  PostResponses();
+  counters_.requests.Add(answered);
   counters_.batches.Add();
 }
 
-void Worker::PostResponses(uint32_t count) {
-  // One chain (one doorbell) per queue the batch uses, in request order within each.
-  for (uint32_t i = 0; i < count; ++i) {
-    Pending& p = batch_[i];
+void Worker::EncodeResponse(const Pending& p) {
+  ResponseHeader header{};
+  header.keyhash = p.request.header.keyhash;
+  header.version = p.version;
+  header.value_bytes = p.value_bytes;
+  header.client_id = p.client;
+  header.status = static_cast<uint8_t>(p.status);
+  header.worker = static_cast<uint16_t>(index_);
+  header.attempt = p.request.header.attempt;
+  header.seq = p.request.header.seq;
+  // A WRITE response can be torn by a late duplicate landing in the same slot: it carries a
+  // checksum. A UD response lands whole in a receive buffer only the client's QP fills.
+  EncodeResponseHeader(header, config_.response_uses_slots() ? p.route->secret : 0, p.staging);
+}
+
+void Worker::AnswerReleased() {
+  const uint32_t released = gate_->Release(absl::MakeSpan(released_));
+  if (released == 0) return;
+  uint32_t answered = 0;
+  for (uint32_t k = 0; k < released; ++k) {
+    const HeldId& id = released_[k];
+    if (id.client >= config_.max_clients || id.slot >= config_.window) continue;
+    SlotState& state = slots_[uint64_t{id.client} * config_.window + id.slot];
+    const ClientRoute* route = routes_[id.client].load(std::memory_order_acquire);
+    // A release for a slot that moved on (a new session took the client id) answers nothing.
+    if (route == nullptr || route->generation != id.generation ||
+        generations_seen_[id.client] != id.generation || !state.held || state.last_seq != id.seq) {
+      continue;
+    }
+    state.held = false;
+    // batch_ is free between batches: a released response is built as a replay would be.
+    Pending& p = batch_[answered];
+    p.client = id.client;
+    p.slot = id.slot;
+    p.route = route;
+    p.status = state.status;
+    p.version = state.version;
+    p.value_bytes = 0;
+    p.request.header.keyhash = state.keyhash;
+    p.request.header.attempt = state.last_attempt;
+    p.request.header.seq = id.seq;
+    p.queue = nullptr;
+    if (!AssignResponse(p)) {
+      counters_.dropped.Add();  // its retransmission replays it from the dedupe table
+      continue;
+    }
+    EncodeResponse(p);
+    ++answered;
+  }
+  PostResponses();
+  counters_.released.Add(answered);
+  counters_.requests.Add(answered);
+}
+
+void Worker::PostResponses() {
+  // One chain (one doorbell) per queue the responses use, in reservation order within each.
+  for (uint32_t i = 0; i < to_post_count_; ++i) {
+    const Pending& p = *to_post_[i];
     const uint32_t length = ResponseBytes(p.value_bytes);
     transport::Sge& sge = chains_.NextSge();
     sge = transport::Sge{reinterpret_cast<uint64_t>(p.staging), length, p.queue->staging_lkey};
@@ -388,6 +468,7 @@ void Worker::PostResponses(uint32_t count) {
     }
     chains_.Append(p.queue);
   }
+  to_post_count_ = 0;
   counters_.dropped.Add(chains_.Post());
   for (uint32_t q = 0; q < ud_queues_.size(); ++q) {
     ud_progress_[q].posted.store(ud_queues_[q].posted, std::memory_order_release);

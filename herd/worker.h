@@ -15,6 +15,7 @@
 #include "herd/config.h"
 #include "herd/protocol.h"
 #include "herd/response_chain.h"
+#include "herd/response_gate.h"
 #include "herd/send_queue.h"
 #include "herd/slot_scanner.h"
 #include "mica/partition.h"
@@ -47,6 +48,9 @@ struct WorkerCounters {
   transport::Counter rejected;      // never complete or not authentic (lengths, checksum, UD
                                     // sender): dropped unanswered
   transport::Counter dropped;       // stale sequence numbers, unknown clients, broken QPs
+  transport::Counter held;          // mutation responses the gate held (response_gate.h)
+  transport::Counter released;      // ... and released and answered
+  transport::Counter held_retransmissions;  // retransmissions of a held mutation: consumed
 };
 
 // A UD response queue's progress, published by the worker for the control thread: an address
@@ -72,10 +76,12 @@ struct WorkerMemory {
 
 class Worker {
  public:
-  // `ud_qps`: the worker's response UD QPs; the first also receives UD requests.
+  // `ud_qps`: the worker's response UD QPs; the first also receives UD requests. `gate`, if
+  // not null, may hold mutations' responses (response_gate.h); it must outlive the worker.
   Worker(uint32_t index, const Config& config, std::unique_ptr<mica::Partition> partition,
          std::vector<transport::QueuePair*> ud_qps, transport::CompletionQueue* send_cq,
-         transport::CompletionQueue* recv_cq, const WorkerMemory& memory);
+         transport::CompletionQueue* recv_cq, const WorkerMemory& memory,
+         ResponseGate* gate = nullptr);
   ~Worker();
 
   // The thread body: runs until `stop` is set.
@@ -109,7 +115,9 @@ class Worker {
     uint64_t last_seq = 0;      // the newest request seen (executed or replayed)
     uint32_t last_attempt = 0;  // ... and its newest send
     Status status = Status::kOk;
+    bool held = false;     // the last mutation's response is held by the gate
     uint64_t version = 0;  // the last mutation's outcome, replayed to a retransmission
+    uint64_t keyhash = 0;  // ... and its key's hash (a released response echoes it)
     // A slot whose marker is set but whose message does not check out yet: which marker, and
     // since when (a WRITE still landing completes within microseconds; one that never does is
     // rejected after kIncompleteGrace).
@@ -132,10 +140,16 @@ class Worker {
   Admitted Admit(uint32_t client, uint32_t slot, const uint8_t* message, uint32_t length,
                  const uint8_t* grh, uint32_t src_qp, uint32_t* count);
   void ExecuteAndRespond(uint32_t count);
-  // Picks the queue and staging buffer for a response; false if there is none (the request is
-  // dropped unexecuted, and its retransmission runs it).
+  // Picks the queue and staging buffer for a response and appends it to the responses to post;
+  // false if there is none (the response is dropped; the client's retransmission executes a
+  // GET again and replays a mutation's outcome).
   bool AssignResponse(Pending& p);
-  void PostResponses(uint32_t count);
+  // Writes p's response header into its staging buffer.
+  void EncodeResponse(const Pending& p);
+  // Answers what the gate released (as replays of their slots' outcomes).
+  void AnswerReleased();
+  // Posts the responses assigned since the last post, in assignment order.
+  void PostResponses();
   void RepostReceives(uint32_t count);
   // Polls the send CQ once; applies signalled completions.
   void Reap();
@@ -149,6 +163,7 @@ class Worker {
   transport::CompletionQueue* send_cq_;
   transport::CompletionQueue* recv_cq_;
   WorkerMemory memory_;
+  ResponseGate* const gate_;
 
   std::vector<std::atomic<const ClientRoute*>> routes_;  // by client id
   std::vector<std::atomic<SendQueue*>> queues_;          // by table slot
@@ -163,6 +178,9 @@ class Worker {
   std::vector<mica::Request> store_requests_;
   std::vector<mica::Response> store_responses_;
   std::vector<uint32_t> store_index_;  // batch position of each store request
+  std::vector<Pending*> to_post_;      // responses in the order their WRs were reserved
+  uint32_t to_post_count_ = 0;
+  std::vector<HeldId> released_;  // AnswerReleased's
   std::vector<transport::RecvWr> recv_wrs_;
   std::vector<transport::Sge> recv_sges_;
   std::vector<transport::Completion> send_completions_;  // Reap's

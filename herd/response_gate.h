@@ -1,0 +1,65 @@
+// The worker's seam for responses that must wait: a mutation's answer can be held after the
+// store applied it and released later, without blocking the worker. Replication holds a PUT's
+// answer until its backups' WRITEs complete (the write is acknowledged only once it survives the
+// primary); anything else that must happen before an acknowledgement plugs in the same way.
+//
+// The contract, as the worker keeps it (tests/herd/response_gate_test.cc checks each rule):
+// - Only mutations (PUT, DELETE, CAS) that the store executed are offered, in batch order, after
+//   the batch ran. GETs are never held: a GET is answered with the batch that read it. (A GET
+//   may therefore read a value whose PUT is still held: a replicated store that must not expose
+//   such a value decides that in the store, not here.)
+// - A held response reserves nothing: no send-queue entry, no staging buffer. Its outcome
+//   (status, version) lives in the slot's dedupe state until released.
+// - While held, a retransmission of the mutation is consumed unanswered (never re-applied, never
+//   answered from the dedupe table: that would acknowledge what is not yet safe). The release
+//   answers the newest attempt seen.
+// - A release names a held response by its HeldId. One that no longer matches (the client id
+//   now belongs to a new session, or the slot moved on) is ignored. Once released, a
+//   retransmission is answered from the dedupe table as any replay is.
+// - A released response that finds its send queue full is dropped; the client's retransmission
+//   replays it from the dedupe table.
+// All calls are made on the worker's thread: an implementation needs no locks of its own for
+// them (what it shares with other threads is its business), and must not block.
+#ifndef HERD_HERD_RESPONSE_GATE_H_
+#define HERD_HERD_RESPONSE_GATE_H_
+
+#include <cstdint>
+
+#include "absl/types/span.h"
+#include "herd/protocol.h"
+
+namespace herd {
+
+// Names one held response: the request's client, window slot, session generation and sequence.
+struct HeldId {
+  uint32_t client = 0;
+  uint32_t slot = 0;
+  uint32_t generation = 0;
+  uint64_t seq = 0;
+};
+
+// A mutation the store executed, offered to the gate.
+struct ExecutedMutation {
+  HeldId id;
+  Op op = Op::kPut;
+  uint64_t keyhash = 0;
+  Status status = Status::kOk;  // the store's answer (CAS_FAILED and NOT_FOUND included)
+  uint64_t version = 0;
+};
+
+class ResponseGate {
+ public:
+  virtual ~ResponseGate() = default;
+  // Returns true to hold `mutation`'s response until a later Release names it.
+  virtual bool Hold(const ExecutedMutation& mutation) = 0;
+  // After each executed batch's Holds (e.g. to post the batch's replication WRITEs with one
+  // doorbell).
+  virtual void EndBatch() {}
+  // Once per worker loop: fills `released` with held responses that may go now; returns how
+  // many (at most released.size()).
+  virtual uint32_t Release(absl::Span<HeldId> released) = 0;
+};
+
+}  // namespace herd
+
+#endif  // HERD_HERD_RESPONSE_GATE_H_

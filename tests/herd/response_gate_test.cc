@@ -1,0 +1,208 @@
+// The worker's ResponseGate contract (herd/response_gate.h), one rule per test, on the worker
+// harness: a fake gate holds the mutations of chosen keys until the test releases them. "No
+// answer" is proved with the harness's Barrier() (probe round trips), never with a sleep.
+#include "herd/response_gate.h"
+
+#include <atomic>
+#include <cstdint>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/time/clock.h"
+#include "gtest/gtest.h"
+#include "tests/herd/worker_harness.h"
+
+namespace herd::worker_test {
+namespace {
+
+// Holds every mutation of the keys it was given; releases them when the test says so. The
+// worker calls Hold/EndBatch/Release on its thread; the test thread calls the rest.
+class FakeGate : public ResponseGate {
+ public:
+  explicit FakeGate(const std::vector<std::string>& held_keys) {
+    for (const std::string& key : held_keys) held_hashes_.insert(mica::KeyHash(key));
+  }
+
+  bool Hold(const ExecutedMutation& m) override {
+    offered_.fetch_add(1);
+    if (!held_hashes_.contains(m.keyhash)) return false;
+    std::lock_guard<std::mutex> lock(mutex_);
+    held_.push_back(m);
+    return true;
+  }
+  void EndBatch() override { batches_.fetch_add(1); }
+  uint32_t Release(absl::Span<HeldId> released) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    uint32_t n = 0;
+    while (n < released.size() && !to_release_.empty()) {
+      released[n++] = to_release_.front();
+      to_release_.erase(to_release_.begin());
+    }
+    return n;
+  }
+
+  // Test thread.
+  std::vector<ExecutedMutation> held() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return held_;
+  }
+  // Waits until `n` mutations were held (something that must happen: a deadline, not a sleep).
+  bool AwaitHeld(size_t n) {
+    const absl::Time give_up = absl::Now() + kDeadline;
+    while (held().size() < n) {
+      if (absl::Now() > give_up) return false;
+      std::this_thread::yield();
+    }
+    return true;
+  }
+  // Releases everything held so far (and forgets it).
+  void ReleaseAll() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (const ExecutedMutation& m : held_) to_release_.push_back(m.id);
+    held_.clear();
+  }
+  // Releases an arbitrary id (a gate's bug, or a stale one).
+  void ReleaseId(const HeldId& id) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    to_release_.push_back(id);
+  }
+  uint64_t offered() const { return offered_.load(); }
+  uint64_t batches() const { return batches_.load(); }
+
+ private:
+  absl::flat_hash_set<uint64_t> held_hashes_;
+  std::atomic<uint64_t> offered_{0};
+  std::atomic<uint64_t> batches_{0};
+  std::mutex mutex_;
+  std::vector<ExecutedMutation> held_;
+  std::vector<HeldId> to_release_;
+};
+
+Config UdRequests() { return TestConfig(RequestVerb::kUdSend, ResponseVerb::kUdSend); }
+
+class ResponseGateTest : public ::testing::TestWithParam<bool> {  // true: UD requests
+ protected:
+  Config TheConfig() const { return GetParam() ? UdRequests() : SlotsAndUd(); }
+};
+
+TEST_P(ResponseGateTest, AHeldMutationIsAnsweredOnlyOnReleaseAndGetsAreNotHeld) {
+  const std::string held_key = KeyOf(kWorkerIndex, 0);
+  const std::string other_key = KeyOf(kWorkerIndex, 1);
+  FakeGate gate({held_key});
+  Harness h(TheConfig(), &gate);
+  ASSERT_EQ(StatusOf(h.Call(Put(1, 1, other_key, "free"))), Status::kOk);  // not held
+
+  h.Barrier();
+  const uint64_t posted_before = h.worker().ud_progress(0).posted.load();
+  h.Submit(Put(0, 1, held_key, "v1"));
+  ASSERT_TRUE(gate.AwaitHeld(1));
+  const ExecutedMutation m = gate.held()[0];
+  EXPECT_EQ(m.id.client, 0u);
+  EXPECT_EQ(m.id.seq, 1u);
+  EXPECT_EQ(m.op, Op::kPut);
+  EXPECT_EQ(m.status, Status::kOk);
+
+  // GETs go on: of the held key (it reads the applied value) and of another key.
+  const Response get_held = h.Call(Get(1, 2, held_key));
+  EXPECT_EQ(StatusOf(get_held), Status::kOk);
+  EXPECT_EQ(get_held.value, "v1");
+  EXPECT_EQ(StatusOf(h.Call(Get(1, 3, other_key))), Status::kOk);
+  EXPECT_TRUE(h.Barrier().empty()) << "a held response was answered";
+  // The held response reserved no send-queue entry: only the two GETs' and the probes'.
+  EXPECT_EQ(h.worker().ud_progress(0).posted.load() - posted_before, 2u + 2u);
+  EXPECT_EQ(h.counters().held.Get(), 1u);
+
+  gate.ReleaseAll();
+  std::optional<Response> answer = h.NextResponse();
+  ASSERT_TRUE(answer.has_value());
+  EXPECT_EQ(answer->header.client_id, 0u);
+  EXPECT_EQ(answer->header.seq, 1u);
+  EXPECT_EQ(StatusOf(*answer), Status::kOk);
+  EXPECT_EQ(answer->header.version, m.version);
+  EXPECT_EQ(answer->header.keyhash, mica::KeyHash(held_key));
+  EXPECT_TRUE(h.Barrier().empty()) << "answered twice";
+  EXPECT_EQ(h.counters().released.Get(), 1u);
+  EXPECT_GT(gate.batches(), 0u);
+}
+
+TEST_P(ResponseGateTest, ARetransmissionWhileHeldIsNeitherReappliedNorAnswered) {
+  const std::string key = KeyOf(kWorkerIndex, 0);
+  FakeGate gate({key});
+  Harness h(TheConfig(), &gate);
+  Request put = Put(0, 1, key, "once");
+  h.Submit(put);
+  ASSERT_TRUE(gate.AwaitHeld(1));
+  const uint64_t version = gate.held()[0].version;
+  put.attempt = 1;
+  h.Submit(put);
+  if (!GetParam()) {
+    ASSERT_TRUE(h.AwaitConsumed(0, 1));
+  }
+  EXPECT_TRUE(h.Barrier().empty());
+  EXPECT_EQ(h.counters().held_retransmissions.Get(), 1u);
+  EXPECT_EQ(gate.offered(), 1u) << "the retransmission was executed again";
+
+  gate.ReleaseAll();
+  std::optional<Response> answer = h.NextResponse();
+  ASSERT_TRUE(answer.has_value());
+  EXPECT_EQ(answer->header.seq, 1u);
+  EXPECT_EQ(answer->header.attempt, 1u) << "the release answers the newest attempt";
+  EXPECT_EQ(answer->header.version, version);
+  EXPECT_TRUE(h.Barrier().empty());
+
+  // Released: a later retransmission is a replay from the dedupe table, still not re-applied.
+  put.attempt = 2;
+  const Response replay = h.Call(put);
+  EXPECT_EQ(StatusOf(replay), Status::kOk);
+  EXPECT_EQ(replay.header.version, version);
+  EXPECT_EQ(h.counters().replays.Get(), 1u);
+  EXPECT_EQ(gate.offered(), 1u);
+}
+
+TEST_P(ResponseGateTest, AReleaseForASlotThatMovedOnAnswersNothing) {
+  const std::string key = KeyOf(kWorkerIndex, 0);
+  FakeGate gate({key});
+  Harness h(TheConfig(), &gate);
+  h.Submit(Put(0, 1, key, "old session"));
+  ASSERT_TRUE(gate.AwaitHeld(1));
+  // A new session takes client id 0 and uses slot 1 itself.
+  h.Publish(0, h.MakeRoute(kSecret, kGeneration + 1));
+  EXPECT_EQ(StatusOf(h.Call(Get(0, 1, KeyOf(kWorkerIndex, 1)))), Status::kNotFound);
+
+  gate.ReleaseAll();
+  // Forged ids as a buggy gate might name them: out of range, never held.
+  gate.ReleaseId(HeldId{kMaxClients, 0, kGeneration, 1});
+  gate.ReleaseId(HeldId{0, kWindow, kGeneration + 1, 1});
+  gate.ReleaseId(HeldId{1, 2, kGeneration, 2});
+  EXPECT_TRUE(h.Barrier().empty()) << "a stale or forged release was answered";
+  EXPECT_EQ(h.counters().released.Get(), 0u);
+}
+
+INSTANTIATE_TEST_SUITE_P(RequestVerbs, ResponseGateTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return info.param ? "UdRequests" : "WriteRequests";
+                         });
+
+TEST(ResponseGateWriteResponsesTest, AReleasedWriteResponseCarriesTheSessionChecksum) {
+  const std::string key = KeyOf(kWorkerIndex, 0);
+  FakeGate gate({key});
+  Harness h(TestConfig(RequestVerb::kUcWrite, ResponseVerb::kUcWrite), &gate);
+  Request put = Put(0, 1, key, "written back");
+  h.Submit(put);
+  ASSERT_TRUE(gate.AwaitHeld(1));
+  put.attempt = 1;
+  h.Submit(put);
+  ASSERT_TRUE(h.AwaitConsumed(0, 1));
+  gate.ReleaseAll();
+  std::optional<ParsedResponse> r = h.AwaitWriteResponse(0, 1, kSecret);
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(static_cast<Status>(r->header.status), Status::kOk);
+  EXPECT_EQ(r->header.attempt, 1u);
+  EXPECT_EQ(r->header.keyhash, mica::KeyHash(key));
+}
+
+}  // namespace
+}  // namespace herd::worker_test
