@@ -240,15 +240,16 @@ absl::Status Client::Submit(uint32_t client, Op op, std::string_view key, std::s
         absl::StrFormat("client %d: this connection hosts %d", client, options_.clients));
   }
   if (key.empty() || key.size() > config_.max_key_bytes) {
-    return absl::InvalidArgumentError(absl::StrFormat("key of %d bytes: the server takes 1..%d",
-                                                      key.size(), config_.max_key_bytes));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("KEY_TOO_LONG: a key of %d bytes; the server takes 1..%d", key.size(),
+                        config_.max_key_bytes));
   }
-  const bool carries_value = op == Op::kPut || op == Op::kCas;
+  const bool carries_value = CarriesValue(op);
   if (!carries_value) value = {};
   if (value.size() > config_.max_value_bytes()) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("value of %d bytes: the server's slots take at most %d", value.size(),
-                        config_.max_value_bytes()));
+    return absl::OutOfRangeError(
+        absl::StrFormat("VALUE_TOO_LONG: a value of %d bytes; the server's slots take at most %d",
+                        value.size(), config_.max_value_bytes()));
   }
   const uint64_t keyhash = mica::KeyHash(key);
   const uint32_t worker = WorkerOf(keyhash);
@@ -614,37 +615,63 @@ absl::StatusOr<Result> Client::RunOne(Op op, std::string_view key, std::string_v
   }
 }
 
+absl::Status ResultError(const Result& r) {
+  const std::string name(StatusName(r.status));
+  switch (r.status) {
+    case Status::kOk:
+      return absl::OkStatus();
+    case Status::kNotFound:
+      return absl::NotFoundError(name + ": no such key");
+    case Status::kCasFailed:
+      return absl::FailedPreconditionError(
+          absl::StrFormat("%s: the key's current version is %d", name, r.version));
+    case Status::kExists:
+      return absl::AlreadyExistsError(
+          absl::StrFormat("%s: the key is present, at version %d", name, r.version));
+    case Status::kKeyTooLong:
+      return absl::InvalidArgumentError(name +
+                                        ": the key is empty or longer than the server takes");
+    case Status::kValueTooLong:
+      return absl::OutOfRangeError(name + ": the value is longer than the server takes");
+    case Status::kBufferTooSmall:
+      return absl::ResourceExhaustedError(name + ": the value does not fit a response");
+    case Status::kInvalidOp:
+      return absl::InvalidArgumentError(name + ": the server does not know this operation");
+    case Status::kBadRequest:
+      return absl::InvalidArgumentError(name + ": the server refused the request's fields");
+    case Status::kWrongWorker:
+      return absl::FailedPreconditionError(
+          name + ": the key belongs to another worker (client and server disagree on routing)");
+    case Status::kTimedOut:
+      return absl::DeadlineExceededError(name + ": no response through every retransmission");
+    case Status::kSendFailed:
+      return absl::UnavailableError(name + ": the request could not be sent (its QP is in error)");
+  }
+  return absl::InternalError(
+      absl::StrFormat("unknown status %d from the server", static_cast<int>(r.status)));
+}
+
 absl::StatusOr<Value> Client::Get(std::string_view key) {
   absl::StatusOr<Result> r = RunOne(Op::kGet, key, {}, 0);
   if (!r.ok()) return r.status();
-  if (r->status == Status::kNotFound) return absl::NotFoundError("no such key");
-  if (r->status != Status::kOk) return absl::InternalError(std::string(StatusName(r->status)));
+  if (absl::Status error = ResultError(*r); !error.ok()) return error;
   return Value{std::string(r->value), r->version};
 }
 
 namespace {
 absl::StatusOr<uint64_t> VersionOf(const absl::StatusOr<Result>& r) {
   if (!r.ok()) return r.status();
-  switch (r->status) {
-    case Status::kOk:
-      return r->version;
-    case Status::kNotFound:
-      return absl::NotFoundError("no such key");
-    case Status::kCasFailed:
-      return absl::FailedPreconditionError(
-          absl::StrFormat("CAS_FAILED: the current version is %d", r->version));
-    case Status::kTimedOut:
-      return absl::DeadlineExceededError("no response through every retransmission");
-    case Status::kSendFailed:
-      return absl::UnavailableError("the request could not be sent: its QP is in error");
-    default:
-      return absl::InvalidArgumentError(std::string(StatusName(r->status)));
-  }
+  if (absl::Status error = ResultError(*r); !error.ok()) return error;
+  return r->version;
 }
 }  // namespace
 
 absl::StatusOr<uint64_t> Client::Put(std::string_view key, std::string_view value) {
   return VersionOf(RunOne(Op::kPut, key, value, 0));
+}
+
+absl::StatusOr<uint64_t> Client::Insert(std::string_view key, std::string_view value) {
+  return VersionOf(RunOne(Op::kInsert, key, value, 0));
 }
 
 absl::StatusOr<uint64_t> Client::Delete(std::string_view key) {

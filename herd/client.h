@@ -90,6 +90,11 @@ struct Value {
   uint64_t version = 0;
 };
 
+// The API's error for a result: OK for Status::kOk, else an absl code that fits, with a message
+// that starts with the status's wire name (NOT_FOUND, EXISTS, CAS_FAILED, ...) and says what
+// it means.
+absl::Status ResultError(const Result& r);
+
 class Client {
  public:
   static absl::StatusOr<std::unique_ptr<Client>> Connect(const ClientOptions& options);
@@ -118,8 +123,11 @@ class Client {
   // Synchronous wrappers on logical client 0 (for tests and examples): submit, poll until done.
   absl::StatusOr<Value> Get(std::string_view key);
   absl::StatusOr<uint64_t> Put(std::string_view key, std::string_view value);  // new version
+  // The new version, or kAlreadyExists (EXISTS) naming the present version.
+  absl::StatusOr<uint64_t> Insert(std::string_view key, std::string_view value);
   absl::StatusOr<uint64_t> Delete(std::string_view key);
   // OK with the new version, or kFailedPrecondition (CAS_FAILED) naming the current version.
+  // Every error's message starts with the wire status's name (ResultError).
   absl::StatusOr<uint64_t> Cas(std::string_view key, uint64_t expected_version,
                                std::string_view value);
 

@@ -23,6 +23,8 @@ std::string_view StatusName(Status status) {
       return "BUFFER_TOO_SMALL";
     case Status::kInvalidOp:
       return "INVALID_OP";
+    case Status::kExists:
+      return "EXISTS";
     case Status::kBadRequest:
       return "BAD_REQUEST";
     case Status::kWrongWorker:
@@ -33,6 +35,22 @@ std::string_view StatusName(Status status) {
       return "SEND_FAILED";
   }
   return "UNKNOWN_STATUS";
+}
+
+std::string_view OpName(Op op) {
+  switch (op) {
+    case Op::kGet:
+      return "GET";
+    case Op::kPut:
+      return "PUT";
+    case Op::kDelete:
+      return "DELETE";
+    case Op::kCas:
+      return "CAS";
+    case Op::kInsert:
+      return "INSERT";
+  }
+  return "UNKNOWN_OP";
 }
 
 namespace {
@@ -164,7 +182,7 @@ Parse ParseRequest(const uint8_t* message, uint32_t length, const RequestLimits&
   *status = Status::kOk;
   const ValueDescriptor& d = h.descriptor;
   const Op op = static_cast<Op>(h.op);
-  const bool carries_value = op == Op::kPut || op == Op::kCas;
+  const bool carries_value = CarriesValue(op);
   if (h.flags != 0 || d.addr != 0 || d.rkey != 0 || d.length != 0) {
     *status = Status::kBadRequest;
   } else if (h.op >= kOpCount) {

@@ -36,6 +36,7 @@ enum class Status : uint8_t {
   kValueTooLong = 4,
   kBufferTooSmall = 5,
   kInvalidOp = 6,
+  kExists = 7,        // INSERT: the key is present (the response's version is its current one)
   kBadRequest = 16,   // malformed slot: lengths, flags, reserved bytes, sequence, key hash
   kWrongWorker = 17,  // the key belongs to another worker's partition
   kTimedOut = 32,     // client-side: no valid response through every retransmission
@@ -43,9 +44,13 @@ enum class Status : uint8_t {
 };
 std::string_view StatusName(Status status);
 
-enum class Op : uint8_t { kGet = 0, kPut = 1, kDelete = 2, kCas = 3 };
-inline constexpr uint8_t kOpCount = 4;
+// The same values as mica::OpCode (the worker passes them through; static_asserts in worker.cc).
+enum class Op : uint8_t { kGet = 0, kPut = 1, kDelete = 2, kCas = 3, kInsert = 4 };
+inline constexpr uint8_t kOpCount = 5;
 inline bool IsMutation(Op op) { return op != Op::kGet; }
+// Whether a request of `op` carries a value.
+inline bool CarriesValue(Op op) { return op == Op::kPut || op == Op::kCas || op == Op::kInsert; }
+std::string_view OpName(Op op);
 
 inline constexpr uint32_t kWireAlign = 8;
 // 64-bit: a peer-written 32-bit length near 2^32 must not wrap to a small padded size.

@@ -13,6 +13,16 @@
 namespace herd {
 namespace {
 
+// The worker passes opcodes and results between the wire and the store unchanged.
+static_assert(static_cast<uint8_t>(Op::kInsert) == static_cast<uint8_t>(mica::OpCode::kInsert) &&
+              static_cast<uint8_t>(Op::kCas) == static_cast<uint8_t>(mica::OpCode::kCas) &&
+              static_cast<uint8_t>(Op::kDelete) == static_cast<uint8_t>(mica::OpCode::kDelete) &&
+              static_cast<uint8_t>(Op::kPut) == static_cast<uint8_t>(mica::OpCode::kPut));
+static_assert(
+    static_cast<uint8_t>(Status::kExists) == static_cast<uint8_t>(mica::Result::kExists) &&
+    static_cast<uint8_t>(Status::kInvalidOp) == static_cast<uint8_t>(mica::Result::kInvalidOp) &&
+    static_cast<uint8_t>(Status::kCasFailed) == static_cast<uint8_t>(mica::Result::kCasFailed));
+
 // Consecutive empty polls before the worker yields its core once. On a dedicated core nothing
 // else is runnable and yield returns at once; on a shared development machine it lets the
 // clients run.

@@ -163,6 +163,8 @@ Response Partition::Execute(const Request& request) {
       return Delete(request.key, request.keyhash);
     case OpCode::kCas:
       return Cas(request.key, request.keyhash, request.expected_version, request.value);
+    case OpCode::kInsert:
+      return Insert(request.key, request.keyhash, request.value);
   }
   // An OpCode cast from untrusted bytes.
   stats_.rejected.Add();
@@ -184,7 +186,9 @@ absl::Status ToStatus(Result result) {
     case Result::kBufferTooSmall:
       return absl::ResourceExhaustedError("value does not fit the caller's buffer");
     case Result::kInvalidOp:
-      return absl::InvalidArgumentError("opcode is none of GET, PUT, DELETE, CAS");
+      return absl::InvalidArgumentError("opcode is none of GET, PUT, DELETE, CAS, INSERT");
+    case Result::kExists:
+      return absl::AlreadyExistsError("INSERT: the key is present");
   }
   return absl::InternalError("unknown mica::Result");
 }
@@ -205,6 +209,8 @@ std::string_view ResultName(Result result) {
       return "BUFFER_TOO_SMALL";
     case Result::kInvalidOp:
       return "INVALID_OP";
+    case Result::kExists:
+      return "EXISTS";
   }
   return "UNKNOWN";
 }

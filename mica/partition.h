@@ -30,7 +30,7 @@
 
 namespace mica {
 
-enum class OpCode : uint8_t { kGet = 0, kPut = 1, kDelete = 2, kCas = 3 };
+enum class OpCode : uint8_t { kGet = 0, kPut = 1, kDelete = 2, kCas = 3, kInsert = 4 };
 
 // Outcome of one operation. A wire-friendly byte; ToStatus() gives the absl::Status equivalent.
 enum class Result : uint8_t {
@@ -40,7 +40,8 @@ enum class Result : uint8_t {
   kKeyTooLong = 3,      // key empty or longer than kMaxKeyBytes
   kValueTooLong = 4,    // value longer than the partition's max_value_bytes
   kBufferTooSmall = 5,  // GET: the caller's buffer cannot hold the value (value_bytes says how big)
-  kInvalidOp = 6,       // opcode is none of GET, PUT, DELETE, CAS
+  kInvalidOp = 6,       // opcode is none of GET, PUT, DELETE, CAS, INSERT
+  kExists = 7,          // INSERT: the key is present (version says which)
 };
 
 absl::Status ToStatus(Result result);
@@ -59,8 +60,8 @@ struct Request {
 struct Response {
   Result result = Result::kOk;
   uint32_t value_bytes = 0;  // GET: the value's length (also when kBufferTooSmall)
-  // GET: the value's version; PUT/CAS/DELETE: the version they created; kCasFailed: the key's
-  // current version.
+  // GET: the value's version; PUT/CAS/DELETE/INSERT: the version they created; kCasFailed and
+  // kExists: the key's current version.
   uint64_t version = 0;
 };
 
@@ -87,10 +88,11 @@ class Partition {
   Partition(const Partition&) = delete;
   Partition& operator=(const Partition&) = delete;
 
-  // One file per operation: get.cc, put.cc, delete.cc, cas.cc.
+  // One file per operation: get.cc, put.cc, delete.cc, cas.cc, insert.cc.
   Response Get(std::string_view key, uint64_t keyhash, char* value_out, uint32_t value_out_bytes);
   Response Put(std::string_view key, uint64_t keyhash, std::string_view value);
   Response Delete(std::string_view key, uint64_t keyhash);
+  Response Insert(std::string_view key, uint64_t keyhash, std::string_view value);
   Response Cas(std::string_view key, uint64_t keyhash, uint64_t expected_version,
                std::string_view value);
   Response Execute(const Request& request);

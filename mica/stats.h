@@ -14,8 +14,9 @@ using Counter = util::Counter;
 struct PartitionStats {
   Counter get_hits;
   Counter get_misses;
-  Counter inserts;     // PUT of a key the index did not hold
-  Counter overwrites;  // PUT of a key the index held
+  Counter inserts;        // PUT or INSERT of a key the index did not hold
+  Counter insert_exists;  // INSERT of a key the index held (answered kExists)
+  Counter overwrites;     // PUT of a key the index held
   Counter deletes;
   Counter delete_misses;
   Counter cas_ok;

@@ -1,5 +1,5 @@
-// A randomized GET/PUT/DELETE/CAS workload checked against a model of the store: the oracle of
-// herd's end-to-end tests on every fabric.
+// A randomized GET/PUT/DELETE/CAS/INSERT workload checked against a model of the store: the oracle
+// of herd's end-to-end tests on every fabric.
 #ifndef HERD_TESTS_HERD_MODEL_WORKLOAD_H_
 #define HERD_TESTS_HERD_MODEL_WORKLOAD_H_
 
@@ -49,7 +49,7 @@ inline void RunModelWorkload(Client& client, uint32_t ops, uint32_t keys, uint64
       const uint32_t owner = key % client.clients();
       if (!client.CanSubmit(owner, mica::KeyHash(name))) continue;
       Inflight f{key, static_cast<Op>(rng() % kOpCount), "", 0};
-      if (f.op == Op::kPut || f.op == Op::kCas) {
+      if (CarriesValue(f.op)) {
         f.value = std::string(rng() % (max_value + 1), static_cast<char>('a' + rng() % 26));
       }
       if (f.op == Op::kCas) {
@@ -107,6 +107,16 @@ inline void RunModelWorkload(Client& client, uint32_t ops, uint32_t keys, uint64
           } else {
             ASSERT_EQ(r.status, Status::kCasFailed);
             ASSERT_EQ(r.version, m.version);
+          }
+          break;
+        case Op::kInsert:
+          if (m.present) {
+            ASSERT_EQ(r.status, Status::kExists) << "key " << f.key;
+            ASSERT_EQ(r.version, m.version);
+          } else {
+            ASSERT_EQ(r.status, Status::kOk) << "key " << f.key;
+            ASSERT_GT(r.version, m.version);
+            m = ModelEntry{true, f.value, r.version};
           }
           break;
       }

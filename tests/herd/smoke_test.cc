@@ -1,4 +1,6 @@
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "tests/herd/server_fixture.h"
 
 namespace herd::testing {
@@ -37,6 +39,47 @@ TEST(Smoke, PutGetDeleteCas) {
   auto v4 = client->Put("hello", "again");
   ASSERT_TRUE(v4.ok());
   EXPECT_GT(*v4, *v3);
+}
+
+// INSERT, and every error a caller can meet names its wire status first.
+TEST(Smoke, InsertAndErrorsNameTheirStatus) {
+  ServerProcess server(SmallServer("smoke_errors"));
+  ASSERT_TRUE(server.ok());
+  auto client = Join(server, "smoke_errors");
+  ASSERT_NE(client, nullptr);
+  auto v1 = client->Insert("fresh", "first");
+  ASSERT_TRUE(v1.ok()) << v1.status();
+  auto again = client->Insert("fresh", "second");
+  ASSERT_TRUE(absl::IsAlreadyExists(again.status())) << again.status();
+  EXPECT_TRUE(absl::StartsWith(again.status().message(), "EXISTS")) << again.status();
+  EXPECT_NE(again.status().message().find(absl::StrCat(*v1)), std::string::npos)
+      << "EXISTS names the present version: " << again.status();
+  auto got = client->Get("fresh");
+  ASSERT_TRUE(got.ok());
+  EXPECT_EQ(got->value, "first");  // the failed INSERT changed nothing
+
+  const auto not_found = client->Get("never stored").status();
+  EXPECT_TRUE(absl::IsNotFound(not_found));
+  EXPECT_TRUE(absl::StartsWith(not_found.message(), "NOT_FOUND")) << not_found;
+  const auto cas_failed = client->Cas("fresh", *v1 + 7, "x").status();
+  EXPECT_TRUE(absl::IsFailedPrecondition(cas_failed));
+  EXPECT_TRUE(absl::StartsWith(cas_failed.message(), "CAS_FAILED")) << cas_failed;
+  const std::string long_key(client->config().max_key_bytes + 1, 'k');
+  const auto key_too_long = client->Put(long_key, "v").status();
+  EXPECT_TRUE(absl::IsInvalidArgument(key_too_long));
+  EXPECT_TRUE(absl::StartsWith(key_too_long.message(), "KEY_TOO_LONG")) << key_too_long;
+  const std::string long_value(client->config().max_value_bytes() + 1, 'v');
+  const auto value_too_long = client->Insert("other", long_value).status();
+  EXPECT_TRUE(absl::IsOutOfRange(value_too_long));
+  EXPECT_TRUE(absl::StartsWith(value_too_long.message(), "VALUE_TOO_LONG")) << value_too_long;
+  EXPECT_TRUE(absl::IsNotFound(client->Get("other").status()));
+
+  // After a DELETE the key is absent again: INSERT stores it, under a newer version.
+  auto deleted = client->Delete("fresh");
+  ASSERT_TRUE(deleted.ok());
+  auto v2 = client->Insert("fresh", "third");
+  ASSERT_TRUE(v2.ok()) << v2.status();
+  EXPECT_GT(*v2, *deleted);
 }
 
 }  // namespace

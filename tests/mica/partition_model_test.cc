@@ -76,6 +76,21 @@ TEST_P(ModelTest, NeverStaleNeverForeign) {
       ASSERT_EQ(r.version, it->second.version) << "stale version at op " << op;
       ASSERT_EQ(std::string(buffer.data(), r.value_bytes), it->second.value)
           << "wrong bytes at op " << op;
+    } else if (choice < 7) {  // INSERT
+      const std::string value = RandomValue(rng, s.max_value_bytes, op);
+      const Response r = partition.Insert(key, keyhash, value);
+      if (r.result == Result::kExists) {
+        // Present: the model must hold it (with that version), or it would be resurrected.
+        ASSERT_NE(it, model.end()) << "INSERT found a key the model lacks, op " << op;
+        ASSERT_EQ(r.version, it->second.version);
+        continue;
+      }
+      ASSERT_EQ(r.result, Result::kOk);
+      ASSERT_GT(r.version, last_version);
+      last_version = r.version;
+      // Absent to the index: a key the model held was evicted (allowed), and is replaced.
+      if (it != model.end()) ++lost;
+      model[key] = Entry{value, r.version};
     } else if (choice < 8) {  // PUT
       const std::string value = RandomValue(rng, s.max_value_bytes, op);
       const Response r = partition.Put(key, keyhash, value);
@@ -171,7 +186,7 @@ TEST(Batch, MatchesOneAtATimeExecution) {
     }
     for (int i = 0; i < n; ++i) {
       Request& r = requests[i];
-      r.op = static_cast<OpCode>(rng() % 4);
+      r.op = static_cast<OpCode>(rng() % 5);  // GET, PUT, DELETE, CAS, INSERT
       r.key = keys[i];
       r.keyhash = KeyHash(keys[i]);
       r.value = values[i];

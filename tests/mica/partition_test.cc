@@ -119,6 +119,24 @@ TEST(Partition, CasSucceedsOnlyOnTheCurrentVersion) {
   EXPECT_EQ(store.p().stats().cas_misses.Get(), 1u);
 }
 
+TEST(Partition, InsertStoresOnlyAbsentKeys) {
+  Store store(SmallConfig());
+  const Response first = store.p().Insert("k", KeyHash("k"), "one");
+  ASSERT_EQ(first.result, Result::kOk);
+  const Response again = store.p().Insert("k", KeyHash("k"), "two");
+  EXPECT_EQ(again.result, Result::kExists);
+  EXPECT_EQ(again.version, first.version);  // the current version, as CAS_FAILED reports it
+  EXPECT_EQ(store.Get("k")->value, "one");
+  ASSERT_EQ(store.Delete("k").result, Result::kOk);
+  const Response after_delete = store.p().Insert("k", KeyHash("k"), "three");
+  ASSERT_EQ(after_delete.result, Result::kOk);
+  EXPECT_GT(after_delete.version, first.version);
+  EXPECT_EQ(store.Get("k")->value, "three");
+  EXPECT_EQ(store.p().Insert("", KeyHash(""), "x").result, Result::kKeyTooLong);
+  EXPECT_EQ(store.p().stats().insert_exists.Get(), 1u);
+  EXPECT_EQ(store.p().stats().inserts.Get(), 2u);
+}
+
 TEST(Partition, KeyAndValueLimits) {
   PartitionConfig config = SmallConfig();
   config.max_value_bytes = 1000;
@@ -307,6 +325,8 @@ TEST(Status, ResultsMapToAbslCodes) {
   EXPECT_EQ(ToStatus(Result::kCasFailed).code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(ToStatus(Result::kKeyTooLong).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(ToStatus(Result::kValueTooLong).code(), absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(ToStatus(Result::kExists).code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(ResultName(Result::kExists), "EXISTS");
   EXPECT_EQ(ResultName(Result::kCasFailed), "CAS_FAILED");
 }
 

@@ -1,0 +1,25 @@
+// INSERT: store a key only if the index does not hold it; otherwise kExists with its version.
+// (In this lossy cache mode a key the index forgot, evicted or overwritten in the log, counts as
+// absent: the insert succeeds.)
+#include "mica/keyhash.h"
+#include "mica/partition.h"
+
+namespace mica {
+
+Response Partition::Insert(std::string_view key, uint64_t keyhash, std::string_view value) {
+  if (const Result check = CheckWrite(key, value); check != Result::kOk) {
+    return Response{check, 0, 0};
+  }
+  Bucket* bucket = BucketFor(keyhash);
+  const uint16_t tag = TagOf(keyhash);
+  if (const uint64_t* existing = FindSlot(bucket, tag, key, keyhash); existing != nullptr) {
+    stats_.insert_exists.Add();
+    return Response{Result::kExists, 0, ItemAt(SlotOffset(*existing))->version};
+  }
+  uint64_t* slot = ClaimSlot(bucket);
+  stats_.inserts.Add();
+  const uint64_t version = WriteItem(bucket, slot, tag, key, keyhash, value);
+  return Response{Result::kOk, 0, version};
+}
+
+}  // namespace mica
