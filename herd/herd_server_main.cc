@@ -31,36 +31,6 @@ int Fail(const absl::Status& status) {
   return 1;
 }
 
-std::string StatsJson(const herd::ServerStats& s, const herd::ServerStats& last, double seconds) {
-  std::vector<std::string> mops, hit_ratio, misses, evictions, wraps;
-  uint64_t requests = 0, batches = 0;
-  for (size_t w = 0; w < s.requests.size(); ++w) {
-    const uint64_t r = s.requests[w] - last.requests[w];
-    requests += r;
-    batches += s.batches[w] - last.batches[w];
-    mops.push_back(absl::StrFormat("%.3f", r / seconds / 1e6));
-    const uint64_t hits = s.get_hits[w] - last.get_hits[w];
-    const uint64_t missed = s.get_misses[w] - last.get_misses[w];
-    hit_ratio.push_back(hits + missed == 0
-                            ? "null"
-                            : absl::StrFormat("%.4f", static_cast<double>(hits) /
-                                                          static_cast<double>(hits + missed)));
-    misses.push_back(absl::StrCat(missed));
-    evictions.push_back(absl::StrCat(s.evictions[w] - last.evictions[w]));
-    wraps.push_back(absl::StrCat(s.log_wraps[w] - last.log_wraps[w]));
-  }
-  return absl::StrFormat(
-      "{\"mops\":%.3f,\"worker_mops\":[%s],\"batch\":%.2f,\"clients\":%d,\"bad\":%d,"
-      "\"replays\":%d,\"duplicates\":%d,\"rejected\":%d,\"dropped\":%d,"
-      "\"get_hit_ratio\":[%s],\"get_misses\":[%s],\"evictions\":[%s],\"log_wraps\":[%s],"
-      "\"fabric\":%s}",
-      requests / seconds / 1e6, absl::StrJoin(mops, ","),
-      batches == 0 ? 0.0 : static_cast<double>(requests) / batches, s.clients, s.bad_requests,
-      s.replays, s.duplicates, s.rejected, s.dropped, absl::StrJoin(hit_ratio, ","),
-      absl::StrJoin(misses, ","), absl::StrJoin(evictions, ","), absl::StrJoin(wraps, ","),
-      s.fabric.ToJson());
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -121,13 +91,14 @@ int main(int argc, char** argv) {
     }
     const herd::ServerStats stats = (*server)->Stats();
     fprintf(stderr, "progress %s\n",
-            StatsJson(stats, last, absl::ToDoubleSeconds(now - tick)).c_str());
+            herd::StatsJson(stats, last, absl::ToDoubleSeconds(now - tick)).c_str());
     last = stats;
     tick = now;
     if (FLAGS_duration_s > 0 && now - start >= absl::Seconds(FLAGS_duration_s)) break;
   }
   (*server)->Stop();
   printf("{\"server\":%s}\n",
-         StatsJson((*server)->Stats(), first, absl::ToDoubleSeconds(absl::Now() - start)).c_str());
+         herd::StatsJson((*server)->Stats(), first, absl::ToDoubleSeconds(absl::Now() - start))
+             .c_str());
   return 0;
 }

@@ -159,4 +159,18 @@ absl::StatusOr<transport::control::Message> Expect(transport::control::Channel& 
   return message;
 }
 
+absl::StatusOr<std::string> FetchServerStats(std::string_view host_port, absl::Duration timeout) {
+  absl::StatusOr<transport::control::Channel> channel =
+      transport::control::Channel::Connect(host_port, timeout);
+  if (!channel.ok()) return channel.status();
+  if (absl::Status s = channel->Send(kStatsRequest, {}); !s.ok()) return s;
+  absl::StatusOr<transport::control::Message> message = Expect(*channel, kStats, timeout);
+  if (!message.ok()) return message.status();
+  WireReader r(message->payload, "stats");
+  std::string json;
+  r.Bytes(&json, transport::control::kMaxControlPayload);
+  if (absl::Status s = r.Finish(); !s.ok()) return s;
+  return json;
+}
+
 }  // namespace herd

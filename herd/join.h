@@ -8,9 +8,11 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "herd/config.h"
 #include "transport/control/channel.h"
 #include "transport/types.h"
@@ -23,6 +25,9 @@ enum MessageType : uint16_t {
   kJoin = 3,
   kWelcome = 4,
   kError = 5,
+  // Instead of a Hello: the server answers kStats (its counters as JSON, StatsJson) and closes.
+  kStatsRequest = 6,
+  kStats = 7,
 };
 
 struct Hello {
@@ -60,6 +65,10 @@ absl::StatusOr<Config> DecodeConfig(const std::vector<uint8_t>& bytes);
 absl::StatusOr<Join> DecodeJoin(const std::vector<uint8_t>& bytes, uint32_t workers);
 absl::StatusOr<Welcome> DecodeWelcome(const std::vector<uint8_t>& bytes, uint32_t workers,
                                       uint32_t ud_qps_per_worker);
+
+// Asks the server at `host_port` for its counters (kStatsRequest on a connection of its own, no
+// session): one JSON object with "uptime_s", "config" and "stats".
+absl::StatusOr<std::string> FetchServerStats(std::string_view host_port, absl::Duration timeout);
 
 // Receives one message and checks its type; a kError message becomes its status.
 absl::StatusOr<transport::control::Message> Expect(transport::control::Channel& channel,

@@ -175,6 +175,7 @@ Server::~Server() { Stop(); }
 absl::Status Server::Start() {
   if (started_) return absl::FailedPreconditionError("the server was already started");
   started_ = true;
+  start_time_ = absl::Now();
   for (uint32_t w = 0; w < workers_.size(); ++w) {
     Worker* worker = workers_[w].worker.get();
     const int core = options_.pin_workers ? cores_[w] : -1;
@@ -233,6 +234,15 @@ void Server::OnHandshakeEvent(PendingConnections::Event& event) {
     // Closed, timed out, malformed or evicted: the set already dropped the connection.
     LOG(WARNING) << "client " << event.peer << " not admitted: " << event.status;
     handshakes_.erase(event.id);
+    return;
+  }
+  if (event.message.type == kStatsRequest && !handshakes_.contains(event.id)) {
+    const std::string json = absl::StrFormat(
+        "{\"uptime_s\":%.3f,\"config\":%s,\"stats\":%s}",
+        absl::ToDoubleSeconds(absl::Now() - start_time_), options_.config.ToJson(),
+        StatsJson(Stats(), ServerStats{}, absl::ToDoubleSeconds(absl::Now() - start_time_)));
+    (void)pending_->Send(event.id, kStats, transport::control::WireWriter().Bytes(json).Take());
+    pending_->Close(event.id);
     return;
   }
   auto [it, fresh] = handshakes_.try_emplace(event.id);
@@ -520,31 +530,6 @@ uint64_t Server::DrawSecret() {
   uint64_t secret = 0;
   while (secret == 0) secret = (uint64_t{device()} << 32) | device();
   return secret;
-}
-
-ServerStats Server::Stats() const {
-  ServerStats stats;
-  for (const WorkerResources& r : workers_) {
-    const WorkerCounters& k = r.worker->counters();
-    stats.requests.push_back(k.requests.Get());
-    stats.batches.push_back(k.batches.Get());
-    stats.bad_requests += k.bad_requests.Get();
-    stats.replays += k.replays.Get();
-    stats.duplicates += k.duplicates.Get();
-    stats.rejected += k.rejected.Get();
-    stats.dropped += k.dropped.Get();
-    const mica::PartitionStats& p = r.worker->partition().stats();
-    stats.get_hits.push_back(p.get_hits.Get());
-    stats.get_misses.push_back(p.get_misses.Get());
-    stats.evictions.push_back(p.evictions.Get());
-    stats.log_wraps.push_back(p.log_wraps.Get());
-  }
-  // Every QP and CQ the server ever had: workers' UD QPs and CQs, sessions' connected QPs
-  // (WRITE responses are posted on them), departed sessions' included.
-  stats.fabric = device_->counters();
-  stats.sessions = session_count_.load();
-  stats.clients = client_count_.load();
-  return stats;
 }
 
 }  // namespace herd

@@ -46,6 +46,10 @@ struct ServerStats {
   transport::CounterSnapshot fabric;  // all of the server's QPs and CQs
 };
 
+// The counters of `now` since `since` (an empty ServerStats: since the start) over `seconds`,
+// as one JSON object: rates, per-worker rows, and the fabric's counters.
+std::string StatsJson(const ServerStats& now, const ServerStats& since, double seconds);
+
 class Server {
  public:
   static absl::StatusOr<std::unique_ptr<Server>> Create(const ServerOptions& options);
@@ -117,6 +121,7 @@ class Server {
   std::thread control_;
   std::atomic<bool> stop_{false};
   bool started_ = false;
+  absl::Time start_time_;
 
   // Control thread only (Stats() reads the device's counters and atomics, never these).
   std::unique_ptr<transport::control::PendingConnections> pending_;

@@ -82,5 +82,22 @@ TEST(Smoke, InsertAndErrorsNameTheirStatus) {
   EXPECT_GT(*v2, *deleted);
 }
 
+// The stats request needs no session: its own connection, one JSON answer.
+TEST(Smoke, StatsAreServedOnAConnectionOfTheirOwn) {
+  ServerProcess server(SmallServer("smoke_stats"));
+  ASSERT_TRUE(server.ok());
+  auto client = Join(server, "smoke_stats");
+  ASSERT_NE(client, nullptr);
+  ASSERT_TRUE(client->Put("k", "v").ok());
+  ASSERT_TRUE(client->Get("k").ok());
+  absl::StatusOr<std::string> json = FetchServerStats(server.address(), absl::Seconds(10));
+  ASSERT_TRUE(json.ok()) << json.status();
+  EXPECT_TRUE(absl::StartsWith(*json, "{\"uptime_s\":")) << *json;
+  EXPECT_NE(json->find("\"clients\":1"), std::string::npos) << *json;
+  EXPECT_NE(json->find("\"get_misses\":["), std::string::npos) << *json;
+  // The session is untouched: the client goes on.
+  EXPECT_EQ(client->Get("k")->value, "v");
+}
+
 }  // namespace
 }  // namespace herd::testing
