@@ -36,6 +36,9 @@ DEFINE_bool(adaptive_retry, true,
             "doubling per retransmission), within --min/max_retry_timeout_us");
 DEFINE_uint32(min_retry_timeout_us, 5000, "Floor of the adaptive retransmission timeout");
 DEFINE_uint32(max_retry_timeout_us, 1000000, "Ceiling of the adaptive retransmission timeout");
+DEFINE_bool(batch_doorbells, true,
+            "Post each loop's requests to a QP with one doorbell (HERD's client batching); false: "
+            "one doorbell per request");
 DEFINE_string(client_cores, "auto",
               "Cores the client threads are pinned to (hwloc): auto (the last cores of the NIC's "
               "NUMA node, clear of a local server's workers), none, or a list like 1,3-4");
@@ -195,6 +198,7 @@ int main(int argc, char** argv) {
   options.adaptive_retry = FLAGS_adaptive_retry;
   options.min_retry_timeout = absl::Microseconds(FLAGS_min_retry_timeout_us);
   options.max_retry_timeout = absl::Microseconds(FLAGS_max_retry_timeout_us);
+  options.batch_doorbells = FLAGS_batch_doorbells;
 
   absl::StatusOr<std::unique_ptr<herd::Topology>> topology = herd::Topology::Load();
   const absl::StatusOr<std::vector<int>> cores =
@@ -297,7 +301,8 @@ int main(int argc, char** argv) {
       "us\":%.2f,"
       "\"p999_us\":%.2f,\"max_us\":%.2f,\"retransmissions\":%d,\"timed_out\":%d,"
       "\"send_failed\":%d,\"stray\":%d,\"torn\":%d,\"retry_timeout_us\":%.1f,"
-      "\"client_wrs\":%d,\"doorbells_per_wr\":%.3f,\"signaled_fraction\":%.4f,"
+      "\"client_wrs\":%d,\"doorbells_per_wr\":%.3f,\"requests_per_doorbell\":%.2f,\"signaled_"
+      "fraction\":%.4f,"
       "\"inline_fraction\":%.4f,\"bytes_per_wr\":%.1f,\"cpu_s\":%.3f,\"cpu_model\":\"%s\","
       "\"cores\":%d,\"oversubscribed\":%s}",
       FLAGS_threads, FLAGS_clients_per_thread, FLAGS_threads * FLAGS_clients_per_thread,
@@ -306,9 +311,13 @@ int main(int argc, char** argv) {
       absl::StrJoin(per_worker, ","), latency.Quantile(0.5) / 1e3, latency.Quantile(0.99) / 1e3,
       latency.Quantile(0.999) / 1e3, latency.max() / 1e3, total.retransmissions, total.timed_out,
       total.send_failed, total.stray, total.torn, absl::ToDoubleMicroseconds(total.retry_timeout),
-      total.fabric.wrs, total.fabric.doorbells * per_op, total.fabric.signaled_wrs * per_op,
-      total.fabric.inline_wrs * per_op, total.fabric.bytes * per_op, cpu_s, bench::CpuModel(),
-      bench::OnlineCores(), oversubscribed ? "true" : "false");
+      total.fabric.wrs, total.fabric.doorbells * per_op,
+      total.fabric.doorbells == 0
+          ? 0.0
+          : static_cast<double>(total.fabric.wrs) / static_cast<double>(total.fabric.doorbells),
+      total.fabric.signaled_wrs * per_op, total.fabric.inline_wrs * per_op,
+      total.fabric.bytes * per_op, cpu_s, bench::CpuModel(), bench::OnlineCores(),
+      oversubscribed ? "true" : "false");
   printf("%s\n", json.c_str());
   if (ops == 0) {
     // A run that did nothing is a failure, however quietly it went.

@@ -5,6 +5,8 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <type_traits>
+#include <utility>
 
 #include "absl/strings/str_format.h"
 #include "glog/logging.h"
@@ -62,7 +64,8 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   return client;
 }
 
-Client::Client(const ClientOptions& options) : options_(options) {}
+Client::Client(const ClientOptions& options)
+    : options_(options), batching_(options.batch_doorbells) {}
 
 Client::~Client() = default;
 
@@ -332,14 +335,18 @@ absl::Status Client::Send(Outstanding& o, bool wait_for_room) {
   if (o.sends > 0 && new_attempt) {
     SetRequestAttempt(++o.attempt, welcome_.secret, staged, o.length);
   }
-  transport::Sge sge{reinterpret_cast<uint64_t>(staged), o.length, staging_mr_->lkey()};
+  // A full chain goes first, so that a failure to post it never involves this request (a Submit
+  // that fails leaves no trace; the chain's requests are retransmitted).
+  if (chains_.size() == kMaxChainedRequests) (void)Flush();
+  const uint64_t wr_index = SendChains::Reserve(queue);
+  transport::Sge& sge = chains_.NextSge();
+  sge = transport::Sge{reinterpret_cast<uint64_t>(staged), o.length, staging_mr_->lkey()};
   const bool inline_send = config_.use_inline && o.length <= config_.max_inline;
-  transport::SendWr wr;
-  wr.wr_id = queue.WrId(queue.posted);
-  wr.sg_list = &sge;
+  transport::SendWr& wr = chains_.NextWr();
+  wr.wr_id = queue.WrId(wr_index);
   wr.num_sge = 1;
   // Non-inline WRs are signalled so their buffers are known free; retransmissions too, rare.
-  const bool signal = queue.Signal(queue.posted) || !inline_send || o.sends > 0;
+  const bool signal = queue.Signal(wr_index) || !inline_send || o.sends > 0;
   wr.flags = signal ? uint32_t{transport::kSignaled} : 0u;
   if (inline_send) wr.flags |= transport::kInline;
   if (write) {
@@ -354,15 +361,26 @@ absl::Status Client::Send(Outstanding& o, bool wait_for_room) {
     wr.remote_qpn = welcome_.worker_ud[o.worker].qp_num;
     wr.remote_qkey = kQkey;
   }
-  transport::SendWr* bad = nullptr;
-  if (absl::Status s = queue.qp->PostSend(&wr, &bad); !s.ok()) return s;
+  chains_.Append(&queue);
+  if (!batching_) {
+    // Alone in the chain: if it is not posted, nothing reads its buffer and it was never sent.
+    if (absl::Status s = Flush(); !s.ok()) return s;
+  }
   if (!inline_send) {
     o.buffer_in_flight = true;
-    o.last_wr = queue.posted;
+    o.last_wr = wr_index;
   }
-  ++queue.posted;
   ++o.sends;
   return absl::OkStatus();
+}
+
+absl::Status Client::Flush() {
+  if (chains_.size() == 0) return absl::OkStatus();
+  const uint32_t staged = chains_.size();
+  const uint32_t not_posted = chains_.Post();
+  if (not_posted == 0) return absl::OkStatus();
+  return absl::UnavailableError(absl::StrFormat(
+      "%d of %d staged requests could not be posted (a broken QP?)", not_posted, staged));
 }
 
 void Client::Reap() {
@@ -589,6 +607,7 @@ void Client::Retransmit(absl::Span<Result> out, size_t* n) {
 }
 
 size_t Client::Poll(absl::Span<Result> out) {
+  (void)Flush();  // a failed post leaves its requests to retransmission
   RepostReceives();
   Reap();
   size_t n = 0;
@@ -599,6 +618,7 @@ size_t Client::Poll(absl::Span<Result> out) {
   }
   if (outstanding_ > 0 && n < out.size() && Clock::now() >= next_retry_check_) {
     Retransmit(out, &n);
+    (void)Flush();
   }
   return n;
 }
@@ -613,6 +633,76 @@ absl::StatusOr<Result> Client::RunOne(Op op, std::string_view key, std::string_v
   while (true) {
     if (Poll(absl::MakeSpan(&result, 1)) == 1 && result.tag == kSyncTag) return result;
   }
+}
+
+template <typename Deliver>
+absl::Status Client::RunMany(Op op, absl::Span<const KeyValue> items, Deliver&& deliver) {
+  if (outstanding_ != 0) {
+    return absl::FailedPreconditionError("batched calls need no requests outstanding");
+  }
+  const bool was_batching = std::exchange(batching_, true);
+  std::vector<Result> results(std::max<size_t>(items.size(), 1));
+  size_t next = 0, done = 0;
+  // Bounds a wait for a slot that never frees (a stuck QP with nothing outstanding).
+  const Clock::time_point give_up =
+      Clock::now() + absl::ToChronoNanoseconds(options_.request_deadline);
+  while (done < items.size()) {
+    if (outstanding_ == 0 && Clock::now() > give_up) {
+      for (; next < items.size(); ++next, ++done) {
+        deliver(next, absl::DeadlineExceededError("no request slot freed up in time"));
+      }
+      break;
+    }
+    // Stage what the windows hold: it goes out at Poll, one doorbell per worker QP.
+    for (; next < items.size(); ++next) {
+      const KeyValue& item = items[next];
+      if (!CanSubmit(0, mica::KeyHash(item.key))) break;
+      if (absl::Status s = Submit(0, op, item.key, item.value, 0, next); !s.ok()) {
+        if (absl::IsResourceExhausted(s)) break;  // the slot's buffer is still being read
+        deliver(next, s);
+        ++done;
+      }
+    }
+    const size_t got = Poll(absl::MakeSpan(results));
+    for (size_t i = 0; i < got; ++i) {
+      deliver(results[i].tag, results[i]);
+      ++done;
+    }
+  }
+  batching_ = was_batching;
+  return absl::OkStatus();
+}
+
+std::vector<absl::StatusOr<Value>> Client::MultiGet(absl::Span<const std::string_view> keys) {
+  std::vector<KeyValue> items(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) items[i].key = keys[i];
+  std::vector<absl::StatusOr<Value>> out(keys.size());
+  const absl::Status run = RunMany(Op::kGet, items, [&](uint64_t i, const auto& r) {
+    if constexpr (std::is_same_v<std::decay_t<decltype(r)>, absl::Status>) {
+      out[i] = r;
+    } else if (absl::Status error = ResultError(r); !error.ok()) {
+      out[i] = error;
+    } else {
+      out[i] = Value{std::string(r.value), r.version};
+    }
+  });
+  if (!run.ok()) out.assign(keys.size(), run);
+  return out;
+}
+
+std::vector<absl::StatusOr<uint64_t>> Client::MultiPut(absl::Span<const KeyValue> items) {
+  std::vector<absl::StatusOr<uint64_t>> out(items.size());
+  const absl::Status run = RunMany(Op::kPut, items, [&](uint64_t i, const auto& r) {
+    if constexpr (std::is_same_v<std::decay_t<decltype(r)>, absl::Status>) {
+      out[i] = r;
+    } else if (absl::Status error = ResultError(r); !error.ok()) {
+      out[i] = error;
+    } else {
+      out[i] = r.version;
+    }
+  });
+  if (!run.ok()) out.assign(items.size(), run);
+  return out;
 }
 
 absl::Status ResultError(const Result& r) {
@@ -699,7 +789,8 @@ absl::Status Client::SendRaw(uint32_t client, uint32_t worker, uint32_t slot,
   o.slot = slot;
   o.sends = 0;  // sent as is: no attempt number is rewritten into raw bytes
   o.length = static_cast<uint32_t>(bytes.size());
-  return Send(o, /*wait_for_room=*/true);
+  if (absl::Status s = Send(o, /*wait_for_room=*/true); !s.ok()) return s;
+  return Flush();
 }
 
 void Client::BreakQpsForTest() {

@@ -33,6 +33,7 @@
 #include "herd/config.h"
 #include "herd/join.h"
 #include "herd/protocol.h"
+#include "herd/send_chains.h"
 #include "herd/send_queue.h"
 #include "transport/control/channel.h"
 #include "transport/fabric.h"
@@ -60,6 +61,10 @@ struct ClientOptions {
   // any load; a queue that stays full this long means a stuck NIC or QP, and the send fails
   // (kDeadlineExceeded) instead of hanging the thread.
   absl::Duration send_queue_timeout = absl::Seconds(1);
+  // Doorbell batching: Submit stages a request's WR, and the staged WRs go out with one
+  // post_send per QP at the next Poll() or Flush() (or once kMaxChainedRequests are staged).
+  // false: every Submit posts at once (one doorbell per request).
+  bool batch_doorbells = true;
 };
 
 struct Result {
@@ -90,6 +95,11 @@ struct Value {
   uint64_t version = 0;
 };
 
+struct KeyValue {
+  std::string_view key;
+  std::string_view value;
+};
+
 // The API's error for a result: OK for Status::kOk, else an absl code that fits, with a message
 // that starts with the status's wire name (NOT_FOUND, EXISTS, CAS_FAILED, ...) and says what
 // it means.
@@ -109,11 +119,16 @@ class Client {
   // True when `client` may have another request outstanding to `keyhash`'s worker.
   bool CanSubmit(uint32_t client, uint64_t keyhash) const;
   // Sends one request of logical client `client` (0..clients-1). expected_version: CAS only.
+  // With batch_doorbells (the default) the request is staged and goes out at the next Poll()
+  // or Flush(), with every other request staged for the same QP (one doorbell).
   absl::Status Submit(uint32_t client, Op op, std::string_view key, std::string_view value,
                       uint64_t expected_version, uint64_t tag);
   // Delivers up to out.size() results; also retransmits overdue requests. Never blocks (a
   // retransmission that finds its send queue full counts as sent and is tried again later).
   size_t Poll(absl::Span<Result> out);
+  // Posts every staged request now (one post_send per QP). A request whose post fails stays
+  // outstanding: it is retransmitted, or ends with kSendFailed once its QP is known broken.
+  absl::Status Flush();
   uint64_t outstanding() const { return outstanding_; }
   // OK while the server is there. Once its control connection closes (the server stopped or
   // died; Poll checks whenever it checks for overdue requests), kUnavailable: every outstanding
@@ -131,7 +146,17 @@ class Client {
   absl::StatusOr<uint64_t> Cas(std::string_view key, uint64_t expected_version,
                                std::string_view value);
 
+  // Batches on logical client 0: the requests go out with one doorbell per worker QP (as many
+  // as the windows hold; the rest as answers free slots), results in input order. Operations
+  // on one key within one call are not ordered among themselves.
+  std::vector<absl::StatusOr<Value>> MultiGet(absl::Span<const std::string_view> keys);
+  std::vector<absl::StatusOr<uint64_t>> MultiPut(absl::Span<const KeyValue> items);
+
   ClientStats stats() const;
+
+  // Requests staged before a Flush is forced: a post list as long as HERD's and eRPC's
+  // (16-32 WRs per doorbell), beyond which a longer chain saves nothing measurable.
+  static constexpr uint32_t kMaxChainedRequests = 32;
 
   // Tests only (a hostile client): puts `bytes` into request slot `slot` of logical client
   // `client` at `worker` exactly as a request would go (end-aligned WRITE, or a UD SEND),
@@ -155,6 +180,10 @@ class Client {
   absl::Status CreateResources(const Config& config);
   absl::StatusOr<Result> RunOne(Op op, std::string_view key, std::string_view value,
                                 uint64_t expected_version);
+  // Runs `op` on every key (values: one per key, or empty) on logical client 0; calls
+  // deliver(i, result) for each, in completion order.
+  template <typename Deliver>
+  absl::Status RunMany(Op op, absl::Span<const KeyValue> items, Deliver&& deliver);
   uint64_t SlotIndex(uint32_t client, uint32_t worker, uint32_t slot) const {
     return (uint64_t{client} * config_.workers + worker) * config_.window + slot;
   }
@@ -192,7 +221,9 @@ class Client {
   std::vector<std::unique_ptr<transport::AddressHandle>> worker_ahs_;
   std::unique_ptr<transport::QueuePair> ud_qp_;
   std::vector<std::unique_ptr<transport::QueuePair>> request_qps_, response_qps_;
-  std::vector<SendQueue> queues_;  // [0] = UD QP, then one per worker request QP
+  std::vector<SendQueue> queues_;           // [0] = UD QP, then one per worker request QP
+  SendChains chains_{kMaxChainedRequests};  // staged request WRs (batch_doorbells)
+  bool batching_ = true;                    // batch_doorbells, or inside MultiGet/MultiPut
 
   std::vector<Outstanding> slots_;  // [client][worker][window]
   std::vector<uint64_t> next_seq_;  // [client][worker]

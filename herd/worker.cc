@@ -313,7 +313,7 @@ bool Worker::AssignResponse(Pending& p) {
     return false;
   }
   p.queue = queue;
-  p.wr_index = ResponseChains::Reserve(*queue);
+  p.wr_index = SendChains::Reserve(*queue);
   p.staging = queue->StagingFor(p.wr_index);
   to_post_[to_post_count_++] = &p;
   return true;

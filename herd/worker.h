@@ -14,8 +14,8 @@
 
 #include "herd/config.h"
 #include "herd/protocol.h"
-#include "herd/response_chain.h"
 #include "herd/response_gate.h"
+#include "herd/send_chains.h"
 #include "herd/send_queue.h"
 #include "herd/slot_scanner.h"
 #include "mica/partition.h"
@@ -186,7 +186,7 @@ class Worker {
   std::vector<transport::Completion> send_completions_;  // Reap's
   std::vector<transport::Completion> recv_completions_;  // GatherFromReceives' (Admit may Reap)
   std::vector<QueueProgress> ud_progress_;
-  ResponseChains chains_;    // PostResponses: one chain per distinct queue
+  SendChains chains_;        // PostResponses: one chain per distinct queue
   SlotScanner scanner_;      // over this worker's slots of the region
   uint32_t reposts_ = 0;     // receives consumed by the current batch (recv_sges_[0..reposts_))
   uint32_t next_ud_qp_ = 0;  // round robin over the response UD QPs

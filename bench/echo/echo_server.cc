@@ -18,7 +18,7 @@
 #include "glog/logging.h"
 #include "herd/pinning.h"
 #include "herd/protocol.h"
-#include "herd/response_chain.h"
+#include "herd/send_chains.h"
 #include "herd/send_queue.h"
 #include "herd/slot_scanner.h"
 #include "transport/control/channel.h"
@@ -98,7 +98,7 @@ class Server {
   std::vector<Session> sessions_;
   uint32_t joined_ = 0;  // accept thread only
   // Echo thread state, preallocated.
-  herd::ResponseChains chains_;
+  herd::SendChains chains_;
   std::vector<Completion> completions_;
   transport::Counter responses_, dropped_;  // written by the echo thread only
 };
@@ -231,7 +231,7 @@ void Server::Run(const std::atomic<bool>& stop) {
             dropped_.Add();
             return herd::SlotAction::kConsume;
           }
-          const uint64_t index = herd::ResponseChains::Reserve(queue_);
+          const uint64_t index = herd::SendChains::Reserve(queue_);
           uint8_t* response = queue_.StagingFor(index);
           const uint8_t* slot_end = start + config_.slot_bytes;
           std::memcpy(response + config_.response_bytes - sizeof(Tag), slot_end - sizeof(Tag),

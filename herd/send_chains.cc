@@ -1,13 +1,13 @@
-#include "herd/response_chain.h"
+#include "herd/send_chains.h"
 
 #include "glog/logging.h"
 
 namespace herd {
 
-ResponseChains::ResponseChains(uint32_t max_wrs)
+SendChains::SendChains(uint32_t max_wrs)
     : wrs_(max_wrs), sges_(max_wrs), queues_(max_wrs), heads_(max_wrs), tails_(max_wrs) {}
 
-void ResponseChains::Append(SendQueue* queue) {
+void SendChains::Append(SendQueue* queue) {
   transport::SendWr& wr = wrs_[count_];
   wr.sg_list = &sges_[count_];
   ++count_;
@@ -22,7 +22,7 @@ void ResponseChains::Append(SendQueue* queue) {
   tails_[c] = &wr;
 }
 
-uint32_t ResponseChains::Post() {
+uint32_t SendChains::Post() {
   uint32_t not_posted = 0;
   for (uint32_t c = 0; c < chains_; ++c) {
     SendQueue& queue = *queues_[c];

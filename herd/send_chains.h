@@ -1,9 +1,10 @@
-// Posting responses with one doorbell per send queue, shared by herd's worker and the raw echo
-// baseline. The caller reserves a WR of a queue (its index and staging buffer), fills it, and
+// Posting WRs with one doorbell per send queue: the worker's responses, the client's requests
+// (doorbell batching on both sides, as HERD does) and the raw echo baseline's responses. The
+// caller reserves a WR of a queue (its index and staging buffer), fills it, and
 // appends it; Post() then rings one doorbell per queue used, in append order within each, and
 // keeps the queues' accounting (posted, broken) true whatever the fabric accepted.
-#ifndef HERD_HERD_RESPONSE_CHAIN_H_
-#define HERD_HERD_RESPONSE_CHAIN_H_
+#ifndef HERD_HERD_SEND_CHAINS_H_
+#define HERD_HERD_SEND_CHAINS_H_
 
 #include <cstdint>
 #include <vector>
@@ -14,10 +15,10 @@
 
 namespace herd {
 
-class ResponseChains {
+class SendChains {
  public:
   // At most `max_wrs` WRs between two Post()s (the postlist).
-  explicit ResponseChains(uint32_t max_wrs);
+  explicit SendChains(uint32_t max_wrs);
 
   // Reserves the next WR of `queue` (the caller checked HasRoom) and returns its index in the
   // queue; the WR's staging buffer is queue.StagingFor(index).
@@ -61,4 +62,4 @@ bool AwaitRoom(SendQueue& queue, Reap&& reap, absl::Duration max_wait,
 
 }  // namespace herd
 
-#endif  // HERD_HERD_RESPONSE_CHAIN_H_
+#endif  // HERD_HERD_SEND_CHAINS_H_
