@@ -4,8 +4,10 @@
 //
 // The mirror maps the ring's first `mirror_bytes` a second time, so an item that starts near the
 // ring's end continues into its first bytes while staying contiguous in virtual memory. The whole
-// range is one file (memfd), so it can be registered with a NIC as one region and shared with
-// another process through fd().
+// range is backed by one file (memfd), which fd() shares with another process. It registers as
+// one region on either fabric: a NIC pins whatever pages the range maps, and the shm fabric
+// records its two file mappings ([head | ring] at offset 0, the mirror at head_bytes) and maps
+// them the same way in a peer, so a remote WRITE or READ across the ring's end works alike.
 #ifndef HERD_MICA_MIRRORED_REGION_H_
 #define HERD_MICA_MIRRORED_REGION_H_
 

@@ -224,8 +224,9 @@ class QueuePair {
 class ProtectionDomain {
  public:
   virtual ~ProtectionDomain();
-  // Registers [addr, addr + length). The shm fabric needs shared memory (see
-  // AllocateSharedMemory); the verbs backend takes any memory.
+  // Registers [addr, addr + length). The shm fabric needs shared file mappings (see
+  // SharedMemory::Allocate), up to kMaxMrExtents of them in a row (FindBackings); the verbs
+  // backend takes any memory.
   absl::StatusOr<std::unique_ptr<MemoryRegion>> RegisterMemory(void* addr, size_t length,
                                                                uint32_t access);
   // The QP must also die before its send and receive CQs.

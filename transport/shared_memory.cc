@@ -6,9 +6,11 @@
 #include <sys/sysmacros.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cinttypes>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <utility>
 
@@ -142,46 +144,112 @@ void SharedMemory::Release() {
   page_bytes_ = 0;
 }
 
-absl::StatusOr<Backing> FindBacking(const void* addr, size_t length) {
+namespace {
+
+// One line of /proc/self/maps: [lo, hi) maps `offset` onwards of the file (device, inode); inode
+// 0 for anonymous memory.
+struct MapsLine {
+  uintptr_t lo = 0;
+  uintptr_t hi = 0;
+  bool shared = false;
+  uint64_t offset = 0;
+  dev_t device = 0;
+  ino_t inode = 0;
+};
+
+bool ParseMapsLine(const char* text, MapsLine* line) {
+  char perms[8];
+  unsigned major, minor;
+  unsigned long inode;
+  if (std::sscanf(text, "%" SCNxPTR "-%" SCNxPTR " %7s %" SCNx64 " %x:%x %lu", &line->lo, &line->hi,
+                  perms, &line->offset, &major, &minor, &inode) != 7) {
+    return false;
+  }
+  line->shared = perms[3] == 's';
+  line->device = makedev(major, minor);
+  line->inode = static_cast<ino_t>(inode);
+  return true;
+}
+
+// The extents found so far, with the file of the last one (to merge a line that continues it).
+struct Extents {
+  std::vector<Backing> backings;
+  dev_t last_device = 0;
+  ino_t last_inode = 0;
+};
+
+absl::Status NotShared(const void* addr, size_t length, uintptr_t at, std::string_view why) {
+  return absl::InvalidArgumentError(absl::StrFormat(
+      "memory at %p (+%d bytes) is not all shared memory: %s at %#x; the shm fabric can only "
+      "register memfd or /dev/shm mappings (allocate with transport::SharedMemory::Allocate)",
+      addr, length, why, at));
+}
+
+// Adds [from, to) of the mapping `line` to `extents`: merged into the last extent when it
+// continues the same file at the next offset, else a new extent.
+absl::Status AddExtent(const MapsLine& line, uintptr_t from, uintptr_t to, const void* addr,
+                       size_t length, Extents* extents) {
+  if (!line.shared || line.inode == 0) {
+    return NotShared(addr, length, from, "a private or anonymous mapping");
+  }
+  const uint64_t file_offset = line.offset + (from - line.lo);
+  std::vector<Backing>& backings = extents->backings;
+  if (!backings.empty() && extents->last_device == line.device &&
+      extents->last_inode == line.inode &&
+      backings.back().file_offset + backings.back().length == file_offset) {
+    backings.back().length += to - from;
+    return absl::OkStatus();
+  }
+  if (backings.size() == kMaxMrExtents) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "memory at %p (+%d bytes) spans more than %d file mappings (the next at %#x); register "
+        "it in parts",
+        addr, length, kMaxMrExtents, from));
+  }
+  const int fd = FindFdOf(line.device, line.inode);
+  if (fd < 0) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "the file mapped at %#x has no open descriptor in this process; keep it open while "
+        "registered",
+        from));
+  }
+  backings.push_back(Backing{fd, file_offset, to - from});
+  extents->last_device = line.device;
+  extents->last_inode = line.inode;
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<Backing>> FindBackings(const void* addr, size_t length) {
   const auto begin = reinterpret_cast<uintptr_t>(addr);
+  if (length == 0 || length > UINTPTR_MAX - begin) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("memory at %p (+%d bytes) is not a valid range", addr, length));
+  }
   const uintptr_t end = begin + length;
   FILE* maps = std::fopen("/proc/self/maps", "r");
   if (maps == nullptr) return Errno("open /proc/self/maps");
-  char line[4096];
-  absl::StatusOr<Backing> result = absl::InvalidArgumentError(absl::StrFormat(
-      "memory at %p (+%d bytes) is not shared memory; the shm fabric can only register "
-      "memfd or /dev/shm mappings (allocate with transport::SharedMemory::Allocate)",
-      addr, length));
-  while (std::fgets(line, sizeof(line), maps) != nullptr) {
-    uintptr_t lo, hi;
-    char perms[8];
-    uint64_t offset;
-    unsigned major, minor;
-    unsigned long inode;
-    if (std::sscanf(line, "%" SCNxPTR "-%" SCNxPTR " %7s %" SCNx64 " %x:%x %lu", &lo, &hi, perms,
-                    &offset, &major, &minor, &inode) != 7) {
-      continue;
-    }
-    if (begin < lo || begin >= hi) continue;
-    if (end > hi) {
-      result = absl::InvalidArgumentError(absl::StrFormat(
-          "range %p (+%d bytes) spans more than one mapping; register each part", addr, length));
-      break;
-    }
-    if (perms[3] != 's' || inode == 0) break;  // private or anonymous: not shareable
-    const int fd = FindFdOf(makedev(major, minor), inode);
-    if (fd < 0) {
-      result = absl::FailedPreconditionError(absl::StrFormat(
-          "the file mapped at %p has no open descriptor in this process; keep it open while "
-          "registered",
-          addr));
-      break;
-    }
-    result = Backing{fd, offset + (begin - lo)};
-    break;
+  // Lines come in address order: walk those that cover the range, from `covered` on.
+  Extents extents;
+  uintptr_t covered = begin;
+  absl::Status status = absl::OkStatus();
+  char* text = nullptr;  // getline: a line of any length (a mapped file's path may be long)
+  size_t capacity = 0;
+  while (covered < end && getline(&text, &capacity, maps) != -1) {
+    MapsLine line;
+    if (!ParseMapsLine(text, &line) || line.hi <= covered) continue;
+    if (line.lo > covered) break;  // a hole: reported below
+    const uintptr_t to = std::min<uintptr_t>(line.hi, end);
+    status = AddExtent(line, covered, to, addr, length, &extents);
+    if (!status.ok()) break;
+    covered = to;
   }
+  std::free(text);
   std::fclose(maps);
-  return result;
+  if (!status.ok()) return status;
+  if (covered < end) return NotShared(addr, length, covered, "nothing is mapped");
+  return std::move(extents.backings);
 }
 
 }  // namespace transport

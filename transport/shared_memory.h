@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string_view>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "util/memfd.h"
@@ -61,16 +62,30 @@ class SharedMemory {
 using util::HugepagePool;
 using util::ReadHugepagePool;
 
-// Where a registered range lives in a shareable file: the descriptor this process holds and the
-// file offset of the range's first byte.
+// The most file mappings one registered range may span (after merging neighbours that continue
+// one file). A mirrored partition needs 2 ([head | ring] and the mirror); the rest is headroom.
+// Fixed and small because the shm fabric keeps every region's extents in its segment's MR table,
+// which peers map (kMaxMrs entries of this many extents each).
+inline constexpr size_t kMaxMrExtents = 4;
+
+// One piece of a registered range in a shareable file: the descriptor this process holds, the
+// file offset of the piece's first byte and its length. The pieces of a range follow each other
+// in its virtual addresses.
 struct Backing {
   int fd = -1;
   uint64_t file_offset = 0;
+  uint64_t length = 0;
 };
 
-// Finds the shared file mapping (memfd or /dev/shm) that holds all of [addr, addr + length) and
-// an open descriptor of that file in this process. Control path only: reads /proc/self.
-absl::StatusOr<Backing> FindBacking(const void* addr, size_t length);
+// The shared file mappings (memfd or /dev/shm) that hold [addr, addr + length), in address
+// order, with an open descriptor of each file in this process. The range may span several
+// mappings (a mirrored ring maps part of its file twice), at most kMaxMrExtents after
+// consecutive mappings that continue one file at the next offset are merged (the kernel splits
+// a mapping where madvise or mprotect changed part of it). InvalidArgument, naming the address,
+// when part of the range is unmapped, private or anonymous, or spans more mappings than that;
+// FailedPrecondition when a mapped file has no open descriptor. Control path only: reads
+// /proc/self.
+absl::StatusOr<std::vector<Backing>> FindBackings(const void* addr, size_t length);
 
 }  // namespace transport
 

@@ -5,12 +5,15 @@
 #include "transport/shared_memory.h"
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <cinttypes>
 #include <cstdio>
 #include <cstring>
+#include <vector>
 
+#include "absl/strings/str_format.h"
 #include "gtest/gtest.h"
 
 namespace transport {
@@ -126,6 +129,155 @@ TEST(SharedMemory, PagePolicyNamesRoundTripAndABadOneIsRejected) {
   const auto bad = ParsePagePolicy("always");
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(bad.status().message().find("off, auto or required"), std::string::npos);
+}
+
+// ------------------------------------------------------------------------------ FindBackings
+size_t Page() { return static_cast<size_t>(sysconf(_SC_PAGESIZE)); }
+
+// How /proc/self/maps lines name an address (FindBackings' errors name addresses the same way).
+std::string AddressText(const void* addr) {
+  return absl::StrFormat("%#x", reinterpret_cast<uintptr_t>(addr));
+}
+
+// The /proc/self/maps lines that overlap [addr, addr + length).
+int MapsLinesOver(const void* addr, size_t length) {
+  FILE* maps = std::fopen("/proc/self/maps", "r");
+  if (maps == nullptr) return -1;
+  const auto begin = reinterpret_cast<uintptr_t>(addr);
+  char line[4096];
+  int lines = 0;
+  while (std::fgets(line, sizeof(line), maps) != nullptr) {
+    uintptr_t lo, hi;
+    if (std::sscanf(line, "%" SCNxPTR "-%" SCNxPTR, &lo, &hi) == 2 && lo < begin + length &&
+        hi > begin) {
+      ++lines;
+    }
+  }
+  std::fclose(maps);
+  return lines;
+}
+
+// `pages` pages of address space, reserved inaccessible (anonymous), with pieces of one memfd
+// mapped over them by MapPage; all unmapped and closed when it goes.
+class Patchwork {
+ public:
+  explicit Patchwork(size_t pages)
+      : bytes_(pages * Page()),
+        base_(static_cast<uint8_t*>(
+            mmap(nullptr, bytes_, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0))),
+        fd_(memfd_create("patchwork", MFD_CLOEXEC)) {
+    EXPECT_NE(base_, MAP_FAILED);
+    EXPECT_GE(fd_, 0);
+    EXPECT_EQ(ftruncate(fd_, static_cast<off_t>(bytes_)), 0);
+  }
+  ~Patchwork() {
+    munmap(base_, bytes_);
+    close(fd_);
+  }
+  // Page `page` of the range shows page `file_page` of the memfd.
+  void MapPage(size_t page, size_t file_page) {
+    ASSERT_NE(mmap(base_ + page * Page(), Page(), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED,
+                   fd_, static_cast<off_t>(file_page * Page())),
+              MAP_FAILED);
+  }
+  uint8_t* page(size_t index) const { return base_ + index * Page(); }
+  int fd() const { return fd_; }
+
+ private:
+  size_t bytes_;
+  uint8_t* base_;
+  int fd_;
+};
+
+TEST(FindBackings, ARangeInOneAllocationIsOneExtentAtItsFileOffset) {
+  auto memory = SharedMemory::Allocate(3 * Page());
+  ASSERT_TRUE(memory.ok()) << memory.status();
+  auto extents = FindBackings(memory->data() + 100, 2 * Page());
+  ASSERT_TRUE(extents.ok()) << extents.status();
+  ASSERT_EQ(extents->size(), 1u);
+  EXPECT_EQ((*extents)[0].fd, memory->fd());
+  EXPECT_EQ((*extents)[0].file_offset, 100u);
+  EXPECT_EQ((*extents)[0].length, 2 * Page());
+}
+
+// ibv_reg_mr's madvise(MADV_DONTFORK) splits a mapping where a registration begins and ends:
+// the pieces continue one file, so they are one extent.
+TEST(FindBackings, PiecesOfOneMappingTheKernelSplitAreOneExtent) {
+  auto memory = SharedMemory::Allocate(3 * Page());
+  ASSERT_TRUE(memory.ok()) << memory.status();
+  ASSERT_EQ(madvise(memory->data() + Page(), Page(), MADV_DONTFORK), 0);
+  ASSERT_EQ(MapsLinesOver(memory->data(), memory->size()), 3);
+  auto extents = FindBackings(memory->data(), memory->size());
+  ASSERT_TRUE(extents.ok()) << extents.status();
+  ASSERT_EQ(extents->size(), 1u);
+  EXPECT_EQ((*extents)[0].file_offset, 0u);
+  EXPECT_EQ((*extents)[0].length, memory->size());
+}
+
+// A file mapped twice in a row (a mirrored ring): two extents, each where its line says.
+TEST(FindBackings, AFileMappedAgainAfterItselfIsTwoExtents) {
+  Patchwork range(3);
+  range.MapPage(0, 0);
+  range.MapPage(1, 1);
+  range.MapPage(2, 0);
+  auto extents = FindBackings(range.page(0) + 10, 3 * Page() - 20);
+  ASSERT_TRUE(extents.ok()) << extents.status();
+  ASSERT_EQ(extents->size(), 2u);
+  EXPECT_EQ((*extents)[0].fd, range.fd());
+  EXPECT_EQ((*extents)[0].file_offset, 10u);
+  EXPECT_EQ((*extents)[0].length, 2 * Page() - 10);
+  EXPECT_EQ((*extents)[1].fd, range.fd());
+  EXPECT_EQ((*extents)[1].file_offset, 0u);
+  EXPECT_EQ((*extents)[1].length, Page() - 10);
+}
+
+TEST(FindBackings, AnAnonymousPartIsRefusedNamingWhere) {
+  Patchwork range(3);
+  range.MapPage(0, 0);
+  range.MapPage(1, 1);  // page 2 stays the anonymous reservation
+  auto extents = FindBackings(range.page(0), 3 * Page());
+  ASSERT_EQ(extents.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(extents.status().message().find("private or anonymous mapping at " +
+                                            AddressText(range.page(2))),
+            std::string::npos)
+      << extents.status();
+}
+
+TEST(FindBackings, AHoleIsRefusedNamingWhere) {
+  Patchwork range(3);
+  range.MapPage(0, 0);
+  range.MapPage(2, 2);
+  ASSERT_EQ(munmap(range.page(1), Page()), 0);
+  auto extents = FindBackings(range.page(0), 3 * Page());
+  ASSERT_EQ(extents.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(extents.status().message().find("nothing is mapped at " + AddressText(range.page(1))),
+            std::string::npos)
+      << extents.status();
+}
+
+// kMaxMrExtents pieces that do not continue each other are accepted; one more is refused.
+TEST(FindBackings, MoreThanTheMaximumOfExtentsIsRefused) {
+  Patchwork range(kMaxMrExtents + 1);
+  for (size_t page = 0; page <= kMaxMrExtents; ++page) range.MapPage(page, kMaxMrExtents - page);
+  auto most = FindBackings(range.page(0), kMaxMrExtents * Page());
+  ASSERT_TRUE(most.ok()) << most.status();
+  EXPECT_EQ(most->size(), kMaxMrExtents);
+  auto extents = FindBackings(range.page(0), (kMaxMrExtents + 1) * Page());
+  ASSERT_EQ(extents.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(extents.status().message().find(
+                absl::StrFormat("more than %d file mappings (the next at %s)", kMaxMrExtents,
+                                AddressText(range.page(kMaxMrExtents)))),
+            std::string::npos)
+      << extents.status();
+}
+
+TEST(FindBackings, PrivateMemoryAndAnEmptyRangeAreRefused) {
+  std::vector<char> heap(4096);
+  EXPECT_EQ(FindBackings(heap.data(), heap.size()).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  auto memory = SharedMemory::Allocate(Page());
+  ASSERT_TRUE(memory.ok()) << memory.status();
+  EXPECT_EQ(FindBackings(memory->data(), 0).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

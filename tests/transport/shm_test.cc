@@ -270,5 +270,86 @@ TEST_F(HostileSegment, RingsOutsideTheSegmentAreADropNotSigsegv) {
   EXPECT_EQ(qa_->counters().dropped.Get(), 1u);
 }
 
+// A forged MR entry: b_'s region (kNodeMemoryBytes of one memfd) described by other extents.
+struct ForgedExtents {
+  const char* what;
+  uint32_t count;
+  shm::MrExtent extents[kMaxMrExtents];  // fd -1: b_'s memfd
+};
+
+class HostileMrEntry : public HostileSegment {
+ protected:
+  shm::MrEntry& EntryOf(const MemoryRegion& mr) {
+    return SegmentOf(*b_).header()->mrs[mr.rkey() >> shm::kMrIndexShift];
+  }
+  void Forge(const ForgedExtents& forged) {
+    shm::MrEntry& entry = EntryOf(*b_->mr);
+    entry.extent_count = forged.count;
+    for (uint32_t i = 0; i < kMaxMrExtents; ++i) {
+      entry.extents[i] = forged.extents[i];
+      if (entry.extents[i].fd == -1) entry.extents[i].fd = b_->memory->fd();
+    }
+  }
+  // An RC WRITE of 8 bytes from a_ to b_'s region at `offset`, on a new QP pair (a new mapping
+  // of b_'s regions); returns its completion status.
+  CompletionStatus WriteAt(size_t offset) {
+    auto qa = MakeQp(*a_, QpType::kRc);
+    auto qb = MakeQp(*b_, QpType::kRc);
+    ConnectPair(*qa, *qb);
+    Sge sge = a_->sge(0, 8);
+    SendWr wr;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    wr.opcode = Opcode::kWrite;
+    wr.flags = kSignaled;
+    wr.remote_addr = b_->addr(offset);
+    wr.rkey = b_->mr->rkey();
+    EXPECT_TRUE(Post(*qa, wr).ok());
+    std::vector<Completion> done = PollN(*a_->send_cq, 1);
+    EXPECT_EQ(done.size(), 1u);
+    return done.empty() ? CompletionStatus::kOtherError : done[0].status;
+  }
+};
+
+constexpr uint64_t kHalf = kNodeMemoryBytes / 2;
+
+// An entry whose extents are fine: b_'s memfd's first half, twice. A WRITE to the second half
+// lands in the first, so the forged layout, not the file's, is what got mapped.
+TEST_F(HostileMrEntry, AWellFormedForgedLayoutIsMappedAsItSays) {
+  Forge({"first half twice", 2, {{-1, 0, 0, kHalf}, {-1, 0, 0, kHalf}}});
+  std::memcpy(a_->bytes(), "mirrored", 8);
+  ASSERT_EQ(WriteAt(kHalf + 16), CompletionStatus::kSuccess);
+  EXPECT_EQ(std::memcmp(b_->bytes() + 16, "mirrored", 8), 0);
+}
+
+// Every bad layout is a remote access error for the WR, never a crash or a mapping of memory
+// the layout does not describe.
+TEST_F(HostileMrEntry, ABadLayoutIsARemoteAccessError) {
+  constexpr uint64_t kAll = kNodeMemoryBytes;
+  constexpr uint64_t kMax = ~uint64_t{0};
+  constexpr int32_t kNoSuchFd = 1 << 20;  // descriptors stay below fs.nr_open (2^20 by default)
+  const ForgedExtents cases[] = {
+      {"no extents", 0, {{-1, 0, 0, kAll}}},
+      {"one extent too many", kMaxMrExtents + 1, {{-1, 0, 0, kAll}}},
+      {"a huge count", 0xffffffffu, {{-1, 0, 0, kAll}}},
+      {"lengths short of the region", 2, {{-1, 0, 0, kHalf}, {-1, 0, kHalf, kHalf / 2}}},
+      {"lengths past the region", 2, {{-1, 0, 0, kAll}, {-1, 0, 0, kHalf}}},
+      {"lengths that wrap to the region's",
+       2,
+       {{-1, 0, 0, kMax - kHalf + 1}, {-1, 0, 0, 2 * kHalf}}},
+      {"an empty extent", 2, {{-1, 0, 0, kAll}, {-1, 0, 0, 0}}},
+      {"an extent past the file's end", 2, {{-1, 0, 0, kHalf}, {-1, 0, kAll, kHalf}}},
+      {"one extent past the file's end", 1, {{-1, 0, 4096, kAll}}},
+      {"a file offset that wraps", 2, {{-1, 0, 0, kHalf}, {-1, 0, kMax - 100, kHalf}}},
+      {"a second extent mid-page in its file", 2, {{-1, 0, 0, kHalf}, {-1, 0, 100, kHalf}}},
+      {"a boundary mid-page in memory", 2, {{-1, 0, 0, kHalf - 100}, {-1, 0, 0, kHalf + 100}}},
+      {"a file that is not there", 2, {{-1, 0, 0, kHalf}, {kNoSuchFd, 0, 0, kHalf}}},
+  };
+  for (const ForgedExtents& forged : cases) {
+    Forge(forged);
+    EXPECT_EQ(WriteAt(0), CompletionStatus::kRemoteAccessError) << forged.what;
+  }
+}
+
 }  // namespace
 }  // namespace transport::testing

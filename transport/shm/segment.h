@@ -13,13 +13,14 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "transport/shared_memory.h"
 #include "transport/types.h"
 
 namespace transport::shm {
 
 inline constexpr uint64_t kSegmentMagic = 0x6865726473686d31ULL;  // "herdshm1"
 // The layout below; a peer with another version is refused (bump on any layout change).
-inline constexpr uint32_t kSegmentVersion = 3;
+inline constexpr uint32_t kSegmentVersion = 4;
 // Virtual size of a segment; memfd pages are allocated only when touched.
 inline constexpr uint64_t kSegmentBytes = uint64_t{256} << 20;
 inline constexpr uint32_t kMaxMrs = 4096;  // registered regions per device
@@ -27,14 +28,23 @@ inline constexpr uint32_t kMaxQps = 4096;  // QPs per device (qp_num = generatio
 inline constexpr uint32_t kQpIndexBits = 12;
 inline constexpr uint32_t kMrIndexShift = 8;  // key = index << 8 | generation (never 0)
 
+// One piece of a registered region: `length` bytes of the owner's file from `file_offset`. A
+// region's extents follow each other in its virtual range (see FindBackings).
+struct MrExtent {
+  int32_t fd;  // the owner's descriptor of the backing file
+  uint32_t reserved;
+  uint64_t file_offset;
+  uint64_t length;
+};
+
 struct MrEntry {
   std::atomic<uint32_t> key;  // 0: free
   uint32_t access;
   uint64_t addr;  // in the owner's address space
   uint64_t length;
-  int32_t fd;   // the owner's descriptor of the backing file
-  uint32_t pd;  // the protection domain it was registered in (an id unique in its device)
-  uint64_t file_offset;
+  uint32_t pd;            // the protection domain it was registered in (an id unique in its device)
+  uint32_t extent_count;  // 1..kMaxMrExtents; their lengths sum to `length`
+  MrExtent extents[kMaxMrExtents];
 };
 
 // Whether `entry` is live under `key` and grants `access` to all of [addr, addr + length).
@@ -103,6 +113,9 @@ static_assert(offsetof(CqRing, tail) - offsetof(CqRing, overflows) >= kCacheLine
 static_assert(offsetof(CqRing, entries) - offsetof(CqRing, tail) >= kCacheLineBytes);
 static_assert(alignof(RecvRing) == kCacheLineBytes && alignof(CqRing) == kCacheLineBytes);
 static_assert(kRingAlignment % kCacheLineBytes == 0);
+// An MR entry is its 32-byte head and the extents, without padding a peer must guess.
+static_assert(sizeof(MrExtent) == 24 && offsetof(MrEntry, extents) == 32 &&
+              sizeof(MrEntry) == 32 + kMaxMrExtents * sizeof(MrExtent));
 
 struct QpEntry {
   std::atomic<uint32_t> qp_num;  // 0: free

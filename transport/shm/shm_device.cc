@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <new>
@@ -165,45 +166,158 @@ const Peer::MappedRegion* Peer::MapRegion(uint32_t index, uint32_t key) {
   return published;
 }
 
+namespace {
+
+// The largest page a backing file may have: x86-64's 1 GiB hugepage. A file that claims a larger
+// one is no memory a region could be laid out in; the cap also bounds the reservation's slack.
+constexpr uint64_t kMaxFilePageBytes = uint64_t{1} << 30;
+
+// One of the owner's files, opened through /proc/<pid>/fd, and its page size; closed when this
+// goes.
+class OwnerFile {
+ public:
+  OwnerFile() = default;
+  OwnerFile(const OwnerFile&) = delete;
+  OwnerFile& operator=(const OwnerFile&) = delete;
+  ~OwnerFile() {
+    if (fd_ >= 0) close(fd_);
+  }
+
+  // False when it cannot be opened or is shorter than `end` bytes: a mapping past its end would
+  // SIGBUS us.
+  bool Open(int32_t pid, int32_t owner_fd, uint64_t end) {
+    const std::string path = absl::StrFormat("/proc/%d/fd/%d", pid, owner_fd);
+    fd_ = open(path.c_str(), O_RDWR | O_CLOEXEC);
+    struct stat st;
+    if (fd_ < 0 || fstat(fd_, &st) != 0 || static_cast<uint64_t>(st.st_size) < end) return false;
+    // Mappings start and end on the file's page boundaries: 2 MiB ones for hugetlb memory
+    // (st_blksize is the file's page size there, and the base page size elsewhere).
+    page_ = st.st_blksize > 0 ? static_cast<uint64_t>(st.st_blksize)
+                              : static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+    return true;
+  }
+  int fd() const { return fd_; }
+  uint64_t page() const { return page_; }
+
+ private:
+  int fd_ = -1;
+  uint64_t page_ = 0;
+};
+
+// Reads extent `in` of an entry once (the peer may be rewriting it) into `out`; false when it is
+// empty or ends past the largest file offset.
+bool ReadExtent(MrExtent& in, MrExtent* out) {
+  out->fd = std::atomic_ref<int32_t>(in.fd).load(std::memory_order_relaxed);
+  out->file_offset = std::atomic_ref<uint64_t>(in.file_offset).load(std::memory_order_relaxed);
+  out->length = std::atomic_ref<uint64_t>(in.length).load(std::memory_order_relaxed);
+  return out->length != 0 && out->file_offset + out->length >= out->file_offset;
+}
+
+// Whether `extent`, at `offset` in a region the owner has at `addr`, can take its place in a
+// contiguous mapping: it begins and ends on page boundaries of its file, both in the file and in
+// the region's virtual range, except where the region itself begins (at the same place in a page
+// of the file as of memory) or ends. Every region the owner really mapped passes.
+bool FitsPages(uint64_t addr, uint64_t offset, const MrExtent& extent, uint64_t page, bool first,
+               bool last) {
+  const uint64_t at = addr + offset;  // addr + the region's length does not overflow
+  if (first ? at % page != extent.file_offset % page
+            : at % page != 0 || extent.file_offset % page != 0) {
+    return false;
+  }
+  return last || (at + extent.length) % page == 0;
+}
+
+}  // namespace
+
 bool Peer::Map(MrEntry& entry, uint32_t key, MappedRegion* region) {
   // One read of each field: the peer may be rewriting them.
   const uint64_t addr = std::atomic_ref<uint64_t>(entry.addr).load(std::memory_order_relaxed);
   const uint64_t length = std::atomic_ref<uint64_t>(entry.length).load(std::memory_order_relaxed);
-  const int32_t file_fd = std::atomic_ref<int32_t>(entry.fd).load(std::memory_order_relaxed);
-  const uint64_t file_offset =
-      std::atomic_ref<uint64_t>(entry.file_offset).load(std::memory_order_relaxed);
-  if (length == 0 || addr + length < addr || file_offset + length < file_offset) return false;
-  // Our own mapping of the owner's file, in the same process too: the owner may unmap its memory
-  // (deregister and free) while a WR we already resolved still writes, as a NIC's DMA may
-  // outlive the application's view; the file lives as long as any mapping of it does.
-  {
-    const std::string path = absl::StrFormat("/proc/%d/fd/%d", header()->pid, file_fd);
-    const int fd = open(path.c_str(), O_RDWR | O_CLOEXEC);
-    if (fd < 0) return false;
-    // Mappings start and end on the file's page boundaries: 2 MiB ones for hugetlb memory
-    // (st_blksize is the file's page size there, and the base page size elsewhere). A region
-    // that reaches past the file's end would SIGBUS us: refused.
-    struct stat st;
-    if (fstat(fd, &st) != 0 || static_cast<uint64_t>(st.st_size) < file_offset + length) {
-      close(fd);
+  const uint32_t count =
+      std::atomic_ref<uint32_t>(entry.extent_count).load(std::memory_order_relaxed);
+  if (length == 0 || addr + length < addr || count == 0 || count > kMaxMrExtents) return false;
+  MrExtent extents[kMaxMrExtents];
+  uint64_t sum = 0;  // <= length, so it cannot overflow
+  for (uint32_t i = 0; i < count; ++i) {
+    if (!ReadExtent(entry.extents[i], &extents[i]) || extents[i].length > length - sum) {
       return false;
     }
-    const uint64_t page = st.st_blksize > 0 ? static_cast<uint64_t>(st.st_blksize)
-                                            : static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
-    const uint64_t start = file_offset / page * page;
-    const uint64_t end = file_offset + length;
-    const uint64_t bytes = (end - start + page - 1) / page * page;
-    void* mapping =
-        mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, static_cast<off_t>(start));
-    close(fd);
-    if (mapping == MAP_FAILED) return false;
-    region->mapping = mapping;
-    region->mapping_bytes = bytes;
-    region->local = static_cast<uint8_t*>(mapping) + (file_offset - start);
+    sum += extents[i].length;
   }
+  if (sum != length) return false;
+  // Our own mapping of the owner's files, in the same process too: the owner may unmap its
+  // memory (deregister and free) while a WR we already resolved still writes, as a NIC's DMA may
+  // outlive the application's view; a file lives as long as any mapping of it does.
+  const bool mapped = count == 1 ? MapOneExtent(extents[0], region)
+                                 : MapExtents(addr, length, absl::MakeSpan(extents, count), region);
+  if (!mapped) return false;
   region->key = key;
   region->addr = addr;
   region->length = length;
+  return true;
+}
+
+bool Peer::MapOneExtent(const MrExtent& extent, MappedRegion* region) {
+  OwnerFile file;
+  if (!file.Open(header()->pid, extent.fd, extent.file_offset + extent.length)) return false;
+  const uint64_t page = file.page();
+  const uint64_t start = extent.file_offset / page * page;
+  const uint64_t bytes = RoundUp(extent.file_offset + extent.length - start, page);
+  void* mapping = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, file.fd(),
+                       static_cast<off_t>(start));
+  if (mapping == MAP_FAILED) return false;
+  region->mapping = mapping;
+  region->mapping_bytes = bytes;
+  region->local = static_cast<uint8_t*>(mapping) + (extent.file_offset - start);
+  return true;
+}
+
+bool Peer::MapExtents(uint64_t addr, uint64_t length, absl::Span<const MrExtent> extents,
+                      MappedRegion* region) {
+  // Keeps the reservation's size below (the length plus under three largest pages) in 64 bits;
+  // mmap would refuse anything near it anyway.
+  if (length > UINT64_MAX - 3 * kMaxFilePageBytes) return false;
+  OwnerFile files[kMaxMrExtents];
+  uint64_t largest_page = 0;
+  uint64_t offset = 0;  // of extent i in the region
+  for (size_t i = 0; i < extents.size(); ++i) {
+    const MrExtent& extent = extents[i];
+    if (!files[i].Open(header()->pid, extent.fd, extent.file_offset + extent.length)) return false;
+    const uint64_t page = files[i].page();
+    if ((page & (page - 1)) != 0 || page > kMaxFilePageBytes ||
+        !FitsPages(addr, offset, extent, page, i == 0, i + 1 == extents.size())) {
+      return false;
+    }
+    largest_page = std::max(largest_page, page);
+    offset += extent.length;
+  }
+  // Reserve the whole range, then map each extent over its place. The region starts at the same
+  // place within a largest page as the owner's, so every extent lands on a page boundary of its
+  // file as it does there; one more largest page of slack lets the reservation be aligned.
+  const uint64_t lead = addr % largest_page;
+  const uint64_t reserved = RoundUp(lead + length, largest_page) + largest_page;
+  void* reservation =
+      mmap(nullptr, reserved, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (reservation == MAP_FAILED) return false;
+  uint8_t* local =
+      reinterpret_cast<uint8_t*>(RoundUp(reinterpret_cast<uintptr_t>(reservation), largest_page)) +
+      lead;
+  offset = 0;
+  for (size_t i = 0; i < extents.size(); ++i) {
+    const MrExtent& extent = extents[i];
+    const uint64_t page = files[i].page();
+    const uint64_t skip = extent.file_offset % page;  // only the first extent's may be non-zero
+    if (mmap(local + offset - skip, RoundUp(skip + extent.length, page), PROT_READ | PROT_WRITE,
+             MAP_SHARED | MAP_FIXED, files[i].fd(),
+             static_cast<off_t>(extent.file_offset - skip)) == MAP_FAILED) {
+      munmap(reservation, reserved);
+      return false;
+    }
+    offset += extent.length;
+  }
+  region->mapping = reservation;
+  region->mapping_bytes = reserved;
+  region->local = local;
   return true;
 }
 
@@ -348,10 +462,10 @@ class ShmPd : public ProtectionDomain {
   absl::StatusOr<std::unique_ptr<MemoryRegion>> DoRegisterMemory(void* addr, size_t length,
                                                                  uint32_t access) override {
     if (length == 0) return absl::InvalidArgumentError("cannot register 0 bytes");
-    absl::StatusOr<Backing> backing = FindBacking(addr, length);
-    if (!backing.ok()) return backing.status();
-    absl::StatusOr<uint32_t> key = device_->AddRegion(id_, reinterpret_cast<uint64_t>(addr), length,
-                                                      access, backing->fd, backing->file_offset);
+    absl::StatusOr<std::vector<Backing>> extents = FindBackings(addr, length);
+    if (!extents.ok()) return extents.status();
+    absl::StatusOr<uint32_t> key =
+        device_->AddRegion(id_, reinterpret_cast<uint64_t>(addr), length, access, *extents);
     if (!key.ok()) return key.status();
     return std::unique_ptr<MemoryRegion>(new ShmMr(device_, addr, length, *key, access));
   }
@@ -480,7 +594,8 @@ absl::StatusOr<uint64_t> ShmDevice::Carve(uint64_t bytes) {
 }
 
 absl::StatusOr<uint32_t> ShmDevice::AddRegion(uint32_t pd, uint64_t addr, uint64_t length,
-                                              uint32_t access, int fd, uint64_t file_offset) {
+                                              uint32_t access, absl::Span<const Backing> extents) {
+  CHECK(!extents.empty() && extents.size() <= kMaxMrExtents) << extents.size() << " extents";
   absl::MutexLock lock(&control_mutex_);
   for (uint32_t index = 0; index < kMaxMrs; ++index) {
     MrEntry& entry = segment_->header()->mrs[index];
@@ -491,8 +606,12 @@ absl::StatusOr<uint32_t> ShmDevice::AddRegion(uint32_t pd, uint64_t addr, uint64
     entry.pd = pd;
     entry.addr = addr;
     entry.length = length;
-    entry.fd = fd;
-    entry.file_offset = file_offset;
+    entry.extent_count = static_cast<uint32_t>(extents.size());
+    for (size_t i = 0; i < kMaxMrExtents; ++i) {  // the unused ones cleared, not left stale
+      entry.extents[i] = i < extents.size()
+                             ? MrExtent{extents[i].fd, 0, extents[i].file_offset, extents[i].length}
+                             : MrExtent{-1, 0, 0, 0};
+    }
     entry.key.store(key, std::memory_order_release);
     return key;
   }

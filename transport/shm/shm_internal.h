@@ -10,7 +10,9 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/types/span.h"
 #include "transport/fabric.h"
+#include "transport/shared_memory.h"
 #include "transport/shm/segment.h"
 
 namespace transport::shm {
@@ -64,7 +66,7 @@ class Peer {
     uint64_t addr = 0;  // the region as its entry said when we mapped it
     uint64_t length = 0;
     uint8_t* local = nullptr;  // where the region's first byte is mapped here
-    void* mapping = nullptr;   // for munmap (page-aligned); nullptr when in-process
+    void* mapping = nullptr;   // for munmap: the mapping, or a multi-extent region's reservation
     size_t mapping_bytes = 0;
   };
   explicit Peer(std::unique_ptr<SegmentMapping> segment);
@@ -73,6 +75,11 @@ class Peer {
   const MappedRegion* MapRegion(uint32_t index, uint32_t key);
   // Maps region `key` as `entry` describes it now (every field validated); false if it cannot.
   bool Map(MrEntry& entry, uint32_t key, MappedRegion* region);
+  // Map's two ways: a region in one extent of a file, or in several laid out contiguously as
+  // the owner sees them. `extents` are as read from the entry, their lengths summing to `length`.
+  bool MapOneExtent(const MrExtent& extent, MappedRegion* region);
+  bool MapExtents(uint64_t addr, uint64_t length, absl::Span<const MrExtent> extents,
+                  MappedRegion* region);
   std::unique_ptr<SegmentMapping> segment_;
   // The current mapping of each region index (nullptr: none yet), read without a lock.
   std::unique_ptr<std::atomic<const MappedRegion*>[]> regions_;
@@ -115,8 +122,9 @@ class ShmDevice : public Device {
   absl::StatusOr<uint64_t> Carve(uint64_t bytes);
   // A new protection domain's id (unique in this device, never 0).
   uint32_t NewPdId() { return next_pd_.fetch_add(1, std::memory_order_relaxed); }
+  // Publishes a region made of `extents` (1..kMaxMrExtents, lengths summing to `length`).
   absl::StatusOr<uint32_t> AddRegion(uint32_t pd, uint64_t addr, uint64_t length, uint32_t access,
-                                     int fd, uint64_t file_offset);
+                                     absl::Span<const Backing> extents);
   void RemoveRegion(uint32_t key);
   absl::StatusOr<QpEntry*> AddQp(ShmQp* qp, QpType type, uint32_t pd);
   void RemoveQp(QpEntry* entry);
