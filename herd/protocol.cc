@@ -4,6 +4,7 @@
 
 #include "mica/config.h"
 #include "mica/keyhash.h"
+#include "util/word_checksum.h"
 
 namespace herd {
 
@@ -55,77 +56,21 @@ std::string_view OpName(Op op) {
 
 namespace {
 
-// Multipliers of the checksum's rounds: odd 64-bit constants with well-mixed bits (the 64-bit
-// golden ratio and two primes used by xxHash64), so every input bit reaches every output bit.
-constexpr uint64_t kMixA = 0x9E3779B97F4A7C15ULL;
-constexpr uint64_t kMixB = 0xC2B2AE3D27D4EB4FULL;
-constexpr uint64_t kMixC = 0x165667B19E3779F9ULL;
-
-inline uint64_t Rotl(uint64_t x, int r) { return (x << r) | (x >> (64 - r)); }
-inline uint64_t LoadWord(const uint8_t* p) {
-  uint64_t w;
-  std::memcpy(&w, p, sizeof(w));
-  return w;
-}
-
-}  // namespace
-
-namespace {
-
-// The checksum of a message given as two consecutive parts (a body, then a header), both whole
-// words: the same value WireChecksum computes over them laid end to end.
-// kLanes independent accumulators: word i of a message goes to lane i % kLanes, in order, so
-// the multiplications of neighbouring words overlap instead of forming one serial chain, and
-// moving a word still changes the result.
-constexpr int kLanes = 4;
-struct Lanes {
-  uint64_t lane[kLanes];
-  uint64_t words = 0;  // absorbed so far
-
-  void Absorb(uint64_t word) {
-    uint64_t& l = lane[words % kLanes];
-    l = Rotl(l ^ (word * kMixB), 31) * kMixA;
-    ++words;
-  }
-  void AbsorbSpan(const uint8_t* p, uint64_t count) {
-    uint64_t i = 0;
-    for (; i < count && words % kLanes != 0; ++i) Absorb(LoadWord(p + i * sizeof(uint64_t)));
-    for (; i + kLanes <= count; i += kLanes) {  // whole rounds: no lane arithmetic
-      for (int l = 0; l < kLanes; ++l) {
-        lane[l] = Rotl(lane[l] ^ (LoadWord(p + (i + l) * sizeof(uint64_t)) * kMixB), 31) * kMixA;
-      }
-      words += kLanes;
-    }
-    for (; i < count; ++i) Absorb(LoadWord(p + i * sizeof(uint64_t)));
-  }
-};
-
 // The checksum of a message given as two consecutive parts (a body, then a header), both whole
 // words: the same value WireChecksum computes over them laid end to end. The checksum word
-// itself (kChecksumFromEnd from the end, in the last part) counts as 0; the length seeds every
-// lane, so a prefix never matches its extension.
+// itself (kChecksumFromEnd from the end, in the last part) counts as 0.
 uint64_t ChecksumOfParts(uint64_t secret, const uint8_t* body, uint64_t body_bytes,
                          const uint8_t* header, uint64_t header_bytes) {
-  const uint64_t length = body_bytes + header_bytes;
-  Lanes lanes;
-  for (int l = 0; l < kLanes; ++l) {
-    lanes.lane[l] = (secret + static_cast<uint64_t>(l) * kMixC) ^ (length * kMixA);
-  }
+  util::WordChecksum sum(secret, body_bytes + header_bytes);
   // The part holding the checksum word: the header, or the message itself when whole.
   const uint8_t* last = header_bytes != 0 ? header : body;
   const uint64_t last_bytes = header_bytes != 0 ? header_bytes : body_bytes;
-  if (header_bytes != 0) lanes.AbsorbSpan(body, body_bytes / sizeof(uint64_t));
-  const uint64_t before = (last_bytes - kChecksumFromEnd) / sizeof(uint64_t);
-  lanes.AbsorbSpan(last, before);
-  lanes.Absorb(0);
-  lanes.AbsorbSpan(last + last_bytes - kChecksumFromEnd + sizeof(uint64_t),
-                   (kChecksumFromEnd - sizeof(uint64_t)) / sizeof(uint64_t));
-  uint64_t h = Rotl(lanes.lane[0], 1) + Rotl(lanes.lane[1], 7) + Rotl(lanes.lane[2], 12) +
-               Rotl(lanes.lane[3], 18);
-  h ^= h >> 33;
-  h *= kMixC;
-  h ^= h >> 29;
-  return h;
+  if (header_bytes != 0) sum.AbsorbWords(body, body_bytes / sizeof(uint64_t));
+  sum.AbsorbWords(last, (last_bytes - kChecksumFromEnd) / sizeof(uint64_t));
+  sum.Absorb(0);
+  sum.AbsorbWords(last + last_bytes - kChecksumFromEnd + sizeof(uint64_t),
+                  (kChecksumFromEnd - sizeof(uint64_t)) / sizeof(uint64_t));
+  return sum.Finish();
 }
 
 }  // namespace
