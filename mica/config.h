@@ -11,6 +11,9 @@ namespace mica {
 inline constexpr uint32_t kMaxKeyBytes = 256;
 inline constexpr uint32_t kDefaultMaxValueBytes = uint32_t{1} << 20;  // 1 MiB
 
+// PartitionConfig::checksum_from_value_bytes that checksums nothing.
+inline constexpr uint32_t kNoItemChecksums = UINT32_MAX;
+
 // Index load the derived bucket count aims at: half-full buckets keep lossy evictions rare.
 inline constexpr double kTargetSlotLoad = 0.5;
 
@@ -23,6 +26,9 @@ struct PartitionConfig {
   uint64_t expected_items = uint64_t{1} << 20;
   // Largest value a PUT or CAS accepts; the log must hold at least one such item.
   uint32_t max_value_bytes = kDefaultMaxValueBytes;
+  // Items whose value is at least this long end with a checksum word (item.h), so a one-sided
+  // reader can verify a copy (remote_item.h). The default: no item has one.
+  uint32_t checksum_from_value_bytes = kNoItemChecksums;
   // Back the partition with 2 MiB pages when the hugepage pool has them.
   bool try_hugepages = true;
 };

@@ -3,6 +3,7 @@
 
 #include "mica/keyhash.h"
 #include "mica/partition.h"
+#include "mica/remote_item.h"
 
 namespace mica {
 
@@ -18,12 +19,16 @@ Response Partition::Get(std::string_view key, uint64_t keyhash, char* value_out,
     return Response{Result::kNotFound, 0, 0};
   }
   const ItemHeader* item = ItemAt(SlotOffset(*slot));
+  const uint64_t position = SlotOffset(*slot) & log_mask_;
+  const auto item_bytes = static_cast<uint32_t>(
+      ItemBytes(item->key_bytes, item->value_bytes, (item->flags & kItemHasChecksum) != 0));
   if (item->value_bytes > value_out_bytes) {
-    return Response{Result::kBufferTooSmall, item->value_bytes, item->version};
+    return Response{Result::kBufferTooSmall, item->value_bytes, item->version, position,
+                    item_bytes};
   }
-  std::memcpy(value_out, ItemValue(item), item->value_bytes);
+  if (item->value_bytes != 0) std::memcpy(value_out, ItemValue(item), item->value_bytes);
   stats_.get_hits.Add();
-  return Response{Result::kOk, item->value_bytes, item->version};
+  return Response{Result::kOk, item->value_bytes, item->version, position, item_bytes};
 }
 
 }  // namespace mica

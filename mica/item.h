@@ -1,4 +1,5 @@
-// Layout of one item in the circular log: header, key, value, padded to 8 bytes.
+// Layout of one item in the circular log: header, key, value, padded to 8 bytes, and for items a
+// one-sided reader may fetch, a checksum word after them.
 #ifndef HERD_MICA_ITEM_H_
 #define HERD_MICA_ITEM_H_
 
@@ -11,16 +12,26 @@ struct ItemHeader {
   uint64_t version;
   uint32_t value_bytes;
   uint16_t key_bytes;
-  uint16_t reserved;  // zero; room for flags (e.g. an out-of-line value)
+  uint16_t flags;  // kItemHasChecksum, else zero
 };
 static_assert(sizeof(ItemHeader) == 24, "ItemHeader is part of the log format");
 
 inline constexpr uint64_t kItemAlignment = 8;
+// The item ends with a checksum word (ItemChecksum of everything before it): set on items whose
+// value is at least PartitionConfig::checksum_from_value_bytes long, which a remote reader may
+// fetch with a one-sided READ while the log overwrites them (remote_item.h).
+inline constexpr uint16_t kItemHasChecksum = 1;
+inline constexpr uint64_t kItemChecksumBytes = 8;
 
-// Log bytes one item takes.
-inline constexpr uint64_t ItemBytes(uint64_t key_bytes, uint64_t value_bytes) {
+// Log bytes of an item's header, key and value (padded): what its checksum covers.
+inline constexpr uint64_t ItemBodyBytes(uint64_t key_bytes, uint64_t value_bytes) {
   return (sizeof(ItemHeader) + key_bytes + value_bytes + kItemAlignment - 1) &
          ~(kItemAlignment - 1);
+}
+// Log bytes one item takes.
+inline constexpr uint64_t ItemBytes(uint64_t key_bytes, uint64_t value_bytes,
+                                    bool checksum = false) {
+  return ItemBodyBytes(key_bytes, value_bytes) + (checksum ? kItemChecksumBytes : 0);
 }
 
 inline const char* ItemKey(const ItemHeader* item) {

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_format.h"
 #include "mica/keyhash.h"
+#include "mica/remote_item.h"
 
 namespace mica {
 namespace {
@@ -37,7 +38,7 @@ absl::Status ValidateConfig(const PartitionConfig& config) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "%d buckets exceed the 2^%d that the key hash can address", buckets, kMaxBucketBits));
   }
-  const uint64_t max_item = ItemBytes(kMaxKeyBytes, config.max_value_bytes);
+  const uint64_t max_item = ItemBytes(kMaxKeyBytes, config.max_value_bytes, /*checksum=*/true);
   if (max_item > std::bit_ceil(config.log_bytes)) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "a log of %d bytes cannot hold one largest item (%d bytes for a %d-byte key and a %d-byte "
@@ -54,7 +55,9 @@ absl::StatusOr<std::unique_ptr<Partition>> Partition::Create(const PartitionConf
       config.bucket_count != 0 ? config.bucket_count : DerivedBucketCount(config.expected_items);
   layout.log_bytes = std::bit_ceil(std::max<uint64_t>(config.log_bytes, 4096));
   layout.max_value_bytes = config.max_value_bytes;
-  layout.max_item_bytes = ItemBytes(kMaxKeyBytes, config.max_value_bytes);
+  layout.checksum_from_value_bytes = config.checksum_from_value_bytes;
+  // Room for a checksum word whatever the threshold: the mirror must hold any item.
+  layout.max_item_bytes = ItemBytes(kMaxKeyBytes, config.max_value_bytes, /*checksum=*/true);
   RegionRequest request;
   request.head_bytes = layout.bucket_count * sizeof(Bucket);
   request.ring_bytes = layout.log_bytes;
@@ -121,11 +124,20 @@ uint64_t Partition::Append(std::string_view key, uint64_t keyhash, std::string_v
   item->version = version;
   item->value_bytes = static_cast<uint32_t>(value.size());
   item->key_bytes = static_cast<uint16_t>(key.size());
-  item->reserved = 0;
+  const bool checksum = value.size() >= layout_.checksum_from_value_bytes;
+  item->flags = checksum ? kItemHasChecksum : 0;
   char* bytes = reinterpret_cast<char*>(item) + sizeof(ItemHeader);
   std::memcpy(bytes, key.data(), key.size());
-  std::memcpy(bytes + key.size(), value.data(), value.size());
-  const uint64_t item_bytes = ItemBytes(key.size(), value.size());
+  if (!value.empty()) std::memcpy(bytes + key.size(), value.data(), value.size());
+  const uint64_t body_bytes = ItemBodyBytes(key.size(), value.size());
+  if (checksum) {
+    // The padding is part of what the checksum covers: zero it, not last lap's bytes.
+    const uint64_t used = sizeof(ItemHeader) + key.size() + value.size();
+    std::memset(reinterpret_cast<uint8_t*>(item) + used, 0, body_bytes - used);
+    const uint64_t sum = ItemChecksum(item);
+    std::memcpy(reinterpret_cast<uint8_t*>(item) + body_bytes, &sum, sizeof(sum));
+  }
+  const uint64_t item_bytes = ItemBytes(key.size(), value.size(), checksum);
   if (position + item_bytes >= layout_.log_bytes) stats_.log_wraps.Add();
   tail_ += item_bytes;
   return offset;

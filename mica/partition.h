@@ -63,6 +63,11 @@ struct Response {
   // GET: the value's version; PUT/CAS/DELETE/INSERT: the version they created; kCasFailed and
   // kExists: the key's current version.
   uint64_t version = 0;
+  // GET that found the key (kOk or kBufferTooSmall): where its item lies in the ring (a byte
+  // position, < log_bytes; the mirror makes [position, position + item_bytes) contiguous) and
+  // its length, for a one-sided reader (remote_item.h). 0 otherwise.
+  uint64_t item_position = 0;
+  uint32_t item_bytes = 0;
 };
 
 // Sizes the partition ended up with (after rounding) and what they mean per item.
@@ -73,6 +78,7 @@ struct PartitionLayout {
   uint64_t mirror_bytes = 0;  // extra mapping of the ring's start (no extra memory)
   uint64_t max_item_bytes = 0;
   uint32_t max_value_bytes = 0;
+  uint32_t checksum_from_value_bytes = kNoItemChecksums;
   bool hugepages = false;
 
   // Items of the given sizes the log holds before it overwrites, and memory (index + log) each.
