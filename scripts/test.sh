@@ -5,8 +5,8 @@
 #   usage: scripts/test.sh
 #
 # Stages: setup, build (default and --config=opt), tests, tests again under --config=asan,
-# the verbs tests on Soft-RoCE, the experiment runner's tests (Python unittest: reported in their
-# stage, not in the GoogleTest total), clang-format check. Each stage prints how long it took. Exit status is non-zero on any failure.
+# the verbs tests on Soft-RoCE, the Python unittests of the scripts and of herd_kv (reported in
+# their stage, not in the GoogleTest total), clang-format check. Each stage prints how long it took. Exit status is non-zero on any failure.
 # Then, inside ONE boot of a qemu guest with Soft-RoCE (scripts/rxe_vm.sh), the transport
 # conformance suite and the forked-peer case on the verbs backend, RDMA-CM, and herd's
 # end-to-end test over verbs.
@@ -107,17 +107,19 @@ if [ "${HERD_SKIP_VM:-0}" != 1 ]; then
 fi
 
 # The experiment runner end to end (tiny sweeps on the shm fabric with the opt binaries, a
-# failing point, Ctrl-C, ssh to a throwaway sshd on loopback) and the baseline comparisons
-# (echo and memcached side by side with herd). Python's unittest, counted apart.
+# failing point, Ctrl-C, ssh to a throwaway sshd on loopback), the baseline comparisons
+# (echo and memcached side by side with herd) and the herd_kv command line against a real
+# herd_server. Python's unittest, counted apart.
 scripts_tests() {
   local rc=0 test
-  for test in tests/scripts/herd_exp_test.py tests/scripts/compare_test.py; do
+  for test in tests/scripts/herd_exp_test.py tests/scripts/compare_test.py \
+    tests/scripts/herd_kv_test.py; do
     /usr/bin/python3 "$test" -v 2>&1 | tail -n 12
     [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
   done
   return $rc
 }
-stage "scripts tests (herd_exp.py, compare.py)" scripts_tests
+stage "scripts tests (herd_exp.py, compare.py, herd_kv)" scripts_tests
 
 stage "clang-format" check_format
 

@@ -1,0 +1,404 @@
+// herd_kv: one key-value operation against a herd server from the command line, as redis-cli or
+// memcached's tools do it: by hand, or from scripts (binary-safe with --hex or --value_file).
+// Each run joins the server as one client, runs one synchronous request, prints its answer and
+// leaves. kSynopsis and kDetails below are its manual (--help).
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <iterator>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "gflags/gflags.h"
+#include "glog/logging.h"
+#include "herd/client.h"
+#include "herd/join.h"
+#include "transport/flags.h"
+
+DECLARE_bool(help);  // gflags'
+DECLARE_bool(helpshort);
+
+DEFINE_string(server, "127.0.0.1:31850", "host:port of the server's control plane");
+DEFINE_uint32(timeout_ms, 5000,
+              "Bounds connecting (and joining), and then the request itself, in milliseconds");
+DEFINE_bool(hex, false,
+            "KEY and VALUE arguments are hex strings (binary-safe), and get prints the value in "
+            "hex");
+DEFINE_string(value_file, "",
+              "put/insert/cas: take the value from this file ('-' = stdin), byte for byte, "
+              "instead of a VALUE argument");
+DEFINE_bool(show_version, false, "get: also print the value's version on stderr, as version=N");
+
+namespace {
+
+// --helpshort lists the flags defined in files whose names contain this.
+constexpr char kMainFile[] = "herd_kv_main";
+
+// Exit statuses.
+constexpr int kExitOk = 0;
+constexpr int kExitFailed = 1;       // the operation failed: NOT_FOUND, EXISTS, CAS_FAILED, ...
+constexpr int kExitUsage = 2;        // a bad command line: command, arguments, flags, hex
+constexpr int kExitUnreachable = 3;  // the server could not be reached, or did not answer
+
+constexpr uint32_t kMaxPort = 65535;
+
+constexpr char kAbout[] = "runs one key-value operation against a herd server\n\n";
+// What a usage error prints after its line; --help prints it between kAbout and kDetails.
+constexpr char kSynopsis[] = R"(usage: herd_kv [flags] COMMAND [ARGS]
+
+  get KEY                 prints KEY's value
+  put KEY VALUE           stores VALUE; prints the new version
+  insert KEY VALUE        stores VALUE if KEY is absent (else EXISTS); prints the new version
+  del KEY                 deletes KEY; prints the new version
+  cas KEY VERSION VALUE   stores VALUE if KEY is at VERSION (else CAS_FAILED naming the
+                          current version); prints the new version
+  stats                   prints the server's counters: one JSON line
+)";
+
+constexpr char kDetails[] = R"(
+put, insert and cas take the value from --value_file=FILE ('-' = stdin) instead of VALUE.
+--hex: KEY and VALUE are hex strings, and get prints hex. Arguments that start with '-' go
+after '--': herd_kv put K -- -1.
+
+Output: get writes the value's bytes exactly as stored, adding a newline only when stdout is a
+terminal (so `herd_kv get K > F` returns what `herd_kv put K --value_file=F` stored); with
+--hex, the value in hex and a newline. --show_version adds "version=N" on stderr. Versions
+print in decimal, then a newline.
+
+Exit status: 0 done; 1 the operation failed (NOT_FOUND, EXISTS, CAS_FAILED, KEY_TOO_LONG,
+VALUE_TOO_LONG, ...); 2 a usage error; 3 the server could not be reached or did not answer
+(UNAVAILABLE, TIMED_OUT, ...). A failure prints one line on stderr, "herd_kv: NAME: what
+happened".
+
+Flags: --server, --timeout_ms, --hex, --value_file, --show_version, and the transport's
+(--fabric, --shm_fabric_name, --device, --gid_index, ...), as herd_server takes them.
+--helpshort lists herd_kv's own flags, --help every flag.)";
+
+enum class Verb { kGet, kPut, kInsert, kDelete, kCas, kStats };
+
+struct CommandSpec {
+  absl::string_view name;
+  Verb verb;
+  absl::string_view synopsis;
+  size_t args;       // before VALUE
+  bool takes_value;  // VALUE follows them, unless --value_file gives it
+};
+
+constexpr CommandSpec kCommands[] = {
+    {"get", Verb::kGet, "get KEY", 1, false},
+    {"put", Verb::kPut, "put KEY VALUE", 1, true},
+    {"insert", Verb::kInsert, "insert KEY VALUE", 1, true},
+    {"del", Verb::kDelete, "del KEY", 1, false},
+    {"cas", Verb::kCas, "cas KEY VERSION VALUE", 2, true},
+    {"stats", Verb::kStats, "stats", 0, false},
+};
+
+struct Command {
+  Verb verb = Verb::kGet;
+  std::string key;
+  std::string value;
+  uint64_t expected_version = 0;  // cas
+};
+
+// The line a failure prints: the status's message when it already starts with a NAME (every
+// client library error does: "NOT_FOUND: no such key"), else the absl code's name first.
+std::string Describe(const absl::Status& status) {
+  const absl::string_view message = status.message();
+  const size_t colon = message.find(':');
+  const absl::string_view head = message.substr(0, colon);
+  const bool named =
+      colon != absl::string_view::npos && !head.empty() &&
+      head.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZ_") == absl::string_view::npos;
+  if (named) return std::string(message);
+  return absl::StrCat(absl::StatusCodeToString(status.code()), ": ", message);
+}
+
+int Fail(int exit_code, const absl::Status& status) {
+  fprintf(stderr, "herd_kv: %s\n", Describe(status).c_str());
+  return exit_code;
+}
+
+int UsageFailure(const absl::Status& status) {
+  Fail(kExitUsage, status);
+  fprintf(stderr, "%s(herd_kv --help: output, exit statuses, flags)\n", kSynopsis);
+  return kExitUsage;
+}
+
+// --help and --helpshort exit 0 here (gflags' own handling exits 1, which herd_kv's exit statuses
+// give another meaning); gflags handles the other help flags.
+bool ShowHelp(const char* argv0) {
+  if (FLAGS_help) {
+    gflags::ShowUsageWithFlags(argv0);
+  } else if (FLAGS_helpshort) {
+    gflags::ShowUsageWithFlagsRestrict(argv0, kMainFile);
+  } else {
+    gflags::HandleCommandLineHelpFlags();
+    return false;
+  }
+  return true;
+}
+
+// A request's failure: the server's answer (1), or no answer at all (3: the client library says
+// TIMED_OUT as kDeadlineExceeded, and a lost connection or a dead QP as kUnavailable).
+int ExitCodeOf(const absl::Status& status) {
+  return absl::IsDeadlineExceeded(status) || absl::IsUnavailable(status) ? kExitUnreachable
+                                                                         : kExitFailed;
+}
+
+bool IsBoolFlag(const std::string& name) {
+  gflags::CommandLineFlagInfo info;
+  return gflags::GetCommandLineFlagInfo(name.c_str(), &info) && info.type == "bool";
+}
+
+// Removes '--' and what follows it from argv, and returns what followed (arguments, whatever they
+// look like). gflags would move those before the other arguments: herd_kv keeps their order.
+std::vector<std::string> TakeArgumentsAfterDashes(int* argc, char** argv) {
+  for (int i = 1; i < *argc; ++i) {
+    if (absl::string_view(argv[i]) == "--") {
+      std::vector<std::string> rest(argv + i + 1, argv + *argc);
+      *argc = i;
+      return rest;
+    }
+  }
+  return {};
+}
+
+// gflags exits 1, in its own words, on a flag it does not know or a value it cannot take. herd_kv
+// reports those as usage errors (exit 2), so it checks the flags against gflags' registry first.
+absl::Status CheckFlags(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    const absl::string_view arg = argv[i];
+    if (arg.size() < 2 || arg[0] != '-') continue;  // an argument ("-" too)
+    const absl::string_view body = arg.substr(arg[1] == '-' ? 2 : 1);
+    const size_t equals = body.find('=');
+    const std::string name(body.substr(0, equals));
+    const bool inline_value = equals != absl::string_view::npos;
+    if (!inline_value &&
+        (IsBoolFlag(name) || (absl::StartsWith(name, "no") && IsBoolFlag(name.substr(2))))) {
+      continue;
+    }
+    gflags::CommandLineFlagInfo info;
+    if (!gflags::GetCommandLineFlagInfo(name.c_str(), &info)) {
+      return absl::InvalidArgumentError(absl::StrCat("unknown flag --", name));
+    }
+    std::string value;
+    if (inline_value) {
+      value = std::string(body.substr(equals + 1));
+    } else if (i + 1 < argc) {
+      value = argv[++i];
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat("--", name, " needs a value"));
+    }
+    // Parsed again, for good, by gflags.
+    if (gflags::SetCommandLineOption(name.c_str(), value.c_str()).empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("--%s=%s: not a valid %s", name, value, info.type));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> DecodeHex(absl::string_view what, absl::string_view hex) {
+  const bool digits_only =
+      std::all_of(hex.begin(), hex.end(), [](char c) { return absl::ascii_isxdigit(c); });
+  if (hex.size() % 2 != 0 || !digits_only) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--hex: %s '%s' is not a hex string (two digits 0-9a-f per byte)", what, hex));
+  }
+  return absl::HexStringToBytes(hex);
+}
+
+// An argument as bytes: itself, or decoded from hex with --hex.
+absl::StatusOr<std::string> Bytes(absl::string_view what, absl::string_view arg) {
+  if (FLAGS_hex) return DecodeHex(what, arg);
+  return std::string(arg);
+}
+
+absl::StatusOr<std::string> ReadValueFile(const std::string& path) {
+  if (path == "-") {
+    std::ostringstream in;
+    in << std::cin.rdbuf();
+    if (std::cin.bad()) return absl::InvalidArgumentError("--value_file=-: cannot read stdin");
+    return in.str();
+  }
+  std::ifstream file(path, std::ios::binary);
+  if (!file.is_open()) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("--value_file=%s: cannot open it: %s", path, strerror(errno)));
+  }
+  std::string bytes{std::istreambuf_iterator<char>(file), std::istreambuf_iterator<char>()};
+  if (file.bad()) {
+    return absl::InvalidArgumentError(absl::StrCat("--value_file=", path, ": read error"));
+  }
+  return bytes;
+}
+
+const CommandSpec* FindCommand(absl::string_view name) {
+  for (const CommandSpec& spec : kCommands) {
+    if (spec.name == name) return &spec;
+  }
+  return nullptr;
+}
+
+// `args`: the command's name, then its arguments.
+absl::StatusOr<Command> ParseCommand(const std::vector<std::string>& args) {
+  if (args.empty()) return absl::InvalidArgumentError("no command");
+  const CommandSpec* spec = FindCommand(args[0]);
+  if (spec == nullptr) {
+    return absl::InvalidArgumentError(absl::StrFormat("unknown command '%s'", args[0]));
+  }
+  const bool value_in_file = !FLAGS_value_file.empty();
+  if (value_in_file && !spec->takes_value) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--value_file: ", spec->name, " takes no value"));
+  }
+  const size_t wanted = spec->args + (spec->takes_value && !value_in_file ? 1 : 0);
+  if (args.size() - 1 != wanted) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s takes %d argument(s), not %d: %s%s", spec->name, wanted, args.size() - 1,
+        spec->synopsis, value_in_file ? " (VALUE from --value_file)" : ""));
+  }
+  Command command;
+  command.verb = spec->verb;
+  if (spec->verb == Verb::kStats) return command;
+  absl::StatusOr<std::string> key = Bytes("KEY", args[1]);
+  if (!key.ok()) return key.status();
+  command.key = *std::move(key);
+  if (spec->verb == Verb::kCas && !absl::SimpleAtoi(args[2], &command.expected_version)) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("cas: VERSION '%s' is not a version number", args[2]));
+  }
+  if (!spec->takes_value) return command;
+  absl::StatusOr<std::string> value =
+      value_in_file ? ReadValueFile(FLAGS_value_file) : Bytes("VALUE", args.back());
+  if (!value.ok()) return value.status();
+  command.value = *std::move(value);
+  return command;
+}
+
+absl::Status CheckServerAddress(absl::string_view server) {
+  const size_t colon = server.rfind(':');
+  uint32_t port = 0;
+  if (colon == absl::string_view::npos || !absl::SimpleAtoi(server.substr(colon + 1), &port) ||
+      port > kMaxPort) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("--server=%s is not host:port (e.g. 127.0.0.1:31850)", server));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<herd::ClientOptions> ClientOptionsFromFlags() {
+  if (absl::Status s = CheckServerAddress(FLAGS_server); !s.ok()) return s;
+  if (FLAGS_timeout_ms == 0) return absl::InvalidArgumentError("--timeout_ms must be at least 1");
+  absl::StatusOr<transport::DeviceOptions> device = transport::DeviceOptionsFromFlags();
+  if (!device.ok()) return device.status();
+  herd::ClientOptions options;
+  options.server = FLAGS_server;
+  options.device = *device;
+  options.connect_timeout = absl::Milliseconds(FLAGS_timeout_ms);
+  options.request_deadline = absl::Milliseconds(FLAGS_timeout_ms);
+  return options;
+}
+
+void PrintVersion(uint64_t version) { printf("%llu\n", static_cast<unsigned long long>(version)); }
+
+void PrintValue(const herd::Value& value) {
+  if (FLAGS_hex) {
+    printf("%s\n", absl::BytesToHexString(value.value).c_str());
+  } else {
+    fwrite(value.value.data(), 1, value.value.size(), stdout);
+    if (isatty(STDOUT_FILENO)) putchar('\n');
+  }
+  if (FLAGS_show_version) {
+    fprintf(stderr, "version=%llu\n", static_cast<unsigned long long>(value.version));
+  }
+}
+
+// Prints a mutation's new version.
+absl::Status Report(const absl::StatusOr<uint64_t>& version) {
+  if (!version.ok()) return version.status();
+  PrintVersion(*version);
+  return absl::OkStatus();
+}
+
+absl::Status RunRequest(herd::Client& client, const Command& command) {
+  switch (command.verb) {
+    case Verb::kGet: {
+      absl::StatusOr<herd::Value> value = client.Get(command.key);
+      if (!value.ok()) return value.status();
+      PrintValue(*value);
+      return absl::OkStatus();
+    }
+    case Verb::kPut:
+      return Report(client.Put(command.key, command.value));
+    case Verb::kInsert:
+      return Report(client.Insert(command.key, command.value));
+    case Verb::kDelete:
+      return Report(client.Delete(command.key));
+    case Verb::kCas:
+      return Report(client.Cas(command.key, command.expected_version, command.value));
+    case Verb::kStats:
+      break;  // no session: RunStats
+  }
+  return absl::InternalError("not a request");
+}
+
+int RunStats() {
+  absl::StatusOr<std::string> json =
+      herd::FetchServerStats(FLAGS_server, absl::Milliseconds(FLAGS_timeout_ms));
+  if (!json.ok()) return Fail(kExitUnreachable, json.status());
+  printf("%s\n", json->c_str());
+  return kExitOk;
+}
+
+int Run(const Command& command, const herd::ClientOptions& options) {
+  if (command.verb == Verb::kStats) return RunStats();
+  absl::StatusOr<std::unique_ptr<herd::Client>> client = herd::Client::Connect(options);
+  if (!client.ok()) return Fail(kExitUnreachable, client.status());
+  const absl::Status done = RunRequest(**client, command);
+  return done.ok() ? kExitOk : Fail(ExitCodeOf(done), done);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  gflags::SetUsageMessage(absl::StrCat(kAbout, kSynopsis, kDetails));
+  // Quiet by default: stderr carries one line per failure. --minloglevel=0 shows the library's.
+  FLAGS_logtostderr = true;
+  FLAGS_minloglevel = google::GLOG_ERROR;
+  const std::vector<std::string> after_dashes = TakeArgumentsAfterDashes(&argc, argv);
+  if (absl::Status s = CheckFlags(argc, argv); !s.ok()) return UsageFailure(s);
+  gflags::ParseCommandLineNonHelpFlags(&argc, &argv, /*remove_flags=*/true);
+  if (ShowHelp(argv[0])) return kExitOk;
+  google::InitGoogleLogging(argv[0]);
+
+  std::vector<std::string> arguments(argv + 1, argv + argc);
+  arguments.insert(arguments.end(), after_dashes.begin(), after_dashes.end());
+  absl::StatusOr<Command> command = ParseCommand(arguments);
+  if (!command.ok()) return UsageFailure(command.status());
+  absl::StatusOr<herd::ClientOptions> options = ClientOptionsFromFlags();
+  if (!options.ok()) return UsageFailure(options.status());
+  const int exit_code = Run(*command, *options);
+  if (fflush(stdout) != 0 && exit_code == kExitOk) {
+    return Fail(kExitFailed,
+                absl::DataLossError(absl::StrCat("writing stdout: ", strerror(errno))));
+  }
+  return exit_code;
+}

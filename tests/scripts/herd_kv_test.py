@@ -1,0 +1,244 @@
+#!/usr/bin/python3
+"""End-to-end tests of herd_kv, the command-line client: the real binaries against a real
+herd_server on a shm fabric of their own. Round trips (text, binary through --hex, --value_file
+and stdin), every failure's exit status and one-line message, stats, usage errors, and a server
+nobody runs. Needs the opt binaries (scripts/test.sh builds them first); HERD_BIN=DIR picks
+others (e.g. bazel-out/k8-fastbuild/bin).
+
+usage: tests/scripts/herd_kv_test.py [-v]
+"""
+import json
+import os
+import pathlib
+import select
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+REPO = pathlib.Path(__file__).resolve().parent.parent.parent
+BIN = REPO / os.environ.get("HERD_BIN", "bazel-out/k8-opt/bin")
+SERVER = BIN / "herd" / "herd_server"
+HERD_KV = BIN / "herd" / "herd_kv"
+SERVER_READY_TIMEOUT_S = 30
+SERVER_STOP_TIMEOUT_S = 10
+# One herd_kv run: a join and one request (its own --timeout_ms bounds each).
+RUN_TIMEOUT_S = 30
+# herd_kv's exit statuses (herd/herd_kv_main.cc).
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_UNREACHABLE = 0, 1, 2, 3
+
+
+def read_ready_line(process, timeout_s):
+    """herd_server's "herd_server ready port=N ... config={...}" line."""
+    deadline = time.monotonic() + timeout_s
+    buffer = b""
+    while b"\n" not in buffer:
+        time_left = deadline - time.monotonic()
+        if time_left <= 0:
+            raise AssertionError(f"herd_server printed no ready line within {timeout_s} s")
+        ready, _, _ = select.select([process.stdout], [], [], time_left)
+        if ready:
+            chunk = os.read(process.stdout.fileno(), 4096)
+            if not chunk:
+                raise AssertionError(f"herd_server exited ({process.wait()}) before it was ready")
+            buffer += chunk
+    line = buffer.split(b"\n", 1)[0].decode()
+    if not line.startswith("herd_server ready"):
+        raise AssertionError(f"herd_server said {line!r}, not its ready line")
+    return line
+
+
+class HerdKvTest(unittest.TestCase):
+    """One server for the whole class; each test uses keys of its own."""
+
+    @classmethod
+    def setUpClass(cls):
+        for binary in (SERVER, HERD_KV):
+            if not binary.exists():
+                raise AssertionError(f"{binary} is missing: bazel build --config=opt "
+                                     "//herd:herd_server //herd:herd_kv (or set HERD_BIN)")
+        cls.fabric = [f"--shm_fabric_name=herd-kv-test-{os.getpid()}"]
+        cls.log = tempfile.TemporaryFile()
+        cls.server = subprocess.Popen(
+            [str(SERVER), "--port=0", "--listen_address=127.0.0.1", "--workers=1",
+             "--pin_workers=false", "--max_clients=8", "--mica_items=4096",
+             "--mica_log_bytes=4194304"] + cls.fabric,
+            stdout=subprocess.PIPE, stderr=cls.log, start_new_session=True)
+        try:
+            ready = read_ready_line(cls.server, SERVER_READY_TIMEOUT_S)
+        except AssertionError as error:
+            cls.log.seek(0)
+            log = cls.log.read().decode(errors="replace")
+            cls.stop_server()
+            raise AssertionError(f"{error}; its stderr:\n{log}") from None
+        cls.address = f"127.0.0.1:{ready.split('port=', 1)[1].split()[0]}"
+        cls.config = json.loads(ready.split("config=", 1)[1])
+
+    @classmethod
+    def tearDownClass(cls):
+        status = cls.stop_server()
+        if status != 0:
+            raise AssertionError(f"herd_server did not shut down cleanly: status {status}")
+
+    @classmethod
+    def stop_server(cls):
+        """SIGTERM, then SIGKILL after SERVER_STOP_TIMEOUT_S; the server's exit status."""
+        cls.server.send_signal(signal.SIGTERM)
+        try:
+            cls.server.wait(timeout=SERVER_STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            cls.server.kill()
+            cls.server.wait()
+        cls.server.stdout.close()
+        cls.log.close()
+        return cls.server.returncode
+
+    def kv(self, *args, server=None, stdin=b""):
+        """Runs herd_kv against the server; (exit status, stdout bytes, stderr text)."""
+        command = [str(HERD_KV), f"--server={server or self.address}"] + self.fabric + list(args)
+        done = subprocess.run(command, input=stdin, capture_output=True, timeout=RUN_TIMEOUT_S)
+        return done.returncode, done.stdout, done.stderr.decode(errors="replace")
+
+    def ok(self, *args, stdin=b""):
+        """Runs herd_kv, which must succeed; its stdout."""
+        code, stdout, stderr = self.kv(*args, stdin=stdin)
+        self.assertEqual(code, EXIT_OK, f"herd_kv {' '.join(args)}: {stderr}")
+        return stdout
+
+    def version(self, *args, stdin=b""):
+        """Runs a mutation, which must succeed; the new version it prints."""
+        stdout = self.ok(*args, stdin=stdin)
+        self.assertRegex(stdout.decode(), r"^\d+\n$")
+        return int(stdout)
+
+    def fails_with_status(self, name, *args):
+        """Runs herd_kv, which must exit 1 with one stderr line naming status `name` first."""
+        code, stdout, stderr = self.kv(*args)
+        self.assertEqual(code, EXIT_FAILED, f"herd_kv {' '.join(args)}: {stderr}")
+        self.assertTrue(stderr.startswith(f"herd_kv: {name}: "), stderr)
+        self.assertEqual(stderr.count("\n"), 1, stderr)  # one line, nothing else
+        self.assertEqual(stdout, b"")
+        return stderr
+
+    def usage_error(self, *args):
+        code, stdout, stderr = self.kv(*args)
+        self.assertEqual(code, EXIT_USAGE, stderr)
+        self.assertTrue(stderr.startswith("herd_kv: "), stderr)
+        self.assertIn("usage: herd_kv", stderr)
+        self.assertEqual(stdout, b"")
+        return stderr.splitlines()[0]
+
+    # ---------------------------------------------------------------------- round trips
+    def test_put_then_get_round_trips_text(self):
+        version = self.version("put", "text", "hello world")
+        self.assertEqual(self.ok("get", "text"), b"hello world")  # exactly: no newline on a pipe
+        code, stdout, stderr = self.kv("--show_version", "get", "text")
+        self.assertEqual((code, stdout, stderr), (EXIT_OK, b"hello world", f"version={version}\n"))
+        self.assertGreater(self.version("put", "text", "again"), version)
+        self.assertEqual(self.ok("get", "text"), b"again")
+
+    def test_binary_key_and_value_round_trip_through_hex(self):
+        key, value = "00ff0a", "00ff00ff41"
+        self.version("--hex", "put", key, value)
+        self.assertEqual(self.ok("--hex", "get", key), f"{value}\n".encode())
+        self.assertEqual(self.ok("--hex", "get", key.upper()), f"{value}\n".encode())
+
+    def test_binary_value_round_trips_through_value_file_and_stdin(self):
+        value = b"\x00\xff\x00binary\n\xff\x00"
+        with tempfile.NamedTemporaryFile() as file:
+            file.write(value)
+            file.flush()
+            self.version("put", "file", f"--value_file={file.name}")
+        self.assertEqual(self.ok("get", "file"), value)
+        self.assertEqual(self.ok("--hex", "get", "66696c65"), f"{value.hex()}\n".encode())
+        self.version("put", "stdin", "--value_file=-", stdin=value[::-1])
+        self.assertEqual(self.ok("get", "stdin"), value[::-1])
+
+    def test_an_argument_after_dashes_may_start_with_a_dash(self):
+        self.version("put", "dashes", "--", "-1")
+        self.assertEqual(self.ok("get", "--", "dashes"), b"-1")
+
+    def test_the_largest_value_fits_and_one_byte_more_is_value_too_long(self):
+        largest = self.config["max_value_bytes"]
+        self.version("put", "large", "v" * largest)
+        self.assertEqual(self.ok("get", "large"), b"v" * largest)
+        self.fails_with_status("VALUE_TOO_LONG", "put", "large", "v" * (largest + 1))
+        with tempfile.NamedTemporaryFile() as file:  # a file far larger than any slot
+            file.write(b"x" * (1 << 21))
+            file.flush()
+            self.fails_with_status("VALUE_TOO_LONG", "put", "large", f"--value_file={file.name}")
+        self.assertEqual(self.ok("get", "large"), b"v" * largest)  # untouched
+
+    # ---------------------------------------------------------------------- failures
+    def test_insert_twice_is_exists_naming_the_present_version(self):
+        version = self.version("insert", "insert-once", "first")
+        stderr = self.fails_with_status("EXISTS", "insert", "insert-once", "second")
+        self.assertIn(f"version {version}", stderr)
+        self.assertEqual(self.ok("get", "insert-once"), b"first")
+
+    def test_cas_with_a_wrong_version_is_cas_failed_and_the_right_one_succeeds(self):
+        version = self.version("put", "cas", "old")
+        stderr = self.fails_with_status("CAS_FAILED", "cas", "cas", str(version + 100), "new")
+        self.assertIn(f"version is {version}", stderr)
+        self.assertEqual(self.ok("get", "cas"), b"old")
+        self.assertGreater(self.version("cas", "cas", str(version), "new"), version)
+        self.assertEqual(self.ok("get", "cas"), b"new")
+
+    def test_del_then_get_is_not_found(self):
+        version = self.version("put", "deleted", "soon gone")
+        self.assertGreater(self.version("del", "deleted"), version)
+        self.fails_with_status("NOT_FOUND", "get", "deleted")
+        self.fails_with_status("NOT_FOUND", "get", "never-put")
+
+    def test_a_key_too_long_is_key_too_long(self):
+        self.fails_with_status("KEY_TOO_LONG", "put", "k" * (self.config["max_key_bytes"] + 1),
+                               "v")
+        self.fails_with_status("KEY_TOO_LONG", "get", "")
+
+    def test_stats_prints_the_servers_json(self):
+        stats = json.loads(self.ok("stats"))
+        self.assertIn("uptime_s", stats)
+        self.assertEqual(stats["config"], self.config)
+
+    # ---------------------------------------------------------------------- usage and reach
+    def test_usage_errors_exit_2(self):
+        self.assertIn("unknown command 'frobnicate'", self.usage_error("frobnicate", "k"))
+        self.assertIn("no command", self.usage_error())
+        self.usage_error("get")
+        self.usage_error("get", "k", "extra")
+        self.usage_error("put", "k")
+        self.usage_error("cas", "k", "1")
+        self.assertIn("not a version number", self.usage_error("cas", "k", "one", "v"))
+        self.assertIn("not a hex string", self.usage_error("--hex", "get", "0g"))
+        self.assertIn("not a hex string", self.usage_error("--hex", "put", "00", "abc"))
+        self.assertIn("unknown flag --frobnicate", self.usage_error("--frobnicate", "get", "k"))
+        self.assertIn("not a valid uint32", self.usage_error("--timeout_ms=soon", "get", "k"))
+        self.usage_error("put", "k", "v", "--value_file=/dev/null")
+        self.usage_error("get", "k", "--value_file=/dev/null")
+        self.assertIn("cannot open", self.usage_error("put", "k", "--value_file=/nonexistent/f"))
+
+    def test_help_exits_0(self):
+        code, stdout, _ = self.kv("--helpshort")
+        self.assertEqual(code, EXIT_OK)
+        self.assertIn(b"usage: herd_kv", stdout)
+        self.assertIn(b"Exit status", stdout)
+
+    def test_a_server_nobody_runs_is_unreachable(self):
+        # A bound socket that never listens: connecting to its port is refused, and nothing else
+        # can take the port meanwhile.
+        with socket.socket() as unused:
+            unused.bind(("127.0.0.1", 0))
+            nobody = f"127.0.0.1:{unused.getsockname()[1]}"
+            for command in (["get", "k"], ["put", "k", "v"], ["stats"]):
+                code, stdout, stderr = self.kv("--timeout_ms=200", *command, server=nobody)
+                self.assertEqual(code, EXIT_UNREACHABLE, stderr)
+                self.assertTrue(stderr.startswith("herd_kv: UNAVAILABLE"), stderr)
+                self.assertEqual(stderr.count("\n"), 1, stderr)
+                self.assertEqual(stdout, b"")
+
+
+if __name__ == "__main__":
+    unittest.main()
