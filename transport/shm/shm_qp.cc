@@ -171,9 +171,11 @@ absl::Status ShmQp::PostRecv(RecvWr* chain, RecvWr** bad) {
   }
   for (RecvWr* wr = chain; wr != nullptr; wr = wr->next) {
     const uint64_t tail = recv_ring_->tail.load(std::memory_order_relaxed);
-    if (wr->num_sge != 1) {
+    // No SGE: a receive for WRITE_WITH_IMM (its data goes to the WRITE's address) or an empty
+    // SEND, as verbs allows.
+    if (wr->num_sge > 1) {
       *bad = wr;
-      return absl::InvalidArgumentError("shm receives take exactly one SGE");
+      return absl::InvalidArgumentError("shm receives take at most one SGE");
     }
     const uint32_t depth = config_.max_recv_wr;  // not the ring's copy: peers can write it
     // Senders write head: read it only when the ring looks full by the last value seen, not per
@@ -186,7 +188,9 @@ absl::Status ShmQp::PostRecv(RecvWr* chain, RecvWr** bad) {
       return absl::ResourceExhaustedError(absl::StrFormat("receive queue full (%d)", depth));
     }
     recv_ring_->entries[tail % depth] =
-        RecvEntry{wr->wr_id, wr->sg_list[0].addr, wr->sg_list[0].length, wr->sg_list[0].lkey};
+        wr->num_sge == 0
+            ? RecvEntry{wr->wr_id, 0, 0, 0}
+            : RecvEntry{wr->wr_id, wr->sg_list[0].addr, wr->sg_list[0].length, wr->sg_list[0].lkey};
     recv_ring_->tail.store(tail + 1, std::memory_order_release);
     counters_.recv_wrs.Add();
   }
@@ -535,10 +539,14 @@ std::optional<CompletionStatus> ShmQp::Deliver(Peer& peer, uint32_t dst_qpn, con
     if (RdmaWrite(peer, dst, wr) != CompletionStatus::kSuccess)
       return CompletionStatus::kRemoteAccessError;
   } else {
-    uint8_t* buffer = recv.length < length + grh
+    // An empty message needs no buffer (a receive with no SGE takes it).
+    const bool empty = length + grh == 0;
+    uint8_t* buffer = recv.length < length + grh || empty
                           ? nullptr
                           : peer.Resolve(recv.lkey, recv.addr, length + grh, kLocalWrite, dst.pd);
-    if (buffer == nullptr) {
+    if (empty) {
+      // Nothing to place.
+    } else if (buffer == nullptr) {
       c.status = recv.length < length + grh ? CompletionStatus::kLocalLengthError
                                             : CompletionStatus::kLocalProtectionError;
       dst.state.store(static_cast<uint8_t>(QpState::kError), std::memory_order_release);
