@@ -274,6 +274,9 @@ absl::Status Client::Submit(uint32_t client, Op op, std::string_view key, std::s
           "the slot's previous request is still being read by the NIC: Poll first");
     }
   }
+  // The slot's previous request no longer reads its buffer: forget it (the next request may go
+  // on another queue, whose WR indices say nothing about that one).
+  o.buffer_in_flight = false;
   int32_t landing = -1;
   if (large) {
     landing = TakeLanding(worker);

@@ -70,6 +70,8 @@ struct ClientOptions {
   uint32_t read_buffers = 4;
   // READs of an item that fail its check (the log overwrote it while it was read) before the
   // GET falls back to a copy through the worker into one of the session's landing buffers.
+  // 0: always the copy (the client then reads only memory the worker wrote for it, which no
+  // other client can forge: see docs/architecture.md's trust model).
   uint32_t max_item_reads = 4;
 };
 

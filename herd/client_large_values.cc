@@ -108,7 +108,9 @@ bool Client::DeferOutOfLine(Outstanding& o, const ResponseHeader& h, const uint8
   o.descriptor = d;
   o.version = h.version;
   o.copied = copied;
-  o.read_state = ReadState::kWaitingForBuffer;
+  // max_item_reads = 0: never read items in the log (only copies the worker made for us).
+  o.read_state = !copied && options_.max_item_reads == 0 ? ReadState::kWaitingForLanding
+                                                         : ReadState::kWaitingForBuffer;
   ++stats_.out_of_line_gets;
   return true;
 }

@@ -579,11 +579,26 @@ CompletionStatus ShmQp::RdmaRead(Peer& peer, const QpEntry& responder, const Sen
   const uint64_t length = TotalLength(wr);
   const uint8_t* src = peer.Resolve(wr.rkey, wr.remote_addr, length, kRemoteRead, responder.pd);
   if (src == nullptr) return CompletionStatus::kRemoteAccessError;
+  const uint32_t pause_us = device_->faults().slow_read_us;
+  // Slow READs: a pause after every chunk of this many bytes (at least one word).
+  const uint64_t chunk =
+      pause_us == 0 ? UINT64_MAX
+                    : std::max<uint64_t>((length + kSlowReadChunks - 1) / kSlowReadChunks, 8);
+  uint64_t since_pause = 0;
   for (uint32_t i = 0; i < wr.num_sge; ++i) {
     uint8_t* dst = LocalBuffer(wr.sg_list[i], kLocalWrite);
     if (dst == nullptr) return CompletionStatus::kLocalProtectionError;
-    std::memcpy(dst, src, wr.sg_list[i].length);
-    src += wr.sg_list[i].length;
+    for (uint64_t done = 0; done < wr.sg_list[i].length;) {
+      const uint64_t n = std::min<uint64_t>(wr.sg_list[i].length - done, chunk - since_pause);
+      std::memcpy(dst + done, src, n);
+      src += n;
+      done += n;
+      since_pause += n;
+      if (since_pause == chunk) {
+        since_pause = 0;
+        std::this_thread::sleep_for(std::chrono::microseconds(pause_us));
+      }
+    }
   }
   *byte_len = static_cast<uint32_t>(length);
   return CompletionStatus::kSuccess;
