@@ -101,7 +101,7 @@ void RunThread(uint32_t t, const herd::ClientOptions& options, const bench::Work
     while (next < w.keys || client.outstanding() > 0) {
       for (uint32_t c = 0; c < client.clients() && next < w.keys; ++c) {
         bench::MakeKey(next, w.key_bytes, key.data());
-        if (!client.CanSubmit(c, mica::KeyHash(key))) continue;
+        if (!client.CanSubmit(c, mica::KeyHash(key), value.size())) continue;
         bench::MakeValue(next, 0, w.value_bytes, value.data());
         // CanSubmit said the window has room: a failure is the QP's or the server's, and final.
         if (absl::Status s = client.Submit(c, herd::Op::kPut, key, value, 0, tag++); !s.ok()) {
@@ -135,7 +135,9 @@ void RunThread(uint32_t t, const herd::ClientOptions& options, const bench::Work
     for (uint32_t c = 0; c < client.clients(); ++c) {
       Next& p = pending[c];
       bench::MakeKey(p.index, w.key_bytes, key.data());
-      if (!client.CanSubmit(c, mica::KeyHash(key))) continue;
+      if (!client.CanSubmit(c, mica::KeyHash(key), herd::CarriesValue(p.op) ? value.size() : 0)) {
+        continue;
+      }
       if (p.op == herd::Op::kPut || p.op == herd::Op::kCas) {
         bench::MakeValue(p.index, stamp++, w.value_bytes, value.data());
       }

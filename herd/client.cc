@@ -42,21 +42,6 @@ absl::StatusOr<std::unique_ptr<transport::SharedMemory>> Allocate(uint64_t bytes
 
 }  // namespace
 
-struct Client::Outstanding {
-  bool active = false;
-  Op op = Op::kGet;
-  uint32_t client = 0, worker = 0, slot = 0;
-  uint32_t length = 0;   // staged request bytes
-  uint32_t sends = 0;    // times posted (or tried: a full send queue counts)
-  uint32_t attempt = 0;  // the attempt number in the staged bytes
-  uint64_t seq = 0, tag = 0, keyhash = 0;
-  Clock::time_point submitted, deadline;
-  // The staging buffer is read by the NIC when a non-inline WR executes, not when it is posted:
-  // such WRs are signalled, and the buffer is rewritten only once the newest one retired.
-  bool buffer_in_flight = false;
-  uint64_t last_wr = 0;  // that WR's send-queue index
-};
-
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {
   if (options.clients == 0) return absl::InvalidArgumentError("a Client needs at least 1 client");
   std::unique_ptr<Client> client(new Client(options));
@@ -93,6 +78,7 @@ absl::Status Client::Handshake() {
   join.ud_qkey = ud_qkey_;
   for (auto& qp : request_qps_) join.request_qps.push_back(qp->endpoint());
   for (auto& qp : response_qps_) join.response_qps.push_back(qp->endpoint());
+  for (auto& qp : large_qps_) join.large_qps.push_back(qp->endpoint());
   if (responses_mr_) {
     join.response_region_addr = reinterpret_cast<uint64_t>(responses_->data());
     join.response_region_rkey = responses_mr_->rkey();
@@ -107,7 +93,8 @@ absl::Status Client::Handshake() {
   first_client_id_ = welcome_.first_client_id;
   if (welcome_.worker_ud.size() != config_.workers ||
       welcome_.request_qps.size() != request_qps_.size() ||
-      welcome_.response_qps.size() != response_qps_.size()) {
+      welcome_.response_qps.size() != response_qps_.size() ||
+      welcome_.large_qps.size() != large_qps_.size()) {
     return absl::DataLossError("welcome: endpoint lists do not match the server's config");
   }
   for (uint32_t w = 0; w < config_.workers; ++w) {
@@ -119,6 +106,10 @@ absl::Status Client::Handshake() {
     if (!response_qps_.empty()) {
       connect.remote = welcome_.response_qps[w];
       if (absl::Status s = response_qps_[w]->Connect(connect); !s.ok()) return s;
+    }
+    if (!large_qps_.empty()) {
+      connect.remote = welcome_.large_qps[w];
+      if (absl::Status s = large_qps_[w]->Connect(connect); !s.ok()) return s;
     }
     std::unique_ptr<transport::AddressHandle> ah;
     const transport::QpEndpoint& ud = welcome_.worker_ud[w];
@@ -136,9 +127,11 @@ absl::Status Client::CreateResources(const Config& config) {
   const uint64_t slot_count = uint64_t{options_.clients} * c.workers * c.window;
   receive_count_ = static_cast<uint32_t>(
       std::min<uint64_t>(slot_count * kReceivesPerOutstanding, kMaxClientReceives));
-  receive_bytes_ = transport::kGrhBytes + ResponseBytes(c.max_value_bytes());
+  receive_bytes_ = transport::kGrhBytes + ResponseBytes(c.slot_value_bytes());
   if (absl::Status s = Take(device_->AllocatePd(), &pd_); !s.ok()) return s;
-  if (absl::Status s = Take(device_->CreateCq((c.workers + 1) * c.sq_depth), &send_cq_); !s.ok()) {
+  // UD, request and large-value queues: at most sq_depth WRs each, every one may complete.
+  const uint32_t send_queues = 1 + 2 * c.workers;
+  if (absl::Status s = Take(device_->CreateCq(send_queues * c.sq_depth), &send_cq_); !s.ok()) {
     return s;
   }
   if (absl::Status s = Take(device_->CreateCq(receive_count_ + 1), &recv_cq_); !s.ok()) return s;
@@ -205,6 +198,9 @@ absl::Status Client::CreateResources(const Config& config) {
     queues_[q].unsig_batch = c.unsig_batch;
     queues_[q].table_slot = static_cast<uint16_t>(q);
   }
+  if (c.large_values()) {
+    if (absl::Status s = CreateLargeValueResources(); !s.ok()) return s;
+  }
   slots_.resize(slot_count);
   next_seq_.assign(uint64_t{options_.clients} * c.workers, 1);
   if (c.response_uses_slots()) delivered_.resize(slot_count * c.response_slot_bytes());
@@ -221,18 +217,24 @@ uint32_t Client::WorkerOf(uint64_t keyhash) const {
   return mica::PartitionOf(keyhash, config_.workers);
 }
 
-bool Client::CanSubmit(uint32_t client, uint64_t keyhash) const {
+bool Client::CanSubmit(uint32_t client, uint64_t keyhash, uint64_t value_bytes) const {
   const uint32_t worker = WorkerOf(keyhash);
   const uint64_t seq = next_seq_[uint64_t{client} * config_.workers + worker];
   const Outstanding& o =
       slots_[SlotIndex(client, worker, static_cast<uint32_t>(seq % config_.window))];
-  return !o.active && BufferFree(o);
+  if (o.active || !BufferFree(o)) return false;
+  if (value_bytes <= config_.inline_limit()) return true;
+  const SendQueue& large = queues_[large_queue_base_ + worker];
+  for (uint32_t b = 0; b < config_.landing_buffers; ++b) {
+    const Landing& l = landings_[uint64_t{worker} * config_.landing_buffers + b];
+    if (!l.used && (!l.in_flight || large.retired > l.last_wr)) return true;
+  }
+  return false;
 }
 
 bool Client::BufferFree(const Outstanding& o) const {
   if (!o.buffer_in_flight) return true;
-  const SendQueue& queue = queues_[config_.request_uses_slots() ? 1 + o.worker : 0];
-  return queue.retired > o.last_wr;
+  return queues_[o.queue].retired > o.last_wr;
 }
 
 absl::Status Client::Submit(uint32_t client, Op op, std::string_view key, std::string_view value,
@@ -249,11 +251,13 @@ absl::Status Client::Submit(uint32_t client, Op op, std::string_view key, std::s
   }
   const bool carries_value = CarriesValue(op);
   if (!carries_value) value = {};
-  if (value.size() > config_.max_value_bytes()) {
+  if (value.size() > config_.value_limit()) {
     return absl::OutOfRangeError(
-        absl::StrFormat("VALUE_TOO_LONG: a value of %d bytes; the server's slots take at most %d",
-                        value.size(), config_.max_value_bytes()));
+        absl::StrFormat("VALUE_TOO_LONG: a value of %d bytes; the server takes at most %d",
+                        value.size(), config_.value_limit()));
   }
+  // Over the inline limit: WRITE_WITH_IMM into a landing buffer at the worker.
+  const bool large = value.size() > config_.inline_limit();
   const uint64_t keyhash = mica::KeyHash(key);
   const uint32_t worker = WorkerOf(keyhash);
   uint64_t& next = next_seq_[uint64_t{client} * config_.workers + worker];
@@ -270,6 +274,17 @@ absl::Status Client::Submit(uint32_t client, Op op, std::string_view key, std::s
           "the slot's previous request is still being read by the NIC: Poll first");
     }
   }
+  // The slot's previous request no longer reads its buffer: forget it (the next request may go
+  // on another queue, whose WR indices say nothing about that one).
+  o.buffer_in_flight = false;
+  int32_t landing = -1;
+  if (large) {
+    landing = TakeLanding(worker);
+    if (landing < 0) {
+      return absl::ResourceExhaustedError(
+          "every landing buffer at this key's worker is in use by a large PUT: Poll first");
+    }
+  }
   RequestHeader header{};
   header.keyhash = keyhash;
   header.expected_version = op == Op::kCas ? expected_version : 0;
@@ -279,8 +294,16 @@ absl::Status Client::Submit(uint32_t client, Op op, std::string_view key, std::s
   header.client_id = first_client_id_ + client;
   header.attempt = 0;
   header.seq = next;
-  o.length = EncodeRequest(header, key, value, welcome_.secret,
-                           staging_->data() + index * config_.slot_bytes);
+  o.large_body = large;
+  o.landing = landing;
+  o.read = -1;
+  o.read_state = ReadState::kNone;
+  o.item_reads = 0;
+  o.worker = worker;
+  o.queue = large ? large_queue_base_ + worker : (config_.request_uses_slots() ? 1 + worker : 0);
+  o.client = client;
+  o.slot = slot;
+  o.length = EncodeRequest(header, key, value, welcome_.secret, StagedBytes(o));
   o.active = true;
   o.op = op;
   o.client = client;
@@ -295,8 +318,10 @@ absl::Status Client::Submit(uint32_t client, Op op, std::string_view key, std::s
   if (absl::Status s = Send(o, /*wait_for_room=*/true); !s.ok()) {
     // Nothing was posted: the request never existed, its slot and sequence number stay free.
     o.active = false;
+    ReleaseLanding(o);
     return s;
   }
+  if (large) ++stats_.large_puts;
   o.deadline = o.submitted + TimeoutFor(1);
   ++next;
   ++outstanding_;
@@ -304,9 +329,17 @@ absl::Status Client::Submit(uint32_t client, Op op, std::string_view key, std::s
   return absl::OkStatus();
 }
 
+uint8_t* Client::StagedBytes(const Outstanding& o) const {
+  if (o.large_body) {
+    return landing_staging_->data() +
+           (uint64_t{o.worker} * config_.landing_buffers + static_cast<uint32_t>(o.landing)) *
+               config_.landing_bytes();
+  }
+  return staging_->data() + SlotIndex(o.client, o.worker, o.slot) * config_.slot_bytes;
+}
+
 absl::Status Client::Send(Outstanding& o, bool wait_for_room) {
-  const bool write = config_.request_uses_slots();
-  SendQueue& queue = queues_[write ? 1 + o.worker : 0];
+  SendQueue& queue = queues_[o.queue];
   if (!queue.broken && !queue.HasRoom()) Reap();
   if (!queue.broken && !queue.HasRoom()) {
     if (!wait_for_room) return absl::ResourceExhaustedError("the request send queue is full");
@@ -326,8 +359,7 @@ absl::Status Client::Send(Outstanding& o, bool wait_for_room) {
     return absl::UnavailableError(
         "the request QP is in the error state (the server is gone?): reconnect");
   }
-  const uint64_t index = SlotIndex(o.client, o.worker, o.slot);
-  uint8_t* staged = staging_->data() + index * config_.slot_bytes;
+  uint8_t* staged = StagedBytes(o);
   // A retransmission is a new attempt (the worker tells it from a duplicate landing of the last
   // one) unless a WR still reads the buffer: then the same bytes go again, and the next
   // retransmission, after that WR retired, is the new attempt.
@@ -340,8 +372,9 @@ absl::Status Client::Send(Outstanding& o, bool wait_for_room) {
   if (chains_.size() == kMaxChainedRequests) (void)Flush();
   const uint64_t wr_index = SendChains::Reserve(queue);
   transport::Sge& sge = chains_.NextSge();
-  sge = transport::Sge{reinterpret_cast<uint64_t>(staged), o.length, staging_mr_->lkey()};
-  const bool inline_send = config_.use_inline && o.length <= config_.max_inline;
+  sge = transport::Sge{reinterpret_cast<uint64_t>(staged), o.length,
+                       o.large_body ? landing_staging_mr_->lkey() : staging_mr_->lkey()};
+  const bool inline_send = config_.use_inline && o.length <= config_.max_inline && !o.large_body;
   transport::SendWr& wr = chains_.NextWr();
   wr.wr_id = queue.WrId(wr_index);
   wr.num_sge = 1;
@@ -349,7 +382,16 @@ absl::Status Client::Send(Outstanding& o, bool wait_for_room) {
   const bool signal = queue.Signal(wr_index) || !inline_send || o.sends > 0;
   wr.flags = signal ? uint32_t{transport::kSignaled} : 0u;
   if (inline_send) wr.flags |= transport::kInline;
-  if (write) {
+  if (o.large_body) {
+    // The whole request at the start of its landing buffer; the immediate names it, and its
+    // completion at the worker says every byte landed.
+    wr.opcode = transport::Opcode::kWriteWithImm;
+    wr.remote_addr = welcome_.landing_addr + (uint64_t{o.worker} * config_.landing_buffers +
+                                              static_cast<uint32_t>(o.landing)) *
+                                                 config_.landing_bytes();
+    wr.rkey = welcome_.landing_rkey;
+    wr.imm_data = LandingImmediate(first_client_id_ + o.client, static_cast<uint32_t>(o.landing));
+  } else if (config_.request_uses_slots()) {
     wr.opcode = transport::Opcode::kWrite;
     // End-aligned in the slot, inside this session's block ([client][worker][window]).
     wr.remote_addr = welcome_.region_addr + config_.SlotOffset(o.worker, o.client, o.slot) +
@@ -369,6 +411,12 @@ absl::Status Client::Send(Outstanding& o, bool wait_for_room) {
   if (!inline_send) {
     o.buffer_in_flight = true;
     o.last_wr = wr_index;
+    if (o.large_body) {
+      Landing& landing = landings_[uint64_t{o.worker} * config_.landing_buffers +
+                                   static_cast<uint32_t>(o.landing)];
+      landing.in_flight = true;
+      landing.last_wr = wr_index;
+    }
   }
   ++o.sends;
   return absl::OkStatus();
@@ -414,19 +462,22 @@ void Client::RepostReceives() {
   to_repost_.clear();
 }
 
-bool Client::Accept(const ParsedResponse& response, Result* out) {
+Client::Accepted Client::Accept(const ParsedResponse& response, Result* out) {
   const ResponseHeader& h = response.header;
   const uint32_t client = h.client_id - first_client_id_;  // wraps for foreign ids
   if (client >= options_.clients || h.worker >= config_.workers ||
-      h.value_bytes > config_.max_value_bytes()) {
-    return false;
+      h.value_bytes > config_.slot_value_bytes()) {
+    return Accepted::kStray;
   }
   const auto slot = static_cast<uint32_t>(h.seq % config_.window);
   Outstanding& o = slots_[SlotIndex(client, h.worker, slot)];
-  if (!o.active || o.seq != h.seq || o.keyhash != h.keyhash || h.attempt > o.attempt) return false;
+  if (!o.active || o.seq != h.seq || o.keyhash != h.keyhash || h.attempt > o.attempt) {
+    return Accepted::kStray;
+  }
   const auto status = static_cast<Status>(h.status);
-  if (o.op != Op::kGet && h.value_bytes != 0) return false;
-  const Clock::time_point now = Clock::now();
+  if (o.op != Op::kGet && h.value_bytes != 0) return Accepted::kStray;
+  // An answer while its value is being read is a duplicate of the one that named it.
+  if (o.read_state != ReadState::kNone) return Accepted::kStray;
   // Every answer samples the time since the request was FIRST sent. Sampling only first-attempt
   // answers (Karn) sees only the requests fast enough to beat the timeout, and an answer to a
   // retransmission timed from that retransmission sees only the residual wait of a request
@@ -434,21 +485,33 @@ bool Client::Accept(const ParsedResponse& response, Result* out) {
   // low, and a timeout below the real round trip retransmits everything slower (measured:
   // window 1024, 0.4-1.2M retransmissions and 4x lower throughput). Timing from the first send
   // errs high only for requests that were really lost, which are rare.
-  SampleRoundTrip(now - o.submitted);
+  SampleRoundTrip(Clock::now() - o.submitted);
+  if ((h.flags & kResponseOutOfLine) != 0) {
+    return DeferOutOfLine(o, h, response.value) ? Accepted::kDeferred : Accepted::kStray;
+  }
+  if (h.flags != 0) return Accepted::kStray;
+  Deliver(o, status, h.version,
+          std::string_view(reinterpret_cast<const char*>(response.value), h.value_bytes), out);
+  return Accepted::kDelivered;
+}
+
+void Client::Deliver(Outstanding& o, Status status, uint64_t version, std::string_view value,
+                     Result* out) {
   out->tag = o.tag;
-  out->client = client;
+  out->client = o.client;
   out->worker = o.worker;
   out->op = o.op;
   out->status = status;
-  out->version = h.version;
-  out->value = std::string_view(reinterpret_cast<const char*>(response.value), h.value_bytes);
+  out->version = version;
+  out->value = value;
   out->attempts = o.sends;
   out->latency_ns = static_cast<uint64_t>(
-      std::chrono::duration_cast<std::chrono::nanoseconds>(now - o.submitted).count());
+      std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - o.submitted).count());
   o.active = false;
+  o.read_state = ReadState::kNone;
+  ReleaseLanding(o);
   --outstanding_;
   ++stats_.completed;
-  return true;
 }
 
 void Client::PollUdResponses(absl::Span<Result> out, size_t* n) {
@@ -472,12 +535,12 @@ void Client::PollUdResponses(absl::Span<Result> out, size_t* n) {
       const uint8_t* grh = receives_->data() + c.wr_id * receive_bytes_;
       ok = std::find(first, first + per_worker, c.src_qp) != first + per_worker &&
            transport::SourceGidOfGrh(grh, grh_is_ipv4_) ==
-               welcome_.worker_ud[response.header.worker].gid &&
-           Accept(response, &out[*n]);
+               welcome_.worker_ud[response.header.worker].gid;
     }
-    if (ok) {
+    const Accepted accepted = ok ? Accept(response, &out[*n]) : Accepted::kStray;
+    if (accepted == Accepted::kDelivered) {
       ++*n;
-    } else {
+    } else if (accepted == Accepted::kStray) {
       ++stats_.stray;
     }
   }
@@ -519,9 +582,10 @@ void Client::PollWriteResponses(absl::Span<Result> out, size_t* n) {
       ++stats_.torn;
       continue;
     }
-    if (Accept(response, &out[*n])) {
+    const Accepted accepted = Accept(response, &out[*n]);
+    if (accepted == Accepted::kDelivered) {
       ++*n;
-    } else {
+    } else if (accepted == Accepted::kStray) {
       ++stats_.stray;
     }
     marker.store(0, std::memory_order_relaxed);
@@ -537,6 +601,13 @@ void Client::Fail(Outstanding& o, Status status, Result* r) {
   r->status = status;
   r->attempts = o.sends;
   o.active = false;
+  ReleaseLanding(o);
+  if (o.read >= 0) {
+    // A READ into its buffer may still be in flight: the buffer frees once that retired.
+    reads_[static_cast<uint32_t>(o.read)].orphan = true;
+    o.read = -1;
+  }
+  o.read_state = ReadState::kNone;
   --outstanding_;
   ++(status == Status::kSendFailed ? stats_.send_failed : stats_.timed_out);
 }
@@ -580,7 +651,12 @@ void Client::Retransmit(absl::Span<Result> out, size_t* n) {
   Clock::time_point next = now + TimeoutFor(1);
   for (Outstanding& o : slots_) {
     if (!o.active) continue;
-    if (o.deadline > now && health_.ok()) {
+    // Answered out of line: its value is being read (AdvanceLargeValues owns it); only the
+    // request deadline and the server's health still end it here.
+    if (o.read_state != ReadState::kNone && health_.ok() && now - o.submitted < deadline) {
+      continue;
+    }
+    if (o.deadline > now && health_.ok() && o.read_state == ReadState::kNone) {
       next = std::min(next, o.deadline);
       continue;
     }
@@ -608,6 +684,7 @@ void Client::Retransmit(absl::Span<Result> out, size_t* n) {
 
 size_t Client::Poll(absl::Span<Result> out) {
   (void)Flush();  // a failed post leaves its requests to retransmission
+  if (!reads_.empty()) ReleaseDeliveredReads();
   RepostReceives();
   Reap();
   size_t n = 0;
@@ -616,6 +693,7 @@ size_t Client::Poll(absl::Span<Result> out) {
   } else if (outstanding_ > 0) {
     PollWriteResponses(out, &n);
   }
+  if (!reads_.empty() && outstanding_ > 0) AdvanceLargeValues(out, &n);
   if (outstanding_ > 0 && n < out.size() && Clock::now() >= next_retry_check_) {
     Retransmit(out, &n);
     (void)Flush();
@@ -635,8 +713,8 @@ absl::StatusOr<Result> Client::RunOne(Op op, std::string_view key, std::string_v
   }
 }
 
-template <typename Deliver>
-absl::Status Client::RunMany(Op op, absl::Span<const KeyValue> items, Deliver&& deliver) {
+template <typename OnResult>
+absl::Status Client::RunMany(Op op, absl::Span<const KeyValue> items, OnResult&& deliver) {
   if (outstanding_ != 0) {
     return absl::FailedPreconditionError("batched calls need no requests outstanding");
   }
@@ -656,7 +734,7 @@ absl::Status Client::RunMany(Op op, absl::Span<const KeyValue> items, Deliver&& 
     // Stage what the windows hold: it goes out at Poll, one doorbell per worker QP.
     for (; next < items.size(); ++next) {
       const KeyValue& item = items[next];
-      if (!CanSubmit(0, mica::KeyHash(item.key))) break;
+      if (!CanSubmit(0, mica::KeyHash(item.key), item.value.size())) break;
       if (absl::Status s = Submit(0, op, item.key, item.value, 0, next); !s.ok()) {
         if (absl::IsResourceExhausted(s)) break;  // the slot's buffer is still being read
         deliver(next, s);

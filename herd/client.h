@@ -65,6 +65,14 @@ struct ClientOptions {
   // post_send per QP at the next Poll() or Flush() (or once kMaxChainedRequests are staged).
   // false: every Submit posts at once (one doorbell per request).
   bool batch_doorbells = true;
+  // Out-of-line GETs (the server's Config::large_values()): READ buffers, each the largest
+  // item, shared by this Client's logical clients; an out-of-line answer waits for a free one.
+  uint32_t read_buffers = 4;
+  // READs of an item that fail its check (the log overwrote it while it was read) before the
+  // GET falls back to a copy through the worker into one of the session's landing buffers.
+  // 0: always the copy (the client then reads only memory the worker wrote for it, which no
+  // other client can forge: see docs/architecture.md's trust model).
+  uint32_t max_item_reads = 4;
 };
 
 struct Result {
@@ -84,7 +92,10 @@ struct Result {
 struct ClientStats {
   uint64_t submitted = 0, completed = 0, retransmissions = 0, timed_out = 0, send_failed = 0,
            stray = 0;
-  uint64_t torn = 0;             // WRITE responses seen torn or still landing (checked again later)
+  uint64_t torn = 0;  // WRITE responses seen torn or still landing (checked again later)
+  // Large values: PUTs sent by WRITE_WITH_IMM; GETs answered out of line; READs of an item
+  // that failed its check (read again); GETs that fell back to a copy through the worker.
+  uint64_t large_puts = 0, out_of_line_gets = 0, item_rereads = 0, copied_gets = 0;
   absl::Duration retry_timeout;  // the current adaptive timeout (before backoff)
   transport::CounterSnapshot fabric;
 };
@@ -116,8 +127,9 @@ class Client {
   // The worker that owns `key` (clients route by the key hash, as the server partitions).
   uint32_t WorkerOf(uint64_t keyhash) const;
 
-  // True when `client` may have another request outstanding to `keyhash`'s worker.
-  bool CanSubmit(uint32_t client, uint64_t keyhash) const;
+  // True when `client` may have another request outstanding to `keyhash`'s worker (and, for a
+  // value over the inline limit, a landing buffer there is free).
+  bool CanSubmit(uint32_t client, uint64_t keyhash, uint64_t value_bytes = 0) const;
   // Sends one request of logical client `client` (0..clients-1). expected_version: CAS only.
   // With batch_doorbells (the default) the request is staged and goes out at the next Poll()
   // or Flush(), with every other request staged for the same QP (one doorbell).
@@ -174,7 +186,40 @@ class Client {
   void BreakQpsForTest();
 
  private:
-  struct Outstanding;
+  using Clock = std::chrono::steady_clock;
+  // Where an out-of-line GET stands (after its response named the value).
+  enum class ReadState : uint8_t {
+    kNone,
+    kWaitingForBuffer,   // a READ buffer must free up
+    kReading,            // the READ is posted
+    kWaitingForLanding,  // the fallback needs a landing buffer
+  };
+  struct Outstanding {
+    bool active = false;
+    Op op = Op::kGet;
+    uint32_t client = 0, worker = 0, slot = 0;
+    uint32_t queue = 0;    // queues_ index its WRs go on
+    uint32_t length = 0;   // staged request bytes
+    uint32_t sends = 0;    // times posted (or tried: a full send queue counts)
+    uint32_t attempt = 0;  // the attempt number in the staged bytes
+    uint64_t seq = 0, tag = 0, keyhash = 0;
+    Clock::time_point submitted, deadline;
+    // The staging buffer is read by the NIC when a non-inline WR executes, not when it is
+    // posted: such WRs are signalled, and the buffer is rewritten only once the newest retired.
+    bool buffer_in_flight = false;
+    uint64_t last_wr = 0;  // that WR's send-queue index
+    // Large values.
+    bool large_body = false;  // staged in its landing buffer's staging, sent by WRITE_WITH_IMM
+    int32_t landing = -1;     // the landing buffer it holds at its worker
+    int32_t read = -1;        // the READ buffer it holds
+    ReadState read_state = ReadState::kNone;
+    ValueDescriptor descriptor{};  // what the out-of-line answer named
+    uint64_t version = 0;          // ... and the version it answered
+    bool copied = false;           // ... a bare value in the landing buffer (kResponseCopied)
+    uint32_t item_reads = 0;       // READs of the item that failed their check
+  };
+  // What Accept made of a response.
+  enum class Accepted : uint8_t { kStray, kDelivered, kDeferred };
   explicit Client(const ClientOptions& options);
   absl::Status Handshake();
   absl::Status CreateResources(const Config& config);
@@ -182,8 +227,8 @@ class Client {
                                 uint64_t expected_version);
   // Runs `op` on every key (values: one per key, or empty) on logical client 0; calls
   // deliver(i, result) for each, in completion order.
-  template <typename Deliver>
-  absl::Status RunMany(Op op, absl::Span<const KeyValue> items, Deliver&& deliver);
+  template <typename OnResult>
+  absl::Status RunMany(Op op, absl::Span<const KeyValue> items, OnResult&& deliver);
   uint64_t SlotIndex(uint32_t client, uint32_t worker, uint32_t slot) const {
     return (uint64_t{client} * config_.workers + worker) * config_.window + slot;
   }
@@ -194,7 +239,29 @@ class Client {
   bool BufferFree(const Outstanding& o) const;
   // Validates a response (its bytes already in private memory) and fills `out`; false for a
   // stray.
-  bool Accept(const ParsedResponse& response, Result* out);
+  Accepted Accept(const ParsedResponse& response, Result* out);
+  // Fills `out` for `o`'s completion and ends it (status, version, value).
+  void Deliver(Outstanding& o, Status status, uint64_t version, std::string_view value,
+               Result* out);
+  // The bytes `o`'s request is staged in.
+  uint8_t* StagedBytes(const Outstanding& o) const;
+
+  // Large values (client_large_values.cc).
+  absl::Status CreateLargeValueResources();
+  // Takes a free landing buffer at `worker` (one no posted WR still reads): its index, or -1.
+  int32_t TakeLanding(uint32_t worker);
+  void ReleaseLanding(Outstanding& o);
+  // An out-of-line answer to `o`: checks and records it; false for a stray.
+  bool DeferOutOfLine(Outstanding& o, const ResponseHeader& h, const uint8_t* value);
+  // Posts READs for answers waiting for a buffer, checks finished READs, delivers, re-reads or
+  // falls back.
+  void AdvanceLargeValues(absl::Span<Result> out, size_t* n);
+  // A READ of `o`'s value finished into its buffer: deliver it, or read again / fall back.
+  void FinishRead(Outstanding& o, Result* out, bool* delivered);
+  // Sends `o` again as a new attempt now (a re-read, or its fallback).
+  void Resend(Outstanding& o);
+  // Read buffers released by the previous Poll's deliveries go back now.
+  void ReleaseDeliveredReads();
   void PollUdResponses(absl::Span<Result> out, size_t* n);
   void PollWriteResponses(absl::Span<Result> out, size_t* n);
   void Retransmit(absl::Span<Result> out, size_t* n);
@@ -221,11 +288,32 @@ class Client {
   std::vector<std::unique_ptr<transport::AddressHandle>> worker_ahs_;
   std::unique_ptr<transport::QueuePair> ud_qp_;
   std::vector<std::unique_ptr<transport::QueuePair>> request_qps_, response_qps_;
-  std::vector<SendQueue> queues_;           // [0] = UD QP, then one per worker request QP
+  std::vector<SendQueue> queues_;  // [0] = UD QP, then worker request QPs, then large-value QPs
   SendChains chains_{kMaxChainedRequests};  // staged request WRs (batch_doorbells)
   bool batching_ = true;                    // batch_doorbells, or inside MultiGet/MultiPut
 
   std::vector<Outstanding> slots_;  // [client][worker][window]
+  // Large values (Config::large_values()).
+  struct Landing {
+    bool used = false;
+    bool in_flight = false;  // a WRITE_WITH_IMM from its staging may still be read
+    uint64_t last_wr = 0;    // ... that WR's index on its worker's large queue
+  };
+  struct ReadBuffer {
+    bool used = false;
+    uint64_t owner = 0;            // slots_ index of the request it reads for
+    uint64_t wr = 0;               // the READ's index on the owner's large queue
+    bool orphan = false;           // its request ended: free once the READ retired
+    bool release_at_poll = false;  // its value was delivered: free at the next Poll
+  };
+  uint32_t large_queue_base_ = 0;  // queues_ index of worker 0's large QP
+  std::unique_ptr<transport::SharedMemory> landing_staging_, read_memory_;
+  std::unique_ptr<transport::MemoryRegion> landing_staging_mr_, read_mr_;
+  // After the memory its WRs read and write: destroyed first.
+  std::vector<std::unique_ptr<transport::QueuePair>> large_qps_;  // per worker (RC)
+  std::vector<Landing> landings_;                                 // [worker][landing_buffers]
+  std::vector<ReadBuffer> reads_;
+  uint64_t read_buffer_bytes_ = 0;
   std::vector<uint64_t> next_seq_;  // [client][worker]
   std::vector<uint8_t> delivered_;  // WRITE responses copied out before checking: [slot]
   uint32_t ud_qkey_ = 0;            // our UD QP's own qkey

@@ -1,5 +1,7 @@
 #include "herd/config.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_format.h"
 #include "herd/protocol.h"
 #include "mica/config.h"
@@ -46,13 +48,22 @@ absl::StatusOr<ResponseVerb> ParseResponseVerb(std::string_view name) {
       absl::StrFormat("--response_verb=%s: use ud_send, uc_write or rc_write", name));
 }
 
-uint32_t Config::max_value_bytes() const {
+uint32_t Config::slot_value_bytes() const {
   const uint64_t fixed = uint64_t{kRequestHeaderBytes} + Pad8(max_key_bytes);
   if (slot_bytes < fixed) return 0;
   return (slot_bytes - static_cast<uint32_t>(fixed)) & ~(kWireAlign - 1);
 }
 
-uint32_t Config::response_slot_bytes() const { return ResponseBytes(max_value_bytes()); }
+uint32_t Config::inline_limit() const {
+  const uint32_t slot = slot_value_bytes();
+  return inline_value_limit == 0 ? slot : std::min(inline_value_limit, slot);
+}
+
+uint32_t Config::value_limit() const { return std::max(max_value_bytes, inline_limit()); }
+
+uint64_t Config::landing_bytes() const { return RequestBytes(max_key_bytes, value_limit()); }
+
+uint32_t Config::response_slot_bytes() const { return ResponseBytes(slot_value_bytes()); }
 
 uint64_t Config::region_bytes() const {
   return uint64_t{workers} * max_clients * window * slot_bytes;
@@ -63,10 +74,12 @@ std::string Config::ToJson() const {
       "{\"request_verb\":\"%s\",\"response_verb\":\"%s\",\"workers\":%d,\"ud_qps_per_worker\":%d,"
       "\"window\":%d,\"postlist\":%d,\"unsig_batch\":%d,\"inline\":%s,\"max_inline\":%d,"
       "\"slot_bytes\":%d,\"max_key_bytes\":%d,\"max_value_bytes\":%d,\"max_clients\":%d,"
-      "\"sq_depth\":%d,\"recv_depth\":%d}",
+      "\"sq_depth\":%d,\"recv_depth\":%d,\"max_value_bytes\":%d,\"inline_value_limit\":%d,"
+      "\"landing_buffers\":%d}",
       Name(request_verb), Name(response_verb), workers, ud_qps_per_worker, window, postlist,
       unsig_batch, use_inline ? "true" : "false", max_inline, slot_bytes, max_key_bytes,
-      max_value_bytes(), max_clients, sq_depth, recv_depth);
+      slot_value_bytes(), max_clients, sq_depth, recv_depth, value_limit(), inline_limit(),
+      landing_buffers);
 }
 
 absl::Status Validate(const Config& c, uint32_t mtu) {
@@ -108,15 +121,27 @@ absl::Status Validate(const Config& c, uint32_t mtu) {
     return bad("--slot_bytes=%d cannot hold the %d-byte header and a %d-byte key", c.slot_bytes,
                kRequestHeaderBytes, c.max_key_bytes);
   }
-  if (c.response_verb == ResponseVerb::kUdSend && ResponseBytes(c.max_value_bytes()) > mtu) {
+  if (c.response_verb == ResponseVerb::kUdSend && ResponseBytes(c.slot_value_bytes()) > mtu) {
     return bad(
         "a %d-byte value (what --slot_bytes=%d allows) makes a %d-byte UD response, over the "
         "%d-byte MTU: lower --slot_bytes or answer with --response_verb=uc_write/rc_write",
-        c.max_value_bytes(), c.slot_bytes, ResponseBytes(c.max_value_bytes()), mtu);
+        c.slot_value_bytes(), c.slot_bytes, ResponseBytes(c.slot_value_bytes()), mtu);
   }
   if (c.request_verb == RequestVerb::kUdSend && c.slot_bytes > mtu) {
     return bad("--request_verb=ud_send: --slot_bytes=%d exceeds the %d-byte MTU", c.slot_bytes,
                mtu);
+  }
+  if (c.max_value_bytes > kMaxLargeValueBytes) {
+    return bad("--max_value_bytes=%d: at most %d", c.max_value_bytes, kMaxLargeValueBytes);
+  }
+  if (c.large_values() && (c.landing_buffers < 1 || c.landing_buffers > kMaxLandingBuffers)) {
+    return bad("--landing_buffers=%d: must be in 1..%d", c.landing_buffers, kMaxLandingBuffers);
+  }
+  if (c.large_values() && c.inline_limit() < kMinInlineLimit) {
+    return bad(
+        "--inline_value_limit=%d (or --slot_bytes=%d): an out-of-line GET is answered with a "
+        "%d-byte descriptor, so responses must carry at least that",
+        c.inline_limit(), c.slot_bytes, kMinInlineLimit);
   }
   if (c.request_verb == RequestVerb::kUdSend && c.recv_depth < c.postlist) {
     return bad("--recv_depth=%d is below --postlist=%d", c.recv_depth, c.postlist);

@@ -41,6 +41,12 @@ inline constexpr uint32_t kMaxWindow = 1024;    // outstanding requests per clie
 inline constexpr uint32_t kMaxClients = 65536;  // logical clients the region is sized for
 inline constexpr uint32_t kMaxUdQps = 64;       // response UD QPs per worker
 inline constexpr uint32_t kMaxSlotBytes = 1u << 20;
+// The largest value (the RDMA KV design's 1 MiB, with room to sweep past it).
+inline constexpr uint32_t kMaxLargeValueBytes = 16u << 20;
+// Landing buffers per session and worker: the immediate names one in 16 bits.
+inline constexpr uint32_t kMaxLandingBuffers = 1024;
+// An out-of-line GET's response carries a ValueDescriptor (16 bytes) where the value would be.
+inline constexpr uint32_t kMinInlineLimit = 16;
 
 struct Config {
   RequestVerb request_verb = RequestVerb::kUcWrite;
@@ -57,9 +63,23 @@ struct Config {
   uint32_t max_clients = 64;   // logical clients the request region has slots for
   uint32_t sq_depth = 256;     // send queue depth of every QP
   uint32_t recv_depth = 1024;  // UD request receives per worker (request_verb=ud_send)
+  // Large values (docs/architecture.md, "Large values"): values up to max_value_bytes, those
+  // longer than the inline limit out of line (PUT: WRITE_WITH_IMM into a landing buffer at the
+  // worker; GET: a one-sided READ of the item the worker names). 0: every value travels inline
+  // (at most slot_value_bytes()).
+  uint32_t max_value_bytes = 0;
+  uint32_t inline_value_limit = 0;  // 0: as much as a slot holds (slot_value_bytes())
+  uint32_t landing_buffers = 2;     // per session and worker: large PUTs in flight
 
   // Largest value that fits a slot next to a max-size key (responses carry at most this too).
-  uint32_t max_value_bytes() const;
+  uint32_t slot_value_bytes() const;
+  // Values longer than this go out of line (when large_values()).
+  uint32_t inline_limit() const;
+  // The largest value a request may carry, inline or not.
+  uint32_t value_limit() const;
+  bool large_values() const { return value_limit() > inline_limit(); }
+  // One landing buffer: a whole request (key, value, header) of the largest size.
+  uint64_t landing_bytes() const;
   // A client's response slot (response_verb = *_write).
   uint32_t response_slot_bytes() const;
   uint64_t region_bytes() const;

@@ -16,6 +16,12 @@ DEFINE_uint32(max_key_bytes, 16, "Largest key (1..256)");
 DEFINE_uint32(max_clients, 64, "Logical clients the request region has slots for");
 DEFINE_uint32(sq_depth, 256, "Send queue depth of every QP");
 DEFINE_uint32(recv_depth, 1024, "UD request receives per worker (--request_verb=ud_send)");
+DEFINE_uint32(inline_value_limit, 0,
+              "Values longer than this travel out of line (PUT by WRITE_WITH_IMM, GET by READ) "
+              "when --max_value_bytes allows larger ones; 0: what a slot holds");
+DEFINE_uint32(landing_buffers, 2,
+              "Landing buffers per session and worker for out-of-line PUTs (each the largest "
+              "request: --max_value_bytes + key + header)");
 
 namespace herd {
 
@@ -39,6 +45,8 @@ absl::StatusOr<Config> ConfigFromFlags() {
   c.max_clients = FLAGS_max_clients;
   c.sq_depth = FLAGS_sq_depth;
   c.recv_depth = FLAGS_recv_depth;
+  c.inline_value_limit = FLAGS_inline_value_limit;
+  c.landing_buffers = FLAGS_landing_buffers;
   return c;
 }
 

@@ -61,6 +61,8 @@ int main(int argc, char** argv) {
   options.config = *config;
   options.device = *device;
   options.store = mica::PartitionConfigFromFlags();
+  // --max_value_bytes bounds values on the wire too: those over the inline limit go out of line.
+  options.config.max_value_bytes = options.store.max_value_bytes;
   options.listen_address = FLAGS_listen_address;
   if (FLAGS_port > 65535) return Fail(absl::InvalidArgumentError("--port must be <= 65535"));
   options.port = static_cast<uint16_t>(FLAGS_port);

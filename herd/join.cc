@@ -54,6 +54,9 @@ std::vector<uint8_t> Encode(const Config& c) {
       .U32(c.max_clients)
       .U32(c.sq_depth)
       .U32(c.recv_depth)
+      .U32(c.max_value_bytes)
+      .U32(c.inline_value_limit)
+      .U32(c.landing_buffers)
       .Take();
 }
 
@@ -63,6 +66,7 @@ std::vector<uint8_t> Encode(const Join& join) {
   PutEndpoints(w, join.request_qps);
   PutEndpoints(w, join.response_qps);
   w.U64(join.response_region_addr).U32(join.response_region_rkey);
+  PutEndpoints(w, join.large_qps);
   return w.Take();
 }
 
@@ -75,6 +79,8 @@ std::vector<uint8_t> Encode(const Welcome& welcome) {
   for (uint32_t qpn : welcome.worker_response_qpns) w.U32(qpn);
   PutEndpoints(w, welcome.request_qps);
   PutEndpoints(w, welcome.response_qps);
+  PutEndpoints(w, welcome.large_qps);
+  w.U64(welcome.landing_addr).U32(welcome.landing_rkey);
   return w.Take();
 }
 
@@ -94,7 +100,8 @@ absl::StatusOr<Config> DecodeConfig(const std::vector<uint8_t>& bytes) {
       r.U32(&c.ud_qps_per_worker) && r.U32(&c.window) && r.U32(&c.postlist) &&
       r.U32(&c.unsig_batch) && r.U32(&c.max_inline) && r.U32(&c.slot_bytes) &&
       r.U32(&c.max_key_bytes) && r.U32(&c.max_clients) && r.U32(&c.sq_depth) &&
-      r.U32(&c.recv_depth);
+      r.U32(&c.recv_depth) && r.U32(&c.max_value_bytes) && r.U32(&c.inline_value_limit) &&
+      r.U32(&c.landing_buffers);
   if (absl::Status s = r.Finish(); !s.ok()) return s;
   if (request > static_cast<uint8_t>(RequestVerb::kUdSend) ||
       response > static_cast<uint8_t>(ResponseVerb::kRcWrite)) {
@@ -113,7 +120,7 @@ absl::StatusOr<Join> DecodeJoin(const std::vector<uint8_t>& bytes, uint32_t work
   r.Endpoint(&join.ud) && r.U32(&join.ud_qkey) &&
       GetEndpoints(r, workers, &join.request_qps, &error) &&
       GetEndpoints(r, workers, &join.response_qps, &error) && r.U64(&join.response_region_addr) &&
-      r.U32(&join.response_region_rkey);
+      r.U32(&join.response_region_rkey) && GetEndpoints(r, workers, &join.large_qps, &error);
   if (!error.ok()) return error;
   if (absl::Status s = r.Finish(); !s.ok()) return s;
   return join;
@@ -136,7 +143,9 @@ absl::StatusOr<Welcome> DecodeWelcome(const std::vector<uint8_t>& bytes, uint32_
   w.worker_response_qpns.resize(qpns);
   for (uint32_t& qpn : w.worker_response_qpns) r.U32(&qpn);
   GetEndpoints(r, workers, &w.request_qps, &error) &&
-      GetEndpoints(r, workers, &w.response_qps, &error);
+      GetEndpoints(r, workers, &w.response_qps, &error) &&
+      GetEndpoints(r, workers, &w.large_qps, &error) && r.U64(&w.landing_addr) &&
+      r.U32(&w.landing_rkey);
   if (!error.ok()) return error;
   if (absl::Status s = r.Finish(); !s.ok()) return s;
   return w;

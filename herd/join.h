@@ -41,6 +41,9 @@ struct Join {
   std::vector<transport::QpEndpoint> response_qps;  // per worker, when responses are WRITEs
   uint64_t response_region_addr = 0;                // [worker][client][window] response slots
   uint32_t response_region_rkey = 0;
+  // Config::large_values(): per worker, the client's RC QP for WRITE_WITH_IMM (large PUTs) and
+  // READ (large GETs).
+  std::vector<transport::QpEndpoint> large_qps;
 };
 
 struct Welcome {
@@ -54,6 +57,11 @@ struct Welcome {
   std::vector<uint32_t> worker_response_qpns;
   std::vector<transport::QpEndpoint> request_qps;   // per worker, the server's end
   std::vector<transport::QpEndpoint> response_qps;  // per worker, the server's end
+  // Config::large_values(): per worker, the server's end of the large-value QP, and the
+  // session's landing buffers: [worker][landing_buffers] x Config::landing_bytes().
+  std::vector<transport::QpEndpoint> large_qps;
+  uint64_t landing_addr = 0;
+  uint32_t landing_rkey = 0;
 };
 
 std::vector<uint8_t> Encode(const Hello& hello);

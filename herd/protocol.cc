@@ -102,6 +102,17 @@ void SetRequestAttempt(uint32_t attempt, uint64_t secret, uint8_t* out, uint32_t
   std::memcpy(out + length - kChecksumFromEnd, &checksum, sizeof(checksum));
 }
 
+void SetRequestCopyToLanding(uint32_t landing_buffer, uint64_t secret, uint8_t* out,
+                             uint32_t length) {
+  uint8_t* header = out + length - kRequestHeaderBytes;
+  const uint8_t flags = kRequestCopyToLanding;
+  std::memcpy(header + offsetof(RequestHeader, flags), &flags, sizeof(flags));
+  std::memcpy(header + offsetof(RequestHeader, descriptor) + offsetof(ValueDescriptor, length),
+              &landing_buffer, sizeof(landing_buffer));
+  const uint64_t checksum = WireChecksum(secret, out, length);
+  std::memcpy(out + length - kChecksumFromEnd, &checksum, sizeof(checksum));
+}
+
 Parse ParseRequest(const uint8_t* message, uint32_t length, const RequestLimits& limits,
                    uint64_t secret, ParsedRequest* out, Status* status) {
   if (length < kRequestHeaderBytes) return Parse::kIncomplete;
@@ -128,7 +139,9 @@ Parse ParseRequest(const uint8_t* message, uint32_t length, const RequestLimits&
   const ValueDescriptor& d = h.descriptor;
   const Op op = static_cast<Op>(h.op);
   const bool carries_value = CarriesValue(op);
-  if (h.flags != 0 || d.addr != 0 || d.rkey != 0 || d.length != 0) {
+  const bool copy_to_landing = h.flags == kRequestCopyToLanding && op == Op::kGet && d.addr == 0 &&
+                               d.rkey == 0 && d.length < limits.landing_buffers;
+  if (!copy_to_landing && (h.flags != 0 || d.addr != 0 || d.rkey != 0 || d.length != 0)) {
     *status = Status::kBadRequest;
   } else if (h.op >= kOpCount) {
     *status = Status::kInvalidOp;

@@ -58,12 +58,31 @@ inline constexpr uint64_t Pad8(uint64_t n) {
   return (n + kWireAlign - 1) & ~uint64_t{kWireAlign - 1};
 }
 
-// Room for a later issue's out-of-line value (remote address, rkey, length); must be zero today.
+// Where an out-of-line value lies: remote memory a client READs (docs/architecture.md, "Large
+// values"). In an out-of-line GET's response, in place of the value.
 struct ValueDescriptor {
   uint64_t addr;
   uint32_t rkey;
   uint32_t length;
 };
+static_assert(sizeof(ValueDescriptor) == 16);
+
+// RequestHeader::flags.
+// GET: copy the value into this session's landing buffer `descriptor.length` at the worker and
+// answer with a descriptor of it (the fallback when READs of the item keep failing their check).
+inline constexpr uint8_t kRequestCopyToLanding = 1;
+// ResponseHeader::flags.
+// The value area holds a ValueDescriptor of the value (header.value_bytes == 16): of its item in
+// the worker's log (check it with mica::VerifyItem), or with kResponseCopied of the bare value
+// in the session's landing buffer.
+inline constexpr uint8_t kResponseOutOfLine = 1;
+inline constexpr uint8_t kResponseCopied = 2;
+
+// A large PUT's WRITE_WITH_IMM immediate: [client id : 16][landing buffer : kLandingBufferBits].
+inline constexpr int kLandingBufferBits = 16;
+inline constexpr uint32_t LandingImmediate(uint32_t client_id, uint32_t buffer) {
+  return (client_id << kLandingBufferBits) | buffer;
+}
 
 struct RequestHeader {
   uint64_t keyhash;           // mica::KeyHash(key); routes the key and is re-checked by the worker
@@ -72,7 +91,7 @@ struct RequestHeader {
   uint32_t value_bytes;
   uint16_t key_bytes;
   uint8_t op;
-  uint8_t flags;       // none defined yet: must be 0
+  uint8_t flags;       // kRequestCopyToLanding, else 0
   uint32_t client_id;  // who to answer (for slots, must match the slot's owner)
   uint32_t attempt;    // 0 for the first send of a request, +1 per retransmission
   uint64_t checksum;   // WireChecksum(session secret, the whole request)
@@ -87,7 +106,7 @@ struct ResponseHeader {
   uint32_t value_bytes;
   uint32_t client_id;
   uint8_t status;
-  uint8_t reserved;
+  uint8_t flags;  // kResponseOutOfLine, kResponseCopied
   uint16_t worker;
   uint32_t attempt;   // the request's, echoed: tells the client which send was answered
   uint64_t checksum;  // WRITE responses: WireChecksum(session secret, the whole response); UD: 0
@@ -119,11 +138,16 @@ uint32_t EncodeRequest(const RequestHeader& header, std::string_view key, std::s
 // A request already laid out at out[0, length): sets its attempt and recomputes its checksum
 // (a retransmission).
 void SetRequestAttempt(uint32_t attempt, uint64_t secret, uint8_t* out, uint32_t length);
+// A GET already laid out: asks for its value to be copied into landing buffer `landing_buffer`
+// (kRequestCopyToLanding) and recomputes its checksum.
+void SetRequestCopyToLanding(uint32_t landing_buffer, uint64_t secret, uint8_t* out,
+                             uint32_t length);
 
 // Limits a worker checks requests against.
 struct RequestLimits {
   uint32_t max_key_bytes;
   uint32_t max_value_bytes;
+  uint32_t landing_buffers = 0;  // kRequestCopyToLanding may name buffers 0..landing_buffers-1
 };
 
 // A request that passed every check; key and value point into the message.

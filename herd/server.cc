@@ -6,6 +6,7 @@
 #include "absl/strings/str_format.h"
 #include "glog/logging.h"
 #include "herd/join.h"
+#include "herd/server_session.h"
 #include "mica/partition.h"
 #include "transport/control/wire.h"
 #include "util/take.h"
@@ -31,35 +32,6 @@ constexpr uint32_t kMaxHandshakeBytes = 256 << 10;
 constexpr uint32_t kSendCqSlack = 4096;
 
 }  // namespace
-
-struct Server::Session {
-  Channel channel{-1};
-  std::string peer;
-  uint32_t first_client = 0;
-  uint32_t clients = 0;
-  uint32_t generation = 0;
-  uint64_t secret = 0;
-  uint16_t queue_slot = 0;  // response_verb = *_write
-  bool has_queue_slot = false;
-  // The session's own protection domain: its request QPs and the one memory region they may
-  // write, its block of request slots. A WRITE through its QPs to anything else fails at the
-  // NIC (and at the shm fabric) whatever rkey it names. Declared before `workers`: destroyed
-  // after the QPs in it.
-  std::unique_ptr<transport::ProtectionDomain> pd;
-  std::unique_ptr<transport::MemoryRegion> region_mr;
-  // Declared so that destruction (reverse order) takes the QPs first: a QP's pending WRs read
-  // its staging buffers and name its address handle until the QP is gone.
-  struct PerWorker {
-    std::unique_ptr<transport::SharedMemory> staging;
-    std::unique_ptr<transport::MemoryRegion> staging_mr;
-    std::unique_ptr<transport::AddressHandle> ah;
-    std::unique_ptr<transport::QueuePair> request_qp;
-    std::unique_ptr<transport::QueuePair> response_qp;
-    SendQueue queue;
-    std::vector<ClientRoute> routes;
-  };
-  std::vector<PerWorker> workers;
-};
 
 absl::StatusOr<std::unique_ptr<Server>> Server::Create(const ServerOptions& options) {
   absl::StatusOr<transport::control::Listener> listener =
@@ -91,14 +63,24 @@ absl::Status Server::Init() {
   // protection domain (BuildSession). Those blocks are the server's only remotely writable
   // memory.
   mica::PartitionConfig store = options_.store;
-  store.max_value_bytes = std::min(store.max_value_bytes, c.max_value_bytes());
-  const uint32_t response_bytes = ResponseBytes(c.max_value_bytes());
+  store.max_value_bytes = std::min(store.max_value_bytes, c.value_limit());
+  // Items a client may READ carry a checksum (mica/remote_item.h): those over the inline limit.
+  if (c.large_values()) store.checksum_from_value_bytes = c.inline_limit() + 1;
+  const uint32_t response_bytes = ResponseBytes(c.slot_value_bytes());
   workers_.resize(c.workers);
   for (uint32_t w = 0; w < c.workers; ++w) {
     WorkerResources& r = workers_[w];
     const uint32_t cq_depth = c.ud_qps_per_worker * c.sq_depth + kSendCqSlack;
     if (absl::Status s = Take(device_->CreateCq(cq_depth), &r.send_cq); !s.ok()) return s;
     if (absl::Status s = Take(device_->CreateCq(c.recv_depth + 1), &r.recv_cq); !s.ok()) return s;
+    if (c.large_values()) {
+      // Every session's large-value QP posts LargeReceiveDepth() receives on it.
+      const uint64_t depth = uint64_t{c.max_clients} * LargeReceiveDepth(c) + 1;
+      if (absl::Status s = Take(device_->CreateCq(static_cast<uint32_t>(depth)), &r.imm_cq);
+          !s.ok()) {
+        return s;
+      }
+    }
     std::vector<transport::QueuePair*> qps;
     for (uint32_t q = 0; q < c.ud_qps_per_worker; ++q) {
       transport::QpConfig qc;
@@ -131,6 +113,7 @@ absl::Status Server::Init() {
     memory.region = region_->data();
     memory.staging = r.staging->data();
     memory.staging_lkey = r.staging_mr->lkey();
+    memory.imm_cq = r.imm_cq.get();
     if (c.request_verb == RequestVerb::kUdSend) {
       memory.receive_bytes =
           transport::kGrhBytes + std::max(c.slot_bytes, device_->port().active_mtu);
@@ -293,7 +276,8 @@ absl::Status Server::OnJoin(uint64_t id, const transport::control::Message& mess
   absl::StatusOr<Join> join = DecodeJoin(message.payload, c.workers);
   if (!join.ok()) return join.status();
   if ((join->request_qps.size() == c.workers) != c.request_uses_slots() ||
-      (join->response_qps.size() == c.workers) != c.response_uses_slots()) {
+      (join->response_qps.size() == c.workers) != c.response_uses_slots() ||
+      (join->large_qps.size() == c.workers) != c.large_values()) {
     return absl::InvalidArgumentError("join: the QP lists do not match the server's verbs");
   }
   if ((join->ud_qkey & kControlledQkeyBit) != 0) {
@@ -341,6 +325,11 @@ absl::Status Server::OnJoin(uint64_t id, const transport::control::Message& mess
     Session::PerWorker& pw = session->workers[w];
     if (pw.request_qp) welcome.request_qps.push_back(pw.request_qp->endpoint());
     if (pw.response_qp) welcome.response_qps.push_back(pw.response_qp->endpoint());
+    if (pw.large_qp) welcome.large_qps.push_back(pw.large_qp->endpoint());
+  }
+  if (session->landing_mr) {
+    welcome.landing_addr = reinterpret_cast<uint64_t>(session->landing_mr->addr());
+    welcome.landing_rkey = session->landing_mr->rkey();
   }
   // Publish before the welcome: the client sends its first request as soon as it has it.
   for (uint32_t i = first; i < first + session->clients; ++i) client_ids_used_[i] = true;
@@ -373,7 +362,7 @@ absl::Status Server::OnJoin(uint64_t id, const transport::control::Message& mess
 
 absl::Status Server::BuildSession(Session& session, const Join& join) {
   const Config& c = options_.config;
-  const uint32_t response_bytes = ResponseBytes(c.max_value_bytes());
+  const uint32_t response_bytes = ResponseBytes(c.slot_value_bytes());
   if (session.has_queue_slot && session.queue_slot >= c.max_clients) {
     return absl::ResourceExhaustedError("no free response queue slot");
   }
@@ -468,6 +457,9 @@ absl::Status Server::BuildSession(Session& session, const Join& join) {
       route.response_rkey = join.response_region_rkey;
     }
   }
+  if (c.large_values()) {
+    if (absl::Status s = BuildLargeValuePath(session, join); !s.ok()) return s;
+  }
   return absl::OkStatus();
 }
 
@@ -506,6 +498,8 @@ void Server::Retire(Session& session) {
   }
   graveyard_.push_back(std::move(retired));
   session.workers.clear();
+  session.landing_mr.reset();
+  session.landing.reset();
   session.region_mr.reset();
   session.pd.reset();
   for (uint32_t id = session.first_client; id < session.first_client + session.clients; ++id) {

@@ -83,6 +83,9 @@ class Server {
   absl::Status OnJoin(uint64_t id, const transport::control::Message& message,
                       const Handshake& handshake, const std::string& peer);
   absl::Status BuildSession(Session& session, const struct Join& join);
+  // Config::large_values(): the session's landing buffers, log registrations and large-value
+  // QPs (server_large_values.cc); fills the routes' large-value fields.
+  absl::Status BuildLargeValuePath(Session& session, const struct Join& join);
   void Retire(Session& session);
   void WaitForWorkers();
   // Destroys the retired address handles no posted WR can name any more.
@@ -111,6 +114,7 @@ class Server {
   // receive buffers), then the memory, then the CQs.
   struct WorkerResources {
     std::unique_ptr<transport::CompletionQueue> send_cq, recv_cq;
+    std::unique_ptr<transport::CompletionQueue> imm_cq;  // large PUTs' WRITE_WITH_IMMs
     std::unique_ptr<transport::SharedMemory> staging, receives;
     std::unique_ptr<transport::MemoryRegion> staging_mr, receives_mr;
     std::vector<std::unique_ptr<transport::QueuePair>> ud_qps;

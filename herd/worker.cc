@@ -8,10 +8,15 @@
 #include "absl/time/time.h"
 #include "glog/logging.h"
 #include "herd/slot_scanner.h"
+#include "mica/item.h"
 #include "mica/keyhash.h"
 
 namespace herd {
 namespace {
+
+// A large PUT's immediate names the client id and the landing buffer in 16 bits each.
+static_assert(kMaxClients <= (uint64_t{1} << (32 - kLandingBufferBits)) &&
+              kMaxLandingBuffers <= (1u << kLandingBufferBits));
 
 // The worker passes opcodes and results between the wire and the store unchanged.
 static_assert(static_cast<uint8_t>(Op::kInsert) == static_cast<uint8_t>(mica::OpCode::kInsert) &&
@@ -34,6 +39,7 @@ constexpr absl::Duration kMaxWaitForRoom = absl::Milliseconds(100);
 // Reaps between two looks at the clock while waiting for room.
 constexpr uint32_t kReapsPerClockCheck = 256;
 constexpr uint32_t kFromReceive = UINT32_MAX;
+constexpr uint32_t kFromLanding = UINT32_MAX - 1;  // a large PUT in a landing buffer
 // How long a slot may show a marker over a message that does not check out (lengths or
 // checksum) before the worker gives up on it and clears it. A WRITE still landing completes in
 // microseconds on a NIC and in well under this on Soft-RoCE under emulation; bytes that never
@@ -56,6 +62,7 @@ struct Worker::Pending {
   uint8_t* staging = nullptr;
   uint64_t version = 0;
   uint32_t value_bytes = 0;
+  uint8_t response_flags = 0;  // kResponseOutOfLine, kResponseCopied
 };
 
 Worker::Worker(uint32_t index, const Config& config, std::unique_ptr<mica::Partition> partition,
@@ -63,8 +70,9 @@ Worker::Worker(uint32_t index, const Config& config, std::unique_ptr<mica::Parti
                transport::CompletionQueue* recv_cq, const WorkerMemory& memory, ResponseGate* gate)
     : index_(index),
       config_(config),
-      limits_{config.max_key_bytes, config.max_value_bytes()},
-      response_buffer_bytes_(ResponseBytes(config.max_value_bytes())),
+      limits_{config.max_key_bytes, config.value_limit(),
+              config.large_values() ? config.landing_buffers : 0},
+      response_buffer_bytes_(ResponseBytes(config.slot_value_bytes())),
       partition_(std::move(partition)),
       ud_qps_(std::move(ud_qps)),
       send_cq_(send_cq),
@@ -86,6 +94,7 @@ Worker::Worker(uint32_t index, const Config& config, std::unique_ptr<mica::Parti
       recv_sges_(config.postlist),
       send_completions_(config.postlist + config.unsig_batch),
       recv_completions_(config.postlist),
+      imm_completions_(config.postlist),
       ud_progress_(ud_qps_.size()),
       chains_(config.postlist),
       scanner_(SlotLayout{memory.region + uint64_t{index} * config.window * config.slot_bytes,
@@ -127,7 +136,8 @@ void Worker::Run(const std::atomic<bool>& stop) {
   uint32_t idle = 0;
   while (!stop.load(std::memory_order_relaxed)) {
     epoch_.store(epoch_.load(std::memory_order_relaxed) + 1, std::memory_order_release);
-    const uint32_t count = config_.request_uses_slots() ? GatherFromSlots() : GatherFromReceives();
+    uint32_t count = config_.request_uses_slots() ? GatherFromSlots() : GatherFromReceives();
+    if (memory_.imm_cq != nullptr && count < config_.postlist) count = GatherFromLanding(count);
     if (count > 0) ExecuteAndRespond(count);
     if (gate_ != nullptr) AnswerReleased();
     if (reposts_ > 0) {
@@ -196,6 +206,41 @@ uint32_t Worker::GatherFromReceives() {
   return count;
 }
 
+uint32_t Worker::GatherFromLanding(uint32_t count) {
+  const uint32_t want = config_.postlist - count;
+  const auto got =
+      static_cast<uint32_t>(memory_.imm_cq->Poll(absl::MakeSpan(imm_completions_.data(), want)));
+  const uint64_t landing_bytes = config_.landing_bytes();
+  for (uint32_t i = 0; i < got; ++i) {
+    const transport::Completion& c = imm_completions_[i];
+    // The immediate names a client of the session and one of its landing buffers here; both
+    // are checked against the QP the WRITE came through (hostile input, as every byte is).
+    const uint32_t client = c.imm_data >> kLandingBufferBits;
+    const uint32_t buffer = c.imm_data & ((1u << kLandingBufferBits) - 1);
+    const ClientRoute* route =
+        client < config_.max_clients ? routes_[client].load(std::memory_order_acquire) : nullptr;
+    if (route == nullptr || route->large_qpn != c.qp_num) {
+      counters_.rejected.Add();  // a departed session's, or an immediate naming another client
+      continue;
+    }
+    // The receive goes back at once: the WRITE's bytes are in the landing buffer, not in it.
+    transport::RecvWr wr;
+    transport::RecvWr* bad = nullptr;
+    if (absl::Status s = route->large_qp->PostRecv(&wr, &bad); !s.ok()) {
+      LOG_EVERY_N(ERROR, 1000) << "worker " << index_ << ": re-posting a large receive: " << s;
+    }
+    if (c.status != transport::CompletionStatus::kSuccess || !c.has_imm ||
+        buffer >= config_.landing_buffers || c.byte_len < kRequestHeaderBytes ||
+        c.byte_len > landing_bytes) {
+      counters_.rejected.Add();
+      continue;
+    }
+    Admit(client, kFromLanding, route->landing + buffer * landing_bytes, c.byte_len, nullptr, 0,
+          &count);
+  }
+  return count;
+}
+
 Worker::Admitted Worker::Admit(uint32_t client, uint32_t slot, const uint8_t* message,
                                uint32_t length, const uint8_t* grh, uint32_t src_qp,
                                uint32_t* count) {
@@ -210,6 +255,8 @@ Worker::Admitted Worker::Admit(uint32_t client, uint32_t slot, const uint8_t* me
     generations_seen_[client] = route->generation;
   }
   const bool from_receive = slot == kFromReceive;
+  // A UD receive or a landed WRITE_WITH_IMM is whole when it completes: no grace period.
+  const bool whole = from_receive || slot == kFromLanding;
   if (from_receive && (src_qp != route->ud_qpn ||
                        transport::SourceGidOfGrh(grh, memory_.grh_is_ipv4) != route->ud_gid)) {
     counters_.rejected.Add();  // a UD request names a client it was not sent by
@@ -219,8 +266,8 @@ Worker::Admitted Worker::Admit(uint32_t client, uint32_t slot, const uint8_t* me
   Status status = Status::kOk;
   if (ParseRequest(message, length, limits_, route->secret, &p.request, &status) ==
       Parse::kIncomplete) {
-    if (from_receive) {
-      counters_.rejected.Add();  // a UD message arrives whole: it will never check out
+    if (whole) {
+      counters_.rejected.Add();  // it arrived whole: it will never check out
       return Admitted::kConsumed;
     }
     // A slot: maybe a WRITE whose bytes are still landing. Give it a grace period.
@@ -248,7 +295,8 @@ Worker::Admitted Worker::Admit(uint32_t client, uint32_t slot, const uint8_t* me
   p.route = route;
   p.version = 0;
   p.value_bytes = 0;
-  p.slot = from_receive ? static_cast<uint32_t>(h.seq % config_.window) : slot;
+  p.slot = whole ? static_cast<uint32_t>(h.seq % config_.window) : slot;
+  p.response_flags = 0;
   // Authentic (the session's checksum) but naming another client or slot: the session's own bug.
   // Answered, but kept out of the slot's dedupe state, which it does not belong to. Any other
   // request, valid or not, goes through it: a duplicate landing is never answered twice.
@@ -344,7 +392,7 @@ void Worker::ExecuteAndRespond(uint32_t count) {
     r.value = p.request.value;
     r.expected_version = h.expected_version;
     r.value_out = get ? reinterpret_cast<char*>(p.staging) : nullptr;
-    r.value_out_bytes = get ? limits_.max_value_bytes : 0;
+    r.value_out_bytes = get ? config_.inline_limit() : 0;
     store_index_[executed++] = i;
   }
   partition_->ExecuteBatch(absl::MakeSpan(store_requests_.data(), executed),
@@ -356,6 +404,9 @@ void Worker::ExecuteAndRespond(uint32_t count) {
     p.status = static_cast<Status>(r.result);
     p.version = r.version;
     p.value_bytes = op == Op::kGet && r.result == mica::Result::kOk ? r.value_bytes : 0;
+    if (op == Op::kGet && r.result == mica::Result::kBufferTooSmall && config_.large_values()) {
+      AnswerOutOfLine(p, r);
+    }
     if (!IsMutation(op)) continue;
     SlotState& state = slots_[uint64_t{p.client} * config_.window + p.slot];
     state.version = r.version;
@@ -399,6 +450,29 @@ void Worker::ExecuteAndRespond(uint32_t count) {
   counters_.batches.Add();
 }
 
+void Worker::AnswerOutOfLine(Pending& p, const mica::Response& r) {
+  ValueDescriptor d{};
+  const RequestHeader& h = p.request.header;
+  if (h.flags == kRequestCopyToLanding) {
+    // The fallback: a copy the client's READ cannot see torn (no one else writes its landing
+    // buffer, and the client does not until it read it).
+    uint8_t* buffer = p.route->landing + uint64_t{h.descriptor.length} * config_.landing_bytes();
+    const auto* item =
+        reinterpret_cast<const mica::ItemHeader*>(partition_->region().ring() + r.item_position);
+    std::memcpy(buffer, mica::ItemValue(item), r.value_bytes);
+    d = ValueDescriptor{reinterpret_cast<uint64_t>(buffer), p.route->landing_rkey, r.value_bytes};
+    p.response_flags = kResponseOutOfLine | kResponseCopied;
+    counters_.copied_values.Add();
+  } else {
+    d = ValueDescriptor{p.route->log_addr + r.item_position, p.route->log_rkey, r.item_bytes};
+    p.response_flags = kResponseOutOfLine;
+    counters_.out_of_line.Add();
+  }
+  std::memcpy(p.staging, &d, sizeof(d));
+  p.status = Status::kOk;
+  p.value_bytes = sizeof(d);
+}
+
 void Worker::EncodeResponse(const Pending& p) {
   ResponseHeader header{};
   header.keyhash = p.request.header.keyhash;
@@ -406,6 +480,7 @@ void Worker::EncodeResponse(const Pending& p) {
   header.value_bytes = p.value_bytes;
   header.client_id = p.client;
   header.status = static_cast<uint8_t>(p.status);
+  header.flags = p.response_flags;
   header.worker = static_cast<uint16_t>(index_);
   header.attempt = p.request.header.attempt;
   header.seq = p.request.header.seq;
@@ -437,6 +512,7 @@ void Worker::AnswerReleased() {
     p.status = state.status;
     p.version = state.version;
     p.value_bytes = 0;
+    p.response_flags = 0;
     p.request.header.keyhash = state.keyhash;
     p.request.header.attempt = state.last_attempt;
     p.request.header.seq = id.seq;

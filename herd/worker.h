@@ -35,7 +35,22 @@ struct ClientRoute {
   uint16_t response_queue = 0;  // response_verb = *_write: the session's table slot
   uint64_t response_addr = 0;   // ... this client's response slots for this worker
   uint32_t response_rkey = 0;
+  // Config::large_values(): the session's large-value QP at this worker (its WRITE_WITH_IMMs
+  // are accepted from it alone; the worker reposts its receives), its landing buffers here
+  // (local address = the address the client names), and this worker's log as the session
+  // may READ it.
+  transport::QueuePair* large_qp = nullptr;
+  uint32_t large_qpn = 0;
+  uint8_t* landing = nullptr;
+  uint32_t landing_rkey = 0;
+  uint64_t log_addr = 0;
+  uint32_t log_rkey = 0;
 };
+
+// Receives a session's large-value QP keeps posted: each large PUT (WRITE_WITH_IMM) takes one.
+// The client has at most landing_buffers in flight per worker; retransmissions of them and
+// slack for the worker's reposting lag make up the rest.
+inline uint32_t LargeReceiveDepth(const Config& c) { return 4 * c.landing_buffers + 8; }
 
 // What the worker counts (single writer; the progress printer reads them relaxed).
 struct WorkerCounters {
@@ -51,6 +66,8 @@ struct WorkerCounters {
   transport::Counter held;          // mutation responses the gate held (response_gate.h)
   transport::Counter released;      // ... and released and answered
   transport::Counter held_retransmissions;  // retransmissions of a held mutation: consumed
+  transport::Counter out_of_line;           // GETs answered with a descriptor of their item
+  transport::Counter copied_values;         // ... with a copy in a landing buffer (the fallback)
 };
 
 // A UD response queue's progress, published by the worker for the control thread: an address
@@ -72,6 +89,9 @@ struct WorkerMemory {
   // then moves the QP to the error state: one oversize request would silence the worker.
   uint32_t receive_bytes = 0;
   bool grh_is_ipv4 = false;  // how a receive's GRH area names the sender (transport::PortInfo)
+  // Config::large_values(): where large PUTs' WRITE_WITH_IMMs complete (every session's
+  // large-value QP at this worker receives into it).
+  transport::CompletionQueue* imm_cq = nullptr;
 };
 
 class Worker {
@@ -134,6 +154,11 @@ class Worker {
   // Fills batch_ from slots or receives; returns how many requests it found.
   uint32_t GatherFromSlots();
   uint32_t GatherFromReceives();
+  // Large PUTs that landed (WRITE_WITH_IMM completions), appended after `count` requests.
+  uint32_t GatherFromLanding(uint32_t count);
+  // A GET whose value is longer than the inline limit: answers with a descriptor of its item
+  // (or, kRequestCopyToLanding, of a copy in the session's landing buffer).
+  void AnswerOutOfLine(Pending& p, const mica::Response& r);
   // Validates one request, gives it a response slot and appends it to batch_[*count] (or
   // counts a drop). `slot` is the window slot it was polled from, or kFromReceive (then `grh`
   // is the receive's GRH area and `src_qp` the sender's QP number: together the client's).
@@ -185,6 +210,7 @@ class Worker {
   std::vector<transport::Sge> recv_sges_;
   std::vector<transport::Completion> send_completions_;  // Reap's
   std::vector<transport::Completion> recv_completions_;  // GatherFromReceives' (Admit may Reap)
+  std::vector<transport::Completion> imm_completions_;   // GatherFromLanding's
   std::vector<QueueProgress> ud_progress_;
   SendChains chains_;        // PostResponses: one chain per distinct queue
   SlotScanner scanner_;      // over this worker's slots of the region

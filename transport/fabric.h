@@ -295,6 +295,9 @@ class Device {
 // FaultOptions::write_disorder): long enough for a poller to consume the first copy.
 inline constexpr uint32_t kDefaultDisorderPauseUs = 20;
 
+// FaultOptions::slow_read_us: the pieces a slow READ is copied in.
+inline constexpr uint32_t kSlowReadChunks = 16;
+
 struct FaultOptions {
   double ud_loss = 0;     // probability that a UD SEND is silently lost (counted as dropped)
   double uc_loss = 0;     // probability that a UC WRITE or SEND is silently lost
@@ -308,8 +311,14 @@ struct FaultOptions {
   // Implies the asynchronous mode: the pause runs on the progress thread, not in PostSend.
   double write_disorder = 0;
   uint32_t disorder_pause_us = kDefaultDisorderPauseUs;
+  // A READ copies its bytes in kSlowReadChunks pieces with this pause between them, so the
+  // responder's memory can change under it as it can under a NIC's DMA of a large READ (a
+  // one-sided reader must detect that). Implies the asynchronous mode.
+  uint32_t slow_read_us = 0;
   uint64_t seed = 1;
-  bool any() const { return ud_loss > 0 || uc_loss > 0 || delay_us > 0 || write_disorder > 0; }
+  bool any() const {
+    return ud_loss > 0 || uc_loss > 0 || delay_us > 0 || write_disorder > 0 || slow_read_us > 0;
+  }
 };
 
 // Options for opening a device; the verbs fields are ignored by the shm fabric and vice versa.

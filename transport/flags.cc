@@ -18,6 +18,9 @@ DEFINE_double(inject_write_disorder, 0,
               "them (always the last) again, as Soft-RoCE may (implies --shm_async)");
 DEFINE_uint32(inject_delay_us, 0,
               "shm: every send WR takes effect this long after its post (implies --shm_async)");
+DEFINE_uint32(inject_slow_read_us, 0,
+              "shm: a READ copies its bytes in pieces with this pause between them, so the "
+              "responder's memory can change under it (implies --shm_async)");
 DEFINE_bool(shm_async, false,
             "shm: execute send WRs on a progress thread after PostSend returns, as a NIC does");
 
@@ -64,6 +67,7 @@ absl::StatusOr<DeviceOptions> DeviceOptionsFromFlags() {
   options.faults.uc_loss = FLAGS_inject_uc_loss;
   options.faults.delay_us = FLAGS_inject_delay_us;
   options.faults.write_disorder = FLAGS_inject_write_disorder;
+  options.faults.slow_read_us = FLAGS_inject_slow_read_us;
   options.shm_async = FLAGS_shm_async;
   return options;
 }

@@ -133,7 +133,7 @@ TEST(ConfigTest, BoundariesAreAccepted) {
   // The largest slot whose UD response fits the MTU.
   Config c;
   c.slot_bytes = kMtu - kResponseHeaderBytes + kRequestHeaderBytes + Pad8(c.max_key_bytes);
-  EXPECT_EQ(ResponseBytes(c.max_value_bytes()), kMtu);
+  EXPECT_EQ(ResponseBytes(c.slot_value_bytes()), kMtu);
   EXPECT_TRUE(Validate(c, kMtu).ok()) << Validate(c, kMtu);
   c.slot_bytes += kWireAlign;
   EXPECT_FALSE(Validate(c, kMtu).ok());

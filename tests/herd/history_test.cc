@@ -155,7 +155,7 @@ void Drive(const DriverSpec& spec, DriverOutput* out) {
     return;
   }
   Client& client = **connected;
-  const uint32_t max_value = client.config().max_value_bytes();
+  const uint32_t max_value = client.config().slot_value_bytes();
   std::mt19937_64 rng(spec.seed);
   bench::ZipfGenerator zipf(kKeys, kZipfTheta, /*scrambled=*/true);
   std::vector<std::string> names(kKeys);

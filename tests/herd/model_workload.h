@@ -25,7 +25,10 @@ struct ModelEntry {
 
 // Drives `ops` random operations through `client`'s logical clients, at most one outstanding per
 // key (so the model knows the order), checking every result against the model.
-inline void RunModelWorkload(Client& client, uint32_t ops, uint32_t keys, uint64_t seed) {
+// Values are 0..100 bytes, or with `large_values` up to the server's value limit: log-uniform
+// sizes, so the inline/out-of-line boundary and the largest values are all drawn.
+inline void RunModelWorkload(Client& client, uint32_t ops, uint32_t keys, uint64_t seed,
+                             bool large_values = false) {
   std::mt19937_64 rng(seed);
   std::vector<ModelEntry> model(keys);
   std::vector<bool> busy(keys, false);
@@ -39,7 +42,17 @@ inline void RunModelWorkload(Client& client, uint32_t ops, uint32_t keys, uint64
   uint64_t next_tag = 0;
   uint32_t submitted = 0, checked = 0;
   std::vector<Result> results(64);
-  const uint32_t max_value = std::min<uint32_t>(client.config().max_value_bytes(), 100);
+  const uint32_t max_value = large_values
+                                 ? client.config().value_limit()
+                                 : std::min<uint32_t>(client.config().slot_value_bytes(), 100);
+  auto value_size = [&]() -> uint32_t {
+    if (!large_values) return static_cast<uint32_t>(rng() % (max_value + 1));
+    // 2^(0..log2(max)) then uniform within that power of two.
+    const int top = 64 - __builtin_clzll(uint64_t{max_value} + 1);
+    const uint64_t upper = uint64_t{1} << (rng() % top);
+    return static_cast<uint32_t>(
+        std::min<uint64_t>(upper / 2 + rng() % (upper / 2 + 1), max_value));
+  };
   while (checked < ops) {
     // Submit while there is room.
     for (int attempt = 0; attempt < 8 && submitted < ops; ++attempt) {
@@ -47,11 +60,13 @@ inline void RunModelWorkload(Client& client, uint32_t ops, uint32_t keys, uint64
       if (busy[key]) continue;
       const std::string name = absl::StrFormat("key-%d", key);
       const uint32_t owner = key % client.clients();
-      if (!client.CanSubmit(owner, mica::KeyHash(name))) continue;
       Inflight f{key, static_cast<Op>(rng() % kOpCount), "", 0};
       if (CarriesValue(f.op)) {
-        f.value = std::string(rng() % (max_value + 1), static_cast<char>('a' + rng() % 26));
+        f.value = std::string(value_size(), static_cast<char>('a' + rng() % 26));
+        // Distinct bytes throughout: a value spliced from two of them would not compare equal.
+        for (size_t b = 0; b < f.value.size(); b += 4096) f.value[b] = static_cast<char>(rng());
       }
+      if (!client.CanSubmit(owner, mica::KeyHash(name), f.value.size())) continue;
       if (f.op == Op::kCas) {
         // Half the CASes expect the right version, half a wrong one.
         f.expected_version = model[key].version + (rng() % 2);

@@ -69,7 +69,7 @@ TEST(Smoke, InsertAndErrorsNameTheirStatus) {
   const auto key_too_long = client->Put(long_key, "v").status();
   EXPECT_TRUE(absl::IsInvalidArgument(key_too_long));
   EXPECT_TRUE(absl::StartsWith(key_too_long.message(), "KEY_TOO_LONG")) << key_too_long;
-  const std::string long_value(client->config().max_value_bytes() + 1, 'v');
+  const std::string long_value(client->config().slot_value_bytes() + 1, 'v');
   const auto value_too_long = client->Insert("other", long_value).status();
   EXPECT_TRUE(absl::IsOutOfRange(value_too_long));
   EXPECT_TRUE(absl::StartsWith(value_too_long.message(), "VALUE_TOO_LONG")) << value_too_long;

@@ -150,7 +150,7 @@ class Harness {
     connect.qkey = kQkey;
     EXPECT_TRUE(worker_qp_->Connect(connect).ok());
 
-    response_bytes_ = ResponseBytes(config.max_value_bytes());
+    response_bytes_ = ResponseBytes(config.slot_value_bytes());
     region_ = Allocate(config.region_bytes());
     staging_ = Allocate(uint64_t{kSqDepth} * response_bytes_);
     staging_mr_ = Register(*pd_, *staging_, transport::kLocalWrite);
@@ -183,7 +183,7 @@ class Harness {
     mica::PartitionConfig store;
     store.log_bytes = uint64_t{1} << 20;
     store.expected_items = 1024;
-    store.max_value_bytes = config.max_value_bytes();
+    store.max_value_bytes = config.slot_value_bytes();
     store.try_hugepages = false;
     worker_ = std::make_unique<Worker>(kWorkerIndex, config, Take(mica::Partition::Create(store)),
                                        std::vector<transport::QueuePair*>{worker_qp_.get()},

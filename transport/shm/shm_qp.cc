@@ -171,9 +171,11 @@ absl::Status ShmQp::PostRecv(RecvWr* chain, RecvWr** bad) {
   }
   for (RecvWr* wr = chain; wr != nullptr; wr = wr->next) {
     const uint64_t tail = recv_ring_->tail.load(std::memory_order_relaxed);
-    if (wr->num_sge != 1) {
+    // No SGE: a receive for WRITE_WITH_IMM (its data goes to the WRITE's address) or an empty
+    // SEND, as verbs allows.
+    if (wr->num_sge > 1) {
       *bad = wr;
-      return absl::InvalidArgumentError("shm receives take exactly one SGE");
+      return absl::InvalidArgumentError("shm receives take at most one SGE");
     }
     const uint32_t depth = config_.max_recv_wr;  // not the ring's copy: peers can write it
     // Senders write head: read it only when the ring looks full by the last value seen, not per
@@ -186,7 +188,9 @@ absl::Status ShmQp::PostRecv(RecvWr* chain, RecvWr** bad) {
       return absl::ResourceExhaustedError(absl::StrFormat("receive queue full (%d)", depth));
     }
     recv_ring_->entries[tail % depth] =
-        RecvEntry{wr->wr_id, wr->sg_list[0].addr, wr->sg_list[0].length, wr->sg_list[0].lkey};
+        wr->num_sge == 0
+            ? RecvEntry{wr->wr_id, 0, 0, 0}
+            : RecvEntry{wr->wr_id, wr->sg_list[0].addr, wr->sg_list[0].length, wr->sg_list[0].lkey};
     recv_ring_->tail.store(tail + 1, std::memory_order_release);
     counters_.recv_wrs.Add();
   }
@@ -535,10 +539,14 @@ std::optional<CompletionStatus> ShmQp::Deliver(Peer& peer, uint32_t dst_qpn, con
     if (RdmaWrite(peer, dst, wr) != CompletionStatus::kSuccess)
       return CompletionStatus::kRemoteAccessError;
   } else {
-    uint8_t* buffer = recv.length < length + grh
+    // An empty message needs no buffer (a receive with no SGE takes it).
+    const bool empty = length + grh == 0;
+    uint8_t* buffer = recv.length < length + grh || empty
                           ? nullptr
                           : peer.Resolve(recv.lkey, recv.addr, length + grh, kLocalWrite, dst.pd);
-    if (buffer == nullptr) {
+    if (empty) {
+      // Nothing to place.
+    } else if (buffer == nullptr) {
       c.status = recv.length < length + grh ? CompletionStatus::kLocalLengthError
                                             : CompletionStatus::kLocalProtectionError;
       dst.state.store(static_cast<uint8_t>(QpState::kError), std::memory_order_release);
@@ -571,11 +579,26 @@ CompletionStatus ShmQp::RdmaRead(Peer& peer, const QpEntry& responder, const Sen
   const uint64_t length = TotalLength(wr);
   const uint8_t* src = peer.Resolve(wr.rkey, wr.remote_addr, length, kRemoteRead, responder.pd);
   if (src == nullptr) return CompletionStatus::kRemoteAccessError;
+  const uint32_t pause_us = device_->faults().slow_read_us;
+  // Slow READs: a pause after every chunk of this many bytes (at least one word).
+  const uint64_t chunk =
+      pause_us == 0 ? UINT64_MAX
+                    : std::max<uint64_t>((length + kSlowReadChunks - 1) / kSlowReadChunks, 8);
+  uint64_t since_pause = 0;
   for (uint32_t i = 0; i < wr.num_sge; ++i) {
     uint8_t* dst = LocalBuffer(wr.sg_list[i], kLocalWrite);
     if (dst == nullptr) return CompletionStatus::kLocalProtectionError;
-    std::memcpy(dst, src, wr.sg_list[i].length);
-    src += wr.sg_list[i].length;
+    for (uint64_t done = 0; done < wr.sg_list[i].length;) {
+      const uint64_t n = std::min<uint64_t>(wr.sg_list[i].length - done, chunk - since_pause);
+      std::memcpy(dst + done, src, n);
+      src += n;
+      done += n;
+      since_pause += n;
+      if (since_pause == chunk) {
+        since_pause = 0;
+        std::this_thread::sleep_for(std::chrono::microseconds(pause_us));
+      }
+    }
   }
   *byte_len = static_cast<uint32_t>(length);
   return CompletionStatus::kSuccess;
