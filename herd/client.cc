@@ -865,6 +865,9 @@ absl::Status Client::SendRaw(uint32_t client, uint32_t worker, uint32_t slot,
   o.client = client;
   o.worker = worker;
   o.slot = slot;
+  o.queue = config_.request_uses_slots() ? 1 + worker : 0;
+  o.large_body = false;
+  o.buffer_in_flight = false;
   o.sends = 0;  // sent as is: no attempt number is rewritten into raw bytes
   o.length = static_cast<uint32_t>(bytes.size());
   if (absl::Status s = Send(o, /*wait_for_room=*/true); !s.ok()) return s;
