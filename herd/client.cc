@@ -884,6 +884,7 @@ ClientStats Client::stats() const {
   s.retry_timeout = absl::FromChrono(TimeoutFor(1));
   s.fabric.Add(ud_qp_->counters());
   for (const auto& qp : request_qps_) s.fabric.Add(qp->counters());
+  for (const auto& qp : large_qps_) s.fabric.Add(qp->counters());  // WRITE_WITH_IMMs and READs
   s.fabric.Add(send_cq_->counters());
   s.fabric.Add(recv_cq_->counters());
   return s;

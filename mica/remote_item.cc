@@ -49,7 +49,8 @@ absl::StatusOr<VerifiedItem> VerifyItem(const uint8_t* copy, uint64_t length, ui
   }
   const std::string_view copied_key(reinterpret_cast<const char*>(copy) + sizeof(header),
                                     header.key_bytes);
-  if (header.keyhash != keyhash || header.version != version || copied_key != key) {
+  if (header.keyhash != keyhash || header.version != version ||
+      (!key.empty() && copied_key != key)) {
     return absl::NotFoundError(absl::StrFormat(
         "the item read is whole but is another one (version %d, not %d)", header.version, version));
   }

@@ -32,7 +32,9 @@ struct VerifiedItem {
   std::string_view value;  // into the copy
 };
 
-// Checks a copy of `length` bytes (any alignment) against the item a reader was told of.
+// Checks a copy of `length` bytes (any alignment) against the item a reader was told of. An
+// empty `key` is not compared (keys are never empty): (keyhash, version) alone names one item,
+// since versions are unique within a partition.
 // kDataLoss when the copy is torn or overwritten (read again), kNotFound when it is whole but
 // another key's or another version's item, kInvalidArgument when the lengths are impossible.
 absl::StatusOr<VerifiedItem> VerifyItem(const uint8_t* copy, uint64_t length, uint64_t keyhash,

@@ -101,6 +101,10 @@ TEST(RemoteItem, AWholeItemThatIsNotTheOneNamedIsNotFound) {
   EXPECT_TRUE(absl::IsNotFound(
       VerifyItem(old.copy.data(), old.copy.size(), KeyHash(key), second.version, key).status()));
   EXPECT_TRUE(VerifyItem(old.copy.data(), old.copy.size(), KeyHash(key), first.version, key).ok());
+  // Without the key, keyhash and version decide.
+  EXPECT_TRUE(VerifyItem(old.copy.data(), old.copy.size(), KeyHash(key), first.version, {}).ok());
+  EXPECT_TRUE(absl::IsNotFound(
+      VerifyItem(old.copy.data(), old.copy.size(), KeyHash(key), second.version, {}).status()));
   const std::string other = "other";
   EXPECT_TRUE(absl::IsNotFound(
       VerifyItem(old.copy.data(), old.copy.size(), KeyHash(other), first.version, other).status()));
