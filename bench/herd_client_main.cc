@@ -303,7 +303,8 @@ int main(int argc, char** argv) {
       "us\":%.2f,"
       "\"p999_us\":%.2f,\"max_us\":%.2f,\"retransmissions\":%d,\"timed_out\":%d,"
       "\"send_failed\":%d,\"stray\":%d,\"torn\":%d,\"retry_timeout_us\":%.1f,"
-      "\"client_wrs\":%d,\"doorbells_per_wr\":%.3f,\"requests_per_doorbell\":%.2f,\"signaled_"
+      "\"client_wrs\":%d,\"wrs_per_op\":%.3f,\"payload_bytes_per_op\":%.1f,"
+      "\"doorbells_per_wr\":%.3f,\"requests_per_doorbell\":%.2f,\"signaled_"
       "fraction\":%.4f,"
       "\"inline_fraction\":%.4f,\"bytes_per_wr\":%.1f,\"cpu_s\":%.3f,\"cpu_model\":\"%s\","
       "\"cores\":%d,\"oversubscribed\":%s}",
@@ -313,7 +314,9 @@ int main(int argc, char** argv) {
       absl::StrJoin(per_worker, ","), latency.Quantile(0.5) / 1e3, latency.Quantile(0.99) / 1e3,
       latency.Quantile(0.999) / 1e3, latency.max() / 1e3, total.retransmissions, total.timed_out,
       total.send_failed, total.stray, total.torn, absl::ToDoubleMicroseconds(total.retry_timeout),
-      total.fabric.wrs, total.fabric.doorbells * per_op,
+      total.fabric.wrs, ops == 0 ? 0.0 : static_cast<double>(total.fabric.wrs) / ops,
+      ops == 0 ? 0.0 : static_cast<double>(total.fabric.bytes) / ops,
+      total.fabric.doorbells * per_op,
       total.fabric.doorbells == 0
           ? 0.0
           : static_cast<double>(total.fabric.wrs) / static_cast<double>(total.fabric.doorbells),

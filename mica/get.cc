@@ -23,6 +23,7 @@ Response Partition::Get(std::string_view key, uint64_t keyhash, char* value_out,
   const auto item_bytes = static_cast<uint32_t>(
       ItemBytes(item->key_bytes, item->value_bytes, (item->flags & kItemHasChecksum) != 0));
   if (item->value_bytes > value_out_bytes) {
+    stats_.get_hits.Add();  // found: the caller fetches it itself (or learns its size)
     return Response{Result::kBufferTooSmall, item->value_bytes, item->version, position,
                     item_bytes};
   }

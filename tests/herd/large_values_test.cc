@@ -175,6 +175,32 @@ TEST(LargeValues, ReadsOfItemsOverwrittenMidReadDeliverOnlyWholeValues) {
   RecordProperty("misses", missing);
 }
 
+// Verb economy, from the client's fabric counters: a 1 MiB GET is two round trips (the request
+// and its answer naming the item, then one READ) moving at most 1 MiB + 256 B of payload; a
+// 1 MiB PUT is one WRITE_WITH_IMM (one round trip with its answer).
+TEST(LargeValues, AMebibyteGetIsTwoRoundTripsAndAPutOne) {
+  constexpr uint64_t kResponseBytes = kResponseHeaderBytes + sizeof(ValueDescriptor);
+  ServerProcess server(LargeServer("large-economy"));
+  ASSERT_TRUE(server.ok());
+  auto client = Join(server, "large-economy");
+  ASSERT_NE(client, nullptr);
+  const std::string value = Pattern(0, 1, kMiB);
+  transport::CounterSnapshot before = client->stats().fabric;
+  ASSERT_TRUE(client->Put("economy", value).ok());
+  transport::CounterSnapshot after = client->stats().fabric;
+  EXPECT_EQ(after.wrs - before.wrs, 1u) << "a large PUT is one WRITE_WITH_IMM";
+  EXPECT_LE(after.bytes - before.bytes, uint64_t{kMiB} + 256);
+  before = after;
+  auto got = client->Get("economy");
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_TRUE(got->value == value);
+  after = client->stats().fabric;
+  EXPECT_EQ(after.wrs - before.wrs, 2u) << "a large GET is its request and one READ";
+  // What the client sent and READ, plus the answer it received.
+  EXPECT_LE(after.bytes - before.bytes + kResponseBytes, uint64_t{kMiB} + 256);
+  EXPECT_EQ(client->stats().item_rereads, 0u);
+}
+
 // max_item_reads = 0: every out-of-line GET is served by a copy through the worker into the
 // client's landing buffer (nothing in the shared log is read).
 TEST(LargeValues, CopyModeServesEveryLargeGetFromALandingBuffer) {
