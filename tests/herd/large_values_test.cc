@@ -8,7 +8,9 @@
 #include <string>
 #include <thread>
 #include <tuple>
+#include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_format.h"
 #include "mica/keyhash.h"
 #include "tests/herd/model_workload.h"
@@ -199,6 +201,56 @@ TEST(LargeValues, AMebibyteGetIsTwoRoundTripsAndAPutOne) {
   // What the client sent and READ, plus the answer it received.
   EXPECT_LE(after.bytes - before.bytes + kResponseBytes, uint64_t{kMiB} + 256);
   EXPECT_EQ(client->stats().item_rereads, 0u);
+}
+
+// Keys of 1 to 256 bytes, binary (NUL and 0xff included), on every request path (slot WRITE,
+// UD SEND, landing WRITE_WITH_IMM) with inline and out-of-line values, every operation.
+TEST(LargeValues, KeysFromOneTo256BinaryBytesWorkOnEveryPath) {
+  const std::vector<Verbs> pairs = {{RequestVerb::kUcWrite, ResponseVerb::kUdSend},
+                                    {RequestVerb::kUdSend, ResponseVerb::kUdSend},
+                                    {RequestVerb::kRcWrite, ResponseVerb::kRcWrite}};
+  for (const auto& [request, response] : pairs) {
+    SCOPED_TRACE(absl::StrFormat("%s -> %s", Name(request), Name(response)));
+    const std::string fabric = absl::StrFormat("keys-%d-%d", request, response);
+    ServerOptions options = LargeServer(fabric);
+    options.config.request_verb = request;
+    options.config.response_verb = response;
+    options.config.max_key_bytes = 256;
+    options.config.slot_bytes = 64 + 256 + 128;  // 128-byte values inline with the longest key
+    ServerProcess server(options);
+    ASSERT_TRUE(server.ok());
+    auto client = Join(server, fabric);
+    ASSERT_NE(client, nullptr);
+    ASSERT_EQ(client->config().inline_limit(), 128u);
+    for (const size_t key_bytes : {size_t{1}, size_t{2}, size_t{255}, size_t{256}}) {
+      for (const uint32_t value_bytes : {0u, 128u, 129u, 100000u}) {
+        std::string key(key_bytes, '\0');
+        for (size_t i = 0; i < key_bytes; ++i) {
+          key[i] = static_cast<char>(i % 3 == 0 ? 0 : i % 3 == 1 ? 0xff : value_bytes + i);
+        }
+        SCOPED_TRACE(absl::StrFormat("key %d B, value %d B", key_bytes, value_bytes));
+        const std::string value = Pattern(2, key_bytes, value_bytes);
+        auto inserted = client->Insert(key, value);
+        ASSERT_TRUE(inserted.ok()) << inserted.status();
+        EXPECT_TRUE(absl::IsAlreadyExists(client->Insert(key, value).status()));
+        auto got = client->Get(key);
+        ASSERT_TRUE(got.ok()) << got.status();
+        EXPECT_TRUE(got->value == value);
+        const std::string other = Pattern(3, key_bytes, value_bytes);
+        auto swapped = client->Cas(key, *inserted, other);
+        ASSERT_TRUE(swapped.ok()) << swapped.status();
+        got = client->Get(key);
+        ASSERT_TRUE(got.ok()) << got.status();
+        EXPECT_TRUE(got->value == other);
+        EXPECT_EQ(got->version, *swapped);
+        ASSERT_TRUE(client->Delete(key).ok());
+        EXPECT_TRUE(absl::IsNotFound(client->Get(key).status()));
+      }
+    }
+    // One byte more is refused before it is sent, with its name.
+    const auto too_long = client->Put(std::string(257, 'k'), "v").status();
+    EXPECT_TRUE(absl::StartsWith(too_long.message(), "KEY_TOO_LONG")) << too_long;
+  }
 }
 
 // max_item_reads = 0: every out-of-line GET is served by a copy through the worker into the
