@@ -184,8 +184,16 @@ TEST(LargeValues, AMebibyteGetIsTwoRoundTripsAndAPutOne) {
   constexpr uint64_t kResponseBytes = kResponseHeaderBytes + sizeof(ValueDescriptor);
   ServerProcess server(LargeServer("large-economy"));
   ASSERT_TRUE(server.ok());
-  auto client = Join(server, "large-economy");
-  ASSERT_NE(client, nullptr);
+  // Counting WRs needs no retransmission in between: a timeout far above any round trip here
+  // (a 1 MiB copy on a loaded 2-core machine under ASan can take longer than the default 5 ms).
+  ClientOptions options;
+  options.server = server.address();
+  options.device.fabric = "large-economy";
+  options.adaptive_retry = false;
+  options.retry_timeout = absl::Seconds(5);
+  auto connected = Client::Connect(options);
+  ASSERT_TRUE(connected.ok()) << connected.status();
+  Client* client = connected->get();
   const std::string value = Pattern(0, 1, kMiB);
   transport::CounterSnapshot before = client->stats().fabric;
   ASSERT_TRUE(client->Put("economy", value).ok());
