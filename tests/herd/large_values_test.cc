@@ -52,6 +52,27 @@ TEST_P(LargeValuesEveryVerb, ValuesUpToOneMebibyteMatchTheModel) {
   EXPECT_EQ(stats.copied_gets, 0u);
 }
 
+// The same on the asynchronous fabric: WRs execute after post_send returns, so a landing
+// buffer's staging, a READ buffer and a landing buffer read back are all used only once their
+// WR completed.
+TEST(LargeValues, ValuesUpToOneMebibyteMatchTheModelOnTheAsynchronousFabric) {
+  ServerOptions options = LargeServer("large-async-model");
+  options.device.shm_async = true;
+  ServerProcess server(options);
+  ASSERT_TRUE(server.ok());
+  ClientOptions client_options;
+  client_options.server = server.address();
+  client_options.clients = 2;
+  client_options.device.fabric = "large-async-model";
+  client_options.device.shm_async = true;
+  auto client = Client::Connect(client_options);
+  ASSERT_TRUE(client.ok()) << client.status();
+  RunModelWorkload(**client, 300, 16, 11, /*large_values=*/true);
+  EXPECT_GT((*client)->stats().large_puts, 0u);
+  EXPECT_GT((*client)->stats().out_of_line_gets, 0u);
+  EXPECT_EQ((*client)->stats().item_rereads, 0u);
+}
+
 INSTANTIATE_TEST_SUITE_P(Pairs, LargeValuesEveryVerb,
                          ::testing::Values(Verbs{RequestVerb::kUcWrite, ResponseVerb::kUdSend},
                                            Verbs{RequestVerb::kUdSend, ResponseVerb::kUdSend},
