@@ -41,6 +41,9 @@ struct ServerStats {
   // Per worker, from its MICA partition: a GET that misses a key nobody deleted was evicted (a
   // full bucket) or overwritten by the circular log: cache mode's losses, shown, not hidden.
   std::vector<uint64_t> get_hits, get_misses, evictions, log_wraps;
+  // Per worker, large values: GETs answered with a descriptor of their item, and with a copy in
+  // a landing buffer (kRequestCopyToLanding).
+  std::vector<uint64_t> out_of_line, copied_values;
   uint64_t bad_requests = 0, replays = 0, duplicates = 0, rejected = 0, dropped = 0;
   uint32_t sessions = 0, clients = 0;
   transport::CounterSnapshot fabric;  // all of the server's QPs and CQs

@@ -21,6 +21,8 @@ ServerStats Server::Stats() const {
     stats.duplicates += k.duplicates.Get();
     stats.rejected += k.rejected.Get();
     stats.dropped += k.dropped.Get();
+    stats.out_of_line.push_back(k.out_of_line.Get());
+    stats.copied_values.push_back(k.copied_values.Get());
     const mica::PartitionStats& p = r.worker->partition().stats();
     stats.get_hits.push_back(p.get_hits.Get());
     stats.get_misses.push_back(p.get_misses.Get());
@@ -40,7 +42,7 @@ std::string StatsJson(const ServerStats& s, const ServerStats& since, double sec
   const auto before = [](const std::vector<uint64_t>& v, size_t w) {
     return w < v.size() ? v[w] : 0;
   };
-  std::vector<std::string> mops, hit_ratio, misses, evictions, wraps;
+  std::vector<std::string> mops, hit_ratio, misses, evictions, wraps, out_of_line, copied;
   uint64_t requests = 0, batches = 0;
   for (size_t w = 0; w < s.requests.size(); ++w) {
     const uint64_t r = s.requests[w] - before(since.requests, w);
@@ -56,17 +58,19 @@ std::string StatsJson(const ServerStats& s, const ServerStats& since, double sec
     misses.push_back(absl::StrCat(missed));
     evictions.push_back(absl::StrCat(s.evictions[w] - before(since.evictions, w)));
     wraps.push_back(absl::StrCat(s.log_wraps[w] - before(since.log_wraps, w)));
+    out_of_line.push_back(absl::StrCat(s.out_of_line[w] - before(since.out_of_line, w)));
+    copied.push_back(absl::StrCat(s.copied_values[w] - before(since.copied_values, w)));
   }
   return absl::StrFormat(
       "{\"mops\":%.3f,\"worker_mops\":[%s],\"batch\":%.2f,\"clients\":%d,\"bad\":%d,"
       "\"replays\":%d,\"duplicates\":%d,\"rejected\":%d,\"dropped\":%d,"
       "\"get_hit_ratio\":[%s],\"get_misses\":[%s],\"evictions\":[%s],\"log_wraps\":[%s],"
-      "\"fabric\":%s}",
+      "\"out_of_line\":[%s],\"copied_values\":[%s],\"fabric\":%s}",
       requests / seconds / 1e6, absl::StrJoin(mops, ","),
       batches == 0 ? 0.0 : static_cast<double>(requests) / batches, s.clients, s.bad_requests,
       s.replays, s.duplicates, s.rejected, s.dropped, absl::StrJoin(hit_ratio, ","),
       absl::StrJoin(misses, ","), absl::StrJoin(evictions, ","), absl::StrJoin(wraps, ","),
-      s.fabric.ToJson());
+      absl::StrJoin(out_of_line, ","), absl::StrJoin(copied, ","), s.fabric.ToJson());
 }
 
 }  // namespace herd

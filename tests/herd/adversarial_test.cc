@@ -12,8 +12,10 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -29,7 +31,9 @@
 #include "gtest/gtest.h"
 #include "herd/client.h"
 #include "herd/join.h"
+#include "herd/worker.h"
 #include "mica/keyhash.h"
+#include "mica/remote_item.h"
 #include "tests/herd/model_workload.h"
 #include "tests/herd/raw_client.h"
 #include "tests/herd/server_fixture.h"
@@ -112,8 +116,10 @@ uint64_t Seed(uint64_t seed) {
 // The victim's model workload in its own thread, while the test attacks.
 class VictimRun {
  public:
-  VictimRun(Client& client, uint32_t ops, uint64_t seed)
-      : thread_([&client, ops, seed] { RunModelWorkload(client, ops, kVictimKeys, seed); }) {}
+  VictimRun(Client& client, uint32_t ops, uint64_t seed, bool large_values = false)
+      : thread_([&client, ops, seed, large_values] {
+          RunModelWorkload(client, ops, kVictimKeys, seed, large_values);
+        }) {}
   ~VictimRun() { Join(); }
   void Join() {
     if (thread_.joinable()) thread_.join();
@@ -990,6 +996,788 @@ INSTANTIATE_TEST_SUITE_P(Verbs, Garbage,
                            return absl::StrCat(std::string(Name(std::get<0>(info.param))),
                                                std::get<1>(info.param) > 0 ? "_async" : "_sync");
                          });
+
+// ------------------------------------------------------------------------------------------
+// 8. The large-value path (Config::large_values(); docs/architecture.md, "Trust model"): a large
+// PUT is a WRITE_WITH_IMM into one of the session's landing buffers at a worker, its immediate
+// naming a client id and a buffer; a large GET is answered with a descriptor the client READs (of
+// its item in the worker's log, or of a copy in a landing buffer it named). Each session's landing
+// buffers and its view of the logs are registered in its own PD, the logs for READ only.
+//
+// Silence is proven by the attacker's own next large PUT to the same worker: every session's
+// WRITE_WITH_IMMs at a worker complete on that worker's one imm CQ, which the worker takes in
+// order, so that PUT's answer comes after the worker looked at everything sent there before it.
+// The server's counters (its stats over the control plane) then say what it made of them: exactly,
+// where no retransmission of the tests' own requests can add to them.
+
+constexpr uint32_t kLargeValueBytes = 64 << 10;
+constexpr uint32_t kLargeMaxClients = 32;  // the fuzz below joins a new attacker session often
+// The raw clients' staging: room for a WRITE far past the end of a session's landing memory,
+// however its size was rounded (to 2 MiB with hugepages).
+constexpr uint64_t kPastTheEnd = (uint64_t{2} << 20) + 8;
+constexpr uint64_t kLargeRawBuffer = uint64_t{4} << 20;
+// Far above any sequence number the tests use otherwise: the probes' own.
+constexpr uint64_t kProbeSeq = 1'000'000;
+
+ServerOptions LargeOptions(const std::string& fabric) {
+  ServerOptions options = Options(fabric, RequestVerb::kUcWrite);
+  options.config.max_clients = kLargeMaxClients;
+  options.config.max_value_bytes = kLargeValueBytes;
+  options.store.max_value_bytes = kLargeValueBytes;
+  options.store.log_bytes = uint64_t{8} << 20;
+  return options;
+}
+
+std::unique_ptr<RawClient> JoinLargeRaw(const ServerProcess& server, const std::string& fabric,
+                                        uint32_t clients = 1) {
+  RawClientOptions options;
+  options.server = server.address();
+  options.fabric = fabric;
+  options.clients = clients;
+  options.buffer_bytes = kLargeRawBuffer;
+  auto client = RawClient::Connect(options);
+  EXPECT_TRUE(client.ok()) << client.status();
+  if (!client.ok()) return nullptr;
+  EXPECT_TRUE((*client)->config().large_values());
+  return *std::move(client);
+}
+
+// The server's counters (herd/server_stats.cc), summed over its workers.
+struct Counters {
+  uint64_t bad = 0, duplicates = 0, rejected = 0, dropped = 0;
+  std::vector<uint64_t> out_of_line, copied_values;  // per worker
+};
+
+// The number after "name": in the "stats" object of the server's JSON (its herd counters come
+// before the fabric's, whose names they share).
+uint64_t StatsNumber(const std::string& json, std::string_view name) {
+  const std::string field = absl::StrCat("\"", std::string(name), "\":");
+  const size_t at = json.find(field, json.find("\"stats\":"));
+  EXPECT_NE(at, std::string::npos) << name << " in " << json;
+  return at == std::string::npos ? 0 : std::strtoull(json.c_str() + at + field.size(), nullptr, 10);
+}
+
+std::vector<uint64_t> StatsNumbers(const std::string& json, std::string_view name) {
+  const std::string field = absl::StrCat("\"", std::string(name), "\":[");
+  const size_t at = json.find(field, json.find("\"stats\":"));
+  EXPECT_NE(at, std::string::npos) << name << " in " << json;
+  std::vector<uint64_t> out;
+  if (at == std::string::npos) return out;
+  const char* p = json.c_str() + at + field.size();
+  while (*p != ']' && *p != '\0') {
+    char* end = nullptr;
+    out.push_back(std::strtoull(p, &end, 10));
+    p = *end == ',' ? end + 1 : end;
+  }
+  return out;
+}
+
+Counters FetchCounters(const ServerProcess& server) {
+  Counters c;
+  absl::StatusOr<std::string> json = FetchServerStats(server.address(), absl::Seconds(10));
+  EXPECT_TRUE(json.ok()) << json.status();
+  if (!json.ok()) return c;
+  c.bad = StatsNumber(*json, "bad");
+  c.duplicates = StatsNumber(*json, "duplicates");
+  c.rejected = StatsNumber(*json, "rejected");
+  c.dropped = StatsNumber(*json, "dropped");
+  c.out_of_line = StatsNumbers(*json, "out_of_line");
+  c.copied_values = StatsNumbers(*json, "copied_values");
+  return c;
+}
+
+// Per worker, `after` minus `before`.
+std::vector<uint64_t> Moved(const std::vector<uint64_t>& after,
+                            const std::vector<uint64_t>& before) {
+  std::vector<uint64_t> out(after.size());
+  for (size_t w = 0; w < after.size(); ++w) out[w] = after[w] - (w < before.size() ? before[w] : 0);
+  return out;
+}
+
+// The attacker's own authentic large PUT to `worker` (a WRITE_WITH_IMM into its landing buffer 0
+// there, retransmitted until answered), answered OK: the worker has looked at every
+// WRITE_WITH_IMM that reached it before. `seq`: the attacker's next sequence number there.
+void ProbeLarge(RawClient& raw, uint32_t worker, uint64_t* seq) {
+  RawClient::Request put;
+  put.worker = worker;
+  put.seq = (*seq)++;
+  put.op = Op::kPut;
+  put.key = KeyOn(worker, raw.config().workers, absl::StrCat("probe-", raw.first_client_id()));
+  put.value = std::string(raw.config().inline_limit() + 1, 'p');  // out of line
+  put.landing = 0;
+  absl::StatusOr<RawResponse> r = raw.Call(put, kCallTimeout);
+  ASSERT_TRUE(r.ok()) << "worker " << worker << " no longer answers a large PUT: " << r.status();
+  EXPECT_EQ(static_cast<Status>(r->header.status), Status::kOk);
+}
+
+// A GET of `key` by `raw`'s client 0 in its own slot: the response (status, flags, value).
+RawResponse GetBy(RawClient& raw, const std::string& key, uint64_t* seq,
+                  int64_t copy_to_landing = -1) {
+  RawClient::Request get;
+  get.worker = raw.WorkerOf(key);
+  get.seq = (*seq)++;
+  get.op = Op::kGet;
+  get.key = key;
+  get.copy_to_landing = copy_to_landing;
+  absl::StatusOr<RawResponse> r = raw.Call(get, kCallTimeout);
+  EXPECT_TRUE(r.ok()) << r.status();
+  return r.ok() ? *r : RawResponse{};
+}
+
+// The value a descriptor names, READ by `raw` (a bare copy, or an item checked whole and named).
+std::string ReadDescribed(RawClient& raw, const std::string& key, const RawResponse& r) {
+  ValueDescriptor d{};
+  EXPECT_EQ(r.value.size(), sizeof(d));
+  if (r.value.size() != sizeof(d)) return "";
+  std::memcpy(&d, r.value.data(), sizeof(d));
+  absl::StatusOr<RawClient::ReadResult> read =
+      raw.Read(raw.WorkerOf(key), d.addr, d.rkey, d.length);
+  EXPECT_TRUE(read.ok()) << read.status();
+  if (!read.ok()) return "";
+  EXPECT_EQ(read->status, CompletionStatus::kSuccess) << transport::ToString(read->status);
+  if ((r.header.flags & kResponseCopied) != 0) return read->bytes;
+  absl::StatusOr<mica::VerifiedItem> item =
+      mica::VerifyItem(reinterpret_cast<const uint8_t*>(read->bytes.data()), read->bytes.size(),
+                       mica::KeyHash(key), r.header.version, key);
+  EXPECT_TRUE(item.ok()) << item.status();
+  return item.ok() ? std::string(item->value) : "";
+}
+
+// A value whose bytes all differ from its neighbours' (a splice would show).
+std::string LargeValue(uint32_t bytes, uint64_t seed) {
+  std::string v(bytes, '\0');
+  std::mt19937_64 rng(seed);
+  for (char& ch : v) ch = static_cast<char>(rng());
+  return v;
+}
+
+// 8.1 An immediate names a client id, but the worker takes it only through the large-value QP of
+// that client's own session (ClientRoute::large_qpn). The attacker's WRITE_WITH_IMMs, through its
+// own QP into its own landing buffers, name the victim's ids and each of its buffers, and carry a
+// PUT of the victim's own key signed with the victim's secret (as if it leaked). Every one must be
+// rejected: never executed, and never looked for in the victim's landing buffers, where the
+// victim's own large PUTs of the same length lie (found there, they would count as duplicate
+// landings or as the victim's bad requests, not as rejections).
+TEST(AdversarialLarge, ImmediateNamingAnotherSessionsClientIsRejected) {
+  const std::string fabric = "adv-large-foreign-imm";
+  ServerProcess server(LargeOptions(fabric));
+  ASSERT_TRUE(server.ok());
+  auto victim = JoinVictim(server, fabric, 2);
+  auto attacker = JoinLargeRaw(server, fabric);
+  ASSERT_NE(victim, nullptr);
+  ASSERT_NE(attacker, nullptr);
+  const Config& c = attacker->config();
+  ASSERT_TRUE(victim->config().large_values());
+  constexpr uint32_t kValueBytes = 20000;
+  ASSERT_GT(kValueBytes, c.inline_limit());
+  // Both victim clients PUT a large value to each worker at once: both of the session's landing
+  // buffers there hold one of its PUTs.
+  std::vector<std::vector<std::string>> keys(c.workers);  // [worker][victim client]
+  std::vector<std::vector<std::string>> values(c.workers);
+  std::vector<Result> results(4);
+  for (uint32_t w = 0; w < c.workers; ++w) {
+    for (uint32_t vc = 0; vc < victim->clients(); ++vc) {
+      keys[w].push_back(KeyOn(w, c.workers, absl::StrCat("victim-big-", vc)));
+      values[w].push_back(LargeValue(kValueBytes, w * 10 + vc));
+      ASSERT_TRUE(victim->Submit(vc, Op::kPut, keys[w][vc], values[w][vc], 0, vc).ok());
+    }
+    size_t got = 0;
+    const absl::Time give_up = absl::Now() + kCallTimeout;
+    while (got < victim->clients() && absl::Now() < give_up) {
+      const size_t n = victim->Poll(absl::MakeSpan(results).subspan(got));
+      for (size_t i = got; i < got + n; ++i) ASSERT_EQ(results[i].status, Status::kOk);
+      got += n;
+    }
+    ASSERT_EQ(got, victim->clients());
+  }
+  const Counters before = FetchCounters(server);
+  uint64_t sent = 0;
+  constexpr uint64_t kFarAhead = 1000;
+  for (uint32_t w = 0; w < c.workers; ++w) {
+    for (uint32_t vc = 0; vc < victim->clients(); ++vc) {
+      RawClient::Request put;
+      put.worker = w;
+      put.seq = kFarAhead * c.window + 1;
+      put.op = Op::kPut;
+      put.key = keys[w][vc];
+      put.value = std::string(kValueBytes, 'F');
+      put.client_id = victim->first_client_id() + vc;
+      put.secret = victim->session_secret();
+      const std::vector<uint8_t> bytes = attacker->Encode(put);
+      for (uint32_t b = 0; b < c.landing_buffers; ++b) {
+        absl::StatusOr<CompletionStatus> s = attacker->WriteWithImm(
+            w, attacker->LandingAddress(w, b), attacker->welcome().landing_rkey,
+            LandingImmediate(victim->first_client_id() + vc, b), bytes);
+        ASSERT_TRUE(s.ok()) << s.status();
+        EXPECT_EQ(*s, CompletionStatus::kSuccess) << "a WRITE_WITH_IMM into its own landing buffer";
+        ++sent;
+      }
+    }
+  }
+  std::vector<uint64_t> seq(c.workers, kProbeSeq);
+  for (uint32_t w = 0; w < c.workers; ++w) ProbeLarge(*attacker, w, &seq[w]);
+  const Counters after = FetchCounters(server);
+  std::printf("[ counters ] rejected +%llu, duplicates +%llu, bad +%llu for %llu forgeries\n",
+              static_cast<unsigned long long>(after.rejected - before.rejected),
+              static_cast<unsigned long long>(after.duplicates - before.duplicates),
+              static_cast<unsigned long long>(after.bad - before.bad),
+              static_cast<unsigned long long>(sent));
+  EXPECT_EQ(after.rejected - before.rejected, sent)
+      << "an immediate naming another session's client was not rejected";
+  EXPECT_EQ(after.duplicates - before.duplicates, 0u)
+      << "the worker parsed the victim's landing buffers for the attacker's immediates";
+  EXPECT_EQ(after.bad - before.bad, 0u);
+  EXPECT_EQ(attacker->unexpected_responses(), 0u);
+  // The victim's keys hold its own values.
+  for (uint32_t w = 0; w < c.workers; ++w) {
+    for (uint32_t vc = 0; vc < victim->clients(); ++vc) {
+      const absl::StatusOr<Value> got = victim->Get(keys[w][vc]);
+      ASSERT_TRUE(got.ok()) << got.status();
+      EXPECT_TRUE(got->value == values[w][vc]) << "the victim's key " << keys[w][vc] << " changed";
+    }
+  }
+  // Both are served on.
+  RunModelWorkload(*victim, 300, kVictimKeys, Seed(20), /*large_values=*/true);
+  for (uint32_t w = 0; w < c.workers; ++w) ProbeLarge(*attacker, w, &seq[w]);
+}
+
+// 8.2 Immediates of the attacker's own client id naming landing buffers past landing_buffers, and
+// immediates naming client ids nobody holds (inside max_clients, and past it): rejected, nothing
+// executed, nothing answered. Where buffer `landing_buffers` at worker w would lie (worker w+1's
+// buffer 0 of the same session) the attacker planted an authentic PUT of its own, of a key w owns:
+// a worker that took the index unchecked would find it there and execute it.
+TEST(AdversarialLarge, ImmediateNamingNoSuchLandingBufferOrClientIsRejected) {
+  const std::string fabric = "adv-large-bad-imm";
+  ServerProcess server(LargeOptions(fabric));
+  ASSERT_TRUE(server.ok());
+  auto victim = JoinVictim(server, fabric, 1);
+  auto attacker = JoinLargeRaw(server, fabric);
+  ASSERT_NE(victim, nullptr);
+  ASSERT_NE(attacker, nullptr);
+  const Config& c = attacker->config();
+  const uint32_t own = attacker->first_client_id();
+  const uint32_t rkey = attacker->welcome().landing_rkey;
+  const uint32_t unused = kLargeMaxClients - 1;
+  ASSERT_NE(unused, own);
+  ASSERT_NE(unused, victim->first_client_id());
+  ASSERT_GE(c.landing_buffers, 2u);
+  std::vector<uint64_t> seq(c.workers, 1);
+  std::vector<std::string> planted(c.workers);
+  std::vector<uint64_t> lengths(c.workers);
+  for (uint32_t w = 0; w < c.workers; ++w) {
+    RawClient::Request put;
+    put.worker = w;
+    put.seq = seq[w]++;
+    put.op = Op::kPut;
+    put.key = planted[w] = KeyOn(w, c.workers, "planted");
+    put.value = "planted";
+    const std::vector<uint8_t> bytes = attacker->Encode(put);
+    lengths[w] = bytes.size();
+    if (w + 1 < c.workers) {
+      // A plain WRITE: no receive, no completion at the server.
+      absl::StatusOr<CompletionStatus> s =
+          attacker->WriteLarge(w, attacker->LandingAddress(w, c.landing_buffers), rkey, bytes);
+      ASSERT_TRUE(s.ok()) << s.status();
+      ASSERT_EQ(*s, CompletionStatus::kSuccess);
+    }
+  }
+  const Counters before = FetchCounters(server);
+  uint64_t sent = 0;
+  for (uint32_t w = 0; w < c.workers; ++w) {
+    // The WRITE_WITH_IMMs carry zeros of the planted PUT's length into the worker's last buffer
+    // (no planted PUT lies there): only the immediate points at the plant.
+    const std::vector<uint8_t> zeros(lengths[w], 0);
+    const uint64_t into = attacker->LandingAddress(w, c.landing_buffers - 1);
+    for (uint32_t buffer : {c.landing_buffers, c.landing_buffers + 1, 0xffffu}) {
+      absl::StatusOr<CompletionStatus> s =
+          attacker->WriteWithImm(w, into, rkey, LandingImmediate(own, buffer), zeros);
+      ASSERT_TRUE(s.ok()) << s.status();
+      EXPECT_EQ(*s, CompletionStatus::kSuccess);
+      ++sent;
+    }
+    for (uint32_t id : {unused, 0xffffu}) {
+      absl::StatusOr<CompletionStatus> s =
+          attacker->WriteWithImm(w, into, rkey, LandingImmediate(id, 0), zeros);
+      ASSERT_TRUE(s.ok()) << s.status();
+      EXPECT_EQ(*s, CompletionStatus::kSuccess);
+      ++sent;
+    }
+  }
+  for (uint32_t w = 0; w < c.workers; ++w) ProbeLarge(*attacker, w, &seq[w]);
+  const Counters after = FetchCounters(server);
+  EXPECT_EQ(after.rejected - before.rejected, sent);
+  EXPECT_EQ(after.bad - before.bad, 0u);
+  EXPECT_EQ(after.duplicates - before.duplicates, 0u);
+  EXPECT_EQ(attacker->unexpected_responses(), 0u) << "an answer to a rejected immediate";
+  for (uint32_t w = 0; w < c.workers; ++w) {
+    const RawResponse r = GetBy(*attacker, planted[w], &seq[w]);
+    EXPECT_EQ(static_cast<Status>(r.header.status), Status::kNotFound)
+        << "the PUT planted past the last landing buffer executed";
+  }
+  RunModelWorkload(*victim, 200, kVictimKeys, Seed(21), /*large_values=*/true);
+  auto fresh = JoinVictim(server, fabric, 1);
+  ASSERT_NE(fresh, nullptr);
+  const std::string value = LargeValue(kLargeValueBytes, 21);
+  ASSERT_TRUE(fresh->Put("fresh", value).ok());
+  absl::StatusOr<Value> got = fresh->Get("fresh");
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_TRUE(got->value == value);
+}
+
+// 8.3 Bytes that are no request, landed whole by WRITE_WITH_IMMs of the attacker's own id into
+// its own buffers: random bytes of every length up to a landing buffer's; authentic headers whose
+// lengths reach before the message (patched past any size, and an authentic PUT whose first bytes
+// were laid just before the buffer, so that only its last bytes are the message: a worker that
+// read before the message would find it whole); and a message longer than a landing buffer, inside
+// the session's memory, ending in an authentic PUT. All rejected, unanswered, unexecuted. A WRITE
+// past the end of the session's landing memory, or from before its start, fails at the fabric
+// (remote access error at the attacker) and never reaches the worker.
+TEST(AdversarialLarge, GarbageInLandingBuffersIsRejectedAndWritesPastThemFail) {
+  const std::string fabric = "adv-large-garbage";
+  ServerProcess server(LargeOptions(fabric));
+  ASSERT_TRUE(server.ok());
+  auto attacker = JoinLargeRaw(server, fabric);
+  ASSERT_NE(attacker, nullptr);
+  const Config& c = attacker->config();
+  ASSERT_GE(c.landing_buffers, 2u);
+  const uint32_t own = attacker->first_client_id();
+  const uint32_t rkey = attacker->welcome().landing_rkey;
+  const uint64_t lb = c.landing_bytes();
+  std::mt19937_64 rng(Seed(22));
+  std::vector<uint64_t> seq(c.workers, 1);
+  std::vector<std::string> keys;  // authentic PUTs that must not execute
+  const Counters before = FetchCounters(server);
+  uint64_t sent = 0;
+  auto land = [&](uint32_t w, uint32_t buffer, absl::Span<const uint8_t> bytes) {
+    absl::StatusOr<CompletionStatus> s = attacker->WriteWithImm(
+        w, attacker->LandingAddress(w, buffer), rkey, LandingImmediate(own, buffer), bytes);
+    ASSERT_TRUE(s.ok()) << s.status();
+    EXPECT_EQ(*s, CompletionStatus::kSuccess) << "inside its own landing memory";
+    ++sent;
+  };
+  for (uint32_t w = 0; w < c.workers; ++w) {
+    // Random bytes.
+    for (uint64_t length : {uint64_t{1}, uint64_t{kRequestHeaderBytes - 1},
+                            uint64_t{kRequestHeaderBytes}, uint64_t{1000}, lb}) {
+      std::vector<uint8_t> bytes(length);
+      for (auto& b : bytes) b = static_cast<uint8_t>(rng());
+      land(w, 0, bytes);
+    }
+    // An authentic PUT's header with lengths patched past the message (its checksum no longer
+    // matches, but the lengths are checked first: nothing before the message may be read).
+    RawClient::Request put;
+    put.worker = w;
+    put.seq = seq[w]++;
+    put.op = Op::kPut;
+    put.key = KeyOn(w, c.workers, "spanning");
+    put.value = LargeValue(2000, w);
+    keys.push_back(put.key);
+    const std::vector<uint8_t> request = attacker->Encode(put);
+    const uint64_t header_at = request.size() - kRequestHeaderBytes;
+    for (int patch = 0; patch < 3; ++patch) {
+      std::vector<uint8_t> bytes = request;
+      RequestHeader h;
+      std::memcpy(&h, bytes.data() + header_at, sizeof(h));
+      if (patch == 0) h.value_bytes = 0xffffffffu;
+      if (patch == 1) h.value_bytes = static_cast<uint32_t>(lb);
+      if (patch == 2) h.key_bytes = 0xffff;
+      std::memcpy(bytes.data() + header_at, &h, sizeof(h));
+      land(w, 0, bytes);
+    }
+    // The same PUT, whole and authentic, but its message is only its last kTail bytes, in buffer
+    // 1; the rest lies at the end of buffer 0 (a plain WRITE: no completion at the server).
+    constexpr uint64_t kTail = 512;
+    ASSERT_GT(request.size(), kTail);
+    const uint64_t head = request.size() - kTail;
+    absl::StatusOr<CompletionStatus> s = attacker->WriteLarge(
+        w, attacker->LandingAddress(w, 1) - head, rkey, absl::MakeConstSpan(request.data(), head));
+    ASSERT_TRUE(s.ok()) << s.status();
+    ASSERT_EQ(*s, CompletionStatus::kSuccess);
+    land(w, 1, absl::MakeConstSpan(request.data() + head, kTail));
+    // Looked at before the next message overwrites the end of buffer 0.
+    ProbeLarge(*attacker, w, &seq[w]);
+    // A message 8 bytes longer than a landing buffer (into the next one of the session's, so the
+    // fabric lets it through) that ends in an authentic PUT.
+    RawClient::Request overlong = put;
+    overlong.seq = seq[w]++;
+    overlong.key = KeyOn(w, c.workers, "overlong");
+    overlong.value = "x";
+    keys.push_back(overlong.key);
+    const std::vector<uint8_t> tail = attacker->Encode(overlong);
+    std::vector<uint8_t> bytes(lb + 8, 0);
+    std::memcpy(bytes.data() + bytes.size() - tail.size(), tail.data(), tail.size());
+    land(w, 0, bytes);
+    ProbeLarge(*attacker, w, &seq[w]);
+  }
+  // Past the end of the session's landing memory (from its last buffer, 2 MiB on: whatever its
+  // size was rounded to) and from just before its start: refused by the fabric, each on a fresh QP
+  // (an RC error moves the QP to the error state).
+  const uint32_t last = c.workers - 1;
+  struct Outside {
+    const char* name;
+    uint64_t addr;
+    uint64_t length;
+  };
+  for (const Outside& o :
+       {Outside{"past the end", attacker->LandingAddress(last, c.landing_buffers - 1),
+                lb + kPastTheEnd},
+        Outside{"before the start", attacker->welcome().landing_addr - 8, 64}}) {
+    SCOPED_TRACE(o.name);
+    auto qp = attacker->NewConnectedQp(transport::QpType::kRc, attacker->welcome().large_qps[last]);
+    ASSERT_TRUE(qp.ok()) << qp.status();
+    const std::vector<uint8_t> bytes(o.length, 0xee);
+    absl::StatusOr<CompletionStatus> s = attacker->WriteWithImmThrough(
+        **qp, o.addr, rkey, LandingImmediate(own, c.landing_buffers - 1), bytes);
+    ASSERT_TRUE(s.ok()) << s.status();
+    EXPECT_EQ(*s, CompletionStatus::kRemoteAccessError) << transport::ToString(*s);
+  }
+  for (uint32_t w = 0; w < c.workers; ++w) ProbeLarge(*attacker, w, &seq[w]);
+  const Counters after = FetchCounters(server);
+  EXPECT_EQ(after.rejected - before.rejected, sent)
+      << "each landed message rejected once, and nothing from the refused WRITEs";
+  EXPECT_EQ(after.bad - before.bad, 0u);
+  EXPECT_EQ(attacker->unexpected_responses(), 0u) << "garbage was answered";
+  for (const std::string& key : keys) {
+    const RawResponse r = GetBy(*attacker, key, &seq[attacker->WorkerOf(key)]);
+    EXPECT_EQ(static_cast<Status>(r.header.status), Status::kNotFound)
+        << key << ": a PUT read from outside its message executed";
+  }
+  // A fresh client is served, large values included.
+  auto fresh = JoinVictim(server, fabric, 1);
+  ASSERT_NE(fresh, nullptr);
+  RunModelWorkload(*fresh, 200, kVictimKeys, Seed(23), /*large_values=*/true);
+}
+
+// 8.4 Protection domains and access rights. Another session's landing buffers are out of reach
+// of the attacker's large-value QP whatever the rkey (its own, the victim's real one, guesses
+// around both): WRITE_WITH_IMM, WRITE and READ all fail with a remote access error, and the
+// victim's buffer is unchanged. The logs are READable through the attacker's own session (an
+// out-of-line GET's descriptor: the item checks out) but not writable, and not through another
+// session's registration of them.
+TEST(AdversarialLarge, LandingBuffersAndLogsAreReachableOnlyAsRegistered) {
+  const std::string fabric = "adv-large-pd";
+  ServerProcess server(LargeOptions(fabric));
+  ASSERT_TRUE(server.ok());
+  auto victim = JoinVictim(server, fabric, 1);
+  auto raw_victim = JoinLargeRaw(server, fabric);  // a victim whose addresses the test knows
+  auto attacker = JoinLargeRaw(server, fabric);
+  ASSERT_NE(victim, nullptr);
+  ASSERT_NE(raw_victim, nullptr);
+  ASSERT_NE(attacker, nullptr);
+  const Config& c = attacker->config();
+  const uint32_t own_rkey = attacker->welcome().landing_rkey;
+  const uint32_t victim_rkey = raw_victim->welcome().landing_rkey;
+  std::printf("[ keys     ] attacker landing rkey 0x%x, victim's 0x%x\n", own_rkey, victim_rkey);
+  std::vector<uint64_t> seq(c.workers, 1), victim_seq(c.workers, 1);
+  std::vector<uint32_t> rkeys = {own_rkey, victim_rkey};
+  for (uint32_t k : {own_rkey, victim_rkey}) {
+    for (uint32_t guess : {k + 1, k - 1, k + (1u << transport::shm::kMrIndexShift),
+                           k - (1u << transport::shm::kMrIndexShift)}) {
+      rkeys.push_back(guess);
+    }
+  }
+  enum class Verb { kWriteWithImm, kWrite, kRead };
+  // One try on a fresh QP to the attacker's own large-value QP at `w` (an RC error moves a QP to
+  // the error state).
+  auto attempt = [&](uint32_t w, Verb verb, uint64_t addr, uint32_t rkey,
+                     uint64_t length) -> CompletionStatus {
+    auto qp = attacker->NewConnectedQp(transport::QpType::kRc, attacker->welcome().large_qps[w]);
+    EXPECT_TRUE(qp.ok()) << qp.status();
+    if (!qp.ok()) return CompletionStatus::kOtherError;
+    const std::vector<uint8_t> payload(length, 'A');
+    absl::StatusOr<CompletionStatus> s;
+    if (verb == Verb::kRead) {
+      absl::StatusOr<RawClient::ReadResult> r =
+          attacker->ReadThrough(**qp, addr, rkey, static_cast<uint32_t>(length));
+      s = r.ok() ? absl::StatusOr<CompletionStatus>(r->status) : r.status();
+    } else if (verb == Verb::kWrite) {
+      s = attacker->WriteThrough(**qp, addr, rkey, payload);
+    } else {
+      s = attacker->WriteWithImmThrough(**qp, addr, rkey,
+                                        LandingImmediate(attacker->first_client_id(), 0), payload);
+    }
+    EXPECT_TRUE(s.ok()) << s.status();
+    return s.ok() ? *s : CompletionStatus::kOtherError;
+  };
+  const char* const kVerbNames[] = {"WRITE_WITH_IMM", "WRITE", "READ"};
+  constexpr uint32_t kBytes = 4096;
+  for (uint32_t w = 0; w < c.workers; ++w) {
+    // The victim's large PUT lies in its landing buffer 0 here.
+    RawClient::Request put;
+    put.worker = w;
+    put.seq = victim_seq[w]++;
+    put.op = Op::kPut;
+    put.key = KeyOn(w, c.workers, "victim-landing");
+    put.value = LargeValue(kBytes, w);
+    put.landing = 0;
+    absl::StatusOr<RawResponse> r = raw_victim->Call(put, kCallTimeout);
+    ASSERT_TRUE(r.ok()) << r.status();
+    const uint64_t target = raw_victim->LandingAddress(w, 0);
+    absl::StatusOr<RawClient::ReadResult> before = raw_victim->Read(w, target, victim_rkey, kBytes);
+    ASSERT_TRUE(before.ok()) << before.status();
+    ASSERT_EQ(before->status, CompletionStatus::kSuccess) << "a session READs its own buffer";
+    for (uint32_t rkey : rkeys) {
+      for (Verb verb : {Verb::kWriteWithImm, Verb::kWrite, Verb::kRead}) {
+        const CompletionStatus s = attempt(w, verb, target, rkey, kBytes);
+        EXPECT_EQ(s, CompletionStatus::kRemoteAccessError)
+            << kVerbNames[static_cast<int>(verb)] << " of another session's landing buffer, rkey 0x"
+            << std::hex << rkey << ": " << transport::ToString(s);
+      }
+    }
+    absl::StatusOr<RawClient::ReadResult> after = raw_victim->Read(w, target, victim_rkey, kBytes);
+    ASSERT_TRUE(after.ok()) << after.status();
+    ASSERT_EQ(after->status, CompletionStatus::kSuccess);
+    EXPECT_TRUE(after->bytes == before->bytes) << "the victim's landing buffer changed";
+  }
+  // The logs.
+  for (uint32_t w = 0; w < c.workers; ++w) {
+    RawClient::Request put;
+    put.worker = w;
+    put.seq = seq[w]++;
+    put.op = Op::kPut;
+    put.key = KeyOn(w, c.workers, "readable");
+    put.value = LargeValue(30000, 100 + w);
+    put.landing = 0;
+    absl::StatusOr<RawResponse> stored = attacker->Call(put, kCallTimeout);
+    ASSERT_TRUE(stored.ok()) << stored.status();
+    ASSERT_EQ(static_cast<Status>(stored->header.status), Status::kOk);
+    const RawResponse got = GetBy(*attacker, put.key, &seq[w]);
+    ASSERT_EQ(static_cast<Status>(got.header.status), Status::kOk);
+    ASSERT_EQ(got.header.flags, kResponseOutOfLine);
+    EXPECT_TRUE(ReadDescribed(*attacker, put.key, got) == put.value)
+        << "the log is readable through the session's own registration";
+    ValueDescriptor d;
+    std::memcpy(&d, got.value.data(), sizeof(d));
+    for (Verb verb : {Verb::kWrite, Verb::kWriteWithImm}) {
+      const CompletionStatus s = attempt(w, verb, d.addr, d.rkey, d.length);
+      EXPECT_EQ(s, CompletionStatus::kRemoteAccessError)
+          << kVerbNames[static_cast<int>(verb)] << " into the log: " << transport::ToString(s);
+    }
+    // The raw victim's GET names the same item under its own session's rkey.
+    const RawResponse theirs = GetBy(*raw_victim, put.key, &victim_seq[w]);
+    ASSERT_EQ(static_cast<Status>(theirs.header.status), Status::kOk);
+    ASSERT_EQ(theirs.value.size(), sizeof(ValueDescriptor));
+    ValueDescriptor dv;
+    std::memcpy(&dv, theirs.value.data(), sizeof(dv));
+    EXPECT_NE(dv.rkey, d.rkey);
+    EXPECT_EQ(attempt(w, Verb::kRead, dv.addr, dv.rkey, dv.length),
+              CompletionStatus::kRemoteAccessError)
+        << "a READ through another session's registration of the log";
+    // The item is as it was.
+    EXPECT_TRUE(ReadDescribed(*attacker, put.key, GetBy(*attacker, put.key, &seq[w])) == put.value);
+  }
+  RunModelWorkload(*victim, 200, kVictimKeys, Seed(24), /*large_values=*/true);
+  for (uint32_t w = 0; w < c.workers; ++w) ProbeLarge(*attacker, w, &seq[w]);
+}
+
+// 8.5 A GET asking for a copy into a landing buffer the session does not have (past
+// landing_buffers, past 16 bits, 2^32 - 1), in a slot or landed by WRITE_WITH_IMM, is answered
+// BAD_REQUEST and copies nothing (the server counts no copy); the worker's next answers are right:
+// a copy into the session's last buffer, and an item in the log.
+TEST(AdversarialLarge, CopyToLandingNamingNoSuchBufferIsABadRequest) {
+  const std::string fabric = "adv-large-copy";
+  ServerProcess server(LargeOptions(fabric));
+  ASSERT_TRUE(server.ok());
+  auto victim = JoinVictim(server, fabric, 1);
+  auto attacker = JoinLargeRaw(server, fabric);
+  ASSERT_NE(victim, nullptr);
+  ASSERT_NE(attacker, nullptr);
+  const Config& c = attacker->config();
+  const uint32_t buffers = c.landing_buffers;
+  std::vector<uint64_t> seq(c.workers, 1);
+  std::vector<std::string> keys, values;
+  for (uint32_t w = 0; w < c.workers; ++w) {
+    RawClient::Request put;
+    put.worker = w;
+    put.seq = seq[w]++;
+    put.op = Op::kPut;
+    put.key = KeyOn(w, c.workers, "copied");
+    put.value = LargeValue(30000, 200 + w);
+    put.landing = 0;
+    absl::StatusOr<RawResponse> r = attacker->Call(put, kCallTimeout);
+    ASSERT_TRUE(r.ok()) << r.status();
+    ASSERT_EQ(static_cast<Status>(r->header.status), Status::kOk);
+    keys.push_back(put.key);
+    values.push_back(put.value);
+  }
+  const Counters before = FetchCounters(server);
+  uint64_t bad = 0;
+  for (uint32_t w = 0; w < c.workers; ++w) {
+    for (uint64_t buffer : {uint64_t{buffers}, uint64_t{buffers} + 1, uint64_t{0xffff},
+                            uint64_t{0x10000}, uint64_t{0xffffffff}}) {
+      for (const bool landed : {false, true}) {
+        SCOPED_TRACE(absl::StrFormat("worker %d, buffer %d, %s", w, buffer,
+                                     landed ? "landed" : "in a slot"));
+        RawClient::Request get;
+        get.worker = w;
+        get.seq = seq[w]++;
+        get.op = Op::kGet;
+        get.key = keys[w];
+        get.copy_to_landing = static_cast<int64_t>(buffer);
+        if (landed) get.landing = 0;
+        absl::StatusOr<RawResponse> r = attacker->Call(get, kCallTimeout);
+        ASSERT_TRUE(r.ok()) << r.status();
+        EXPECT_EQ(static_cast<Status>(r->header.status), Status::kBadRequest);
+        EXPECT_EQ(r->header.flags, 0) << "answered with a descriptor";
+        EXPECT_TRUE(r->value.empty());
+        ++bad;
+      }
+    }
+  }
+  const Counters middle = FetchCounters(server);
+  EXPECT_GE(middle.bad - before.bad, bad);  // more if a retransmission (100 ms) was answered too
+  for (uint32_t w = 0; w < c.workers; ++w) {
+    EXPECT_EQ(Moved(middle.copied_values, before.copied_values)[w], 0u) << "worker " << w;
+    EXPECT_EQ(Moved(middle.out_of_line, before.out_of_line)[w], 0u) << "worker " << w;
+  }
+  for (uint32_t w = 0; w < c.workers; ++w) {
+    const RawResponse copy = GetBy(*attacker, keys[w], &seq[w], buffers - 1);
+    ASSERT_EQ(static_cast<Status>(copy.header.status), Status::kOk);
+    EXPECT_EQ(copy.header.flags, kResponseOutOfLine | kResponseCopied);
+    ASSERT_EQ(copy.value.size(), sizeof(ValueDescriptor));
+    ValueDescriptor d;
+    std::memcpy(&d, copy.value.data(), sizeof(d));
+    EXPECT_EQ(d.addr, attacker->LandingAddress(w, buffers - 1));
+    EXPECT_EQ(d.rkey, attacker->welcome().landing_rkey);
+    EXPECT_EQ(d.length, values[w].size());
+    EXPECT_TRUE(ReadDescribed(*attacker, keys[w], copy) == values[w]);
+    const RawResponse item = GetBy(*attacker, keys[w], &seq[w]);
+    ASSERT_EQ(static_cast<Status>(item.header.status), Status::kOk);
+    EXPECT_EQ(item.header.flags, kResponseOutOfLine);
+    EXPECT_TRUE(ReadDescribed(*attacker, keys[w], item) == values[w]);
+  }
+  const Counters after = FetchCounters(server);
+  for (uint32_t w = 0; w < c.workers; ++w) {
+    EXPECT_GE(Moved(after.copied_values, middle.copied_values)[w], 1u) << "worker " << w;
+    EXPECT_GE(Moved(after.out_of_line, middle.out_of_line)[w], 1u) << "worker " << w;
+  }
+  RunModelWorkload(*victim, 200, kVictimKeys, Seed(25), /*large_values=*/true);
+}
+
+// 8.6 Fuzz: WRITE_WITH_IMMs with random immediates (the attacker's own ids, the victim's, ids
+// nobody holds, any 16 bits; buffers in range and not), random lengths up to a landing buffer,
+// random bytes, half of them ending in an authentic request of the attacker's own session with
+// random fields (some then damaged), while the victim runs a model-checked large-value workload.
+// The victim sees only right answers and no stall, and the server serves on. An immediate that
+// names no client of the attacker's session costs it the receive it took (the worker cannot tell
+// which QP to give it back to): before its large-value QPs run out, the attacker joins anew.
+TEST(AdversarialLarge, FuzzedLargePutsLeaveAnHonestLargeValueWorkloadIntact) {
+  const std::string fabric = "adv-large-fuzz";
+  constexpr int kRounds = 2000;
+  constexpr uint32_t kLargeVictimOps = 600;
+  ServerProcess server(LargeOptions(fabric));
+  ASSERT_TRUE(server.ok());
+  auto victim = JoinVictim(server, fabric, 2);
+  auto attacker = JoinLargeRaw(server, fabric, 2);
+  ASSERT_NE(victim, nullptr);
+  ASSERT_NE(attacker, nullptr);
+  const Config c = attacker->config();
+  const uint64_t lb = c.landing_bytes();
+  // The receives one attacker session may lose at a worker before it joins anew (slack for the
+  // worker's reposting lag on the others).
+  const uint32_t lose_at_most = LargeReceiveDepth(c) / 2;
+  std::mt19937_64 rng(Seed(26));
+  auto log_uniform = [&](uint64_t max) -> uint64_t {
+    const int top = 64 - __builtin_clzll(max + 1);
+    const uint64_t upper = uint64_t{1} << (rng() % top);
+    return std::min<uint64_t>(upper / 2 + rng() % (upper / 2 + 1), max);
+  };
+  std::vector<uint32_t> lost(c.workers, 0);
+  uint64_t sessions = 1, authentic = 0, foreign = 0;
+  const Counters before = FetchCounters(server);
+  VictimRun run(*victim, kLargeVictimOps, Seed(27), /*large_values=*/true);
+  for (int round = 0; round < kRounds; ++round) {
+    const uint32_t w = static_cast<uint32_t>(rng() % c.workers);
+    const uint32_t own = attacker->first_client_id();
+    uint32_t id = 0;
+    switch (rng() % 4) {
+      case 0:
+      case 1:
+        id = own + static_cast<uint32_t>(rng() % 2);
+        break;
+      case 2:
+        id = victim->first_client_id() + static_cast<uint32_t>(rng() % victim->clients());
+        break;
+      default:
+        id = static_cast<uint32_t>(rng() & 0xffff);
+        break;
+    }
+    const uint32_t buffer = rng() % 4 == 0 ? static_cast<uint32_t>(rng() & 0xffff)
+                                           : static_cast<uint32_t>(rng() % c.landing_buffers);
+    const bool ours = id == own || id == own + 1;
+    const uint64_t length = 1 + (rng() % 2 == 0 ? rng() % lb : log_uniform(lb - 1));
+    std::vector<uint8_t> bytes(length);
+    for (auto& b : bytes) b = static_cast<uint8_t>(rng());
+    if (rng() % 2 == 0) {
+      // An authentic request of the attacker's session, fields drawn at random, at the end.
+      RawClient::Request r;
+      r.client = static_cast<uint32_t>(rng() % 2);
+      r.seq = rng() % 8 == 0 ? rng() : 1 + rng() % (8 * c.window);
+      r.attempt = static_cast<uint32_t>(rng() % 3);
+      r.op = static_cast<Op>(rng() % (kOpCount + 2));
+      r.key = std::string(1 + rng() % (c.max_key_bytes + 2), '\0');
+      r.key[0] = '\xff';  // never one of the victim's keys
+      for (size_t i = 1; i < r.key.size(); ++i) r.key[i] = static_cast<char>('a' + rng() % 4);
+      const uint64_t room = lb - RequestBytes(static_cast<uint32_t>(r.key.size()), 0);
+      if (rng() % 2 == 0) r.value = std::string(log_uniform(std::min<uint64_t>(room, lb)), 'v');
+      if (rng() % 8 == 0) r.expected_version = rng() % 4;
+      if (rng() % 8 == 0) r.client_id = static_cast<int64_t>(rng() % kLargeMaxClients);
+      if (rng() % 8 == 0) r.copy_to_landing = static_cast<int64_t>(rng() % (c.landing_buffers + 2));
+      const std::vector<uint8_t> request = attacker->Encode(r);
+      if (request.size() > bytes.size()) bytes.resize(request.size());
+      std::memcpy(bytes.data() + bytes.size() - request.size(), request.data(), request.size());
+      if (rng() % 4 == 0) bytes[rng() % bytes.size()] ^= static_cast<uint8_t>(1 + rng() % 255);
+      ++authentic;
+    }
+    ASSERT_LE(bytes.size(), lb);
+    // Where the worker looks, if the immediate is the attacker's own; anywhere in its own landing
+    // memory otherwise.
+    const uint64_t addr = ours && buffer < c.landing_buffers
+                              ? attacker->LandingAddress(w, buffer)
+                              : attacker->LandingAddress(static_cast<uint32_t>(rng() % c.workers),
+                                                         rng() % c.landing_buffers);
+    absl::StatusOr<CompletionStatus> s = attacker->WriteWithImm(
+        w, addr, attacker->welcome().landing_rkey, LandingImmediate(id, buffer), bytes);
+    ASSERT_TRUE(s.ok()) << "round " << round << ": " << s.status();
+    ASSERT_EQ(*s, CompletionStatus::kSuccess)
+        << "round " << round << ": " << transport::ToString(*s);
+    // Answers to its authentic requests, if any: taken, so its receives stay posted.
+    while (attacker->Receive(absl::ZeroDuration()).ok()) {
+    }
+    if (!ours) {
+      ++foreign;
+      if (++lost[w] >= lose_at_most) {
+        attacker.reset();
+        attacker = JoinLargeRaw(server, fabric, 2);
+        ASSERT_NE(attacker, nullptr);
+        std::fill(lost.begin(), lost.end(), 0);
+        ++sessions;
+      }
+    }
+  }
+  run.Join();
+  std::vector<uint64_t> seq(c.workers, kProbeSeq);
+  for (uint32_t w = 0; w < c.workers; ++w) ProbeLarge(*attacker, w, &seq[w]);
+  const Counters after = FetchCounters(server);
+  std::printf(
+      "[ fuzz     ] %d WRITE_WITH_IMMs (%llu authentic-looking, %llu naming no client of the "
+      "attacker's), %llu attacker sessions; server: rejected +%llu, bad +%llu, dropped +%llu\n",
+      kRounds, static_cast<unsigned long long>(authentic), static_cast<unsigned long long>(foreign),
+      static_cast<unsigned long long>(sessions),
+      static_cast<unsigned long long>(after.rejected - before.rejected),
+      static_cast<unsigned long long>(after.bad - before.bad),
+      static_cast<unsigned long long>(after.dropped - before.dropped));
+  EXPECT_GE(after.rejected - before.rejected, foreign);
+  // A fresh client is served (the victim's model is done: its keys hold its last values).
+  auto fresh = JoinVictim(server, fabric, 1);
+  ASSERT_NE(fresh, nullptr);
+  const std::string value = LargeValue(kLargeValueBytes, 28);
+  ASSERT_TRUE(fresh->Put("fresh", value).ok());
+  absl::StatusOr<Value> got = fresh->Get("fresh");
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_TRUE(got->value == value);
+  // ~ServerProcess: the server must exit cleanly.
+}
 
 }  // namespace
 }  // namespace herd::testing

@@ -16,7 +16,6 @@ using util::Take;
 
 constexpr uint32_t kReceiveBuffers = 64;
 constexpr uint32_t kMaxMessageBytes = 4096;  // the shm fabric's default MTU: the largest UD SEND
-constexpr uint64_t kBufferBytes = 64 << 10;  // staging for one WR at a time
 constexpr uint32_t kQpDepth = 64;
 
 absl::StatusOr<std::unique_ptr<transport::SharedMemory>> Allocate(uint64_t bytes) {
@@ -37,6 +36,7 @@ RawClient::~RawClient() {
   // QPs and AHs before the PD, the PD before the device (the fabric CHECKs the order).
   request_qps_.clear();
   response_qps_.clear();
+  large_qps_.clear();
   ud_qp_.reset();
   worker_ahs_.clear();
   extra_ahs_.clear();
@@ -106,8 +106,15 @@ absl::Status RawClient::Handshake() {
                                                                   : transport::QpType::kUc;
       if (absl::Status s = make_qp(type, 1, &response_qps_.back()); !s.ok()) return s;
     }
+    if (c.large_values()) {
+      // As herd's client: RC, for WRITE_WITH_IMM and READ; it receives nothing.
+      large_qps_.emplace_back();
+      if (absl::Status s = make_qp(transport::QpType::kRc, 1, &large_qps_.back()); !s.ok()) {
+        return s;
+      }
+    }
   }
-  if (absl::Status s = Take(Allocate(kBufferBytes), &buffer_); !s.ok()) return s;
+  if (absl::Status s = Take(Allocate(options_.buffer_bytes), &buffer_); !s.ok()) return s;
   if (absl::Status s =
           Take(pd_->RegisterMemory(buffer_->data(), buffer_->size(), transport::kLocalWrite),
                &buffer_mr_);
@@ -129,6 +136,7 @@ absl::Status RawClient::Handshake() {
   join.ud_qkey = ud_qkey_;
   for (auto& qp : request_qps_) join.request_qps.push_back(qp->endpoint());
   for (auto& qp : response_qps_) join.response_qps.push_back(qp->endpoint());
+  for (auto& qp : large_qps_) join.large_qps.push_back(qp->endpoint());
   if (c.response_uses_slots()) {
     const uint64_t bytes =
         uint64_t{options_.clients} * c.workers * c.window * c.response_slot_bytes();
@@ -161,6 +169,10 @@ absl::Status RawClient::Handshake() {
       connect.remote = welcome_.response_qps.at(w);
       if (absl::Status s = response_qps_[w]->Connect(connect); !s.ok()) return s;
     }
+    if (!large_qps_.empty()) {
+      connect.remote = welcome_.large_qps.at(w);
+      if (absl::Status s = large_qps_[w]->Connect(connect); !s.ok()) return s;
+    }
     std::unique_ptr<transport::AddressHandle> ah;
     const transport::QpEndpoint& to = welcome_.worker_ud.at(w);
     if (absl::Status s = Take(pd_->CreateAddressHandle({to.lid, to.gid}), &ah); !s.ok()) return s;
@@ -189,12 +201,28 @@ uint64_t RawClient::SlotAddress(uint32_t client, uint32_t worker, uint32_t slot)
   return welcome_.region_addr + config_.SlotOffset(worker, client, slot);
 }
 
+uint64_t RawClient::LandingAddress(uint32_t worker, uint64_t buffer) const {
+  return welcome_.landing_addr +
+         (uint64_t{worker} * config_.landing_buffers + buffer) * config_.landing_bytes();
+}
+
+transport::QueuePair* RawClient::LargeQp(uint32_t worker) const {
+  return worker < large_qps_.size() ? large_qps_[worker].get() : nullptr;
+}
+
 absl::StatusOr<transport::CompletionStatus> RawClient::PostAndWait(
     transport::QueuePair& qp, transport::SendWr& wr, absl::Span<const uint8_t> bytes) {
   if (bytes.size() > buffer_->size()) return absl::InvalidArgumentError("message too large");
   std::memcpy(buffer_->data(), bytes.data(), bytes.size());
-  transport::Sge sge{reinterpret_cast<uint64_t>(buffer_->data()),
-                     static_cast<uint32_t>(bytes.size()), buffer_mr_->lkey()};
+  return PostAndWait(qp, wr, bytes.size());
+}
+
+absl::StatusOr<transport::CompletionStatus> RawClient::PostAndWait(transport::QueuePair& qp,
+                                                                   transport::SendWr& wr,
+                                                                   uint64_t length) {
+  if (length > buffer_->size()) return absl::InvalidArgumentError("message too large");
+  transport::Sge sge{reinterpret_cast<uint64_t>(buffer_->data()), static_cast<uint32_t>(length),
+                     buffer_mr_->lkey()};
   wr.wr_id = next_wr_id_++;
   wr.sg_list = &sge;
   wr.num_sge = 1;
@@ -227,6 +255,58 @@ absl::StatusOr<transport::CompletionStatus> RawClient::WriteThrough(
   wr.remote_addr = remote_addr;
   wr.rkey = rkey;
   return PostAndWait(qp, wr, bytes);
+}
+
+absl::StatusOr<transport::CompletionStatus> RawClient::WriteWithImm(
+    uint32_t worker, uint64_t remote_addr, uint32_t rkey, uint32_t imm,
+    absl::Span<const uint8_t> bytes) {
+  transport::QueuePair* qp = LargeQp(worker);
+  if (qp == nullptr) return absl::InvalidArgumentError("no large-value QP");
+  return WriteWithImmThrough(*qp, remote_addr, rkey, imm, bytes);
+}
+
+absl::StatusOr<transport::CompletionStatus> RawClient::WriteWithImmThrough(
+    transport::QueuePair& qp, uint64_t remote_addr, uint32_t rkey, uint32_t imm,
+    absl::Span<const uint8_t> bytes) {
+  transport::SendWr wr;
+  wr.opcode = transport::Opcode::kWriteWithImm;
+  wr.remote_addr = remote_addr;
+  wr.rkey = rkey;
+  wr.imm_data = imm;
+  return PostAndWait(qp, wr, bytes);
+}
+
+absl::StatusOr<transport::CompletionStatus> RawClient::WriteLarge(uint32_t worker,
+                                                                  uint64_t remote_addr,
+                                                                  uint32_t rkey,
+                                                                  absl::Span<const uint8_t> bytes) {
+  transport::QueuePair* qp = LargeQp(worker);
+  if (qp == nullptr) return absl::InvalidArgumentError("no large-value QP");
+  return WriteThrough(*qp, remote_addr, rkey, bytes);
+}
+
+absl::StatusOr<RawClient::ReadResult> RawClient::Read(uint32_t worker, uint64_t remote_addr,
+                                                      uint32_t rkey, uint32_t length) {
+  transport::QueuePair* qp = LargeQp(worker);
+  if (qp == nullptr) return absl::InvalidArgumentError("no large-value QP");
+  return ReadThrough(*qp, remote_addr, rkey, length);
+}
+
+absl::StatusOr<RawClient::ReadResult> RawClient::ReadThrough(transport::QueuePair& qp,
+                                                             uint64_t remote_addr, uint32_t rkey,
+                                                             uint32_t length) {
+  transport::SendWr wr;
+  wr.opcode = transport::Opcode::kRead;
+  wr.remote_addr = remote_addr;
+  wr.rkey = rkey;
+  absl::StatusOr<transport::CompletionStatus> status = PostAndWait(qp, wr, length);
+  if (!status.ok()) return status.status();
+  ReadResult out;
+  out.status = *status;
+  if (out.status == transport::CompletionStatus::kSuccess) {
+    out.bytes.assign(reinterpret_cast<const char*>(buffer_->data()), length);
+  }
+  return out;
 }
 
 absl::StatusOr<transport::CompletionStatus> RawClient::SendUd(const transport::QpEndpoint& to,
@@ -265,12 +345,24 @@ std::vector<uint8_t> RawClient::Encode(const Request& r) const {
   header.attempt = r.attempt;
   header.seq = r.seq;
   std::vector<uint8_t> bytes(RequestBytes(header.key_bytes, header.value_bytes));
-  EncodeRequest(header, r.key, r.value, r.secret != 0 ? r.secret : welcome_.secret, bytes.data());
+  const uint64_t secret = r.secret != 0 ? r.secret : welcome_.secret;
+  EncodeRequest(header, r.key, r.value, secret, bytes.data());
+  if (r.copy_to_landing >= 0) {
+    SetRequestCopyToLanding(static_cast<uint32_t>(r.copy_to_landing), secret, bytes.data(),
+                            static_cast<uint32_t>(bytes.size()));
+  }
   return bytes;
 }
 
 absl::StatusOr<transport::CompletionStatus> RawClient::Send(const Request& request) {
   const std::vector<uint8_t> bytes = Encode(request);
+  sent_.emplace(welcome_.first_client_id + request.client, request.seq);
+  if (request.landing >= 0) {
+    const auto landing = static_cast<uint32_t>(request.landing);
+    return WriteWithImm(
+        request.worker, LandingAddress(request.worker, landing), welcome_.landing_rkey,
+        LandingImmediate(welcome_.first_client_id + request.client, landing), bytes);
+  }
   if (!config_.request_uses_slots()) {
     return SendUd(welcome_.worker_ud[request.worker], kQkey, bytes);
   }
@@ -320,7 +412,9 @@ absl::StatusOr<RawResponse> RawClient::Call(const Request& request, absl::Durati
     const absl::Time retransmit = std::min(give_up, absl::Now() + kRetransmitAfter);
     while (absl::Now() < retransmit) {
       absl::StatusOr<RawResponse> r = Receive(retransmit - absl::Now());
-      if (r.ok() && r->header.seq == request.seq && r->header.client_id == client_id) return r;
+      if (!r.ok()) continue;
+      if (r->header.seq == request.seq && r->header.client_id == client_id) return r;
+      if (!sent_.contains({r->header.client_id, r->header.seq})) ++unexpected_responses_;
     }
     ++send.attempt;
   }

@@ -1,17 +1,22 @@
 // A hostile herd client for the adversarial suite. It joins with herd's own control messages
 // (Hello -> ServerConfig -> Join -> Welcome) and its own transport objects, so afterwards it holds
 // real request QPs connected to its session's server QPs, a UD QP, and the welcome (its region
-// address, rkey and secret, the workers' UD endpoints and response QP numbers). From there it can
-// post ANY work request: WRITEs of any bytes to any address under any rkey, UD SENDs of any bytes
-// to any QP under any qkey, and authentic requests of its own session built by hand.
+// address, rkey and secret, the workers' UD endpoints and response QP numbers). When the server
+// has large values (Config::large_values()) it also holds one RC large-value QP per worker,
+// connected to its session's, and the welcome names its landing buffers. From there it can post
+// ANY work request: WRITEs and WRITE_WITH_IMMs of any bytes to any address under any rkey with any
+// immediate, READs of any address, UD SENDs of any bytes to any QP under any qkey, and authentic
+// requests of its own session built by hand.
 #ifndef HERD_TESTS_HERD_RAW_CLIENT_H_
 #define HERD_TESTS_HERD_RAW_CLIENT_H_
 
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <set>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -32,6 +37,9 @@ struct RawClientOptions {
   uint32_t clients = 1;
   uint32_t delay_us = 0;  // > 0: the asynchronous shm fabric
   absl::Duration timeout = absl::Seconds(10);
+  // Local staging for one WR's bytes (a WRITE's source, a READ's destination): room for a
+  // landing buffer's worth and then some, for WRITEs past a landing buffer's end.
+  uint64_t buffer_bytes = 64 << 10;
   // Rewrites the (honest) join before it is sent: wrong QP lists, controlled qkeys, garbage GIDs.
   std::function<void(Join&)> tamper;
 };
@@ -67,6 +75,34 @@ class RawClient {
   // completion; returns the completion's status (RC: kRemoteAccessError where it may not write).
   absl::StatusOr<transport::CompletionStatus> Write(uint32_t worker, uint64_t remote_addr,
                                                     uint32_t rkey, absl::Span<const uint8_t> bytes);
+  // Posts one signalled WRITE_WITH_IMM of `bytes` with immediate `imm` through the large-value QP
+  // to `worker` (Config::large_values()) and waits for its completion.
+  absl::StatusOr<transport::CompletionStatus> WriteWithImm(uint32_t worker, uint64_t remote_addr,
+                                                           uint32_t rkey, uint32_t imm,
+                                                           absl::Span<const uint8_t> bytes);
+  // The same through `qp` (one of NewConnectedQp's, e.g. a fresh one to the session's large QP).
+  absl::StatusOr<transport::CompletionStatus> WriteWithImmThrough(transport::QueuePair& qp,
+                                                                  uint64_t remote_addr,
+                                                                  uint32_t rkey, uint32_t imm,
+                                                                  absl::Span<const uint8_t> bytes);
+  // Posts one signalled READ of `length` bytes and waits for it; `bytes` holds what it read
+  // when the status is kSuccess.
+  struct ReadResult {
+    transport::CompletionStatus status = transport::CompletionStatus::kSuccess;
+    std::string bytes;
+  };
+  // Through the large-value QP to `worker`.
+  absl::StatusOr<ReadResult> Read(uint32_t worker, uint64_t remote_addr, uint32_t rkey,
+                                  uint32_t length);
+  absl::StatusOr<ReadResult> ReadThrough(transport::QueuePair& qp, uint64_t remote_addr,
+                                         uint32_t rkey, uint32_t length);
+  // A plain WRITE through the large-value QP to `worker`.
+  absl::StatusOr<transport::CompletionStatus> WriteLarge(uint32_t worker, uint64_t remote_addr,
+                                                         uint32_t rkey,
+                                                         absl::Span<const uint8_t> bytes);
+  // Server address of landing buffer `buffer` at `worker` (the welcome's landing_addr, laid out
+  // [worker][landing_buffers] x Config::landing_bytes()); not bounds-checked.
+  uint64_t LandingAddress(uint32_t worker, uint64_t buffer) const;
   // Posts one signalled UD SEND of `bytes` from the UD QP to `to` under `qkey`; waits for it.
   absl::StatusOr<transport::CompletionStatus> SendUd(const transport::QpEndpoint& to, uint32_t qkey,
                                                      absl::Span<const uint8_t> bytes);
@@ -84,10 +120,17 @@ class RawClient {
     uint64_t expected_version = 0;
     int64_t client_id = -1;  // -1: first_client_id() + client
     uint64_t secret = 0;     // 0: the session's
+    // >= 0: a GET that asks for its value to be copied into this landing buffer
+    // (kRequestCopyToLanding; any index, in range or not).
+    int64_t copy_to_landing = -1;
+    // >= 0: sent as a large request: a WRITE_WITH_IMM of the whole request to the start of this
+    // landing buffer at `worker`, immediate LandingImmediate(session id of `client`, landing).
+    int32_t landing = -1;
   };
   std::vector<uint8_t> Encode(const Request& request) const;
   // Sends `request` as this session's QPs would: an end-aligned WRITE into its own slot
-  // (seq % window) with its own rkey, or a UD SEND to the worker under kQkey.
+  // (seq % window) with its own rkey, or a UD SEND to the worker under kQkey; with `landing` set,
+  // a WRITE_WITH_IMM into that landing buffer.
   absl::StatusOr<transport::CompletionStatus> Send(const Request& request);
 
   // Waits up to `timeout` for the next UD response on the UD QP (kDeadlineExceeded when none).
@@ -97,6 +140,10 @@ class RawClient {
   // kDeadlineExceeded when none came within `timeout`.
   absl::StatusOr<RawResponse> Call(const Request& request,
                                    absl::Duration timeout = absl::Seconds(10));
+  // Responses Call received that answer nothing Send ever sent (no (client id, seq) of a request
+  // this client sent): answers to bytes it wrote by hand. A late answer to an earlier Call's
+  // retransmission is not counted.
+  uint64_t unexpected_responses() const { return unexpected_responses_; }
 
   // Creates another QP of `type` in this client's PD, connected to `remote` (RC/UC): a fresh
   // attacker QP once an RC one went to the error state. Destroy it before this client.
@@ -110,9 +157,14 @@ class RawClient {
  private:
   explicit RawClient(const RawClientOptions& options) : options_(options) {}
   absl::Status Handshake();
+  // Posts `wr` (one SGE over the staging buffer: `bytes` copied in, or `length` bytes to read
+  // into) and waits for its completion.
   absl::StatusOr<transport::CompletionStatus> PostAndWait(transport::QueuePair& qp,
                                                           transport::SendWr& wr,
                                                           absl::Span<const uint8_t> bytes);
+  absl::StatusOr<transport::CompletionStatus> PostAndWait(transport::QueuePair& qp,
+                                                          transport::SendWr& wr, uint64_t length);
+  transport::QueuePair* LargeQp(uint32_t worker) const;
   void RepostReceive(uint64_t buffer);
 
   const RawClientOptions options_;
@@ -124,12 +176,14 @@ class RawClient {
   std::unique_ptr<transport::ProtectionDomain> pd_;
   std::unique_ptr<transport::CompletionQueue> send_cq_, recv_cq_;
   std::unique_ptr<transport::QueuePair> ud_qp_;
-  std::vector<std::unique_ptr<transport::QueuePair>> request_qps_, response_qps_;
+  std::vector<std::unique_ptr<transport::QueuePair>> request_qps_, response_qps_, large_qps_;
   std::vector<std::unique_ptr<transport::AddressHandle>> worker_ahs_;
   std::unique_ptr<transport::SharedMemory> buffer_, receives_, responses_;
   std::unique_ptr<transport::MemoryRegion> buffer_mr_, receives_mr_, responses_mr_;
   std::vector<std::unique_ptr<transport::AddressHandle>> extra_ahs_;
   uint64_t next_wr_id_ = 1;
+  std::set<std::pair<uint32_t, uint64_t>> sent_;  // (client id answered, seq) of every Send
+  uint64_t unexpected_responses_ = 0;
 };
 
 }  // namespace herd::testing
