@@ -213,6 +213,12 @@ uint32_t Worker::GatherFromLanding(uint32_t count) {
   const uint64_t landing_bytes = config_.landing_bytes();
   for (uint32_t i = 0; i < got; ++i) {
     const transport::Completion& c = imm_completions_[i];
+    if (c.status != transport::CompletionStatus::kSuccess) {
+      // A flushed receive of a QP in the error state (its immediate means nothing): nothing to
+      // repost on a dead QP.
+      counters_.rejected.Add();
+      continue;
+    }
     // The immediate names a client of the session and one of its landing buffers here; both
     // are checked against the QP the WRITE came through (hostile input, as every byte is).
     const uint32_t client = c.imm_data >> kLandingBufferBits;
@@ -229,8 +235,7 @@ uint32_t Worker::GatherFromLanding(uint32_t count) {
     if (absl::Status s = route->large_qp->PostRecv(&wr, &bad); !s.ok()) {
       LOG_EVERY_N(ERROR, 1000) << "worker " << index_ << ": re-posting a large receive: " << s;
     }
-    if (c.status != transport::CompletionStatus::kSuccess || !c.has_imm ||
-        buffer >= config_.landing_buffers || c.byte_len < kRequestHeaderBytes ||
+    if (!c.has_imm || buffer >= config_.landing_buffers || c.byte_len < kRequestHeaderBytes ||
         c.byte_len > landing_bytes) {
       counters_.rejected.Add();
       continue;

@@ -223,12 +223,13 @@ TEST_P(ForeignSlotWrites, NeverLand) {
       EXPECT_TRUE(s.ok()) << s.status();
       return s.ok() ? *s : CompletionStatus::kOtherError;
     }
-    // RC: a refused WRITE puts the QP in error; each try gets a fresh QP to the session's own.
-    auto qp =
-        attacker->NewConnectedQp(transport::QpType::kRc, attacker->welcome().request_qps[worker]);
-    EXPECT_TRUE(qp.ok()) << qp.status();
-    if (!qp.ok()) return CompletionStatus::kOtherError;
-    absl::StatusOr<CompletionStatus> s = attacker->WriteThrough(**qp, addr, rkey, bytes);
+    // RC: a refused WRITE puts the QP in error, and the fabric (as a NIC) accepts nothing from a
+    // QP the server's end is not connected to: each try joins a session of its own, whose QPs
+    // are connected, and attacks from there (any session's QP is an attacker's).
+    auto fresh = JoinRaw(server, fabric, 1, delay_us);
+    EXPECT_NE(fresh, nullptr);
+    if (fresh == nullptr) return CompletionStatus::kOtherError;
+    absl::StatusOr<CompletionStatus> s = fresh->Write(worker, addr, rkey, bytes);
     EXPECT_TRUE(s.ok()) << s.status();
     return s.ok() ? *s : CompletionStatus::kOtherError;
   };
@@ -1409,25 +1410,26 @@ TEST(AdversarialLarge, GarbageInLandingBuffersIsRejectedAndWritesPastThemFail) {
     land(w, 0, bytes);
     ProbeLarge(*attacker, w, &seq[w]);
   }
-  // Past the end of the session's landing memory (from its last buffer, 2 MiB on: whatever its
-  // size was rounded to) and from just before its start: refused by the fabric, each on a fresh QP
-  // (an RC error moves the QP to the error state).
+  // Past the end of a session's landing memory (from its last buffer, 2 MiB on: whatever its
+  // size was rounded to) and from just before its start: refused by the fabric. Each from a
+  // session of its own (an RC error moves its QP to the error state), at its own landing memory.
   const uint32_t last = c.workers - 1;
   struct Outside {
     const char* name;
-    uint64_t addr;
+    uint64_t buffer;  // from the start of this landing buffer, or (0) before the memory's start
     uint64_t length;
   };
-  for (const Outside& o :
-       {Outside{"past the end", attacker->LandingAddress(last, c.landing_buffers - 1),
-                lb + kPastTheEnd},
-        Outside{"before the start", attacker->welcome().landing_addr - 8, 64}}) {
+  for (const Outside& o : {Outside{"past the end", c.landing_buffers - 1, lb + kPastTheEnd},
+                           Outside{"before the start", 0, 64}}) {
     SCOPED_TRACE(o.name);
-    auto qp = attacker->NewConnectedQp(transport::QpType::kRc, attacker->welcome().large_qps[last]);
-    ASSERT_TRUE(qp.ok()) << qp.status();
+    auto fresh = JoinLargeRaw(server, fabric);
+    ASSERT_NE(fresh, nullptr);
+    const uint64_t addr =
+        o.buffer == 0 ? fresh->welcome().landing_addr - 8 : fresh->LandingAddress(last, o.buffer);
     const std::vector<uint8_t> bytes(o.length, 0xee);
-    absl::StatusOr<CompletionStatus> s = attacker->WriteWithImmThrough(
-        **qp, o.addr, rkey, LandingImmediate(own, c.landing_buffers - 1), bytes);
+    absl::StatusOr<CompletionStatus> s = fresh->WriteWithImm(
+        last, addr, fresh->welcome().landing_rkey,
+        LandingImmediate(fresh->first_client_id(), c.landing_buffers - 1), bytes);
     ASSERT_TRUE(s.ok()) << s.status();
     EXPECT_EQ(*s, CompletionStatus::kRemoteAccessError) << transport::ToString(*s);
   }
@@ -1477,24 +1479,25 @@ TEST(AdversarialLarge, LandingBuffersAndLogsAreReachableOnlyAsRegistered) {
     }
   }
   enum class Verb { kWriteWithImm, kWrite, kRead };
-  // One try on a fresh QP to the attacker's own large-value QP at `w` (an RC error moves a QP to
-  // the error state).
+  // One try from a session of its own (an RC error moves its QP to the error state, and the
+  // fabric accepts nothing from a QP the server's end is not connected to), through its own
+  // large-value QP at `w`.
   auto attempt = [&](uint32_t w, Verb verb, uint64_t addr, uint32_t rkey,
                      uint64_t length) -> CompletionStatus {
-    auto qp = attacker->NewConnectedQp(transport::QpType::kRc, attacker->welcome().large_qps[w]);
-    EXPECT_TRUE(qp.ok()) << qp.status();
-    if (!qp.ok()) return CompletionStatus::kOtherError;
+    auto fresh = JoinLargeRaw(server, fabric);
+    EXPECT_NE(fresh, nullptr);
+    if (fresh == nullptr) return CompletionStatus::kOtherError;
     const std::vector<uint8_t> payload(length, 'A');
     absl::StatusOr<CompletionStatus> s;
     if (verb == Verb::kRead) {
       absl::StatusOr<RawClient::ReadResult> r =
-          attacker->ReadThrough(**qp, addr, rkey, static_cast<uint32_t>(length));
+          fresh->Read(w, addr, rkey, static_cast<uint32_t>(length));
       s = r.ok() ? absl::StatusOr<CompletionStatus>(r->status) : r.status();
     } else if (verb == Verb::kWrite) {
-      s = attacker->WriteThrough(**qp, addr, rkey, payload);
+      s = fresh->WriteLarge(w, addr, rkey, payload);
     } else {
-      s = attacker->WriteWithImmThrough(**qp, addr, rkey,
-                                        LandingImmediate(attacker->first_client_id(), 0), payload);
+      s = fresh->WriteWithImm(w, addr, rkey, LandingImmediate(fresh->first_client_id(), 0),
+                              payload);
     }
     EXPECT_TRUE(s.ok()) << s.status();
     return s.ok() ? *s : CompletionStatus::kOtherError;

@@ -352,4 +352,48 @@ TEST_F(HostileMrEntry, ABadLayoutIsARemoteAccessError) {
 }
 
 }  // namespace
+// ---------------------------------------------------------------- connections
+// A connected QP accepts only the QP it is connected to (as a NIC checks a packet against its
+// connection): a third QP that connects itself to it, knowing its number and an rkey, reaches
+// nothing. RC: the sender's WR fails (no such connection, as a NIC's retries run out); UC: the
+// message is lost.
+TEST(ShmConnections, AQpAcceptsOnlyThePeerItIsConnectedTo) {
+  for (const QpType type : {QpType::kRc, QpType::kUc}) {
+    SCOPED_TRACE(ToString(type));
+    auto a = MakeNode("shm");
+    auto b = MakeNode("shm");
+    auto c = MakeNode("shm");
+    ASSERT_TRUE(a && b && c);
+    auto qa = MakeQp(*a, type);
+    auto qb = MakeQp(*b, type);
+    ConnectPair(*qa, *qb);
+    auto intruder = MakeQp(*c, type);
+    ConnectConfig to_b;
+    to_b.remote = qb->endpoint();
+    ASSERT_TRUE(intruder->Connect(to_b).ok());  // one-sided: qb is not connected to it
+    auto write = [&](Node& from, QueuePair& qp, const char* bytes) {
+      std::memcpy(from.bytes(), bytes, 8);
+      Sge sge = from.sge(0, 8);
+      SendWr wr;
+      wr.sg_list = &sge;
+      wr.num_sge = 1;
+      wr.opcode = Opcode::kWrite;
+      wr.flags = kSignaled;
+      wr.remote_addr = b->addr(64);
+      wr.rkey = b->mr->rkey();
+      EXPECT_TRUE(Post(qp, wr).ok());
+      std::vector<Completion> done = PollN(*from.send_cq, 1);
+      EXPECT_EQ(done.size(), 1u);
+      return done.empty() ? CompletionStatus::kOtherError : done[0].status;
+    };
+    ASSERT_EQ(write(*a, *qa, "from a.."), CompletionStatus::kSuccess);
+    EXPECT_EQ(std::memcmp(b->bytes() + 64, "from a..", 8), 0);
+    const CompletionStatus s = write(*c, *intruder, "intruder");
+    if (type == QpType::kRc) {
+      EXPECT_EQ(s, CompletionStatus::kRetryExceeded) << ToString(s);
+    }
+    EXPECT_EQ(std::memcmp(b->bytes() + 64, "from a..", 8), 0) << "the intruder's WRITE landed";
+  }
+}
+
 }  // namespace transport::testing

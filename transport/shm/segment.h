@@ -20,7 +20,7 @@ namespace transport::shm {
 
 inline constexpr uint64_t kSegmentMagic = 0x6865726473686d31ULL;  // "herdshm1"
 // The layout below; a peer with another version is refused (bump on any layout change).
-inline constexpr uint32_t kSegmentVersion = 4;
+inline constexpr uint32_t kSegmentVersion = 5;
 // Virtual size of a segment; memfd pages are allocated only when touched.
 inline constexpr uint64_t kSegmentBytes = uint64_t{256} << 20;
 inline constexpr uint32_t kMaxMrs = 4096;  // registered regions per device
@@ -132,6 +132,13 @@ struct QpEntry {
   // poller racing the QP's destruction writes into a table entry (and its generation check makes
   // a reused entry ignore it), never into freed memory.
   std::atomic<uint64_t> retired;
+  // RC and UC: the one QP this one is connected to (its number, and its device's pid and segment
+  // descriptor), written at Connect. A sender whose QP and device are not these is refused, as a
+  // NIC refuses packets of another connection: knowing a QP number and an rkey is not enough.
+  uint32_t remote_qpn;
+  int32_t remote_pid;
+  int32_t remote_fd;
+  uint32_t reserved2;
 };
 inline constexpr int kRetiredCountBits = 52;
 inline constexpr uint64_t kRetiredCountMask = (uint64_t{1} << kRetiredCountBits) - 1;

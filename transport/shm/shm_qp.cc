@@ -158,6 +158,9 @@ absl::Status ShmQp::Connect(const ConnectConfig& config) {
                                                  config.remote.qp_num, ToString(config_.type)));
     }
     connected_peer_ = *std::move(peer);
+    entry_->remote_qpn = config.remote.qp_num;
+    entry_->remote_pid = address.pid;
+    entry_->remote_fd = address.fd;
   }
   entry_->qkey = config.qkey;
   entry_->state.store(static_cast<uint8_t>(QpState::kRts), std::memory_order_release);
@@ -442,7 +445,17 @@ void ShmQp::DisorderedCopy(uint8_t* dst, const SendWr& wr, uint64_t length) {
 QpEntry* ShmQp::Responder(Peer& peer) const {
   const uint32_t qpn = connect_.remote.qp_num;
   QpEntry& entry = peer.header()->qps[qpn & ((1u << kQpIndexBits) - 1)];
-  return entry.qp_num.load(std::memory_order_acquire) == qpn ? &entry : nullptr;
+  return entry.qp_num.load(std::memory_order_acquire) == qpn && ConnectedToUs(entry) ? &entry
+                                                                                     : nullptr;
+}
+
+bool ShmQp::ConnectedToUs(const QpEntry& entry) const {
+  // The peer may be rewriting its entry: one relaxed read of each field.
+  const ShmAddress self = device_->segment().address();
+  auto& e = const_cast<QpEntry&>(entry);  // atomic_ref needs a mutable object; only loads here
+  return std::atomic_ref<uint32_t>(e.remote_qpn).load(std::memory_order_relaxed) == number() &&
+         std::atomic_ref<int32_t>(e.remote_pid).load(std::memory_order_relaxed) == self.pid &&
+         std::atomic_ref<int32_t>(e.remote_fd).load(std::memory_order_relaxed) == self.fd;
 }
 
 CompletionStatus ShmQp::RdmaWrite(Peer& peer, QpEntry& responder, const SendWr& wr) {
@@ -478,7 +491,8 @@ std::optional<CompletionStatus> ShmQp::Deliver(Peer& peer, uint32_t dst_qpn, con
     return CompletionStatus::kSuccess;
   };
   if (dst.qp_num.load(std::memory_order_acquire) != dst_qpn || dst_state == QpState::kError ||
-      dst_state == QpState::kReset || dst.type != static_cast<uint8_t>(config_.type)) {
+      dst_state == QpState::kReset || dst.type != static_cast<uint8_t>(config_.type) ||
+      (config_.type != QpType::kUd && !ConnectedToUs(dst))) {
     return reliable ? CompletionStatus::kRetryExceeded : drop();
   }
   const uint64_t length = TotalLength(wr);

@@ -94,6 +94,8 @@ class ShmQp : public QueuePair {
   // Fault injection: lands a WRITE's bytes at `dst` out of order and partly twice (see
   // FaultOptions::write_disorder).
   void DisorderedCopy(uint8_t* dst, const SendWr& wr, uint64_t length);
+  // RC/UC: whether `entry` (a peer's QP) is connected to this QP of this device.
+  bool ConnectedToUs(const QpEntry& entry) const;
 
   void SyncCounters() const override;
   // This QP's own messages lost silently (the outbound half of counters().dropped).
