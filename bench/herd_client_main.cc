@@ -131,6 +131,8 @@ void RunThread(uint32_t t, const herd::ClientOptions& options, const bench::Work
   std::vector<Next> pending(client.clients());
   for (auto& p : pending) p = Next{workload.NextKey(), ToOp(workload.NextOp())};
   uint64_t stamp = 1;
+  herd::ClientStats at_start, at_end;
+  bool window_started = false, window_ended = false;
   while (!shared.stop.load(std::memory_order_relaxed)) {
     for (uint32_t c = 0; c < client.clients(); ++c) {
       Next& p = pending[c];
@@ -156,8 +158,17 @@ void RunThread(uint32_t t, const herd::ClientOptions& options, const bench::Work
       shared.stop = true;
       break;
     }
+    // The counters of the measured window only (not the preload's or the warm-up's).
+    const bool measuring = shared.measuring.load(std::memory_order_relaxed);
+    if (measuring && !window_started) {
+      at_start = client.stats();
+      window_started = true;
+    } else if (!measuring && window_started && !window_ended) {
+      at_end = client.stats();
+      window_ended = true;
+    }
     if (got == 0) continue;
-    if (shared.measuring.load(std::memory_order_relaxed)) {
+    if (measuring) {
       for (size_t i = 0; i < got; ++i) {
         out->latency.Record(results[i].latency_ns);
         ++out->worker_ops[results[i].worker];
@@ -170,7 +181,13 @@ void RunThread(uint32_t t, const herd::ClientOptions& options, const bench::Work
     }
     shared.progress[t].fetch_add(got, std::memory_order_relaxed);
   }
-  out->stats = client.stats();
+  if (!window_ended) at_end = client.stats();
+  out->stats = at_end;
+  out->stats.fabric = at_end.fabric.Since(at_start.fabric);
+  out->stats.large_puts -= at_start.large_puts;
+  out->stats.out_of_line_gets -= at_start.out_of_line_gets;
+  out->stats.item_rereads -= at_start.item_rereads;
+  out->stats.copied_gets -= at_start.copied_gets;
 }
 
 }  // namespace
@@ -275,6 +292,10 @@ int main(int argc, char** argv) {
     total.send_failed += r.stats.send_failed;
     total.stray += r.stats.stray;
     total.torn += r.stats.torn;
+    total.large_puts += r.stats.large_puts;
+    total.out_of_line_gets += r.stats.out_of_line_gets;
+    total.item_rereads += r.stats.item_rereads;
+    total.copied_gets += r.stats.copied_gets;
     total.retry_timeout = std::max(total.retry_timeout, r.stats.retry_timeout);
     total.fabric.Add(r.stats.fabric);
   }
@@ -303,6 +324,7 @@ int main(int argc, char** argv) {
       "us\":%.2f,"
       "\"p999_us\":%.2f,\"max_us\":%.2f,\"retransmissions\":%d,\"timed_out\":%d,"
       "\"send_failed\":%d,\"stray\":%d,\"torn\":%d,\"retry_timeout_us\":%.1f,"
+      "\"large_puts\":%d,\"out_of_line_gets\":%d,\"item_rereads\":%d,\"copied_gets\":%d,"
       "\"client_wrs\":%d,\"wrs_per_op\":%.3f,\"payload_bytes_per_op\":%.1f,"
       "\"doorbells_per_wr\":%.3f,\"requests_per_doorbell\":%.2f,\"signaled_"
       "fraction\":%.4f,"
@@ -314,6 +336,7 @@ int main(int argc, char** argv) {
       absl::StrJoin(per_worker, ","), latency.Quantile(0.5) / 1e3, latency.Quantile(0.99) / 1e3,
       latency.Quantile(0.999) / 1e3, latency.max() / 1e3, total.retransmissions, total.timed_out,
       total.send_failed, total.stray, total.torn, absl::ToDoubleMicroseconds(total.retry_timeout),
+      total.large_puts, total.out_of_line_gets, total.item_rereads, total.copied_gets,
       total.fabric.wrs, ops == 0 ? 0.0 : static_cast<double>(total.fabric.wrs) / ops,
       ops == 0 ? 0.0 : static_cast<double>(total.fabric.bytes) / ops,
       total.fabric.doorbells * per_op,

@@ -272,6 +272,22 @@ void CounterSnapshot::Add(const CounterSnapshot& other) {
   cq_overruns += other.cq_overruns;
 }
 
+CounterSnapshot CounterSnapshot::Since(const CounterSnapshot& earlier) const {
+  CounterSnapshot d;
+  d.doorbells = doorbells - earlier.doorbells;
+  d.wrs = wrs - earlier.wrs;
+  d.signaled_wrs = signaled_wrs - earlier.signaled_wrs;
+  d.inline_wrs = inline_wrs - earlier.inline_wrs;
+  d.bytes = bytes - earlier.bytes;
+  d.recv_wrs = recv_wrs - earlier.recv_wrs;
+  d.dropped = dropped - earlier.dropped;
+  d.polls = polls - earlier.polls;
+  d.empty_polls = empty_polls - earlier.empty_polls;
+  d.completions = completions - earlier.completions;
+  d.cq_overruns = cq_overruns - earlier.cq_overruns;
+  return d;
+}
+
 std::string CounterSnapshot::ToJson() const {
   return absl::StrFormat(
       "{\"doorbells\":%d,\"wrs\":%d,\"signaled_wrs\":%d,\"inline_wrs\":%d,\"bytes\":%d,"

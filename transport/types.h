@@ -200,6 +200,8 @@ struct CounterSnapshot {
   void Add(const QpCounters& qp);
   void Add(const CqCounters& cq);
   void Add(const CounterSnapshot& other);
+  // What was counted after `earlier` (a snapshot of the same counters taken before).
+  CounterSnapshot Since(const CounterSnapshot& earlier) const;
   std::string ToJson() const;
 };
 
