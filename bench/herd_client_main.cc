@@ -53,8 +53,29 @@ struct ThreadResult {
   std::array<uint64_t, herd::kMaxWorkers> worker_ops{};  // answered by each worker
   bench::Histogram latency;
   herd::ClientStats stats;
+  // The fabric's counters over the measured window only (the per-op ratios divide them by
+  // `ops`, which counts that window): stats.fabric also holds the preload and the warm-up.
+  transport::CounterSnapshot measured_fabric;
   absl::Status status;
 };
+
+// What `end` counted since `start`, counter by counter.
+transport::CounterSnapshot Since(const transport::CounterSnapshot& start,
+                                 const transport::CounterSnapshot& end) {
+  transport::CounterSnapshot d;
+  d.doorbells = end.doorbells - start.doorbells;
+  d.wrs = end.wrs - start.wrs;
+  d.signaled_wrs = end.signaled_wrs - start.signaled_wrs;
+  d.inline_wrs = end.inline_wrs - start.inline_wrs;
+  d.bytes = end.bytes - start.bytes;
+  d.recv_wrs = end.recv_wrs - start.recv_wrs;
+  d.dropped = end.dropped - start.dropped;
+  d.polls = end.polls - start.polls;
+  d.empty_polls = end.empty_polls - start.empty_polls;
+  d.completions = end.completions - start.completions;
+  d.cq_overruns = end.cq_overruns - start.cq_overruns;
+  return d;
+}
 
 struct Shared {
   std::atomic<bool> measuring{false}, stop{false};
@@ -131,6 +152,10 @@ void RunThread(uint32_t t, const herd::ClientOptions& options, const bench::Work
   std::vector<Next> pending(client.clients());
   for (auto& p : pending) p = Next{workload.NextKey(), ToOp(workload.NextOp())};
   uint64_t stamp = 1;
+  // The fabric's counters when this thread first saw the measured window open, and when it saw
+  // it close (the same view of the window that decides which completions count in `ops`).
+  bool window_open = false, window_closed = false;
+  transport::CounterSnapshot window_start;
   while (!shared.stop.load(std::memory_order_relaxed)) {
     for (uint32_t c = 0; c < client.clients(); ++c) {
       Next& p = pending[c];
@@ -156,8 +181,16 @@ void RunThread(uint32_t t, const herd::ClientOptions& options, const bench::Work
       shared.stop = true;
       break;
     }
+    const bool measuring = shared.measuring.load(std::memory_order_relaxed);
+    if (measuring && !window_open) {
+      window_open = true;
+      window_start = client.stats().fabric;
+    } else if (!measuring && window_open && !window_closed) {
+      window_closed = true;
+      out->measured_fabric = Since(window_start, client.stats().fabric);
+    }
     if (got == 0) continue;
-    if (shared.measuring.load(std::memory_order_relaxed)) {
+    if (measuring) {
       for (size_t i = 0; i < got; ++i) {
         out->latency.Record(results[i].latency_ns);
         ++out->worker_ops[results[i].worker];
@@ -171,6 +204,7 @@ void RunThread(uint32_t t, const herd::ClientOptions& options, const bench::Work
     shared.progress[t].fetch_add(got, std::memory_order_relaxed);
   }
   out->stats = client.stats();
+  if (window_open && !window_closed) out->measured_fabric = Since(window_start, out->stats.fabric);
 }
 
 }  // namespace
@@ -276,7 +310,7 @@ int main(int argc, char** argv) {
     total.stray += r.stats.stray;
     total.torn += r.stats.torn;
     total.retry_timeout = std::max(total.retry_timeout, r.stats.retry_timeout);
-    total.fabric.Add(r.stats.fabric);
+    total.fabric.Add(r.measured_fabric);
   }
   // On the shm fabric the server runs here too: every worker and every client thread spins, so
   // with more of them than cores they time-slice and throughput collapses (by 100x and more on
