@@ -8,13 +8,21 @@ usage:
 run   builds the binaries once, then for every sweep point (the cartesian product of the sweep
       axes, times `repetitions`) starts herd_server on the server host, waits for its readiness
       line, runs herd_client on every client host (over ssh unless the host is local), stops the
-      server and writes DIR/<point>.json with every knob, the clients' and the server's results.
-      A point that fails is retried once, then reported (DIR/<point>.failed holds why) and the
+      server and writes DIR/<point>.json with every knob, the clients' and the server's results,
+      their per-operation WRs and bytes (wrs_per_op, payload_bytes_per_op), value_mb_s (Mops x
+      value size) and loadavg_1m (this machine's load as the point ended: others' work shows).
+      Output goes to DIR/logs/<point>.{server,client0}.log. A point that fails is retried once
+      (its logs: <point>.attempt2.*.log), then reported (DIR/<point>.failed holds why) and the
       sweep goes on; the exit status is non-zero if any point failed. A rerun skips points that
       already have a result (resume); --fresh starts over. DIR/results.csv combines the points.
       Ctrl-C stops everything it started, here and on remote hosts.
-plot  draws DIR/throughput.png (Mops vs the first sweep axis, one line per combination of the
-      others) and DIR/latency.png (p50 and p99 vs Mops), titled with the fixed knobs.
+plot  draws, against the first sweep axis (`clients` if swept), one line per combination of the
+      other axes: DIR/throughput.png (Mops), DIR/latency_vs_x.png (p50 and p99, two panels) and,
+      when the points' value sizes differ, DIR/value_mbps.png (value payload MB/s = Mops x
+      value_bytes); plus DIR/latency.png (p50 and p99 vs Mops). A numeric x axis whose values
+      span more than 4x is drawn log2 with a tick at each value (16, 64, 256, 1K, 4K, ..., 1M);
+      a y axis whose values span more than 30x, log. Repetitions of a point: their median.
+      Titled with the fixed knobs.
 
 The experiment file (see bench/experiments/*.yaml):
   name: clients_sweep                 # results go to results/<name>/ unless --out
@@ -378,20 +386,22 @@ class Runner:
         fixed = {**self.x.fixed["server"], **self.x.fixed["client"], **point}
         return {k: v for k, v in fixed.items() if self.x.knobs.role(k)[0] in (role, "both")}
 
-    def run_point(self, point, repetition, name):
+    def run_point(self, point, repetition, name, attempt=1):
+        # A retry's logs go beside the failed attempt's, which say why it failed.
+        log_name = name if attempt == 1 else f"{name}.attempt{attempt}"
         server_knobs = self.knobs_for("server", point)
         client_knobs = self.knobs_for("client", point)
         server_argv = [str(self.bin / "herd" / "herd_server"), "--port=0"]
         server_argv += self.fabric_flags(self.x.server, name) + flags(server_knobs)
         if self.x.server.cores is not None and "worker_cores" not in server_knobs:
             server_argv.append(f"--worker_cores={self.x.server.cores}")
-        with open(self.logs / f"{name}.server.log", "wb") as server_log:
+        with open(self.logs / f"{log_name}.server.log", "wb") as server_log:
             server = self.processes.start(self.x.server, server_argv, subprocess.PIPE, server_log)
             try:
                 ready = read_line_until(server, "herd_server ready", SERVER_READY_TIMEOUT_S)
             except PointFailed as error:
                 self.processes.stop(server, SERVER_STOP_TIMEOUT_S)
-                raise PointFailed(f"server: {error} (see logs/{name}.server.log)")
+                raise PointFailed(f"server: {error} (see logs/{log_name}.server.log)")
             port = ready.split("port=", 1)[1].split()[0]
             address = "127.0.0.1" if self.x.server.local else self.x.server.address
             budget = (float(client_knobs.get("warmup_s", 1)) +
@@ -402,7 +412,7 @@ class Runner:
                 argv += self.fabric_flags(host, name) + flags(client_knobs)
                 if host.cores is not None and "client_cores" not in client_knobs:
                     argv.append(f"--client_cores={host.cores}")
-                log = open(self.logs / f"{name}.client{index}.log", "wb")
+                log = open(self.logs / f"{log_name}.client{index}.log", "wb")
                 clients.append((host, self.processes.start(host, argv, subprocess.PIPE, log), log))
             results = []
             try:
@@ -415,7 +425,7 @@ class Runner:
                         log.close()
                     if process.returncode != 0:
                         raise PointFailed(f"client on {host.name} exited {process.returncode} "
-                                          f"(see logs/{name}.client*.log)")
+                                          f"(see logs/{log_name}.client*.log)")
                     results.append(last_json_line(stdout.decode(errors="replace"),
                                                   f"client on {host.name}"))
             finally:
@@ -425,8 +435,25 @@ class Runner:
                 self.processes.stop(server, SERVER_STOP_TIMEOUT_S)
             server_result = last_json_line(server.stdout.read().decode(errors="replace"),
                                            "server")
-        return summarize(self.x, point, repetition, server_knobs, client_knobs, results,
-                         server_result)
+        record = summarize(self.x, point, repetition, server_knobs, client_knobs, results,
+                           server_result)
+        # This machine's 1-minute load average as the point ended: on a shared machine, what
+        # else ran (a local shm point's own server and client thread already count ~2).
+        record["loadavg_1m"] = round(os.getloadavg()[0], 2)
+        return record
+
+
+def client_value_bytes(client):
+    """The value size a client process ran with (its JSON's workload)."""
+    return (client.get("workload") or {}).get("value_bytes", 0)
+
+
+def per_op(clients, field):
+    """`field` (a per-operation figure) over several client processes, weighted by their ops."""
+    ops = sum(c.get("ops", 0) for c in clients)
+    if not ops:
+        return None
+    return round(sum(c.get(field, 0) * c.get("ops", 0) for c in clients) / ops, 3)
 
 
 def summarize(x, point, repetition, server_knobs, client_knobs, clients, server):
@@ -441,6 +468,11 @@ def summarize(x, point, repetition, server_knobs, client_knobs, clients, server)
         # Percentiles of the slowest client process (a conservative combination).
         "p50_us": worst("p50_us"), "p99_us": worst("p99_us"), "p999_us": worst("p999_us"),
         "retransmissions": sum(c.get("retransmissions", 0) for c in clients),
+        # Per operation over all client processes (each weighted by its ops): fabric WRs the
+        # clients posted and the bytes those WRs moved (requests, large PUTs, item READs).
+        "wrs_per_op": per_op(clients, "wrs_per_op"),
+        "payload_bytes_per_op": per_op(clients, "payload_bytes_per_op"),
+        "value_mb_s": round(sum(c["mops"] * client_value_bytes(c) for c in clients), 3),
         "clients": clients, "server": server.get("server", server),
     }
     fabric = record["server"].get("fabric", {})
@@ -452,7 +484,8 @@ def summarize(x, point, repetition, server_knobs, client_knobs, clients, server)
 
 
 CSV_FIELDS = ["mops", "p50_us", "p99_us", "p999_us", "retransmissions", "server_batch",
-              "server_responses_per_doorbell", "server_signaled_fraction"]
+              "server_responses_per_doorbell", "server_signaled_fraction", "wrs_per_op",
+              "payload_bytes_per_op", "value_mb_s", "loadavg_1m"]
 
 
 def write_csv(out_dir, records, axes):
@@ -472,13 +505,25 @@ def axis_value_key(value):
     return (0, value, "")
 
 
+def with_derived_fields(record):
+    """A record with the per-operation fields summarize() derives, computed from its clients'
+    results where it was written before they existed."""
+    clients = record.get("clients")
+    if isinstance(clients, list) and clients:
+        record.setdefault("wrs_per_op", per_op(clients, "wrs_per_op"))
+        record.setdefault("payload_bytes_per_op", per_op(clients, "payload_bytes_per_op"))
+        record.setdefault("value_mb_s", round(sum(c.get("mops", 0) * client_value_bytes(c)
+                                                  for c in clients), 3))
+    return record
+
+
 def load_records(out_dir):
     records = []
     for path in sorted(out_dir.glob("*.json")):
         with open(path) as f:
             record = json.load(f)
         if isinstance(record, dict) and "point" in record:
-            records.append(record)
+            records.append(with_derived_fields(record))
     # In sweep order: each axis's values numerically, then the repetition.
     records.sort(key=lambda r: ([(a, axis_value_key(v)) for a, v in sorted(r["point"].items())],
                                 r.get("repetition", 0)))
@@ -487,13 +532,14 @@ def load_records(out_dir):
 
 def print_table(records, axes):
     header = " ".join(f"{a:>14}" for a in axes) + f" {'rep':>3} {'Mops':>8} {'p50 us':>8} " \
-             f"{'p99 us':>8} {'retx':>6} {'resp/db':>7}"
+             f"{'p99 us':>8} {'retx':>6} {'resp/db':>7} {'WRs/op':>7} {'B/op':>10}"
     print(header)
     for r in records:
         cells = " ".join(f"{str(r['point'].get(a)):>14}" for a in axes)
         print(f"{cells} {r['repetition']:>3} {r['mops']:>8.3f} {r['p50_us']:>8.2f} "
               f"{r['p99_us']:>8.2f} {r['retransmissions']:>6} "
-              f"{r['server_responses_per_doorbell']:>7}")
+              f"{r['server_responses_per_doorbell']:>7} {str(r.get('wrs_per_op')):>7} "
+              f"{str(r.get('payload_bytes_per_op')):>10}")
 
 
 # ------------------------------------------------------------------------------ commands
@@ -548,7 +594,7 @@ def command_run(args):
                 continue
             for attempt in range(1, ATTEMPTS + 1):
                 try:
-                    record = runner.run_point(point, repetition, name)
+                    record = runner.run_point(point, repetition, name, attempt)
                 except PointFailed as error:
                     print(f"[herd_exp] {number}/{len(points)} {name}: attempt {attempt} "
                           f"failed: {error}", file=sys.stderr)
@@ -576,6 +622,24 @@ def command_run(args):
     return 0
 
 
+def size_label(value):
+    """A tick label: 16, 256, 1K, 4K, 64K, 1M (exact binary multiples get K, M, G)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        return str(value)
+    for suffix, unit in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if value >= unit and value % unit == 0:
+            return f"{value // unit}{suffix}"
+    return str(value)
+
+
+def log_x_axis(x_values):
+    """Whether an x axis is drawn log2: all values positive numbers spanning more than 4x."""
+    numbers = [v for v in x_values if not isinstance(v, bool) and isinstance(v, (int, float))]
+    if len(numbers) < 3 or len(numbers) != len(x_values) or min(numbers) <= 0:
+        return False
+    return max(numbers) / min(numbers) > 4
+
+
 def command_plot(args):
     import matplotlib
     matplotlib.use("Agg")
@@ -588,12 +652,14 @@ def command_plot(args):
     axes = list(records[0]["point"])
     x_axis = "clients" if "clients" in axes else (axes[0] if axes else None)
     others = [a for a in axes if a != x_axis]
-    # Mean over repetitions, per point.
+    # Repetitions of a point are combined by their median (this VM's runs swing by 2x).
     groups = {}
     for r in records:
         key = tuple((a, r["point"][a]) for a in others)
         x = r["point"].get(x_axis, 0)
         groups.setdefault(key, {}).setdefault(x, []).append(r)
+    # Lines in sweep order (workload C before A as written, limits numerically).
+    group_order = sorted(groups, key=lambda key: [axis_value_key(v) for _, v in key])
     fixed = {**records[0]["server_knobs"], **records[0]["client_knobs"]}
     for axis in axes:
         fixed.pop(ALIASES.get(axis, axis), None)
@@ -602,40 +668,76 @@ def command_plot(args):
     # 7-inch figure), so no knob is cut off at the right.
     title = f"{records[0]['experiment']} ({records[0]['fabric']})\n" + textwrap.fill(
         ", ".join(f"{k}={v}" for k, v in sorted(fixed.items())), width=TITLE_WRAP_CHARS)
-
-    def mean(rs, field):
-        return sum(r[field] for r in rs) / len(rs)
-
-    figure, axis_plot = plt.subplots(figsize=(7, 4.5))
-    for key, by_x in sorted(groups.items(), key=lambda kv: str(kv[0])):
-        xs = sorted(by_x, key=axis_value_key)
-        label = ", ".join(f"{a}={v}" for a, v in key) or "herd"
-        axis_plot.plot(xs, [mean(by_x[x], "mops") for x in xs], marker="o", label=label)
-    axis_plot.set_xlabel(x_axis or "point")
-    axis_plot.set_ylabel("throughput (Mops)")
     x_values = sorted({r["point"][x_axis] for r in records if x_axis in r["point"]},
                       key=axis_value_key)
-    if x_axis == "clients" and len(x_values) > 2:
-        axis_plot.set_xscale("log", base=2)
-        # Ticks at the measured counts, written as numbers (1, 2, 4, ...), not 2^k.
-        axis_plot.set_xticks(x_values)
-        axis_plot.set_xticklabels([str(x) for x in x_values])
-        axis_plot.minorticks_off()
-    axis_plot.set_ylim(bottom=0)
-    axis_plot.grid(alpha=0.3)
-    axis_plot.legend(fontsize=8)
-    axis_plot.set_title(title, fontsize=8)
-    figure.tight_layout()
-    figure.savefig(out_dir / "throughput.png", dpi=120)
+
+    def median(rs, field):
+        """The median of `field` over a point's repetitions."""
+        values = sorted(r[field] for r in rs if r.get(field) is not None)
+        if not values:
+            return float("nan")
+        middle = len(values) // 2
+        return values[middle] if len(values) % 2 else (values[middle - 1] + values[middle]) / 2
+
+    def label_of(key):
+        return ", ".join(f"{a}={v}" for a, v in key) or "herd"
+
+    def plot_vs_x(name, panels):
+        """One figure against the x axis: a panel per (field, y label, log y), a line per group
+        of the other axes (the same colour in every panel). log y None: log when the panel's
+        values span more than 30x (Mops from 16 B to 1 MiB values), else linear from 0."""
+        figure, plots = plt.subplots(1, len(panels), figsize=(7 if len(panels) == 1 else 10, 4.5),
+                                     squeeze=False)
+        for (field, ylabel, log_y), axis_plot in zip(panels, plots[0]):
+            for key in group_order:
+                by_x = groups[key]
+                xs = sorted(by_x, key=axis_value_key)
+                axis_plot.plot(xs, [median(by_x[x], field) for x in xs], marker="o",
+                               label=label_of(key))
+            axis_plot.set_xlabel(x_axis or "point")
+            axis_plot.set_ylabel(ylabel)
+            if log_x_axis(x_values):
+                axis_plot.set_xscale("log", base=2)
+                # Ticks at the measured values, written as sizes (16, 1K, 1M), not 2^k.
+                axis_plot.set_xticks(x_values)
+                axis_plot.set_xticklabels([size_label(x) for x in x_values],
+                                          fontsize=8 if len(x_values) <= 10 else 7)
+                axis_plot.minorticks_off()
+            values = [median(rs, field) for by_x in groups.values() for rs in by_x.values()]
+            values = [v for v in values if v == v and v > 0]  # not NaN, positive
+            if log_y is None:
+                log_y = bool(values) and max(values) / min(values) > 30
+            if log_y:
+                axis_plot.set_yscale("log")
+            else:
+                axis_plot.set_ylim(bottom=0)
+            axis_plot.grid(alpha=0.3)
+            axis_plot.legend(fontsize=7)
+        figure.suptitle(title, fontsize=8)
+        figure.tight_layout()
+        path = out_dir / name
+        figure.savefig(path, dpi=120)
+        plt.close(figure)
+        return path
+
+    drawn = [plot_vs_x("throughput.png", [("mops", "throughput (Mops)", None)])]
+    value_sizes = {client_value_bytes(c) for r in records for c in r.get("clients") or []}
+    if len(value_sizes) > 1:
+        drawn.append(plot_vs_x("value_mbps.png",
+                               [("value_mb_s", "value payload (MB/s = Mops x value_bytes)",
+                                 None)]))
+    drawn.append(plot_vs_x("latency_vs_x.png", [("p50_us", "p50 latency (us)", True),
+                                                ("p99_us", "p99 latency (us)", True)]))
 
     figure, axis_plot = plt.subplots(figsize=(7, 4.5))
-    for key, by_x in sorted(groups.items(), key=lambda kv: str(kv[0])):
-        xs = sorted(by_x, key=lambda x: mean(by_x[x], "mops"))
-        label = ", ".join(f"{a}={v}" for a, v in key) or "herd"
-        mops = [mean(by_x[x], "mops") for x in xs]
-        line, = axis_plot.plot(mops, [mean(by_x[x], "p50_us") for x in xs], marker="o",
+    for key in group_order:
+        by_x = groups[key]
+        xs = sorted(by_x, key=lambda x: median(by_x[x], "mops"))
+        label = label_of(key)
+        mops = [median(by_x[x], "mops") for x in xs]
+        line, = axis_plot.plot(mops, [median(by_x[x], "p50_us") for x in xs], marker="o",
                                label=f"p50 {label}")
-        axis_plot.plot(mops, [mean(by_x[x], "p99_us") for x in xs], marker="x", linestyle="--",
+        axis_plot.plot(mops, [median(by_x[x], "p99_us") for x in xs], marker="x", linestyle="--",
                        color=line.get_color(), label=f"p99 {label}")
     axis_plot.set_xlabel("throughput (Mops)")
     axis_plot.set_ylabel("latency (us)")
@@ -645,7 +747,9 @@ def command_plot(args):
     axis_plot.set_title(title, fontsize=8)
     figure.tight_layout()
     figure.savefig(out_dir / "latency.png", dpi=120)
-    print(f"[herd_exp] plots: {out_dir / 'throughput.png'} {out_dir / 'latency.png'}")
+    plt.close(figure)
+    drawn.append(out_dir / "latency.png")
+    print(f"[herd_exp] plots: {' '.join(str(p) for p in drawn)}")
     return 0
 
 

@@ -88,6 +88,117 @@ class KnobsTest(unittest.TestCase):
             knobs.role("v")  # glog's, not ours
 
 
+def import_herd_exp():
+    sys.path.insert(0, str(REPO / "scripts"))
+    import herd_exp
+    return herd_exp
+
+
+class PlotTest(unittest.TestCase):
+    """plot on synthetic records: a value-size sweep (value_bytes x workload x inline limit)."""
+
+    SIZES = [16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576]
+
+    def setUp(self):
+        try:
+            import matplotlib  # noqa: F401 (Debian's python3-matplotlib: run with /usr/bin/python3)
+        except ImportError:
+            self.skipTest("no matplotlib for this interpreter (use /usr/bin/python3)")
+        self.herd_exp = import_herd_exp()
+        self.dir = pathlib.Path(tempfile.mkdtemp(prefix="herd-exp-plot-"))
+
+    def tearDown(self):
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def write_records(self, sizes, repetitions=2, derived=True):
+        for size in sizes:
+            for workload in ("C", "A"):
+                for limit in (64, 8192):
+                    for repetition in range(repetitions):
+                        mops = 1.0 / (1 + size / 4096) * (1 + 0.1 * repetition)
+                        inline = size <= limit
+                        wrs = 1.0 if inline else (2.0 if workload == "C" else 1.5)
+                        client = {"ops": 1000, "mops": mops, "wrs_per_op": wrs,
+                                  "payload_bytes_per_op": 80.0 + (0 if inline else size),
+                                  "workload": {"mix": workload, "value_bytes": size}}
+                        point = {"value_bytes": size, "workload": workload,
+                                 "inline_value_limit": limit}
+                        record = {"experiment": "value_size_sweep", "fabric": "shm",
+                                  "point": point, "repetition": repetition,
+                                  "server_knobs": {"workers": 1, "inline_value_limit": limit},
+                                  "client_knobs": {"value_bytes": size, "workload": workload},
+                                  "mops": mops, "p50_us": 3 + size / 1000,
+                                  "p99_us": 9 + size / 100, "clients": [client]}
+                        if derived:  # as summarize() writes them; older records lack them
+                            record.update(wrs_per_op=wrs, value_mb_s=mops * size,
+                                          payload_bytes_per_op=client["payload_bytes_per_op"])
+                        name = self.herd_exp.point_id(point, repetition) + ".json"
+                        (self.dir / name).write_text(json.dumps(record))
+
+    def test_value_sweep_plots_against_value_size_on_a_log2_axis(self):
+        self.write_records(self.SIZES)
+        import argparse
+        self.assertEqual(self.herd_exp.command_plot(argparse.Namespace(dir=str(self.dir))), 0)
+        for name in ("throughput.png", "value_mbps.png", "latency_vs_x.png", "latency.png"):
+            self.assertGreater((self.dir / name).stat().st_size, 1000, name)
+        self.assertTrue(self.herd_exp.log_x_axis(self.SIZES))
+        self.assertEqual([self.herd_exp.size_label(v) for v in self.SIZES],
+                         ["16", "64", "256", "1K", "4K", "16K", "64K", "256K", "1M"])
+
+    def test_records_without_derived_fields_get_them_from_their_clients(self):
+        self.write_records([1048576], repetitions=1, derived=False)
+        records = self.herd_exp.load_records(self.dir)
+        out_of_line_get = [r for r in records if r["point"]["workload"] == "C" and
+                           r["point"]["inline_value_limit"] == 64][0]
+        self.assertEqual(out_of_line_get["wrs_per_op"], 2.0)
+        self.assertEqual(out_of_line_get["payload_bytes_per_op"], 80.0 + 1048576)
+        self.assertAlmostEqual(out_of_line_get["value_mb_s"],
+                               out_of_line_get["mops"] * 1048576, places=2)
+
+    def test_axes_that_stay_linear_and_labels_that_stay_numbers(self):
+        log_x_axis, size_label = self.herd_exp.log_x_axis, self.herd_exp.size_label
+        self.assertTrue(log_x_axis([1, 2, 4, 8, 16, 32]))  # the clients sweep, as before
+        self.assertFalse(log_x_axis([1, 2, 4]))            # within 4x
+        self.assertFalse(log_x_axis(["uc_write", "rc_write", "ud_send"]))
+        self.assertFalse(log_x_axis([0, 64, 8192]))         # 0 has no log
+        self.assertEqual([size_label(v) for v in (1, 3, 1000, 1536, 2048, 1 << 30)],
+                         ["1", "3", "1000", "1536", "2K", "1G"])
+
+
+class ExperimentFilesTest(unittest.TestCase):
+    """The bundled experiments name only knobs the binaries have (needs the opt binaries)."""
+
+    def test_every_bundled_experiment_checks_against_the_binaries(self):
+        herd_exp = import_herd_exp()
+        knobs = herd_exp.Knobs.from_binaries(REPO / herd_exp.bazel_bin("opt"))
+        files = sorted((REPO / "bench" / "experiments").glob("*.yaml"))
+        self.assertIn("value_size_sweep.yaml", [f.name for f in files])
+        for path in files:
+            with self.subTest(path.name):
+                herd_exp.Experiment(str(path), []).check_knobs(knobs)
+
+    def test_value_size_sweep_server_configs_start(self):
+        # Config::Validate runs at start-up: every server configuration the sweep makes (8 KiB
+        # slots need WRITE responses; the log must hold a 1 MiB item) must be one it accepts.
+        herd_exp = import_herd_exp()
+        knobs = herd_exp.Knobs.from_binaries(REPO / herd_exp.bazel_bin("opt"))
+        x = herd_exp.Experiment(str(REPO / "bench/experiments/value_size_sweep.yaml"), [])
+        x.check_knobs(knobs)
+        self.assertEqual(x.sweep["value_bytes"][0], 16)
+        self.assertEqual(x.sweep["value_bytes"][-1], 1 << 20)
+        server_axes = [a for a in x.sweep if knobs.role(a)[0] in ("server", "both")]
+        self.assertEqual(server_axes, ["inline_value_limit"])
+        for limit in x.sweep["inline_value_limit"]:
+            server = {**x.fixed["server"], "inline_value_limit": limit}
+            argv = [str(REPO / herd_exp.bazel_bin("opt") / "herd" / "herd_server"), "--port=0",
+                    "--fabric=shm", f"--shm_fabric_name=exp-test-{os.getpid()}-{limit}",
+                    "--pin_workers=false", "--duration_s=0.2"] + herd_exp.flags(server)
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+            with self.subTest(inline_value_limit=limit):
+                self.assertEqual(done.returncode, 0, done.stderr[-2000:])
+                self.assertIn(f'"inline_value_limit":{limit}', done.stdout)
+
+
 class HerdExpTest(unittest.TestCase):
     def setUp(self):
         self.dir = tempfile.mkdtemp(prefix="herd-exp-test-")
@@ -132,6 +243,10 @@ class HerdExpTest(unittest.TestCase):
         self.assertEqual(done.stderr.count("postlist-64_r0: attempt"), 2, done.stderr)
         self.assertIn("FAILED points: postlist-64_r0", done.stderr)
         self.assertTrue((self.out / "postlist-64_r0.failed").exists())
+        # Each attempt's logs are kept: the retry's do not overwrite the first's.
+        for attempt in ("postlist-64_r0", "postlist-64_r0.attempt2"):
+            log = self.out / "logs" / f"{attempt}.server.log"
+            self.assertIn("unsig_batch", log.read_text(), attempt)
         self.assertTrue((self.out / "postlist-4_r0.json").exists())
 
     def test_fabric_and_page_knobs_reach_both_binaries(self):
