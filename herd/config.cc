@@ -73,7 +73,7 @@ std::string Config::ToJson() const {
   return absl::StrFormat(
       "{\"request_verb\":\"%s\",\"response_verb\":\"%s\",\"workers\":%d,\"ud_qps_per_worker\":%d,"
       "\"window\":%d,\"postlist\":%d,\"unsig_batch\":%d,\"inline\":%s,\"max_inline\":%d,"
-      "\"slot_bytes\":%d,\"max_key_bytes\":%d,\"max_value_bytes\":%d,\"max_clients\":%d,"
+      "\"slot_bytes\":%d,\"max_key_bytes\":%d,\"slot_value_bytes\":%d,\"max_clients\":%d,"
       "\"sq_depth\":%d,\"recv_depth\":%d,\"max_value_bytes\":%d,\"inline_value_limit\":%d,"
       "\"landing_buffers\":%d}",
       Name(request_verb), Name(response_verb), workers, ud_qps_per_worker, window, postlist,
