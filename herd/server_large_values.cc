@@ -53,9 +53,12 @@ absl::Status Server::BuildLargeValuePath(Session& session, const Join& join) {
     transport::ConnectConfig connect;
     connect.remote = join.large_qps[w];
     if (absl::Status s = pw.large_qp->Connect(connect); !s.ok()) return s;
-    // WRITE_WITH_IMM consumes a receive and places nothing in it: no buffers.
+    // WRITE_WITH_IMM consumes a receive and places nothing in it: no buffers. The wr_id names
+    // the session (its first client id): the worker reposts on this QP whatever the sender's
+    // immediate says.
     for (uint32_t i = 0; i < LargeReceiveDepth(c); ++i) {
       transport::RecvWr wr;
+      wr.wr_id = session.first_client;
       transport::RecvWr* bad = nullptr;
       if (absl::Status s = pw.large_qp->PostRecv(&wr, &bad); !s.ok()) return s;
     }

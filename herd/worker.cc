@@ -219,6 +219,21 @@ uint32_t Worker::GatherFromLanding(uint32_t count) {
       counters_.rejected.Add();
       continue;
     }
+    // The receive names the session whose QP it was posted on (its wr_id, set by the server:
+    // the session's first client id), so it goes back whatever the sender wrote.
+    const uint64_t owner = c.wr_id;
+    const ClientRoute* session =
+        owner < config_.max_clients ? routes_[owner].load(std::memory_order_acquire) : nullptr;
+    if (session == nullptr || session->large_qpn != c.qp_num) {
+      counters_.rejected.Add();  // a departed session's QP: nothing to repost on
+      continue;
+    }
+    transport::RecvWr repost;
+    repost.wr_id = owner;
+    transport::RecvWr* bad = nullptr;
+    if (absl::Status s = session->large_qp->PostRecv(&repost, &bad); !s.ok()) {
+      LOG_EVERY_N(ERROR, 1000) << "worker " << index_ << ": re-posting a large receive: " << s;
+    }
     // The immediate names a client of the session and one of its landing buffers here; both
     // are checked against the QP the WRITE came through (hostile input, as every byte is).
     const uint32_t client = c.imm_data >> kLandingBufferBits;
@@ -226,14 +241,8 @@ uint32_t Worker::GatherFromLanding(uint32_t count) {
     const ClientRoute* route =
         client < config_.max_clients ? routes_[client].load(std::memory_order_acquire) : nullptr;
     if (route == nullptr || route->large_qpn != c.qp_num) {
-      counters_.rejected.Add();  // a departed session's, or an immediate naming another client
+      counters_.rejected.Add();  // an immediate naming a client of another session, or none
       continue;
-    }
-    // The receive goes back at once: the WRITE's bytes are in the landing buffer, not in it.
-    transport::RecvWr wr;
-    transport::RecvWr* bad = nullptr;
-    if (absl::Status s = route->large_qp->PostRecv(&wr, &bad); !s.ok()) {
-      LOG_EVERY_N(ERROR, 1000) << "worker " << index_ << ": re-posting a large receive: " << s;
     }
     if (!c.has_imm || buffer >= config_.landing_buffers || c.byte_len < kRequestHeaderBytes ||
         c.byte_len > landing_bytes) {

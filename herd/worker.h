@@ -47,9 +47,10 @@ struct ClientRoute {
   uint32_t log_rkey = 0;
 };
 
-// Receives a session's large-value QP keeps posted: each large PUT (WRITE_WITH_IMM) takes one.
-// The client has at most landing_buffers in flight per worker; retransmissions of them and
-// slack for the worker's reposting lag make up the rest.
+// Receives a session's large-value QP keeps posted: each large PUT (WRITE_WITH_IMM) takes one
+// and the worker puts it back (any WRITE_WITH_IMM, valid or not: a receive's wr_id names its
+// session). The client has at most landing_buffers in flight per worker; retransmissions of them
+// and slack for the worker's reposting lag make up the rest.
 inline uint32_t LargeReceiveDepth(const Config& c) { return 4 * c.landing_buffers + 8; }
 
 // What the worker counts (single writer; the progress printer reads them relaxed).
