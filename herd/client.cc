@@ -478,6 +478,10 @@ Client::Accepted Client::Accept(const ParsedResponse& response, Result* out) {
   if (o.op != Op::kGet && h.value_bytes != 0) return Accepted::kStray;
   // An answer while its value is being read is a duplicate of the one that named it.
   if (o.read_state != ReadState::kNone) return Accepted::kStray;
+  // A GET that asked for a copy into its landing buffer takes only its newest attempt's answer:
+  // after it, no attempt of it can still copy into the buffer (older ones are duplicates at the
+  // worker), so the buffer may be reused once this one is delivered.
+  if (o.landing >= 0 && !o.large_body && h.attempt != o.attempt) return Accepted::kStray;
   // Every answer samples the time since the request was FIRST sent. Sampling only first-attempt
   // answers (Karn) sees only the requests fast enough to beat the timeout, and an answer to a
   // retransmission timed from that retransmission sees only the residual wait of a request
@@ -721,9 +725,10 @@ absl::Status Client::RunMany(Op op, absl::Span<const KeyValue> items, OnResult&&
   const bool was_batching = std::exchange(batching_, true);
   std::vector<Result> results(std::max<size_t>(items.size(), 1));
   size_t next = 0, done = 0;
-  // Bounds a wait for a slot that never frees (a stuck QP with nothing outstanding).
-  const Clock::time_point give_up =
-      Clock::now() + absl::ToChronoNanoseconds(options_.request_deadline);
+  // Bounds a wait for a slot that never frees (a stuck QP with nothing outstanding): measured
+  // from the last progress, not from the call's start (a long batch is not late).
+  const auto patience = absl::ToChronoNanoseconds(options_.request_deadline);
+  Clock::time_point give_up = Clock::now() + patience;
   while (done < items.size()) {
     if (outstanding_ == 0 && Clock::now() > give_up) {
       for (; next < items.size(); ++next, ++done) {
@@ -746,6 +751,7 @@ absl::Status Client::RunMany(Op op, absl::Span<const KeyValue> items, OnResult&&
       deliver(results[i].tag, results[i]);
       ++done;
     }
+    if (got > 0) give_up = Clock::now() + patience;
   }
   batching_ = was_batching;
   return absl::OkStatus();

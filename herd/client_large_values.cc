@@ -95,6 +95,8 @@ bool Client::DeferOutOfLine(Outstanding& o, const ResponseHeader& h, const uint8
   ValueDescriptor d;
   std::memcpy(&d, value, sizeof(d));
   const bool copied = (h.flags & kResponseCopied) != 0;
+  // Holding a landing buffer, the GET asked for a copy: only a copy answers it.
+  if (o.landing >= 0 && !copied) return false;
   // A copy must be in the landing buffer this GET asked for; an item must fit a READ buffer.
   if (copied) {
     const uint64_t expected =
@@ -147,11 +149,13 @@ void Client::AdvanceLargeValues(absl::Span<Result> out, size_t* n) {
       continue;
     }
     if (o.read_state == ReadState::kWaitingForLanding) {
-      const int32_t landing = TakeLanding(o.worker);
-      if (landing < 0) continue;
-      o.landing = landing;
+      if (o.landing < 0) {  // a GET that already holds one (a re-read after a copy) keeps it
+        const int32_t landing = TakeLanding(o.worker);
+        if (landing < 0) continue;
+        o.landing = landing;
+      }
       o.large_body = false;  // the GET itself stays in its slot; the copy goes to the landing
-      SetRequestCopyToLanding(static_cast<uint32_t>(landing), welcome_.secret, StagedBytes(o),
+      SetRequestCopyToLanding(static_cast<uint32_t>(o.landing), welcome_.secret, StagedBytes(o),
                               o.length);
       ++stats_.copied_gets;
       Resend(o);

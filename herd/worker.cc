@@ -405,8 +405,13 @@ void Worker::ExecuteAndRespond(uint32_t count) {
     r.key = p.request.key;
     r.value = p.request.value;
     r.expected_version = h.expected_version;
-    r.value_out = get ? reinterpret_cast<char*>(p.staging) : nullptr;
-    r.value_out_bytes = get ? config_.inline_limit() : 0;
+    // A GET asking for a copy gets its value straight into the landing buffer it named, by the
+    // store, in batch order: a later PUT of the batch may overwrite the item in the log.
+    const bool copy = get && h.flags == kRequestCopyToLanding && config_.large_values();
+    r.value_out = copy  ? reinterpret_cast<char*>(LandingOf(p))
+                  : get ? reinterpret_cast<char*>(p.staging)
+                        : nullptr;
+    r.value_out_bytes = copy ? config_.value_limit() : get ? config_.inline_limit() : 0;
     store_index_[executed++] = i;
   }
   partition_->ExecuteBatch(absl::MakeSpan(store_requests_.data(), executed),
@@ -418,8 +423,12 @@ void Worker::ExecuteAndRespond(uint32_t count) {
     p.status = static_cast<Status>(r.result);
     p.version = r.version;
     p.value_bytes = op == Op::kGet && r.result == mica::Result::kOk ? r.value_bytes : 0;
-    if (op == Op::kGet && r.result == mica::Result::kBufferTooSmall && config_.large_values()) {
-      AnswerOutOfLine(p, r);
+    if (op == Op::kGet && config_.large_values()) {
+      if (p.request.header.flags == kRequestCopyToLanding && r.result == mica::Result::kOk) {
+        AnswerCopied(p);
+      } else if (r.result == mica::Result::kBufferTooSmall) {
+        AnswerOutOfLine(p, r);
+      }
     }
     if (!IsMutation(op)) continue;
     SlotState& state = slots_[uint64_t{p.client} * config_.window + p.slot];
@@ -464,27 +473,33 @@ void Worker::ExecuteAndRespond(uint32_t count) {
   counters_.batches.Add();
 }
 
-void Worker::AnswerOutOfLine(Pending& p, const mica::Response& r) {
-  ValueDescriptor d{};
-  const RequestHeader& h = p.request.header;
-  if (h.flags == kRequestCopyToLanding) {
-    // The fallback: a copy the client's READ cannot see torn (no one else writes its landing
-    // buffer, and the client does not until it read it).
-    uint8_t* buffer = p.route->landing + uint64_t{h.descriptor.length} * config_.landing_bytes();
-    const auto* item =
-        reinterpret_cast<const mica::ItemHeader*>(partition_->region().ring() + r.item_position);
-    std::memcpy(buffer, mica::ItemValue(item), r.value_bytes);
-    d = ValueDescriptor{reinterpret_cast<uint64_t>(buffer), p.route->landing_rkey, r.value_bytes};
-    p.response_flags = kResponseOutOfLine | kResponseCopied;
-    counters_.copied_values.Add();
-  } else {
-    d = ValueDescriptor{p.route->log_addr + r.item_position, p.route->log_rkey, r.item_bytes};
-    p.response_flags = kResponseOutOfLine;
-    counters_.out_of_line.Add();
+uint8_t* Worker::LandingOf(const Pending& p) const {
+  // ParseRequest bounded descriptor.length by landing_buffers.
+  return p.route->landing + uint64_t{p.request.header.descriptor.length} * config_.landing_bytes();
+}
+
+void Worker::AnswerCopied(Pending& p) {
+  uint8_t* buffer = LandingOf(p);
+  if (p.value_bytes <= config_.inline_limit()) {
+    std::memcpy(p.staging, buffer, p.value_bytes);  // short after all: answered inline
+    return;
   }
+  // The fallback: a copy the client's READ cannot see torn (no one else writes its landing
+  // buffer, and the client accepts only the newest attempt's copy).
+  const ValueDescriptor d{reinterpret_cast<uint64_t>(buffer), p.route->landing_rkey, p.value_bytes};
   std::memcpy(p.staging, &d, sizeof(d));
+  p.response_flags = kResponseOutOfLine | kResponseCopied;
+  p.value_bytes = sizeof(d);
+  counters_.copied_values.Add();
+}
+
+void Worker::AnswerOutOfLine(Pending& p, const mica::Response& r) {
+  const ValueDescriptor d{p.route->log_addr + r.item_position, p.route->log_rkey, r.item_bytes};
+  std::memcpy(p.staging, &d, sizeof(d));
+  p.response_flags = kResponseOutOfLine;
   p.status = Status::kOk;
   p.value_bytes = sizeof(d);
+  counters_.out_of_line.Add();
 }
 
 void Worker::EncodeResponse(const Pending& p) {

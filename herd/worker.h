@@ -160,6 +160,10 @@ class Worker {
   // A GET whose value is longer than the inline limit: answers with a descriptor of its item
   // (or, kRequestCopyToLanding, of a copy in the session's landing buffer).
   void AnswerOutOfLine(Pending& p, const mica::Response& r);
+  // kRequestCopyToLanding: the store copied the value into the landing buffer the GET named;
+  // answers with a descriptor of it (or inline, when the value is short after all).
+  void AnswerCopied(Pending& p);
+  uint8_t* LandingOf(const Pending& p) const;
   // Validates one request, gives it a response slot and appends it to batch_[*count] (or
   // counts a drop). `slot` is the window slot it was polled from, or kFromReceive (then `grh`
   // is the receive's GRH area and `src_qp` the sender's QP number: together the client's).
