@@ -512,6 +512,7 @@ void Client::Deliver(Outstanding& o, Status status, uint64_t version, std::strin
   out->latency_ns = static_cast<uint64_t>(
       std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - o.submitted).count());
   o.active = false;
+  if (o.read_state != ReadState::kNone) --deferred_;
   o.read_state = ReadState::kNone;
   ReleaseLanding(o);
   --outstanding_;
@@ -609,8 +610,10 @@ void Client::Fail(Outstanding& o, Status status, Result* r) {
   if (o.read >= 0) {
     // A READ into its buffer may still be in flight: the buffer frees once that retired.
     reads_[static_cast<uint32_t>(o.read)].orphan = true;
+    ++orphans_;
     o.read = -1;
   }
+  if (o.read_state != ReadState::kNone) --deferred_;
   o.read_state = ReadState::kNone;
   --outstanding_;
   ++(status == Status::kSendFailed ? stats_.send_failed : stats_.timed_out);
@@ -697,7 +700,7 @@ size_t Client::Poll(absl::Span<Result> out) {
   } else if (outstanding_ > 0) {
     PollWriteResponses(out, &n);
   }
-  if (!reads_.empty() && outstanding_ > 0) AdvanceLargeValues(out, &n);
+  if (deferred_ > 0 || orphans_ > 0) AdvanceLargeValues(out, &n);
   if (outstanding_ > 0 && n < out.size() && Clock::now() >= next_retry_check_) {
     Retransmit(out, &n);
     (void)Flush();

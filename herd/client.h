@@ -314,6 +314,10 @@ class Client {
   std::vector<Landing> landings_;                                 // [worker][landing_buffers]
   std::vector<ReadBuffer> reads_;
   uint64_t read_buffer_bytes_ = 0;
+  // Requests answered out of line and not ended yet, and READ buffers orphaned by a request that
+  // ended while its READ was in flight: Poll scans for large-value work only when either is > 0.
+  uint64_t deferred_ = 0;
+  uint64_t orphans_ = 0;
   std::vector<uint64_t> next_seq_;  // [client][worker]
   std::vector<uint8_t> delivered_;  // WRITE responses copied out before checking: [slot]
   uint32_t ud_qkey_ = 0;            // our UD QP's own qkey

@@ -113,6 +113,7 @@ bool Client::DeferOutOfLine(Outstanding& o, const ResponseHeader& h, const uint8
   // max_item_reads = 0: never read items in the log (only copies the worker made for us).
   o.read_state = !copied && options_.max_item_reads == 0 ? ReadState::kWaitingForLanding
                                                          : ReadState::kWaitingForBuffer;
+  ++deferred_;
   ++stats_.out_of_line_gets;
   return true;
 }
@@ -128,7 +129,10 @@ void Client::AdvanceLargeValues(absl::Span<Result> out, size_t* n) {
   for (ReadBuffer& r : reads_) {
     if (!r.used || !r.orphan) continue;
     const Outstanding& o = slots_[r.owner];
-    if (queues_[large_queue_base_ + o.worker].retired > r.wr) r = ReadBuffer{};
+    if (queues_[large_queue_base_ + o.worker].retired > r.wr) {
+      r = ReadBuffer{};
+      --orphans_;
+    }
   }
   for (uint64_t i = 0; i < slots_.size() && *n < out.size(); ++i) {
     Outstanding& o = slots_[i];
@@ -219,6 +223,7 @@ void Client::FinishRead(Outstanding& o, Result* out, bool* delivered) {
 }
 
 void Client::Resend(Outstanding& o) {
+  --deferred_;  // called only from a deferred state
   o.read_state = ReadState::kNone;
   const Clock::time_point now = Clock::now();
   if (absl::Status s = Send(o, /*wait_for_room=*/false); !s.ok()) {
