@@ -199,7 +199,8 @@ int main(int argc, char** argv) {
   FLAGS_logtostderr = true;
   absl::StatusOr<bench::WorkloadConfig> workload = bench::WorkloadConfigFromFlags();
   absl::StatusOr<transport::DeviceOptions> device = transport::DeviceOptionsFromFlags();
-  for (const absl::Status& s : {workload.status(), device.status()}) {
+  absl::StatusOr<transport::ConnectMode> connect = transport::ConnectModeFromFlags();
+  for (const absl::Status& s : {workload.status(), device.status(), connect.status()}) {
     if (!s.ok()) {
       fprintf(stderr, "herd_client: %s\n", s.ToString().c_str());
       return 1;
@@ -211,6 +212,7 @@ int main(int argc, char** argv) {
   }
   herd::ClientOptions options;
   options.server = FLAGS_server;
+  options.connect = *connect;
   options.clients = FLAGS_clients_per_thread;
   options.device = *device;
   options.retry_timeout = absl::Microseconds(FLAGS_retry_timeout_us);

@@ -57,13 +57,13 @@ Client::~Client() = default;
 absl::Status Client::Handshake() {
   if (absl::Status s = Take(transport::OpenDevice(options_.device), &device_); !s.ok()) return s;
   grh_is_ipv4_ = device_->port().grh_is_ipv4;
-  absl::StatusOr<transport::control::Channel> channel =
-      transport::control::Channel::Connect(options_.server, options_.connect_timeout);
+  absl::StatusOr<std::unique_ptr<transport::control::MessageChannel>> channel =
+      ConnectControl(options_.connect, device_.get(), options_.server, options_.connect_timeout);
   if (!channel.ok()) return channel.status();
   channel_ = *std::move(channel);
-  if (absl::Status s = channel_.Send(kHello, Encode(Hello{options_.clients})); !s.ok()) return s;
+  if (absl::Status s = channel_->Send(kHello, Encode(Hello{options_.clients})); !s.ok()) return s;
   absl::StatusOr<transport::control::Message> reply =
-      Expect(channel_, kServerConfig, options_.connect_timeout);
+      Expect(*channel_, kServerConfig, options_.connect_timeout);
   if (!reply.ok()) return reply.status();
   absl::StatusOr<Config> config = DecodeConfig(reply->payload);
   if (!config.ok()) return config.status();
@@ -83,8 +83,8 @@ absl::Status Client::Handshake() {
     join.response_region_addr = reinterpret_cast<uint64_t>(responses_->data());
     join.response_region_rkey = responses_mr_->rkey();
   }
-  if (absl::Status s = channel_.Send(kJoin, Encode(join)); !s.ok()) return s;
-  reply = Expect(channel_, kWelcome, options_.connect_timeout);
+  if (absl::Status s = channel_->Send(kJoin, Encode(join)); !s.ok()) return s;
+  reply = Expect(*channel_, kWelcome, options_.connect_timeout);
   if (!reply.ok()) return reply.status();
   absl::StatusOr<Welcome> welcome =
       DecodeWelcome(reply->payload, config_.workers, config_.ud_qps_per_worker);
@@ -648,7 +648,7 @@ void Client::Retransmit(absl::Span<Result> out, size_t* n) {
   const Clock::time_point now = Clock::now();
   if (now >= next_health_check_) {
     next_health_check_ = now + absl::ToChronoNanoseconds(kHealthCheckInterval);
-    if (health_.ok() && channel_.PeerClosed()) {
+    if (health_.ok() && channel_ != nullptr && channel_->PeerClosed()) {
       health_ = absl::UnavailableError(absl::StrFormat(
           "the server (%s) closed its control connection: it stopped or died", options_.server));
       LOG(WARNING) << health_;

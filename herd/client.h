@@ -43,7 +43,10 @@ namespace herd {
 
 struct ClientOptions {
   std::string server = "127.0.0.1:31850";  // host:port of the server's control plane
-  uint32_t clients = 1;                    // logical clients on this connection
+  // kCm: join over RDMA-CM (a verbs device; `server` is an address of the server's RDMA
+  // interface and its CM port) instead of TCP.
+  transport::ConnectMode connect = transport::ConnectMode::kTcp;
+  uint32_t clients = 1;  // logical clients on this connection
   transport::DeviceOptions device;
   // The retransmission timeout before any round trip was measured (and always, when
   // adaptive_retry is false).
@@ -274,13 +277,15 @@ class Client {
 
   const ClientOptions options_;
   Config config_;
-  transport::control::Channel channel_{-1};
   uint32_t first_client_id_ = 0;
   Welcome welcome_;
 
   // Destroyed in reverse: the QPs first (their pending WRs read the staging buffers and name the
   // address handles until they are gone), then handles and memory, then CQs, PD, device.
   std::unique_ptr<transport::Device> device_;
+  // The control link (TCP or RDMA-CM), open for the session's life; an RDMA-CM one holds a QP
+  // on device_, so it is declared after it.
+  std::unique_ptr<transport::control::MessageChannel> channel_;
   std::unique_ptr<transport::ProtectionDomain> pd_;
   std::unique_ptr<transport::CompletionQueue> send_cq_, recv_cq_;
   std::unique_ptr<transport::SharedMemory> staging_, receives_, responses_;

@@ -309,8 +309,11 @@ absl::StatusOr<herd::ClientOptions> ClientOptionsFromFlags() {
   if (FLAGS_timeout_ms == 0) return absl::InvalidArgumentError("--timeout_ms must be at least 1");
   absl::StatusOr<transport::DeviceOptions> device = transport::DeviceOptionsFromFlags();
   if (!device.ok()) return device.status();
+  absl::StatusOr<transport::ConnectMode> connect = transport::ConnectModeFromFlags();
+  if (!connect.ok()) return connect.status();
   herd::ClientOptions options;
   options.server = FLAGS_server;
+  options.connect = *connect;
   options.device = *device;
   options.connect_timeout = absl::Milliseconds(FLAGS_timeout_ms);
   options.request_deadline = absl::Milliseconds(FLAGS_timeout_ms);
@@ -360,16 +363,24 @@ absl::Status RunRequest(herd::Client& client, const Command& command) {
   return absl::InternalError("not a request");
 }
 
-int RunStats() {
-  absl::StatusOr<std::string> json =
-      herd::FetchServerStats(FLAGS_server, absl::Milliseconds(FLAGS_timeout_ms));
+int RunStats(const herd::ClientOptions& options) {
+  // Over RDMA-CM the stats connection needs a device of its own; over TCP none.
+  std::unique_ptr<transport::Device> device;
+  if (options.connect == transport::ConnectMode::kCm) {
+    absl::StatusOr<std::unique_ptr<transport::Device>> opened =
+        transport::OpenDevice(options.device);
+    if (!opened.ok()) return Fail(kExitUnreachable, opened.status());
+    device = *std::move(opened);
+  }
+  absl::StatusOr<std::string> json = herd::FetchServerStats(
+      FLAGS_server, absl::Milliseconds(FLAGS_timeout_ms), options.connect, device.get());
   if (!json.ok()) return Fail(kExitUnreachable, json.status());
   printf("%s\n", json->c_str());
   return kExitOk;
 }
 
 int Run(const Command& command, const herd::ClientOptions& options) {
-  if (command.verb == Verb::kStats) return RunStats();
+  if (command.verb == Verb::kStats) return RunStats(options);
   absl::StatusOr<std::unique_ptr<herd::Client>> client = herd::Client::Connect(options);
   if (!client.ok()) return Fail(kExitUnreachable, client.status());
   const absl::Status done = RunRequest(**client, command);

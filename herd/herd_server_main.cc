@@ -17,8 +17,10 @@
 #include "mica/flags.h"
 #include "transport/flags.h"
 
-DEFINE_uint32(port, 31850, "TCP port of the control plane (0 picks a free one)");
-DEFINE_string(listen_address, "0.0.0.0", "Address the control plane listens on");
+DEFINE_uint32(port, 31850,
+              "Port clients join on: TCP, or RDMA-CM with --connect=cm (0 picks a free one)");
+DEFINE_string(listen_address, "0.0.0.0",
+              "Address clients join on (--connect=cm: an address of the RDMA interface)");
 DEFINE_string(worker_cores, "", "Cores for the workers, e.g. 0,2,4-7 (default: NIC's node)");
 DEFINE_bool(pin_workers, true, "Pin each worker to its own core with hwloc");
 DEFINE_double(duration_s, 0, "Stop after this many seconds (0: run until SIGINT/SIGTERM)");
@@ -63,6 +65,9 @@ int main(int argc, char** argv) {
   options.store = mica::PartitionConfigFromFlags();
   // --max_value_bytes bounds values on the wire too: those over the inline limit go out of line.
   options.config.max_value_bytes = options.store.max_value_bytes;
+  absl::StatusOr<transport::ConnectMode> connect = transport::ConnectModeFromFlags();
+  if (!connect.ok()) return Fail(connect.status());
+  options.connect = *connect;
   options.listen_address = FLAGS_listen_address;
   if (FLAGS_port > 65535) return Fail(absl::InvalidArgumentError("--port must be <= 65535"));
   options.port = static_cast<uint16_t>(FLAGS_port);
@@ -74,7 +79,8 @@ int main(int argc, char** argv) {
   absl::StatusOr<std::unique_ptr<herd::Server>> server = herd::Server::Create(options);
   if (!server.ok()) return Fail(server.status());
   if (absl::Status s = (*server)->Start(); !s.ok()) return Fail(s);
-  printf("herd_server ready port=%d device=%s region_page_kib=%zu config=%s\n", (*server)->port(),
+  printf("herd_server ready port=%d connect=%s device=%s region_page_kib=%zu config=%s\n",
+         (*server)->port(), options.connect == transport::ConnectMode::kCm ? "cm" : "tcp",
          (*server)->device_name().c_str(), (*server)->region_page_bytes() >> 10,
          options.config.ToJson().c_str());
   fflush(stdout);

@@ -1,6 +1,8 @@
 #include "herd/join.h"
 
 #include "absl/strings/str_format.h"
+#include "transport/cm_channel.h"
+#include "transport/control/channel.h"
 #include "transport/control/wire.h"
 
 namespace herd {
@@ -151,7 +153,7 @@ absl::StatusOr<Welcome> DecodeWelcome(const std::vector<uint8_t>& bytes, uint32_
   return w;
 }
 
-absl::StatusOr<transport::control::Message> Expect(transport::control::Channel& channel,
+absl::StatusOr<transport::control::Message> Expect(transport::control::MessageChannel& channel,
                                                    MessageType type, absl::Duration timeout) {
   absl::StatusOr<transport::control::Message> message = channel.Receive(timeout);
   if (!message.ok()) return message.status();
@@ -168,12 +170,31 @@ absl::StatusOr<transport::control::Message> Expect(transport::control::Channel& 
   return message;
 }
 
-absl::StatusOr<std::string> FetchServerStats(std::string_view host_port, absl::Duration timeout) {
+absl::StatusOr<std::unique_ptr<transport::control::MessageChannel>> ConnectControl(
+    transport::ConnectMode mode, transport::Device* device, std::string_view host_port,
+    absl::Duration timeout) {
+  if (mode == transport::ConnectMode::kCm) {
+    if (device == nullptr) return absl::InvalidArgumentError("RDMA-CM joins need a device");
+    absl::StatusOr<std::unique_ptr<transport::CmChannel>> channel =
+        transport::CmChannel::Connect(*device, host_port, timeout);
+    if (!channel.ok()) return channel.status();
+    return std::unique_ptr<transport::control::MessageChannel>(*std::move(channel));
+  }
   absl::StatusOr<transport::control::Channel> channel =
       transport::control::Channel::Connect(host_port, timeout);
   if (!channel.ok()) return channel.status();
-  if (absl::Status s = channel->Send(kStatsRequest, {}); !s.ok()) return s;
-  absl::StatusOr<transport::control::Message> message = Expect(*channel, kStats, timeout);
+  return std::unique_ptr<transport::control::MessageChannel>(
+      std::make_unique<transport::control::Channel>(*std::move(channel)));
+}
+
+absl::StatusOr<std::string> FetchServerStats(std::string_view host_port, absl::Duration timeout,
+                                             transport::ConnectMode mode,
+                                             transport::Device* device) {
+  absl::StatusOr<std::unique_ptr<transport::control::MessageChannel>> channel =
+      ConnectControl(mode, device, host_port, timeout);
+  if (!channel.ok()) return channel.status();
+  if (absl::Status s = (*channel)->Send(kStatsRequest, {}); !s.ok()) return s;
+  absl::StatusOr<transport::control::Message> message = Expect(**channel, kStats, timeout);
   if (!message.ok()) return message.status();
   WireReader r(message->payload, "stats");
   std::string json;

@@ -1,4 +1,5 @@
-// The join handshake over the control plane (transport/control). A client thread:
+// The join handshake over the control plane: TCP (transport/control) or RDMA-CM
+// (transport/cm_channel.h), the same messages either way. A client thread:
 //   Hello(logical clients)            -> ServerConfig(the server's Config)  [or Error]
 //   creates its QPs to match, then
 //   Join(its endpoints, response region) -> Welcome(client ids, region, the server's endpoints)
@@ -7,6 +8,7 @@
 #define HERD_HERD_JOIN_H_
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -14,7 +16,8 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "herd/config.h"
-#include "transport/control/channel.h"
+#include "transport/control/message_channel.h"
+#include "transport/fabric.h"
 #include "transport/types.h"
 
 namespace herd {
@@ -74,12 +77,21 @@ absl::StatusOr<Join> DecodeJoin(const std::vector<uint8_t>& bytes, uint32_t work
 absl::StatusOr<Welcome> DecodeWelcome(const std::vector<uint8_t>& bytes, uint32_t workers,
                                       uint32_t ud_qps_per_worker);
 
+// Opens a control link to the server at `host_port`: a TCP connection (ConnectMode::kTcp), or an
+// RDMA-CM connection from `device` (kCm; a verbs device, which must outlive the link).
+absl::StatusOr<std::unique_ptr<transport::control::MessageChannel>> ConnectControl(
+    transport::ConnectMode mode, transport::Device* device, std::string_view host_port,
+    absl::Duration timeout);
+
 // Asks the server at `host_port` for its counters (kStatsRequest on a connection of its own, no
-// session): one JSON object with "uptime_s", "config" and "stats".
-absl::StatusOr<std::string> FetchServerStats(std::string_view host_port, absl::Duration timeout);
+// session): one JSON object with "uptime_s", "config" and "stats". `device`: for kCm only.
+absl::StatusOr<std::string> FetchServerStats(
+    std::string_view host_port, absl::Duration timeout,
+    transport::ConnectMode mode = transport::ConnectMode::kTcp,
+    transport::Device* device = nullptr);
 
 // Receives one message and checks its type; a kError message becomes its status.
-absl::StatusOr<transport::control::Message> Expect(transport::control::Channel& channel,
+absl::StatusOr<transport::control::Message> Expect(transport::control::MessageChannel& channel,
                                                    MessageType type, absl::Duration timeout);
 
 }  // namespace herd

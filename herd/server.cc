@@ -8,6 +8,7 @@
 #include "herd/join.h"
 #include "herd/server_session.h"
 #include "mica/partition.h"
+#include "transport/cm_channel.h"
 #include "transport/control/wire.h"
 #include "util/take.h"
 
@@ -16,7 +17,6 @@ namespace {
 
 using util::Take;
 
-using transport::control::Channel;
 using transport::control::PendingConnections;
 
 // How often the control thread looks for departed clients while waiting for new ones.
@@ -34,10 +34,16 @@ constexpr uint32_t kSendCqSlack = 4096;
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Server>> Server::Create(const ServerOptions& options) {
-  absl::StatusOr<transport::control::Listener> listener =
-      transport::control::Listener::Listen(options.listen_address, options.port);
-  if (!listener.ok()) return listener.status();
-  std::unique_ptr<Server> server(new Server(options, *std::move(listener)));
+  // A TCP port is bound first (before the device and the memory), as a user's first mistake is
+  // a port in use; an RDMA-CM listener needs the device and is made in Init.
+  std::unique_ptr<transport::control::Listener> listener;
+  if (options.connect == transport::ConnectMode::kTcp) {
+    absl::StatusOr<transport::control::Listener> tcp =
+        transport::control::Listener::Listen(options.listen_address, options.port);
+    if (!tcp.ok()) return tcp.status();
+    listener = std::make_unique<transport::control::Listener>(*std::move(tcp));
+  }
+  std::unique_ptr<Server> server(new Server(options, std::move(listener)));
   if (absl::Status s = server->Init(); !s.ok()) return s;
   return server;
 }
@@ -46,6 +52,11 @@ absl::Status Server::Init() {
   const Config& c = options_.config;
   if (absl::Status s = Take(transport::OpenDevice(options_.device), &device_); !s.ok()) return s;
   if (absl::Status s = Validate(c, device_->port().active_mtu); !s.ok()) return s;
+  if (options_.connect == transport::ConnectMode::kCm && device_->name() == "shm") {
+    return absl::InvalidArgumentError(
+        "--connect=cm: RDMA-CM joins need a verbs device; the shm fabric joins over TCP "
+        "(--connect=tcp)");
+  }
   if (absl::Status s = Take(Topology::Load(), &topology_); !s.ok()) return s;
   if (options_.pin_workers) {
     absl::StatusOr<std::vector<int>> cores = topology_->PickCores(
@@ -140,17 +151,24 @@ absl::Status Server::Init() {
   transport::control::PendingOptions pending;
   pending.max_payload = kMaxHandshakeBytes;
   pending.first_message_timeout = kHandshakeTimeout;
-  absl::StatusOr<std::unique_ptr<PendingConnections>> set =
-      PendingConnections::Create(&listener_, pending);
-  if (!set.ok()) return set.status();
-  pending_ = *std::move(set);
+  if (options_.connect == transport::ConnectMode::kCm) {
+    absl::StatusOr<std::unique_ptr<transport::CmHandshakes>> set =
+        transport::CmHandshakes::Create(*device_, options_.listen_address, options_.port, pending);
+    if (!set.ok()) return set.status();
+    pending_ = *std::move(set);
+  } else {
+    absl::StatusOr<std::unique_ptr<PendingConnections>> set =
+        PendingConnections::Create(listener_.get(), pending);
+    if (!set.ok()) return set.status();
+    pending_ = *std::move(set);
+  }
   client_ids_used_.assign(c.max_clients, false);
   queue_slots_used_.assign(c.max_clients, false);
   queue_slot_generation_.assign(c.max_clients, 0);
   return absl::OkStatus();
 }
 
-Server::Server(const ServerOptions& options, transport::control::Listener listener)
+Server::Server(const ServerOptions& options, std::unique_ptr<transport::control::Listener> listener)
     : options_(options), listener_(std::move(listener)) {}
 
 Server::~Server() { Stop(); }
@@ -188,13 +206,13 @@ void Server::Stop() {
 }
 
 void Server::ControlLoop() {
-  std::vector<PendingConnections::Event> events;
+  std::vector<transport::control::HandshakeEvent> events;
   while (!stop_.load()) {
     // Every unfinished handshake at once, none able to block another or the retirements below.
     pending_->Wait(kControlPollInterval, &events);
-    for (PendingConnections::Event& event : events) OnHandshakeEvent(event);
+    for (transport::control::HandshakeEvent& event : events) OnHandshakeEvent(event);
     for (size_t i = 0; i < sessions_.size();) {
-      if (sessions_[i]->channel.PeerClosed()) {
+      if (sessions_[i]->channel->PeerClosed()) {
         LOG(INFO) << "clients " << sessions_[i]->first_client << ".."
                   << sessions_[i]->first_client + sessions_[i]->clients - 1 << " ("
                   << sessions_[i]->peer << ") left";
@@ -212,8 +230,8 @@ void Server::ControlLoop() {
   session_count_.store(0);
 }
 
-void Server::OnHandshakeEvent(PendingConnections::Event& event) {
-  if (event.kind != PendingConnections::Event::Kind::kMessage) {
+void Server::OnHandshakeEvent(transport::control::HandshakeEvent& event) {
+  if (event.kind != transport::control::HandshakeEvent::Kind::kMessage) {
     // Closed, timed out, malformed or evicted: the set already dropped the connection.
     LOG(WARNING) << "client " << event.peer << " not admitted: " << event.status;
     handshakes_.erase(event.id);
@@ -346,8 +364,9 @@ absl::Status Server::OnJoin(uint64_t id, const transport::control::Message& mess
   }
   client_count_.fetch_add(session->clients);
   absl::Status sent = pending_->Send(id, kWelcome, Encode(welcome));
-  absl::StatusOr<Channel> channel =
-      sent.ok() ? pending_->Release(id) : absl::StatusOr<Channel>(sent);
+  absl::StatusOr<std::unique_ptr<transport::control::MessageChannel>> channel =
+      sent.ok() ? pending_->ReleaseChannel(id)
+                : absl::StatusOr<std::unique_ptr<transport::control::MessageChannel>>(sent);
   if (!channel.ok()) {
     Retire(*session);  // the client never got (or will never read) its welcome
     return channel.status();

@@ -17,6 +17,7 @@
 #include "herd/worker.h"
 #include "mica/config.h"
 #include "transport/control/channel.h"
+#include "transport/control/handshake_set.h"
 #include "transport/control/pending_connections.h"
 #include "transport/fabric.h"
 #include "transport/shared_memory.h"
@@ -28,7 +29,10 @@ struct ServerOptions {
   transport::DeviceOptions device;
   mica::PartitionConfig store;  // per worker; max_value_bytes is capped by the slot
   std::string listen_address = "0.0.0.0";
-  uint16_t port = 0;         // 0 picks a free port (see port())
+  uint16_t port = 0;  // 0 picks a free port (see port())
+  // kCm: clients join over RDMA-CM (verbs devices; listen_address must be an address of the
+  // device's interface) and no TCP port is opened.
+  transport::ConnectMode connect = transport::ConnectMode::kTcp;
   std::string worker_cores;  // "" = the device's NUMA node, in order
   bool pin_workers = true;
   // Pages of the request region and the response staging buffers (see transport::PagePolicy).
@@ -63,7 +67,7 @@ class Server {
   // Stops accepting, retires every client, joins every thread. Idempotent.
   void Stop();
 
-  uint16_t port() const { return listener_.port(); }
+  uint16_t port() const { return pending_->port(); }  // the TCP or the RDMA-CM port
   const Config& config() const { return options_.config; }
   const std::vector<int>& worker_cores() const { return cores_; }
   std::string device_name() const { return device_->name(); }
@@ -73,14 +77,14 @@ class Server {
 
  private:
   struct Session;
-  Server(const ServerOptions& options, transport::control::Listener listener);
+  Server(const ServerOptions& options, std::unique_ptr<transport::control::Listener> listener);
   absl::Status Init();
   void ControlLoop();
   // The join handshake, one message at a time per connection: Hello, then Join.
   struct Handshake {
     uint32_t clients = 0;  // from the Hello
   };
-  void OnHandshakeEvent(transport::control::PendingConnections::Event& event);
+  void OnHandshakeEvent(transport::control::HandshakeEvent& event);
   absl::Status OnHello(uint64_t id, const transport::control::Message& message,
                        Handshake* handshake);
   absl::Status OnJoin(uint64_t id, const transport::control::Message& message,
@@ -96,7 +100,7 @@ class Server {
   static uint64_t DrawSecret();
 
   const ServerOptions options_;
-  transport::control::Listener listener_;
+  std::unique_ptr<transport::control::Listener> listener_;  // ConnectMode::kTcp only
   std::unique_ptr<Topology> topology_;
   std::vector<int> cores_;
   std::unique_ptr<transport::Device> device_;
@@ -131,7 +135,8 @@ class Server {
   absl::Time start_time_;
 
   // Control thread only (Stats() reads the device's counters and atomics, never these).
-  std::unique_ptr<transport::control::PendingConnections> pending_;
+  // The joins in progress, over TCP (PendingConnections) or RDMA-CM (CmHandshakes).
+  std::unique_ptr<transport::control::HandshakeSet> pending_;
   absl::flat_hash_map<uint64_t, Handshake> handshakes_;  // by pending connection id
   std::vector<std::unique_ptr<Session>> sessions_;
   std::vector<bool> client_ids_used_;

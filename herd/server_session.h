@@ -9,14 +9,14 @@
 #include "herd/send_queue.h"
 #include "herd/server.h"
 #include "herd/worker.h"
-#include "transport/control/channel.h"
+#include "transport/control/message_channel.h"
 #include "transport/fabric.h"
 #include "transport/shared_memory.h"
 
 namespace herd {
 
 struct Server::Session {
-  transport::control::Channel channel{-1};
+  std::unique_ptr<transport::control::MessageChannel> channel;  // TCP or RDMA-CM
   std::string peer;
   uint32_t first_client = 0;
   uint32_t clients = 0;

@@ -167,6 +167,19 @@ rdma_conn_param ConnParam(const Wire& wire, uint32_t qp_num) {
   return param;
 }
 
+// The address of an id's peer, for logs.
+std::string PeerOf(rdma_cm_id* id) {
+  const sockaddr* addr = rdma_get_peer_addr(id);
+  char host[NI_MAXHOST] = "?", port[NI_MAXSERV] = "?";
+  if (addr != nullptr) {
+    const socklen_t length =
+        addr->sa_family == AF_INET6 ? sizeof(sockaddr_in6) : sizeof(sockaddr_in);
+    getnameinfo(addr, length, host, sizeof(host), port, sizeof(port),
+                NI_NUMERICHOST | NI_NUMERICSERV);
+  }
+  return absl::StrFormat("%s:%s", host, port);
+}
+
 // An id and the event channel its events arrive on.
 class Connection : public CmConnection {
  public:
@@ -183,9 +196,31 @@ class Connection : public CmConnection {
   rdma_event_channel* channel() const { return channel_; }
   rdma_cm_id* id() const { return id_; }
 
+  bool Disconnected() override {
+    while (!disconnected_) {
+      pollfd p{channel_->fd, POLLIN, 0};
+      if (poll(&p, 1, 0) <= 0) break;
+      rdma_cm_event* raw = nullptr;
+      if (rdma_get_cm_event(channel_, &raw) != 0) {
+        disconnected_ = true;  // the channel itself failed: nothing more will be learnt
+        break;
+      }
+      switch (raw->event) {
+        case RDMA_CM_EVENT_ESTABLISHED:
+          break;
+        default:  // DISCONNECTED, CONNECT_ERROR, UNREACHABLE, REJECTED, DEVICE_REMOVAL, ...
+          disconnected_ = true;
+      }
+      rdma_ack_cm_event(raw);
+    }
+    return disconnected_;
+  }
+  std::string peer() const override { return PeerOf(id_); }
+
  private:
   rdma_event_channel* channel_;
   rdma_cm_id* id_;
+  bool disconnected_ = false;
 };
 
 absl::StatusOr<std::unique_ptr<Connection>> NewId() {
@@ -203,41 +238,95 @@ absl::StatusOr<std::unique_ptr<Connection>> NewId() {
   return std::make_unique<Connection>(channel, id);
 }
 
+class Request : public CmRequest {
+ public:
+  Request(rdma_cm_id* id, std::vector<uint8_t> private_data)
+      : id_(id), private_data_(std::move(private_data)) {}
+  ~Request() override {
+    if (id_ != nullptr) {
+      rdma_reject(id_, nullptr, 0);
+      rdma_destroy_id(id_);
+    }
+  }
+  std::string peer() const override { return PeerOf(id_); }
+
+  absl::StatusOr<std::unique_ptr<CmConnection>> Accept(const Device& device,
+                                                       QueuePair& qp) override {
+    if (absl::Status s = CheckQp(device, qp); !s.ok()) return s;
+    if (id_ == nullptr) return absl::FailedPreconditionError("the request was answered already");
+    const std::string client = absl::StrFormat("the client at %s", PeerOf(id_));
+    if (absl::Status s = CheckDevice(id_, device, client); !s.ok()) return s;
+    absl::StatusOr<QpEndpoint> remote = Decode(private_data_.data(), private_data_.size());
+    if (!remote.ok()) return remote.status();
+    // The request's id becomes the connection's: its events move to a channel of its own.
+    rdma_event_channel* channel = rdma_create_event_channel();
+    if (channel == nullptr) return Errno("rdma_create_event_channel");
+    if (rdma_migrate_id(id_, channel) != 0) {
+      const absl::Status s = Errno("rdma_migrate_id");
+      rdma_destroy_event_channel(channel);
+      return s;
+    }
+    auto connection = std::make_unique<Connection>(channel, id_);
+    id_ = nullptr;  // the connection owns it now, and disconnects or rejects through it
+    ConnectConfig config;
+    config.remote = *remote;
+    if (absl::Status s = qp.Connect(config); !s.ok()) {
+      rdma_reject(connection->id(), nullptr, 0);
+      return s;
+    }
+    const Wire ours = Encode(qp.endpoint());
+    rdma_conn_param param = ConnParam(ours, qp.qp_num());
+    if (rdma_accept(connection->id(), &param) != 0) return Errno("rdma_accept");
+    return std::unique_ptr<CmConnection>(std::move(connection));
+  }
+
+ private:
+  rdma_cm_id* id_;
+  std::vector<uint8_t> private_data_;
+};
+
 class Listener : public CmListener {
  public:
   explicit Listener(std::unique_ptr<Connection> listening) : listening_(std::move(listening)) {}
   uint16_t port() const override { return ntohs(rdma_get_src_port(listening_->id())); }
+  int fd() const override { return listening_->channel()->fd; }
+
+  absl::StatusOr<std::unique_ptr<CmRequest>> NextRequest() override {
+    pollfd p{fd(), POLLIN, 0};
+    const int ready = poll(&p, 1, 0);
+    if (ready < 0) return Errno("poll(RDMA-CM listener)");
+    if (ready == 0) return nullptr;
+    absl::StatusOr<Event> e = NextEvent(listening_->channel(), absl::Now());
+    if (!e.ok()) return e.status();
+    if (e->type != RDMA_CM_EVENT_CONNECT_REQUEST) {
+      return absl::UnavailableError(
+          absl::StrFormat("RDMA-CM listener: %s (status %d)", rdma_event_str(e->type), e->status));
+    }
+    return std::unique_ptr<CmRequest>(new Request(e->id, std::move(e->private_data)));
+  }
 
   absl::StatusOr<std::unique_ptr<CmConnection>> Accept(const Device& device, QueuePair& qp,
                                                        absl::Duration timeout) override {
     if (absl::Status s = CheckQp(device, qp); !s.ok()) return s;
     const absl::Time deadline = absl::Now() + timeout;
-    absl::StatusOr<Event> request =
-        Expect(listening_->channel(), RDMA_CM_EVENT_CONNECT_REQUEST, deadline, "a client");
+    pollfd p{fd(), POLLIN, 0};
+    const int ready = poll(&p, 1, Milliseconds(timeout));
+    if (ready < 0) return Errno("poll(RDMA-CM listener)");
+    if (ready == 0) {
+      return absl::DeadlineExceededError(
+          "RDMA-CM with a client, waiting for RDMA_CM_EVENT_CONNECT_REQUEST: no RDMA-CM event "
+          "before the deadline");
+    }
+    absl::StatusOr<std::unique_ptr<CmRequest>> request = NextRequest();
     if (!request.ok()) return request.status();
-    // The request's id is the new connection's: give it a channel of its own.
-    rdma_event_channel* channel = rdma_create_event_channel();
-    if (channel == nullptr) return Errno("rdma_create_event_channel");
-    auto connection = std::make_unique<Connection>(channel, request->id);
-    auto reject = [&](const absl::Status& why) {
-      rdma_reject(request->id, nullptr, 0);
-      return why;
-    };
-    if (rdma_migrate_id(request->id, channel) != 0) return reject(Errno("rdma_migrate_id"));
-    if (absl::Status s = CheckDevice(request->id, device, "the client"); !s.ok()) return reject(s);
-    absl::StatusOr<QpEndpoint> peer =
-        Decode(request->private_data.data(), request->private_data.size());
-    if (!peer.ok()) return reject(peer.status());
-    ConnectConfig config;
-    config.remote = *peer;
-    if (absl::Status s = qp.Connect(config); !s.ok()) return reject(s);
-    const Wire ours = Encode(qp.endpoint());
-    rdma_conn_param param = ConnParam(ours, qp.qp_num());
-    if (rdma_accept(request->id, &param) != 0) return Errno("rdma_accept");
+    if (*request == nullptr) return absl::UnavailableError("RDMA-CM: the request vanished");
+    absl::StatusOr<std::unique_ptr<CmConnection>> accepted = (*request)->Accept(device, qp);
+    if (!accepted.ok()) return accepted.status();
+    auto* connection = static_cast<Connection*>(accepted->get());
     absl::StatusOr<Event> established =
-        Expect(channel, RDMA_CM_EVENT_ESTABLISHED, deadline, "the client");
+        Expect(connection->channel(), RDMA_CM_EVENT_ESTABLISHED, deadline, "the client");
     if (!established.ok()) return established.status();
-    return std::unique_ptr<CmConnection>(std::move(connection));
+    return accepted;
   }
 
  private:
@@ -245,6 +334,15 @@ class Listener : public CmListener {
 };
 
 }  // namespace
+
+std::string Ipv4OfGid(const Gid& gid) {
+  constexpr int kMappedPrefixZeros = 10;  // ::ffff:a.b.c.d: ten zero bytes, then 0xffff
+  for (int i = 0; i < kMappedPrefixZeros; ++i) {
+    if (gid[i] != 0) return "";
+  }
+  if (gid[10] != 0xff || gid[11] != 0xff) return "";
+  return absl::StrFormat("%d.%d.%d.%d", gid[12], gid[13], gid[14], gid[15]);
+}
 
 absl::StatusOr<std::unique_ptr<CmListener>> CmListener::Listen(std::string_view address,
                                                                uint16_t port) {

@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <string_view>
 
 #include "absl/status/statusor.h"
@@ -20,10 +21,29 @@
 
 namespace transport {
 
-// One established CM connection. Keep it as long as the QP is used: destroying it disconnects.
+// One CM connection. Keep it as long as the QP is used: destroying it disconnects (the peer sees
+// a DREQ; so it does when this process dies, the kernel disconnecting for it).
 class CmConnection {
  public:
   virtual ~CmConnection() = default;
+  // The peer disconnected or the connection failed (its handshake included); never blocks.
+  // Once true it stays true.
+  virtual bool Disconnected() = 0;
+  // The peer's address ("a.b.c.d:port"), for logs.
+  virtual std::string peer() const = 0;
+};
+
+// A connection request a listener received and has not answered yet. Destroying it unanswered
+// rejects it.
+class CmRequest {
+ public:
+  virtual ~CmRequest() = default;
+  virtual std::string peer() const = 0;
+  // Connects `qp` (RC, RESET, on `device`) to the requester's QP and accepts without waiting
+  // for the requester's last handshake step: the QP can receive at once, and the connection
+  // reports Disconnected() if the handshake never finishes.
+  virtual absl::StatusOr<std::unique_ptr<CmConnection>> Accept(const Device& device,
+                                                               QueuePair& qp) = 0;
 };
 
 class CmListener {
@@ -33,6 +53,10 @@ class CmListener {
                                                             uint16_t port);
   virtual ~CmListener() = default;
   virtual uint16_t port() const = 0;
+  // Readable (poll) when a connection request may be waiting.
+  virtual int fd() const = 0;
+  // The oldest waiting connection request, or nullptr when none is; never blocks.
+  virtual absl::StatusOr<std::unique_ptr<CmRequest>> NextRequest() = 0;
   // Waits up to `timeout` for one connection request and connects `qp` (RC, RESET, on `device`)
   // to the requester's QP.
   virtual absl::StatusOr<std::unique_ptr<CmConnection>> Accept(const Device& device, QueuePair& qp,
@@ -43,6 +67,10 @@ class CmListener {
 absl::StatusOr<std::unique_ptr<CmConnection>> CmConnect(const Device& device, QueuePair& qp,
                                                         std::string_view host, uint16_t port,
                                                         absl::Duration timeout);
+
+// The IPv4 address a RoCE v2 GID carries (::ffff:a.b.c.d), by which the CM reaches that device;
+// "" when the GID is not one (InfiniBand, IPv6).
+std::string Ipv4OfGid(const Gid& gid);
 
 }  // namespace transport
 

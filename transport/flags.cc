@@ -28,7 +28,25 @@ DEFINE_string(hugepages, "auto",
               "Pages of the large registered regions (request region, response staging): auto "
               "(2 MiB hugepages when the pool has them, else 4 KiB, logged), required or off");
 
+DEFINE_string(connect, "tcp",
+              "How clients join servers: tcp (the TCP control plane) or cm (RDMA-CM: the server's "
+              "address and port on its RDMA interface, no TCP; verbs devices only)");
+
 namespace transport {
+
+absl::StatusOr<ConnectMode> ConnectModeFromFlags() {
+  if (FLAGS_connect == "tcp") return ConnectMode::kTcp;
+  if (FLAGS_connect == "cm") {
+    if (FLAGS_fabric == "shm") {
+      return absl::InvalidArgumentError(
+          "--connect=cm: RDMA-CM needs a verbs device (--fabric=verbs); the shm fabric joins over "
+          "TCP (--connect=tcp)");
+    }
+    return ConnectMode::kCm;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrFormat("--connect=%s: expected tcp or cm", FLAGS_connect));
+}
 
 absl::StatusOr<PagePolicy> PagePolicyFromFlags() { return ParsePagePolicy(FLAGS_hugepages); }
 

@@ -2,6 +2,7 @@
 //   --fabric=shm|verbs --device --shm_fabric_name --mtu --ib_port --gid_index
 //   --inject_ud_loss --inject_uc_loss --inject_delay_us (shm fault injection) --shm_async
 //   --hugepages (the pages of the large registered regions)
+//   --connect=tcp|cm (how clients join servers)
 #ifndef HERD_TRANSPORT_FLAGS_H_
 #define HERD_TRANSPORT_FLAGS_H_
 
@@ -13,6 +14,7 @@ namespace transport {
 
 absl::StatusOr<DeviceOptions> DeviceOptionsFromFlags();
 absl::StatusOr<PagePolicy> PagePolicyFromFlags();
+absl::StatusOr<ConnectMode> ConnectModeFromFlags();
 
 }  // namespace transport
 

@@ -15,6 +15,9 @@ namespace transport {
 
 enum class QpType : uint8_t { kRc, kUc, kUd };
 enum class QpState : uint8_t { kReset, kInit, kRtr, kRts, kError };
+// How a client and a server set up a session: over the TCP control plane (transport/control), or
+// over RDMA-CM with no TCP at all (transport/cm_channel.h, verbs devices only).
+enum class ConnectMode : uint8_t { kTcp, kCm };
 
 enum class Opcode : uint8_t {
   kSend,

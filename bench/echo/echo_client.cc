@@ -72,6 +72,12 @@ int Main() {
   if (FLAGS_clients < 1) return Fail(absl::InvalidArgumentError("--clients must be at least 1"));
   absl::StatusOr<transport::DeviceOptions> options = transport::DeviceOptionsFromFlags();
   if (!options.ok()) return Fail(options.status());
+  // The baseline measures the data path; its setup stays on the TCP control plane.
+  absl::StatusOr<transport::ConnectMode> join_mode = transport::ConnectModeFromFlags();
+  if (!join_mode.ok()) return Fail(join_mode.status());
+  if (*join_mode != transport::ConnectMode::kTcp) {
+    return Fail(absl::InvalidArgumentError("--connect=cm: the echo baseline joins over TCP only"));
+  }
   absl::StatusOr<std::unique_ptr<transport::Device>> opened = transport::OpenDevice(*options);
   if (!opened.ok()) return Fail(opened.status());
   transport::Device& device = **opened;

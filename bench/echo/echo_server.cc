@@ -304,6 +304,12 @@ int Main() {
   if (!device.ok()) return Fail(device.status());
   absl::StatusOr<transport::PagePolicy> pages = transport::PagePolicyFromFlags();
   if (!pages.ok()) return Fail(pages.status());
+  // The baseline measures the data path; its setup stays on the TCP control plane.
+  absl::StatusOr<transport::ConnectMode> join_mode = transport::ConnectModeFromFlags();
+  if (!join_mode.ok()) return Fail(join_mode.status());
+  if (*join_mode != transport::ConnectMode::kTcp) {
+    return Fail(absl::InvalidArgumentError("--connect=cm: the echo baseline joins over TCP only"));
+  }
   absl::StatusOr<std::unique_ptr<Server>> server = Server::Create(config, *pages, *device);
   if (!server.ok()) return Fail(server.status());
   if (FLAGS_port > 65535) return Fail(absl::InvalidArgumentError("--port must be <= 65535"));

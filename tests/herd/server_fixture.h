@@ -24,7 +24,9 @@ class ServerProcess {
     int ready[2];
     if (pipe(ready) != 0) return;
     options.port = 0;
-    options.listen_address = "127.0.0.1";
+    // TCP joins on loopback; RDMA-CM joins on the address the test chose (the device's).
+    if (options.connect == transport::ConnectMode::kTcp) options.listen_address = "127.0.0.1";
+    host_ = options.listen_address;
     pid_ = fork();
     if (pid_ == 0) {
       close(ready[0]);
@@ -68,12 +70,13 @@ class ServerProcess {
   }
 
   bool ok() const { return port_ != 0; }
-  std::string address() const { return absl::StrCat("127.0.0.1:", port_); }
+  std::string address() const { return absl::StrCat(host_, ":", port_); }
   pid_t pid() const { return pid_; }
 
  private:
   pid_t pid_ = -1;
   uint16_t port_ = 0;
+  std::string host_;
 };
 
 inline ServerOptions SmallServer(const std::string& fabric) {

@@ -18,22 +18,13 @@ namespace {
 
 constexpr absl::Duration kCmTimeout = absl::Seconds(10);
 
-// The IPv4 address behind a RoCE v2 GID (::ffff:a.b.c.d), or "" when it is not one.
-std::string Ipv4Of(const Gid& gid) {
-  for (int i = 0; i < 10; ++i) {
-    if (gid[i] != 0) return "";
-  }
-  if (gid[10] != 0xff || gid[11] != 0xff) return "";
-  return absl::StrFormat("%d.%d.%d.%d", gid[12], gid[13], gid[14], gid[15]);
-}
-
 class CmTest : public ::testing::Test {
  protected:
   void SetUp() override {
     a_ = MakeNode("verbs");
     b_ = MakeNode("verbs");
     if (a_ == nullptr || b_ == nullptr) GTEST_SKIP() << "no verbs device on this machine";
-    address_ = Ipv4Of(a_->device->port().gid);
+    address_ = Ipv4OfGid(a_->device->port().gid);
     if (address_.empty()) GTEST_SKIP() << "the verbs device's GID carries no IPv4 address";
   }
   std::unique_ptr<Node> a_, b_;

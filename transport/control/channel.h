@@ -17,6 +17,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "transport/control/message_channel.h"
 
 namespace transport::control {
 
@@ -26,13 +27,8 @@ inline constexpr uint32_t kFrameHeaderBytes = 12;
 // Setup messages are small (endpoints and keys); anything past this is corruption or an attack.
 inline constexpr uint32_t kMaxControlPayload = 1u << 20;
 
-struct Message {
-  uint16_t type = 0;
-  std::vector<uint8_t> payload;
-};
-
 // One end of a control connection. Move-only; closes its socket when destroyed.
-class Channel {
+class Channel : public MessageChannel {
  public:
   // Connects to "host:port" (host: a name, IPv4 or [IPv6]), retrying refused connections until
   // `timeout` (the server may still be starting).
@@ -42,19 +38,19 @@ class Channel {
   Channel& operator=(Channel&& other) noexcept;
   Channel(const Channel&) = delete;
   Channel& operator=(const Channel&) = delete;
-  ~Channel();
+  ~Channel() override;
 
-  absl::Status Send(uint16_t type, const std::vector<uint8_t>& payload);
+  absl::Status Send(uint16_t type, const std::vector<uint8_t>& payload) override;
   // Waits up to `timeout` for one whole message. kDeadlineExceeded when none began; kUnavailable
   // when the peer closed between messages; kDataLoss for a bad or truncated frame.
-  absl::StatusOr<Message> Receive(absl::Duration timeout);
+  absl::StatusOr<Message> Receive(absl::Duration timeout) override;
   // The peer closed, reset or half-closed (shut its sending side down) the connection, or this
   // channel has none; never blocks. Unread bytes the peer sent before closing do not count as
   // open (they stay readable): a peer that sends and leaves has left.
-  bool PeerClosed() const;
+  bool PeerClosed() const override;
 
   int fd() const { return fd_; }
-  std::string peer_name() const;
+  std::string peer_name() const override;
 
  private:
   // Reads exactly n bytes or fails (deadline, close, error).

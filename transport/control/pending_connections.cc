@@ -285,6 +285,12 @@ absl::Status PendingConnections::SetDeadline(uint64_t id, absl::Time deadline) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::unique_ptr<MessageChannel>> PendingConnections::ReleaseChannel(uint64_t id) {
+  absl::StatusOr<Channel> channel = Release(id);
+  if (!channel.ok()) return channel.status();
+  return std::make_unique<Channel>(*std::move(channel));
+}
+
 absl::StatusOr<Channel> PendingConnections::Release(uint64_t id) {
   auto it = connections_.find(id);
   if (it == connections_.end()) {

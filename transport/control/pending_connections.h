@@ -36,6 +36,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "transport/control/channel.h"
+#include "transport/control/handshake_set.h"
 
 namespace transport::control {
 
@@ -67,23 +68,9 @@ struct PendingOptions {
   absl::Duration send_timeout = absl::ZeroDuration();
 };
 
-class PendingConnections {
+class PendingConnections : public HandshakeSet {
  public:
-  struct Event {
-    enum class Kind {
-      kMessage,   // one whole message arrived; the connection stays pending
-      kClosed,    // the peer closed between messages (status kUnavailable)
-      kError,     // a bad frame (kDataLoss naming the cause: magic, version, limit, truncation)
-                  // or a socket error (kUnavailable)
-      kTimedOut,  // its deadline passed (kDeadlineExceeded; says how much of a frame came)
-      kEvicted,   // closed to make room at max_pending (kResourceExhausted)
-    };
-    uint64_t id = 0;
-    Kind kind = Kind::kMessage;
-    Message message;      // kMessage only
-    absl::Status status;  // OK for kMessage
-    std::string peer;     // "address:port", for logs
-  };
+  using Event = HandshakeEvent;
 
   // `listener` must outlive the set; the set takes over its accepts (do not call
   // Listener::Accept meanwhile). kInvalidArgument for options out of range.
@@ -91,7 +78,7 @@ class PendingConnections {
                                                                     PendingOptions options = {});
   PendingConnections(const PendingConnections&) = delete;
   PendingConnections& operator=(const PendingConnections&) = delete;
-  ~PendingConnections();  // closes every pending connection
+  ~PendingConnections() override;  // closes every pending connection
 
   // Replaces `*events` with what happened: accepts new connections (each gets an id, never reused,
   // and the deadline now + first_message_timeout), reads whatever arrived, and reports complete
@@ -99,16 +86,16 @@ class PendingConnections {
   // keeps Release lossless), closes, errors and passed deadlines. Every event but kMessage means
   // the set has closed the connection and forgotten its id. Waits at most `timeout` while nothing
   // is ready; may return early with no events (an accept or part of a frame was progress).
-  void Wait(absl::Duration timeout, std::vector<Event>* events);
+  void Wait(absl::Duration timeout, std::vector<Event>* events) override;
 
   // Sends one small reply (see PendingOptions::send_timeout). On failure the connection is closed
   // and forgotten (a partly sent frame leaves the stream unusable); kNotFound for an unknown id.
-  absl::Status Send(uint64_t id, uint16_t type, const std::vector<uint8_t>& payload);
+  absl::Status Send(uint64_t id, uint16_t type, const std::vector<uint8_t>& payload) override;
 
   // Moves a connection's deadline (e.g. now + the next step's timeout after a reply). A message
   // is never timed out in the Wait that reports it, but a deadline left in the past times the
   // connection out at the next Wait: move it after every message you answer.
-  absl::Status SetDeadline(uint64_t id, absl::Time deadline);
+  absl::Status SetDeadline(uint64_t id, absl::Time deadline) override;
 
   // The handshake finished: the connection leaves the set as a blocking Channel, on which
   // Receive, Send and PeerClosed work as on any Channel. Nothing is lost: the set never reads past
@@ -116,9 +103,11 @@ class PendingConnections {
   // request/response peer never sends unasked; then Release refuses (kFailedPrecondition, the
   // connection is closed) rather than drop those bytes. kNotFound for an unknown id.
   absl::StatusOr<Channel> Release(uint64_t id);
+  absl::StatusOr<std::unique_ptr<MessageChannel>> ReleaseChannel(uint64_t id) override;
 
   // Closes and forgets a connection; an unknown id is ignored.
-  void Close(uint64_t id);
+  void Close(uint64_t id) override;
+  uint16_t port() const override { return listener_->port(); }
 
   size_t size() const { return connections_.size(); }
 
