@@ -90,11 +90,20 @@ run_in_rxe_vm() {
       --gtest_output=xml:$xml/multiprocess.xml || rc=1
     $bin/tests/herd/verbs_e2e_test --gtest_output=xml:$xml/verbs_e2e.xml || rc=1
     $bin/tests/transport/cm_test --gtest_filter='CmTest.*' --gtest_output=xml:$xml/cm.xml || rc=1
+    $bin/tests/transport/cm_channel_test --gtest_output=xml:$xml/cm_channel.xml || rc=1
+    # herd_server and herd_kv joined over RDMA-CM (no TCP): a few of herd_kv's cases (the
+    # others test the operations, not the join, and run on shm).
+    HERD_BIN=$bin HERD_KV_CM=10.99.0.1 /usr/bin/python3 tests/scripts/herd_kv_test.py \
+      HerdKvTest.test_put_then_get_round_trips_text HerdKvTest.test_stats_prints_the_servers_json \
+      HerdKvTest.test_insert_twice_is_exists_naming_the_present_version \
+      HerdKvTest.test_a_server_nobody_runs_is_unreachable 2>&1 | tail -n 4
+    [ \${PIPESTATUS[0]} -eq 0 ] || rc=1
     exit \$rc"
   local rc=$?
   local passed failed skipped
   read -r passed failed skipped < <(python3 scripts/gtest_totals.py --xml \
-    "$xml/conformance.xml" "$xml/multiprocess.xml" "$xml/verbs_e2e.xml" "$xml/cm.xml")
+    "$xml/conformance.xml" "$xml/multiprocess.xml" "$xml/verbs_e2e.xml" "$xml/cm.xml" \
+    "$xml/cm_channel.xml")
   echo "==== rxe0 cases: ${passed} passed, ${failed} failed, ${skipped} skipped"
   total_passed=$((total_passed + passed))
   total_failed=$((total_failed + failed))

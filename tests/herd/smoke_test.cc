@@ -161,5 +161,23 @@ TEST(Smoke, StatsAreServedOnAConnectionOfTheirOwn) {
   EXPECT_EQ(client->Get("k")->value, "v");
 }
 
+// RDMA-CM joins need a verbs device: on shm both ends refuse, saying what to use instead.
+TEST(Smoke, RdmaCmJoinsAreRefusedOnShmClearly) {
+  ServerOptions options = SmallServer("smoke_cm");
+  options.connect = transport::ConnectMode::kCm;
+  absl::StatusOr<std::unique_ptr<Server>> server = Server::Create(options);
+  ASSERT_FALSE(server.ok());
+  EXPECT_EQ(server.status().code(), absl::StatusCode::kInvalidArgument) << server.status();
+  EXPECT_TRUE(absl::StrContains(server.status().message(), "--connect=tcp")) << server.status();
+
+  ClientOptions client_options;
+  client_options.device.fabric = "smoke_cm";
+  client_options.connect = transport::ConnectMode::kCm;
+  absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(client_options);
+  ASSERT_FALSE(client.ok());
+  EXPECT_EQ(client.status().code(), absl::StatusCode::kUnimplemented) << client.status();
+  EXPECT_TRUE(absl::StrContains(client.status().message(), "--connect=tcp")) << client.status();
+}
+
 }  // namespace
 }  // namespace herd::testing

@@ -1,12 +1,20 @@
 // herd end to end on a real verbs device (Soft-RoCE in CI, through scripts/rxe_vm.sh): the server
 // in a forked process, clients in this one, each request x response verb pair under a short
 // mixed workload checked against the model. Skips, saying so, where no verbs device exists.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
 #include <tuple>
 
 #include "absl/strings/str_format.h"
 #include "glog/logging.h"
 #include "tests/herd/model_workload.h"
 #include "tests/herd/server_fixture.h"
+#include "herd/join.h"
+#include "transport/cm.h"
 #include "transport/fabric.h"
 
 namespace herd::testing {
@@ -108,6 +116,72 @@ TEST_F(OverVerbs, LargeValuesMatchTheModel) {
   LOG(INFO) << "large PUTs " << stats.large_puts << ", out-of-line GETs " << stats.out_of_line_gets
             << ", item re-reads " << stats.item_rereads << ", copied " << stats.copied_gets
             << "; fabric " << stats.fabric.ToJson();
+}
+
+// Joins over RDMA-CM (--connect=cm): no TCP at all. Two sessions join by the device's IP address,
+// run the model workload, ask for stats over a CM connection of their own, and leave; the
+// server retires each one (one by closing, one by its process being killed).
+TEST_F(OverVerbs, RdmaCmJoinsRunTheModelAndLeave) {
+  transport::DeviceOptions device;
+  device.name = device_;
+  auto probe = transport::OpenDevice(device);
+  ASSERT_TRUE(probe.ok()) << probe.status();
+  const std::string address = transport::Ipv4OfGid((*probe)->port().gid);
+  if (address.empty()) GTEST_SKIP() << "the device's GID carries no IPv4 address";
+  ServerOptions options = SmallServer("unused-on-verbs");
+  options.device.name = device_;
+  options.config.workers = 1;
+  options.connect = transport::ConnectMode::kCm;
+  options.listen_address = address;
+  ServerProcess server(options);
+  ASSERT_TRUE(server.ok());
+  ClientOptions client_options;
+  client_options.server = server.address();
+  client_options.connect = transport::ConnectMode::kCm;
+  client_options.clients = 2;
+  client_options.device.name = device_;
+  client_options.retry_timeout = absl::Milliseconds(200);
+  client_options.min_retry_timeout = absl::Milliseconds(50);
+  auto client = Client::Connect(client_options);
+  ASSERT_TRUE(client.ok()) << client.status();
+  RunModelWorkload(**client, 300, 16, 29);
+
+  // Stats over RDMA-CM, on a connection of their own.
+  // Logical clients joined (the stats' "clients"): 2 per session here.
+  auto clients = [&]() -> int {
+    auto json = FetchServerStats(server.address(), absl::Seconds(10),
+                                 transport::ConnectMode::kCm, probe->get());
+    EXPECT_TRUE(json.ok()) << json.status();
+    if (!json.ok()) return -1;
+    const std::string key = "\"stats\":{";
+    const size_t stats = json->find(key);
+    const size_t at = json->find("\"clients\":", stats);
+    if (stats == std::string::npos || at == std::string::npos) return -1;
+    return std::atoi(json->c_str() + at + std::strlen("\"clients\":"));
+  };
+  EXPECT_EQ(clients(), 2);
+
+  // A second session in a child process, killed mid-session: the kernel's disconnect retires it.
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    auto second = Client::Connect(client_options);
+    if (!second.ok() || !(*second)->Put("from-child", "v").ok()) _exit(3);
+    pause();
+    _exit(0);
+  }
+  auto value = [&]() { return (*client)->Get("from-child"); };
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (!value().ok() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(20));
+  ASSERT_TRUE(value().ok()) << "the child's session never wrote";
+  EXPECT_EQ(clients(), 4);
+  kill(child, SIGKILL);
+  waitpid(child, nullptr, 0);
+  while (clients() != 2 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(20));
+  EXPECT_EQ(clients(), 2) << "the killed client's session was never retired";
+  client->reset();
+  while (clients() != 0 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(20));
+  EXPECT_EQ(clients(), 0) << "the departed client's session was never retired";
 }
 
 }  // namespace

@@ -3,7 +3,9 @@
 herd_server on a shm fabric of their own. Round trips (text, binary through --hex, --value_file
 and stdin), every failure's exit status and one-line message, stats, usage errors, and a server
 nobody runs. Needs the opt binaries (scripts/test.sh builds them first); HERD_BIN=DIR picks
-others (e.g. bazel-out/k8-fastbuild/bin).
+others (e.g. bazel-out/k8-fastbuild/bin). HERD_KV_CM=ADDRESS runs every test over RDMA-CM joins
+instead (--connect=cm on $HERD_VERBS_DEVICE, the server listening on ADDRESS, that device's
+IPv4 address): scripts/test.sh does so in the Soft-RoCE guest.
 
 usage: tests/scripts/herd_kv_test.py [-v]
 """
@@ -27,6 +29,7 @@ SERVER_READY_TIMEOUT_S = 30
 SERVER_STOP_TIMEOUT_S = 10
 # One herd_kv run: a join and one request (its own --timeout_ms bounds each).
 RUN_TIMEOUT_S = 30
+CM_ADDRESS = os.environ.get("HERD_KV_CM", "")
 # herd_kv's exit statuses (herd/herd_kv_main.cc).
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_UNREACHABLE = 0, 1, 2, 3
 
@@ -60,10 +63,15 @@ class HerdKvTest(unittest.TestCase):
             if not binary.exists():
                 raise AssertionError(f"{binary} is missing: bazel build --config=opt "
                                      "//herd:herd_server //herd:herd_kv (or set HERD_BIN)")
-        cls.fabric = [f"--shm_fabric_name=herd-kv-test-{os.getpid()}"]
+        cls.host = CM_ADDRESS or "127.0.0.1"
+        if CM_ADDRESS:
+            cls.fabric = ["--fabric=verbs", f"--device={os.environ['HERD_VERBS_DEVICE']}",
+                          "--connect=cm"]
+        else:
+            cls.fabric = [f"--shm_fabric_name=herd-kv-test-{os.getpid()}"]
         cls.log = tempfile.TemporaryFile()
         cls.server = subprocess.Popen(
-            [str(SERVER), "--port=0", "--listen_address=127.0.0.1", "--workers=1",
+            [str(SERVER), "--port=0", f"--listen_address={cls.host}", "--workers=1",
              "--pin_workers=false", "--max_clients=8", "--mica_items=4096",
              "--mica_log_bytes=4194304"] + cls.fabric,
             stdout=subprocess.PIPE, stderr=cls.log, start_new_session=True)
@@ -74,7 +82,7 @@ class HerdKvTest(unittest.TestCase):
             log = cls.log.read().decode(errors="replace")
             cls.stop_server()
             raise AssertionError(f"{error}; its stderr:\n{log}") from None
-        cls.address = f"127.0.0.1:{ready.split('port=', 1)[1].split()[0]}"
+        cls.address = f"{cls.host}:{ready.split('port=', 1)[1].split()[0]}"
         cls.config = json.loads(ready.split("config=", 1)[1])
 
     @classmethod
@@ -241,10 +249,11 @@ class HerdKvTest(unittest.TestCase):
 
     def test_a_server_nobody_runs_is_unreachable(self):
         # A bound socket that never listens: connecting to its port is refused, and nothing else
-        # can take the port meanwhile.
+        # can take the port meanwhile (over RDMA-CM: a port no CM listener has, where the
+        # connection is rejected).
         with socket.socket() as unused:
-            unused.bind(("127.0.0.1", 0))
-            nobody = f"127.0.0.1:{unused.getsockname()[1]}"
+            unused.bind((self.host, 0))
+            nobody = f"{self.host}:{unused.getsockname()[1]}"
             for command in (["get", "k"], ["put", "k", "v"], ["stats"]):
                 code, stdout, stderr = self.kv("--timeout_ms=200", *command, server=nobody)
                 self.assertEqual(code, EXIT_UNREACHABLE, stderr)
