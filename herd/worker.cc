@@ -70,6 +70,7 @@ Worker::Worker(uint32_t index, const Config& config, std::unique_ptr<mica::Parti
                transport::CompletionQueue* recv_cq, const WorkerMemory& memory, ResponseGate* gate)
     : index_(index),
       config_(config),
+      landing_share_(std::max(1u, config.postlist / kLandingShareDivisor)),
       limits_{config.max_key_bytes, config.value_limit(),
               config.large_values() ? config.landing_buffers : 0},
       response_buffer_bytes_(ResponseBytes(config.slot_value_bytes())),
@@ -136,8 +137,14 @@ void Worker::Run(const std::atomic<bool>& stop) {
   uint32_t idle = 0;
   while (!stop.load(std::memory_order_relaxed)) {
     epoch_.store(epoch_.load(std::memory_order_relaxed) + 1, std::memory_order_release);
-    uint32_t count = config_.request_uses_slots() ? GatherFromSlots() : GatherFromReceives();
-    if (memory_.imm_cq != nullptr && count < config_.postlist) count = GatherFromLanding(count);
+    // Large PUTs first, up to their share of the batch, then small requests, then large PUTs
+    // again for what is left: neither kind can starve the other.
+    uint32_t count = 0;
+    if (memory_.imm_cq != nullptr) count = GatherFromLanding(count, landing_share_);
+    count = config_.request_uses_slots() ? GatherFromSlots(count) : GatherFromReceives(count);
+    if (memory_.imm_cq != nullptr && count < config_.postlist) {
+      count = GatherFromLanding(count, config_.postlist);
+    }
     if (count > 0) ExecuteAndRespond(count);
     if (gate_ != nullptr) AnswerReleased();
     if (reposts_ > 0) {
@@ -160,8 +167,8 @@ void Worker::Run(const std::atomic<bool>& stop) {
   running_.store(false, std::memory_order_release);
 }
 
-uint32_t Worker::GatherFromSlots() {
-  uint32_t count = 0;
+uint32_t Worker::GatherFromSlots(uint32_t count) {
+  if (count == config_.postlist) return count;
   scanner_.Scan(
       [&](uint32_t client, uint32_t slot, const uint8_t* start, uint64_t) {
         return Admit(client, slot, start, config_.slot_bytes, nullptr, 0, &count) ==
@@ -173,9 +180,9 @@ uint32_t Worker::GatherFromSlots() {
   return count;
 }
 
-uint32_t Worker::GatherFromReceives() {
-  const uint32_t got = static_cast<uint32_t>(recv_cq_->Poll(absl::MakeSpan(recv_completions_)));
-  uint32_t count = 0;
+uint32_t Worker::GatherFromReceives(uint32_t count) {
+  const uint32_t got = static_cast<uint32_t>(
+      recv_cq_->Poll(absl::MakeSpan(recv_completions_.data(), config_.postlist - count)));
   const uint32_t bytes = memory_.receive_bytes;
   for (uint32_t i = 0; i < got; ++i) {
     const transport::Completion& c = recv_completions_[i];
@@ -206,8 +213,9 @@ uint32_t Worker::GatherFromReceives() {
   return count;
 }
 
-uint32_t Worker::GatherFromLanding(uint32_t count) {
-  const uint32_t want = config_.postlist - count;
+uint32_t Worker::GatherFromLanding(uint32_t count, uint32_t up_to) {
+  if (count >= up_to) return count;
+  const uint32_t want = up_to - count;
   const auto got =
       static_cast<uint32_t>(memory_.imm_cq->Poll(absl::MakeSpan(imm_completions_.data(), want)));
   const uint64_t landing_bytes = config_.landing_bytes();

@@ -152,11 +152,17 @@ class Worker {
     kNotYet,    // an incomplete WRITE within its grace period: leave the marker, look again
   };
 
-  // Fills batch_ from slots or receives; returns how many requests it found.
-  uint32_t GatherFromSlots();
-  uint32_t GatherFromReceives();
-  // Large PUTs that landed (WRITE_WITH_IMM completions), appended after `count` requests.
-  uint32_t GatherFromLanding(uint32_t count);
+  // Each Gather adds ready requests to a batch that holds `count` and returns the new count
+  // (at most postlist).
+  uint32_t GatherFromSlots(uint32_t count);
+  uint32_t GatherFromReceives(uint32_t count);
+  // Large PUTs that landed (WRITE_WITH_IMM completions), until the batch holds `up_to`.
+  uint32_t GatherFromLanding(uint32_t count, uint32_t up_to);
+  // Of each batch, postlist / kLandingShareDivisor (at least 1) is open to large PUTs before
+  // small requests are gathered: a large PUT copies up to a MiB into the store, so small
+  // requests wait behind at most that many of them, and a steady stream of small requests (which
+  // fills every batch) cannot starve large ones.
+  static constexpr uint32_t kLandingShareDivisor = 4;
   // A GET whose value is longer than the inline limit: answers with a descriptor of its item
   // (or, kRequestCopyToLanding, of a copy in the session's landing buffer).
   void AnswerOutOfLine(Pending& p, const mica::Response& r);
@@ -186,6 +192,7 @@ class Worker {
 
   const uint32_t index_;
   const Config config_;
+  const uint32_t landing_share_;  // see kLandingShareDivisor
   const RequestLimits limits_;
   const uint32_t response_buffer_bytes_;
   std::unique_ptr<mica::Partition> partition_;
