@@ -150,11 +150,20 @@ struct RequestLimits {
   uint32_t landing_buffers = 0;  // kRequestCopyToLanding may name buffers 0..landing_buffers-1
 };
 
-// A request that passed every check; key and value point into the message.
+// A request that passed every check. The key is a private copy, the value a view of the message.
 struct ParsedRequest {
   RequestHeader header;
-  std::string_view key;
   std::string_view value;
+  // The key bytes the checksum was computed over, copied out of the message first: the key the
+  // worker hashes and executes is the one that checked out, whatever lands in the slot later. A
+  // late retransmission of an answered request can be parsed while the slot's NEXT request (the
+  // client reused the slot after the answer) lands over it; the key used to be hashed in place
+  // after the checksum, and read as the next request's key (BAD_REQUEST). The value stays in
+  // place: only a request's first execution reads it, and its slot is not reused before that
+  // execution's answer (a late retransmission of a mutation is replayed, its value unread).
+  alignas(kWireAlign) char key_copy[Pad8(mica::kMaxKeyBytes)];
+  uint16_t key_length = 0;  // 0 when header.key_bytes is over mica::kMaxKeyBytes (not copied)
+  std::string_view key() const { return std::string_view(key_copy, key_length); }
 };
 
 // What ParseRequest made of a message.
@@ -167,8 +176,9 @@ enum class Parse : uint8_t {
 // Parses the request that ENDS at message + length (a slot: length = slot size; a UD receive:
 // the payload length). Reads the header once into a private copy; checks that the lengths it
 // names fit, then the checksum under `secret`, and only then the fields (kBadRequest,
-// kKeyTooLong, kValueTooLong, kInvalidOp into *status, kOk if it may execute). Key and value
-// views lie inside [message, message + length).
+// kKeyTooLong, kValueTooLong, kInvalidOp into *status, kOk if it may execute). The key is
+// copied into *out before the checksum is computed over it; the value view lies inside
+// [message, message + length).
 Parse ParseRequest(const uint8_t* message, uint32_t length, const RequestLimits& limits,
                    uint64_t secret, ParsedRequest* out, Status* status);
 

@@ -402,7 +402,7 @@ void Worker::ExecuteAndRespond(uint32_t count) {
     mica::Request& r = store_requests_[executed];
     r.op = static_cast<mica::OpCode>(h.op);
     r.keyhash = h.keyhash;
-    r.key = p.request.key;
+    r.key = p.request.key();
     r.value = p.request.value;
     r.expected_version = h.expected_version;
     // A GET asking for a copy gets its value straight into the landing buffer it named, by the
