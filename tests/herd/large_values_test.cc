@@ -305,5 +305,38 @@ TEST(LargeValues, CopyModeServesEveryLargeGetFromALandingBuffer) {
   EXPECT_EQ((*client)->stats().item_rereads, 0u);
 }
 
+// A copy request rewrites a GET's staged bytes (flags, landing buffer, checksum). With
+// non-inline requests on a fabric slower than the retransmission timeout, retransmissions of the
+// GET (the same bytes, while a WR still reads them) are pending when its out-of-line answer
+// comes: the rewrite must wait for them. Rewritten under them, the copy request went out with
+// their attempt number (a duplicate to the worker) and, every 5 ms retransmission keeping the
+// buffer busy for 50 ms, never as a new attempt: the GET timed out.
+TEST(LargeValues, ACopyRequestWaitsForTheWrsThatStillReadTheGet) {
+  constexpr uint32_t kSlowWrUs = 50'000;  // every client WR executes 50 ms after its post
+  constexpr absl::Duration kRetry = absl::Milliseconds(5);
+  ServerOptions server_options = LargeServer("large-copy-pending");
+  server_options.config.use_inline = false;  // the client's requests too: read at execution
+  ServerProcess server(server_options);
+  ASSERT_TRUE(server.ok());
+  ClientOptions options;
+  options.server = server.address();
+  options.device.fabric = "large-copy-pending";
+  options.device.faults.delay_us = kSlowWrUs;
+  options.retry_timeout = kRetry;
+  options.adaptive_retry = false;
+  options.max_item_reads = 0;  // an out-of-line answer asks for a copy at once
+  auto client = Client::Connect(options);
+  ASSERT_TRUE(client.ok()) << client.status();
+  const std::string value = Pattern(2, 1, 4000);
+  ASSERT_TRUE((*client)->Put("copy-pending", value).ok());
+  const uint64_t retransmitted = (*client)->stats().retransmissions;
+  auto got = (*client)->Get("copy-pending");
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_TRUE(got->value == value);
+  EXPECT_EQ((*client)->stats().copied_gets, 1u);
+  EXPECT_GT((*client)->stats().retransmissions, retransmitted)
+      << "no retransmission of the GET was pending when its answer came";
+}
+
 }  // namespace
 }  // namespace herd::testing
