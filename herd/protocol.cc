@@ -26,10 +26,14 @@ std::string_view StatusName(Status status) {
       return "INVALID_OP";
     case Status::kExists:
       return "EXISTS";
+    case Status::kNoMemory:
+      return "NO_MEMORY";
     case Status::kBadRequest:
       return "BAD_REQUEST";
     case Status::kWrongWorker:
       return "WRONG_WORKER";
+    case Status::kInternal:
+      return "INTERNAL";
     case Status::kTimedOut:
       return "TIMED_OUT";
     case Status::kSendFailed:

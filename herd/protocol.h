@@ -26,8 +26,8 @@
 
 namespace herd {
 
-// Per-request outcome on the wire. 0..6 are the store's own results (mica::Result); the rest are
-// the engine's.
+// Per-request outcome on the wire. 0..8 are the store's own results (mica::Result, passed
+// through); the rest are the engine's.
 enum class Status : uint8_t {
   kOk = 0,
   kNotFound = 1,
@@ -37,8 +37,13 @@ enum class Status : uint8_t {
   kBufferTooSmall = 5,
   kInvalidOp = 6,
   kExists = 7,        // INSERT: the key is present (the response's version is its current one)
+  kNoMemory = 8,      // PUT/CAS/INSERT: the item is longer than the worker's whole log; GET of a
+                      // copy: the value is longer than a landing buffer; client-side: a request
+                      // longer than the server's landing buffers (nothing was sent)
   kBadRequest = 16,   // malformed slot: lengths, flags, reserved bytes, sequence, key hash
   kWrongWorker = 17,  // the key belongs to another worker's partition
+  kInternal = 18,     // the server's own inconsistency (an item in its log that fails its
+                      // checksum, a store result it does not know): not the request's fault
   kTimedOut = 32,     // client-side: no valid response through every retransmission
   kSendFailed = 33,   // client-side: the request could not be sent (its QP is in error)
 };

@@ -9,7 +9,9 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "gtest/gtest.h"
+#include "herd/client.h"
 #include "mica/config.h"
 #include "mica/keyhash.h"
 
@@ -153,6 +155,39 @@ TEST(ProtocolTest, AKeyOverTheStoreLimitIsRefusedUncopied) {
             Parse::kRequest);
   EXPECT_EQ(status, Status::kKeyTooLong);
   EXPECT_TRUE(parsed.key().empty());
+}
+
+// Issue 15: every status on the wire has a name, and the API's error for it starts with that
+// name (what herd_kv prints and scripts match on). NO_MEMORY and INTERNAL are among them, with
+// codes that say what they are.
+TEST(ProtocolTest, EveryStatusHasANameAndAnApiErrorThatStartsWithIt) {
+  int named = 0;
+  for (int v = 0; v < 256; ++v) {
+    Result r;
+    r.status = static_cast<Status>(v);
+    const std::string_view name = StatusName(r.status);
+    if (name == "UNKNOWN_STATUS") {
+      EXPECT_TRUE(absl::IsInternal(ResultError(r))) << v;
+      continue;
+    }
+    ++named;
+    const absl::Status error = ResultError(r);
+    if (r.status == Status::kOk) {
+      EXPECT_TRUE(error.ok());
+      continue;
+    }
+    EXPECT_TRUE(absl::StartsWith(error.message(), std::string(name) + ": ")) << error;
+  }
+  EXPECT_EQ(named, 14);
+  EXPECT_EQ(StatusName(Status::kNoMemory), "NO_MEMORY");
+  EXPECT_EQ(StatusName(Status::kInternal), "INTERNAL");
+  Result r;
+  r.status = Status::kNoMemory;
+  EXPECT_TRUE(absl::IsResourceExhausted(ResultError(r)));
+  r.status = Status::kInternal;
+  EXPECT_TRUE(absl::IsInternal(ResultError(r)));
+  // The store's results that reach the wire keep their values.
+  EXPECT_EQ(static_cast<int>(Status::kNoMemory), static_cast<int>(mica::Result::kNoMemory));
 }
 
 TEST(ProtocolTest, LengthsThatDoNotFitAreIncomplete) {

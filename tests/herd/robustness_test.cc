@@ -27,17 +27,6 @@
 namespace herd::testing {
 namespace {
 
-// A server in this process (its Stats() readable), on its own shm fabric name.
-std::unique_ptr<Server> StartInProcess(ServerOptions options) {
-  options.port = 0;
-  options.listen_address = "127.0.0.1";
-  absl::StatusOr<std::unique_ptr<Server>> server = Server::Create(options);
-  EXPECT_TRUE(server.ok()) << server.status();
-  if (!server.ok()) return nullptr;
-  EXPECT_TRUE((*server)->Start().ok());
-  return *std::move(server);
-}
-
 ClientOptions ClientFor(const Server& server, const std::string& fabric, uint32_t clients) {
   ClientOptions options;
   options.server = absl::StrFormat("127.0.0.1:%d", server.port());
