@@ -78,7 +78,7 @@ int main(int argc, char** argv) {
                                                                     kSecret, &parsed, &status));
            }));
     Report("keyhash", value_bytes, bytes, NsPerOp(FLAGS_iterations, [&](uint32_t i) {
-             sink = sink + mica::KeyHash(parsed.key) + i;
+             sink = sink + mica::KeyHash(parsed.key()) + i;
            }));
   }
   return 0;

@@ -237,6 +237,33 @@ bool Client::BufferFree(const Outstanding& o) const {
   return queues_[o.queue].retired > o.last_wr;
 }
 
+absl::Status Client::CheckRequest(Op op, std::string_view key, std::string_view value) const {
+  if (key.empty() || key.size() > config_.max_key_bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("KEY_TOO_LONG: a key of %d bytes; the server takes 1..%d", key.size(),
+                        config_.max_key_bytes));
+  }
+  if (!CarriesValue(op)) return absl::OkStatus();
+  if (value.size() > config_.value_limit()) {
+    return absl::OutOfRangeError(
+        absl::StrFormat("VALUE_TOO_LONG: a value of %d bytes; the server takes at most %d",
+                        value.size(), config_.value_limit()));
+  }
+  // Out of line, the whole request lands in one of the worker's landing buffers: a server may
+  // provision them for less than its value limit (--landing_value_bytes).
+  if (value.size() > config_.inline_limit()) {
+    const uint64_t request =
+        RequestBytes(static_cast<uint32_t>(key.size()), static_cast<uint32_t>(value.size()));
+    if (request > config_.landing_bytes()) {
+      return absl::ResourceExhaustedError(absl::StrFormat(
+          "NO_MEMORY: a %d-byte value makes a %d-byte request, longer than the server's %d-byte "
+          "landing buffers (--landing_value_bytes=%d); nothing was sent",
+          value.size(), request, config_.landing_bytes(), config_.landing_value_limit()));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Client::Submit(uint32_t client, Op op, std::string_view key, std::string_view value,
                             uint64_t expected_version, uint64_t tag) {
   if (!health_.ok()) return health_;
@@ -244,18 +271,8 @@ absl::Status Client::Submit(uint32_t client, Op op, std::string_view key, std::s
     return absl::InvalidArgumentError(
         absl::StrFormat("client %d: this connection hosts %d", client, options_.clients));
   }
-  if (key.empty() || key.size() > config_.max_key_bytes) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("KEY_TOO_LONG: a key of %d bytes; the server takes 1..%d", key.size(),
-                        config_.max_key_bytes));
-  }
-  const bool carries_value = CarriesValue(op);
-  if (!carries_value) value = {};
-  if (value.size() > config_.value_limit()) {
-    return absl::OutOfRangeError(
-        absl::StrFormat("VALUE_TOO_LONG: a value of %d bytes; the server takes at most %d",
-                        value.size(), config_.value_limit()));
-  }
+  if (!CarriesValue(op)) value = {};
+  if (absl::Status s = CheckRequest(op, key, value); !s.ok()) return s;
   // Over the inline limit: WRITE_WITH_IMM into a landing buffer at the worker.
   const bool large = value.size() > config_.inline_limit();
   const uint64_t keyhash = mica::KeyHash(key);
@@ -742,6 +759,13 @@ absl::Status Client::RunMany(Op op, absl::Span<const KeyValue> items, OnResult&&
     // Stage what the windows hold: it goes out at Poll, one doorbell per worker QP.
     for (; next < items.size(); ++next) {
       const KeyValue& item = items[next];
+      // A request no server could take fails now (Submit's other kResourceExhausted means
+      // "later", and NO_MEMORY is one too).
+      if (absl::Status s = CheckRequest(op, item.key, item.value); !s.ok()) {
+        deliver(next, s);
+        ++done;
+        continue;
+      }
       if (!CanSubmit(0, mica::KeyHash(item.key), item.value.size())) break;
       if (absl::Status s = Submit(0, op, item.key, item.value, 0, next); !s.ok()) {
         if (absl::IsResourceExhausted(s)) break;  // the slot's buffer is still being read
@@ -805,6 +829,19 @@ absl::Status ResultError(const Result& r) {
     case Status::kExists:
       return absl::AlreadyExistsError(
           absl::StrFormat("%s: the key is present, at version %d", name, r.version));
+    case Status::kNoMemory:
+      return absl::ResourceExhaustedError(
+          name +
+          (r.op == Op::kGet
+               ? ": the value is longer than the server's landing buffers can hold for a copy "
+                 "(its --landing_value_bytes)"
+               : ": the item (key and value) is longer than the worker's whole log (its "
+                 "--mica_log_bytes); nothing was stored or evicted"));
+    case Status::kInternal:
+      return absl::InternalError(
+          name +
+          ": the server could not serve it through an inconsistency of its own (e.g. an item in "
+          "its log that fails its checksum), not the request's fault: see the server's log");
     case Status::kKeyTooLong:
       return absl::InvalidArgumentError(name +
                                         ": the key is empty or longer than the server takes");

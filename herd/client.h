@@ -135,7 +135,10 @@ class Client {
   bool CanSubmit(uint32_t client, uint64_t keyhash, uint64_t value_bytes = 0) const;
   // Sends one request of logical client `client` (0..clients-1). expected_version: CAS only.
   // With batch_doorbells (the default) the request is staged and goes out at the next Poll()
-  // or Flush(), with every other request staged for the same QP (one doorbell).
+  // or Flush(), with every other request staged for the same QP (one doorbell). A request no
+  // server answer could make succeed fails here, unsent, with a message that starts with its
+  // wire name: KEY_TOO_LONG, VALUE_TOO_LONG, or NO_MEMORY (a value over the inline limit whose
+  // request is longer than the server's landing buffers: kResourceExhausted, naming both sizes).
   absl::Status Submit(uint32_t client, Op op, std::string_view key, std::string_view value,
                       uint64_t expected_version, uint64_t tag);
   // Delivers up to out.size() results; also retransmits overdue requests. Never blocks (a
@@ -228,6 +231,9 @@ class Client {
   absl::Status CreateResources(const Config& config);
   absl::StatusOr<Result> RunOne(Op op, std::string_view key, std::string_view value,
                                 uint64_t expected_version);
+  // KEY_TOO_LONG, VALUE_TOO_LONG or NO_MEMORY (a request no landing buffer holds) when no
+  // attempt could succeed: nothing is sent.
+  absl::Status CheckRequest(Op op, std::string_view key, std::string_view value) const;
   // Runs `op` on every key (values: one per key, or empty) on logical client 0; calls
   // deliver(i, result) for each, in completion order.
   template <typename OnResult>

@@ -153,6 +153,12 @@ void Client::AdvanceLargeValues(absl::Span<Result> out, size_t* n) {
       continue;
     }
     if (o.read_state == ReadState::kWaitingForLanding) {
+      // Asking for the copy rewrites the GET's staged bytes: not while a WR still reads them
+      // (a retransmission posted before the answer came; a non-inline WR reads at execution).
+      // Rewritten under it, the worker took the copy request, sent with that WR's attempt
+      // number, for a duplicate; and every retransmission, sent as the same bytes while a WR
+      // still read them, kept the buffer busy: no new attempt until the GET timed out.
+      if (!BufferFree(o)) continue;
       if (o.landing < 0) {  // a GET that already holds one (a re-read after a copy) keeps it
         const int32_t landing = TakeLanding(o.worker);
         if (landing < 0) continue;

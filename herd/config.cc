@@ -61,7 +61,13 @@ uint32_t Config::inline_limit() const {
 
 uint32_t Config::value_limit() const { return std::max(max_value_bytes, inline_limit()); }
 
-uint64_t Config::landing_bytes() const { return RequestBytes(max_key_bytes, value_limit()); }
+uint32_t Config::landing_value_limit() const {
+  return landing_value_bytes == 0 ? value_limit() : std::min(landing_value_bytes, value_limit());
+}
+
+uint64_t Config::landing_bytes() const {
+  return RequestBytes(max_key_bytes, landing_value_limit());
+}
 
 uint32_t Config::response_slot_bytes() const { return ResponseBytes(slot_value_bytes()); }
 
@@ -75,11 +81,11 @@ std::string Config::ToJson() const {
       "\"window\":%d,\"postlist\":%d,\"unsig_batch\":%d,\"inline\":%s,\"max_inline\":%d,"
       "\"slot_bytes\":%d,\"max_key_bytes\":%d,\"slot_value_bytes\":%d,\"max_clients\":%d,"
       "\"sq_depth\":%d,\"recv_depth\":%d,\"max_value_bytes\":%d,\"inline_value_limit\":%d,"
-      "\"landing_buffers\":%d}",
+      "\"landing_buffers\":%d,\"landing_value_bytes\":%d}",
       Name(request_verb), Name(response_verb), workers, ud_qps_per_worker, window, postlist,
       unsig_batch, use_inline ? "true" : "false", max_inline, slot_bytes, max_key_bytes,
       slot_value_bytes(), max_clients, sq_depth, recv_depth, value_limit(), inline_limit(),
-      landing_buffers);
+      landing_buffers, landing_value_limit());
 }
 
 absl::Status Validate(const Config& c, uint32_t mtu) {
@@ -136,6 +142,14 @@ absl::Status Validate(const Config& c, uint32_t mtu) {
   }
   if (c.large_values() && (c.landing_buffers < 1 || c.landing_buffers > kMaxLandingBuffers)) {
     return bad("--landing_buffers=%d: must be in 1..%d", c.landing_buffers, kMaxLandingBuffers);
+  }
+  if (c.large_values() && c.landing_value_bytes != 0 &&
+      (c.landing_value_bytes <= c.inline_limit() || c.landing_value_bytes > c.value_limit())) {
+    return bad(
+        "--landing_value_bytes=%d: must be 0 (landing buffers for the largest value) or in "
+        "%d..%d (over the inline limit, where out-of-line values start; at most "
+        "--max_value_bytes)",
+        c.landing_value_bytes, c.inline_limit() + 1, c.value_limit());
   }
   if (c.large_values() && c.inline_limit() < kMinInlineLimit) {
     return bad(

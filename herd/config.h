@@ -70,6 +70,10 @@ struct Config {
   uint32_t max_value_bytes = 0;
   uint32_t inline_value_limit = 0;  // 0: as much as a slot holds (slot_value_bytes())
   uint32_t landing_buffers = 2;     // per session and worker: large PUTs in flight
+  // The largest value a landing buffer is sized for (key and header added); 0: value_limit().
+  // Smaller buffers cost less memory (sessions x workers x landing_buffers x landing_bytes());
+  // a large PUT/CAS/INSERT that does not fit one fails at the client with NO_MEMORY.
+  uint32_t landing_value_bytes = 0;
 
   // Largest value that fits a slot next to a max-size key (responses carry at most this too).
   uint32_t slot_value_bytes() const;
@@ -78,7 +82,10 @@ struct Config {
   // The largest value a request may carry, inline or not.
   uint32_t value_limit() const;
   bool large_values() const { return value_limit() > inline_limit(); }
-  // One landing buffer: a whole request (key, value, header) of the largest size.
+  // The value a landing buffer is sized for: landing_value_bytes, or value_limit().
+  uint32_t landing_value_limit() const;
+  // One landing buffer: a whole request (key, value, header) with a max-size key and a value of
+  // landing_value_limit().
   uint64_t landing_bytes() const;
   // A client's response slot (response_verb = *_write).
   uint32_t response_slot_bytes() const;

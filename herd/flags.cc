@@ -21,7 +21,12 @@ DEFINE_uint32(inline_value_limit, 0,
               "when --max_value_bytes allows larger ones; 0: what a slot holds");
 DEFINE_uint32(landing_buffers, 2,
               "Landing buffers per session and worker for out-of-line PUTs (each the largest "
-              "request: --max_value_bytes + key + header)");
+              "request: --max_value_bytes + key + header, or --landing_value_bytes + key + "
+              "header)");
+DEFINE_uint32(landing_value_bytes, 0,
+              "The value a landing buffer is sized for (0: --max_value_bytes). Landing memory is "
+              "sessions x workers x --landing_buffers x (this + key + header); a larger "
+              "out-of-line PUT/CAS/INSERT fails at the client with NO_MEMORY");
 
 namespace herd {
 
@@ -47,6 +52,7 @@ absl::StatusOr<Config> ConfigFromFlags() {
   c.recv_depth = FLAGS_recv_depth;
   c.inline_value_limit = FLAGS_inline_value_limit;
   c.landing_buffers = FLAGS_landing_buffers;
+  c.landing_value_bytes = FLAGS_landing_value_bytes;
   return c;
 }
 

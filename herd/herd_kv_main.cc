@@ -53,7 +53,7 @@ constexpr char kMainFile[] = "herd_kv_main";
 
 // Exit statuses.
 constexpr int kExitOk = 0;
-constexpr int kExitFailed = 1;       // the operation failed: NOT_FOUND, EXISTS, CAS_FAILED, ...
+constexpr int kExitFailed = 1;       // the operation failed: NOT_FOUND, EXISTS, NO_MEMORY, ...
 constexpr int kExitUsage = 2;        // a bad command line: command, arguments, flags, hex
 constexpr int kExitUnreachable = 3;  // the server could not be reached, or did not answer
 
@@ -83,9 +83,9 @@ terminal (so `herd_kv get K > F` returns what `herd_kv put K --value_file=F` sto
 print in decimal, then a newline.
 
 Exit status: 0 done; 1 the operation failed (NOT_FOUND, EXISTS, CAS_FAILED, KEY_TOO_LONG,
-VALUE_TOO_LONG, ...); 2 a usage error; 3 the server could not be reached or did not answer
-(UNAVAILABLE, TIMED_OUT, ...). A failure prints one line on stderr, "herd_kv: NAME: what
-happened".
+VALUE_TOO_LONG, NO_MEMORY, INTERNAL, ...); 2 a usage error; 3 the server could not be
+reached or did not answer (UNAVAILABLE, TIMED_OUT, ...). A failure prints one line on stderr,
+"herd_kv: NAME: what happened".
 
 Flags: --server, --timeout_ms, --hex, --value_file, --show_version, and the transport's
 (--fabric, --shm_fabric_name, --device, --gid_index, ...), as herd_server takes them.

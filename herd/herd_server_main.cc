@@ -4,6 +4,7 @@
 #include <signal.h>
 #include <sys/resource.h>
 
+#include <bit>
 #include <cstdio>
 #include <ctime>
 
@@ -15,6 +16,7 @@
 #include "herd/flags.h"
 #include "herd/server.h"
 #include "mica/flags.h"
+#include "mica/item.h"
 #include "transport/flags.h"
 
 DEFINE_uint32(port, 31850,
@@ -76,6 +78,16 @@ int main(int argc, char** argv) {
   absl::StatusOr<transport::PagePolicy> pages = transport::PagePolicyFromFlags();
   if (!pages.ok()) return Fail(pages.status());
   options.region_pages = *pages;
+  // A log shorter than the largest value's item is allowed (such writes answer NO_MEMORY); say
+  // so at start rather than only in answers.
+  const uint64_t largest_item = mica::ItemBytes(options.config.max_key_bytes,
+                                                options.config.value_limit(), /*checksum=*/true);
+  const uint64_t log_bytes = std::bit_ceil(options.store.log_bytes);  // as mica rounds it
+  if (largest_item > log_bytes) {
+    LOG(WARNING) << "a " << log_bytes << "-byte log (--mica_log_bytes) is shorter than the item "
+                 << "of a " << options.config.value_limit() << "-byte value (" << largest_item
+                 << " bytes): writes of items longer than the log are answered NO_MEMORY";
+  }
   absl::StatusOr<std::unique_ptr<herd::Server>> server = herd::Server::Create(options);
   if (!server.ok()) return Fail(server.status());
   if (absl::Status s = (*server)->Start(); !s.ok()) return Fail(s);

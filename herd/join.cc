@@ -59,6 +59,7 @@ std::vector<uint8_t> Encode(const Config& c) {
       .U32(c.max_value_bytes)
       .U32(c.inline_value_limit)
       .U32(c.landing_buffers)
+      .U32(c.landing_value_bytes)
       .Take();
 }
 
@@ -103,7 +104,7 @@ absl::StatusOr<Config> DecodeConfig(const std::vector<uint8_t>& bytes) {
       r.U32(&c.unsig_batch) && r.U32(&c.max_inline) && r.U32(&c.slot_bytes) &&
       r.U32(&c.max_key_bytes) && r.U32(&c.max_clients) && r.U32(&c.sq_depth) &&
       r.U32(&c.recv_depth) && r.U32(&c.max_value_bytes) && r.U32(&c.inline_value_limit) &&
-      r.U32(&c.landing_buffers);
+      r.U32(&c.landing_buffers) && r.U32(&c.landing_value_bytes);
   if (absl::Status s = r.Finish(); !s.ok()) return s;
   if (request > static_cast<uint8_t>(RequestVerb::kUdSend) ||
       response > static_cast<uint8_t>(ResponseVerb::kRcWrite)) {

@@ -26,10 +26,14 @@ std::string_view StatusName(Status status) {
       return "INVALID_OP";
     case Status::kExists:
       return "EXISTS";
+    case Status::kNoMemory:
+      return "NO_MEMORY";
     case Status::kBadRequest:
       return "BAD_REQUEST";
     case Status::kWrongWorker:
       return "WRONG_WORKER";
+    case Status::kInternal:
+      return "INTERNAL";
     case Status::kTimedOut:
       return "TIMED_OUT";
     case Status::kSendFailed:
@@ -56,27 +60,21 @@ std::string_view OpName(Op op) {
 
 namespace {
 
-// The checksum of a message given as two consecutive parts (a body, then a header), both whole
-// words: the same value WireChecksum computes over them laid end to end. The checksum word
-// itself (kChecksumFromEnd from the end, in the last part) counts as 0.
-uint64_t ChecksumOfParts(uint64_t secret, const uint8_t* body, uint64_t body_bytes,
-                         const uint8_t* header, uint64_t header_bytes) {
-  util::WordChecksum sum(secret, body_bytes + header_bytes);
-  // The part holding the checksum word: the header, or the message itself when whole.
-  const uint8_t* last = header_bytes != 0 ? header : body;
-  const uint64_t last_bytes = header_bytes != 0 ? header_bytes : body_bytes;
-  if (header_bytes != 0) sum.AbsorbWords(body, body_bytes / sizeof(uint64_t));
+// Absorbs the last part of a message (whole words), in which the checksum word
+// (kChecksumFromEnd from its end) counts as 0.
+void AbsorbLastPart(util::WordChecksum& sum, const uint8_t* last, uint64_t last_bytes) {
   sum.AbsorbWords(last, (last_bytes - kChecksumFromEnd) / sizeof(uint64_t));
   sum.Absorb(0);
   sum.AbsorbWords(last + last_bytes - kChecksumFromEnd + sizeof(uint64_t),
                   (kChecksumFromEnd - sizeof(uint64_t)) / sizeof(uint64_t));
-  return sum.Finish();
 }
 
 }  // namespace
 
 uint64_t WireChecksum(uint64_t secret, const uint8_t* message, uint64_t length) {
-  return ChecksumOfParts(secret, message, length, nullptr, 0);
+  util::WordChecksum sum(secret, length);
+  AbsorbLastPart(sum, message, length);
+  return sum.Finish();
 }
 
 uint32_t EncodeRequest(const RequestHeader& header, std::string_view key, std::string_view value,
@@ -120,21 +118,27 @@ Parse ParseRequest(const uint8_t* message, uint32_t length, const RequestLimits&
   std::memcpy(&out->header, message + length - kRequestHeaderBytes, kRequestHeaderBytes);
   const RequestHeader& h = out->header;
   // 64-bit arithmetic: value_bytes is up to 2^32 - 1 and must not wrap.
-  const uint64_t need = uint64_t{Pad8(h.key_bytes)} + Pad8(h.value_bytes) + kRequestHeaderBytes;
+  const uint64_t key_space = Pad8(h.key_bytes);
+  const uint64_t need = key_space + Pad8(h.value_bytes) + kRequestHeaderBytes;
   if (need > length) return Parse::kIncomplete;
   const uint8_t* start = message + length - need;
-  // The header is checked as copied (the copy is what the worker acts on; bytes landing after
-  // the copy must not make a torn copy pass), the key and value in place. Those can change after
-  // the check only by a later WRITE of the same session into its own slot (only it knows the
-  // secret): a retransmission, whose key and value are the same bytes.
-  if (ChecksumOfParts(secret, start, need - kRequestHeaderBytes,
-                      reinterpret_cast<const uint8_t*>(&out->header),
-                      kRequestHeaderBytes) != h.checksum) {
-    return Parse::kIncomplete;
+  // The header and the key are checked as copied: the copies are what the worker acts on, and
+  // bytes landing after a copy must not change what passed. The slot can be rewritten under
+  // the parse by its session's next request (ParsedRequest::key_copy says when). A key too long
+  // to copy is refused below and never used: its bytes are checked in place.
+  const uint8_t* key_source = start;
+  out->key_length = 0;
+  if (h.key_bytes <= mica::kMaxKeyBytes) {
+    std::memcpy(out->key_copy, start, key_space);
+    key_source = reinterpret_cast<const uint8_t*>(out->key_copy);
   }
-  out->key = std::string_view(reinterpret_cast<const char*>(start), h.key_bytes);
-  out->value =
-      std::string_view(reinterpret_cast<const char*>(start + Pad8(h.key_bytes)), h.value_bytes);
+  util::WordChecksum sum(secret, need);
+  sum.AbsorbWords(key_source, key_space / sizeof(uint64_t));
+  sum.AbsorbWords(start + key_space, Pad8(h.value_bytes) / sizeof(uint64_t));
+  AbsorbLastPart(sum, reinterpret_cast<const uint8_t*>(&out->header), kRequestHeaderBytes);
+  if (sum.Finish() != h.checksum) return Parse::kIncomplete;
+  if (h.key_bytes <= mica::kMaxKeyBytes) out->key_length = h.key_bytes;
+  out->value = std::string_view(reinterpret_cast<const char*>(start + key_space), h.value_bytes);
   *status = Status::kOk;
   const ValueDescriptor& d = h.descriptor;
   const Op op = static_cast<Op>(h.op);
@@ -153,7 +157,7 @@ Parse ParseRequest(const uint8_t* message, uint32_t length, const RequestLimits&
   } else if ((!carries_value && h.value_bytes != 0) ||
              (op != Op::kCas && h.expected_version != 0)) {
     *status = Status::kBadRequest;
-  } else if (mica::KeyHash(out->key) != h.keyhash) {
+  } else if (mica::KeyHash(out->key()) != h.keyhash) {
     *status = Status::kBadRequest;
   }
   return Parse::kRequest;

@@ -26,8 +26,8 @@
 
 namespace herd {
 
-// Per-request outcome on the wire. 0..6 are the store's own results (mica::Result); the rest are
-// the engine's.
+// Per-request outcome on the wire. 0..8 are the store's own results (mica::Result, passed
+// through); the rest are the engine's.
 enum class Status : uint8_t {
   kOk = 0,
   kNotFound = 1,
@@ -37,8 +37,13 @@ enum class Status : uint8_t {
   kBufferTooSmall = 5,
   kInvalidOp = 6,
   kExists = 7,        // INSERT: the key is present (the response's version is its current one)
+  kNoMemory = 8,      // PUT/CAS/INSERT: the item is longer than the worker's whole log; GET of a
+                      // copy: the value is longer than a landing buffer; client-side: a request
+                      // longer than the server's landing buffers (nothing was sent)
   kBadRequest = 16,   // malformed slot: lengths, flags, reserved bytes, sequence, key hash
   kWrongWorker = 17,  // the key belongs to another worker's partition
+  kInternal = 18,     // the server's own inconsistency (an item in its log that fails its
+                      // checksum, a store result it does not know): not the request's fault
   kTimedOut = 32,     // client-side: no valid response through every retransmission
   kSendFailed = 33,   // client-side: the request could not be sent (its QP is in error)
 };
@@ -150,11 +155,20 @@ struct RequestLimits {
   uint32_t landing_buffers = 0;  // kRequestCopyToLanding may name buffers 0..landing_buffers-1
 };
 
-// A request that passed every check; key and value point into the message.
+// A request that passed every check. The key is a private copy, the value a view of the message.
 struct ParsedRequest {
   RequestHeader header;
-  std::string_view key;
   std::string_view value;
+  // The key bytes the checksum was computed over, copied out of the message first: the key the
+  // worker hashes and executes is the one that checked out, whatever lands in the slot later. A
+  // late retransmission of an answered request can be parsed while the slot's NEXT request (the
+  // client reused the slot after the answer) lands over it; the key used to be hashed in place
+  // after the checksum, and read as the next request's key (BAD_REQUEST). The value stays in
+  // place: only a request's first execution reads it, and its slot is not reused before that
+  // execution's answer (a late retransmission of a mutation is replayed, its value unread).
+  alignas(kWireAlign) char key_copy[Pad8(mica::kMaxKeyBytes)];
+  uint16_t key_length = 0;  // 0 when header.key_bytes is over mica::kMaxKeyBytes (not copied)
+  std::string_view key() const { return std::string_view(key_copy, key_length); }
 };
 
 // What ParseRequest made of a message.
@@ -167,8 +181,9 @@ enum class Parse : uint8_t {
 // Parses the request that ENDS at message + length (a slot: length = slot size; a UD receive:
 // the payload length). Reads the header once into a private copy; checks that the lengths it
 // names fit, then the checksum under `secret`, and only then the fields (kBadRequest,
-// kKeyTooLong, kValueTooLong, kInvalidOp into *status, kOk if it may execute). Key and value
-// views lie inside [message, message + length).
+// kKeyTooLong, kValueTooLong, kInvalidOp into *status, kOk if it may execute). The key is
+// copied into *out before the checksum is computed over it; the value view lies inside
+// [message, message + length).
 Parse ParseRequest(const uint8_t* message, uint32_t length, const RequestLimits& limits,
                    uint64_t secret, ParsedRequest* out, Status* status);
 

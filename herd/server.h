@@ -49,6 +49,9 @@ struct ServerStats {
   // a landing buffer (kRequestCopyToLanding).
   std::vector<uint64_t> out_of_line, copied_values;
   uint64_t bad_requests = 0, replays = 0, duplicates = 0, rejected = 0, dropped = 0;
+  // Answered NO_MEMORY by the store (an item longer than the log); answered INTERNAL (the
+  // server's own inconsistency, e.g. an item in a log that fails its checksum).
+  uint64_t no_memory = 0, internal_errors = 0;
   uint32_t sessions = 0, clients = 0;
   transport::CounterSnapshot fabric;  // all of the server's QPs and CQs
 };
@@ -74,6 +77,11 @@ class Server {
   // Page size of the request region: 2 MiB when hugepages backed it.
   size_t region_page_bytes() const { return region_->page_bytes(); }
   ServerStats Stats() const;
+  // Tests only: worker `worker`'s partition (its log's bytes, to damage an item as failing
+  // memory would).
+  const mica::Partition& PartitionForTest(uint32_t worker) const {
+    return workers_[worker].worker->partition();
+  }
 
  private:
   struct Session;

@@ -21,6 +21,7 @@ ServerStats Server::Stats() const {
     stats.duplicates += k.duplicates.Get();
     stats.rejected += k.rejected.Get();
     stats.dropped += k.dropped.Get();
+    stats.internal_errors += k.internal_errors.Get();
     stats.out_of_line.push_back(k.out_of_line.Get());
     stats.copied_values.push_back(k.copied_values.Get());
     const mica::PartitionStats& p = r.worker->partition().stats();
@@ -28,6 +29,7 @@ ServerStats Server::Stats() const {
     stats.get_misses.push_back(p.get_misses.Get());
     stats.evictions.push_back(p.evictions.Get());
     stats.log_wraps.push_back(p.log_wraps.Get());
+    stats.no_memory += p.no_memory.Get();
   }
   // Every QP and CQ the server ever had: workers' UD QPs and CQs, sessions' connected QPs
   // (WRITE responses are posted on them), departed sessions' included.
@@ -63,14 +65,16 @@ std::string StatsJson(const ServerStats& s, const ServerStats& since, double sec
   }
   return absl::StrFormat(
       "{\"mops\":%.3f,\"worker_mops\":[%s],\"batch\":%.2f,\"clients\":%d,\"bad\":%d,"
-      "\"replays\":%d,\"duplicates\":%d,\"rejected\":%d,\"dropped\":%d,"
+      "\"replays\":%d,\"duplicates\":%d,\"rejected\":%d,\"dropped\":%d,\"no_memory\":%d,"
+      "\"internal\":%d,"
       "\"get_hit_ratio\":[%s],\"get_misses\":[%s],\"evictions\":[%s],\"log_wraps\":[%s],"
       "\"out_of_line\":[%s],\"copied_values\":[%s],\"fabric\":%s}",
       requests / seconds / 1e6, absl::StrJoin(mops, ","),
       batches == 0 ? 0.0 : static_cast<double>(requests) / batches, s.clients, s.bad_requests,
-      s.replays, s.duplicates, s.rejected, s.dropped, absl::StrJoin(hit_ratio, ","),
-      absl::StrJoin(misses, ","), absl::StrJoin(evictions, ","), absl::StrJoin(wraps, ","),
-      absl::StrJoin(out_of_line, ","), absl::StrJoin(copied, ","), s.fabric.ToJson());
+      s.replays, s.duplicates, s.rejected, s.dropped, s.no_memory, s.internal_errors,
+      absl::StrJoin(hit_ratio, ","), absl::StrJoin(misses, ","), absl::StrJoin(evictions, ","),
+      absl::StrJoin(wraps, ","), absl::StrJoin(out_of_line, ","), absl::StrJoin(copied, ","),
+      s.fabric.ToJson());
 }
 
 }  // namespace herd

@@ -18,15 +18,27 @@ namespace {
 static_assert(kMaxClients <= (uint64_t{1} << (32 - kLandingBufferBits)) &&
               kMaxLandingBuffers <= (1u << kLandingBufferBits));
 
-// The worker passes opcodes and results between the wire and the store unchanged.
+// The worker passes opcodes and the store's results (those a client may see: WireStatus)
+// between the wire and the store unchanged.
 static_assert(static_cast<uint8_t>(Op::kInsert) == static_cast<uint8_t>(mica::OpCode::kInsert) &&
               static_cast<uint8_t>(Op::kCas) == static_cast<uint8_t>(mica::OpCode::kCas) &&
               static_cast<uint8_t>(Op::kDelete) == static_cast<uint8_t>(mica::OpCode::kDelete) &&
               static_cast<uint8_t>(Op::kPut) == static_cast<uint8_t>(mica::OpCode::kPut));
-static_assert(
-    static_cast<uint8_t>(Status::kExists) == static_cast<uint8_t>(mica::Result::kExists) &&
-    static_cast<uint8_t>(Status::kInvalidOp) == static_cast<uint8_t>(mica::Result::kInvalidOp) &&
-    static_cast<uint8_t>(Status::kCasFailed) == static_cast<uint8_t>(mica::Result::kCasFailed));
+constexpr bool SameValue(Status s, mica::Result r) {
+  return static_cast<uint8_t>(s) == static_cast<uint8_t>(r);
+}
+static_assert(SameValue(Status::kOk, mica::Result::kOk) &&
+              SameValue(Status::kNotFound, mica::Result::kNotFound) &&
+              SameValue(Status::kCasFailed, mica::Result::kCasFailed) &&
+              SameValue(Status::kKeyTooLong, mica::Result::kKeyTooLong) &&
+              SameValue(Status::kValueTooLong, mica::Result::kValueTooLong) &&
+              SameValue(Status::kBufferTooSmall, mica::Result::kBufferTooSmall) &&
+              SameValue(Status::kInvalidOp, mica::Result::kInvalidOp) &&
+              SameValue(Status::kExists, mica::Result::kExists) &&
+              SameValue(Status::kNoMemory, mica::Result::kNoMemory));
+// One line in this many INTERNAL answers is logged: a damaged log answers every GET of the
+// damaged item so, and must not flood the log or slow the worker.
+constexpr int kInternalLogEvery = 1000;
 
 // Consecutive empty polls before the worker yields its core once. On a dedicated core nothing
 // else is runnable and yield returns at once; on a shared development machine it lets the
@@ -410,16 +422,17 @@ void Worker::ExecuteAndRespond(uint32_t count) {
     mica::Request& r = store_requests_[executed];
     r.op = static_cast<mica::OpCode>(h.op);
     r.keyhash = h.keyhash;
-    r.key = p.request.key;
+    r.key = p.request.key();
     r.value = p.request.value;
     r.expected_version = h.expected_version;
     // A GET asking for a copy gets its value straight into the landing buffer it named, by the
-    // store, in batch order: a later PUT of the batch may overwrite the item in the log.
+    // store, in batch order: a later PUT of the batch may overwrite the item in the log. At
+    // most what a landing buffer is sized for (a longer value: kBufferTooSmall, NO_MEMORY).
     const bool copy = get && h.flags == kRequestCopyToLanding && config_.large_values();
     r.value_out = copy  ? reinterpret_cast<char*>(LandingOf(p))
                   : get ? reinterpret_cast<char*>(p.staging)
                         : nullptr;
-    r.value_out_bytes = copy ? config_.value_limit() : get ? config_.inline_limit() : 0;
+    r.value_out_bytes = copy ? config_.landing_value_limit() : get ? config_.inline_limit() : 0;
     store_index_[executed++] = i;
   }
   partition_->ExecuteBatch(absl::MakeSpan(store_requests_.data(), executed),
@@ -428,12 +441,17 @@ void Worker::ExecuteAndRespond(uint32_t count) {
     Pending& p = batch_[store_index_[e]];
     const mica::Response& r = store_responses_[e];
     const Op op = static_cast<Op>(p.request.header.op);
-    p.status = static_cast<Status>(r.result);
-    p.version = r.version;
+    p.status = WireStatus(p, r.result);
+    p.version = p.status == Status::kInternal ? 0 : r.version;
     p.value_bytes = op == Op::kGet && r.result == mica::Result::kOk ? r.value_bytes : 0;
     if (op == Op::kGet && config_.large_values()) {
-      if (p.request.header.flags == kRequestCopyToLanding && r.result == mica::Result::kOk) {
+      const bool copy = p.request.header.flags == kRequestCopyToLanding;
+      if (copy && r.result == mica::Result::kOk) {
         AnswerCopied(p);
+      } else if (copy && r.result == mica::Result::kBufferTooSmall) {
+        // The value is longer than a landing buffer (--landing_value_bytes): no copy can answer.
+        p.status = Status::kNoMemory;
+        p.version = 0;
       } else if (r.result == mica::Result::kBufferTooSmall) {
         AnswerOutOfLine(p, r);
       }
@@ -479,6 +497,34 @@ void Worker::ExecuteAndRespond(uint32_t count) {
   PostResponses();
   counters_.requests.Add(answered);
   counters_.batches.Add();
+}
+
+Status Worker::WireStatus(const Pending& p, mica::Result result) {
+  switch (result) {
+    case mica::Result::kOk:
+    case mica::Result::kNotFound:
+    case mica::Result::kCasFailed:
+    case mica::Result::kKeyTooLong:
+    case mica::Result::kValueTooLong:
+    case mica::Result::kBufferTooSmall:
+    case mica::Result::kInvalidOp:
+    case mica::Result::kExists:
+    case mica::Result::kNoMemory:
+      return static_cast<Status>(result);  // the same values (static_asserts above)
+    case mica::Result::kCorrupt:
+      break;
+  }
+  // The server's own fault, not the request's: answered, never crashed on, nothing delivered.
+  counters_.internal_errors.Add();
+  LOG_EVERY_N(ERROR, kInternalLogEvery)
+      << "worker " << index_ << ": " << OpName(static_cast<Op>(p.request.header.op))
+      << " of keyhash " << p.request.header.keyhash << " answered INTERNAL: "
+      << (result == mica::Result::kCorrupt
+              ? "the item in the log fails its checksum (damaged memory)"
+              : "the store returned a result the engine does not know")
+      << " (mica result " << static_cast<int>(result) << ", " << mica::ResultName(result) << ", "
+      << counters_.internal_errors.Get() << " so far)";
+  return Status::kInternal;
 }
 
 uint8_t* Worker::LandingOf(const Pending& p) const {

@@ -69,6 +69,7 @@ struct WorkerCounters {
   transport::Counter held_retransmissions;  // retransmissions of a held mutation: consumed
   transport::Counter out_of_line;           // GETs answered with a descriptor of their item
   transport::Counter copied_values;         // ... with a copy in a landing buffer (the fallback)
+  transport::Counter internal_errors;       // answered INTERNAL: the server's own inconsistency
 };
 
 // A UD response queue's progress, published by the worker for the control thread: an address
@@ -170,6 +171,10 @@ class Worker {
   // answers with a descriptor of it (or inline, when the value is short after all).
   void AnswerCopied(Pending& p);
   uint8_t* LandingOf(const Pending& p) const;
+  // The wire status of the store's result for `p`: the store's own results pass through; an
+  // item that fails its checksum, or a result the engine does not know, is kInternal (counted,
+  // logged at most once in kInternalLogEvery).
+  Status WireStatus(const Pending& p, mica::Result result);
   // Validates one request, gives it a response slot and appends it to batch_[*count] (or
   // counts a drop). `slot` is the window slot it was polled from, or kFromReceive (then `grh`
   // is the receive's GRH area and `src_qp` the sender's QP number: together the client's).

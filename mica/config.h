@@ -24,7 +24,9 @@ struct PartitionConfig {
   uint64_t bucket_count = 0;
   // Items the partition should index without evictions; sizes the index when bucket_count is 0.
   uint64_t expected_items = uint64_t{1} << 20;
-  // Largest value a PUT or CAS accepts; the log must hold at least one such item.
+  // Largest value a PUT or CAS accepts. A write whose item is longer than the whole log is
+  // refused with kNoMemory, so a log smaller than the largest item is allowed (values up to
+  // what it holds work).
   uint32_t max_value_bytes = kDefaultMaxValueBytes;
   // Items whose value is at least this long end with a checksum word (item.h), so a one-sided
   // reader can verify a copy (remote_item.h). The default: no item has one.
@@ -33,7 +35,7 @@ struct PartitionConfig {
   bool try_hugepages = true;
 };
 
-// Checks a config for contradictions (e.g. a log smaller than one largest item).
+// Checks a config for contradictions (e.g. a bucket count that is not a power of two).
 absl::Status ValidateConfig(const PartitionConfig& config);
 
 }  // namespace mica

@@ -10,7 +10,8 @@ DEFINE_uint64(mica_buckets, 0,
 DEFINE_uint64(mica_items, uint64_t{1} << 20,
               "Items each partition should index without evictions (sizes the index).");
 DEFINE_uint32(max_value_bytes, mica::kDefaultMaxValueBytes,
-              "Largest value a PUT or CAS accepts; the log must hold one such item.");
+              "Largest value a PUT or CAS accepts. A write whose item (value, key, 24-byte "
+              "header) is longer than the whole log is answered NO_MEMORY.");
 DEFINE_bool(mica_hugepages, true,
             "Back partitions with 2 MiB pages when the hugepage pool has them.");
 

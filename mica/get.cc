@@ -27,6 +27,12 @@ Response Partition::Get(std::string_view key, uint64_t keyhash, char* value_out,
     return Response{Result::kBufferTooSmall, item->value_bytes, item->version, position,
                     item_bytes};
   }
+  // A copy is checked first: the value handed out is one the log holds intact. (A caller that
+  // fetches the item itself, above, checks its own copy: remote_item.h.)
+  if (!Intact(item)) {
+    stats_.corrupt.Add();
+    return Response{Result::kCorrupt, 0, 0};
+  }
   if (item->value_bytes != 0) std::memcpy(value_out, ItemValue(item), item->value_bytes);
   stats_.get_hits.Add();
   return Response{Result::kOk, item->value_bytes, item->version, position, item_bytes};

@@ -38,13 +38,8 @@ absl::Status ValidateConfig(const PartitionConfig& config) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "%d buckets exceed the 2^%d that the key hash can address", buckets, kMaxBucketBits));
   }
-  const uint64_t max_item = ItemBytes(kMaxKeyBytes, config.max_value_bytes, /*checksum=*/true);
-  if (max_item > std::bit_ceil(config.log_bytes)) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "a log of %d bytes cannot hold one largest item (%d bytes for a %d-byte key and a %d-byte "
-        "value): raise the log size or lower the value limit",
-        config.log_bytes, max_item, kMaxKeyBytes, config.max_value_bytes));
-  }
+  // A log shorter than the largest item is not an error: writes of items longer than the log
+  // are refused (kNoMemory), the rest work.
   return absl::OkStatus();
 }
 
@@ -56,8 +51,10 @@ absl::StatusOr<std::unique_ptr<Partition>> Partition::Create(const PartitionConf
   layout.log_bytes = std::bit_ceil(std::max<uint64_t>(config.log_bytes, 4096));
   layout.max_value_bytes = config.max_value_bytes;
   layout.checksum_from_value_bytes = config.checksum_from_value_bytes;
-  // Room for a checksum word whatever the threshold: the mirror must hold any item.
-  layout.max_item_bytes = ItemBytes(kMaxKeyBytes, config.max_value_bytes, /*checksum=*/true);
+  // Room for a checksum word whatever the threshold: the mirror must hold any item. An item may
+  // take the whole log (CheckWrite), never more: it would overwrite its own first bytes.
+  layout.max_item_bytes = std::min(
+      ItemBytes(kMaxKeyBytes, config.max_value_bytes, /*checksum=*/true), layout.log_bytes);
   RegionRequest request;
   request.head_bytes = layout.bucket_count * sizeof(Bucket);
   request.ring_bytes = layout.log_bytes;
@@ -124,7 +121,7 @@ uint64_t Partition::Append(std::string_view key, uint64_t keyhash, std::string_v
   item->version = version;
   item->value_bytes = static_cast<uint32_t>(value.size());
   item->key_bytes = static_cast<uint16_t>(key.size());
-  const bool checksum = value.size() >= layout_.checksum_from_value_bytes;
+  const bool checksum = Checksummed(value.size());
   item->flags = checksum ? kItemHasChecksum : 0;
   char* bytes = reinterpret_cast<char*>(item) + sizeof(ItemHeader);
   std::memcpy(bytes, key.data(), key.size());
@@ -152,7 +149,33 @@ Result Partition::CheckWrite(std::string_view key, std::string_view value) {
     stats_.rejected.Add();
     return Result::kValueTooLong;
   }
+  // The share of the log one item may take is all of it: writing such an item evicts every
+  // other one, which is what a cache asked to hold it must do; a smaller cap (say half) would
+  // refuse values that a log this size can hold, and that configurations always accepted. Only
+  // an item longer than the log, which would overwrite its own first bytes, is refused; before
+  // any slot is claimed, so nothing is stored and nothing evicted.
+  if (ItemBytes(key.size(), value.size(), Checksummed(value.size())) > layout_.max_item_bytes) {
+    stats_.no_memory.Add();
+    return Result::kNoMemory;
+  }
   return Result::kOk;
+}
+
+bool Partition::Intact(const ItemHeader* item) const {
+  const bool flagged = (item->flags & kItemHasChecksum) != 0;
+  // Lengths no write could have appended would read past the mirror: damaged.
+  if (ItemBytes(item->key_bytes, item->value_bytes, flagged) > layout_.max_item_bytes) {
+    return false;
+  }
+  if (!flagged && !Checksummed(item->value_bytes)) return true;  // nothing to verify it by
+  // An item of a checksummed length without the flag lost it: damaged as well.
+  if (!flagged) return false;
+  uint64_t stored;
+  std::memcpy(
+      &stored,
+      reinterpret_cast<const uint8_t*>(item) + ItemBodyBytes(item->key_bytes, item->value_bytes),
+      sizeof(stored));
+  return stored == ItemChecksum(item);
 }
 
 uint64_t Partition::WriteItem(Bucket* bucket, uint64_t* slot, uint16_t tag, std::string_view key,
@@ -201,6 +224,11 @@ absl::Status ToStatus(Result result) {
       return absl::InvalidArgumentError("opcode is none of GET, PUT, DELETE, CAS, INSERT");
     case Result::kExists:
       return absl::AlreadyExistsError("INSERT: the key is present");
+    case Result::kNoMemory:
+      return absl::ResourceExhaustedError("the item is longer than the whole log");
+    case Result::kCorrupt:
+      return absl::DataLossError(
+          "the item fails its own checksum: the partition's memory is damaged");
   }
   return absl::InternalError("unknown mica::Result");
 }
@@ -223,6 +251,10 @@ std::string_view ResultName(Result result) {
       return "INVALID_OP";
     case Result::kExists:
       return "EXISTS";
+    case Result::kNoMemory:
+      return "NO_MEMORY";
+    case Result::kCorrupt:
+      return "CORRUPT";
   }
   return "UNKNOWN";
 }

@@ -9,7 +9,10 @@
 // - Versions come from a per-partition clock: every successful PUT, CAS and DELETE takes the next
 //   value, so a key's version strictly increases, even across DELETE and re-insert (no ABA).
 // - GET copies the value into the caller's buffer: results never point into the log, so no
-//   later operation can change bytes a caller holds.
+//   later operation can change bytes a caller holds. An item that carries a checksum is copied
+//   only if it verifies (kCorrupt otherwise): damaged memory is reported, never delivered.
+// - A write whose item (header, key, value) is longer than the whole log is refused with
+//   kNoMemory before anything is stored or evicted.
 // - Nothing on the operation path allocates, locks or makes a system call.
 #ifndef HERD_MICA_PARTITION_H_
 #define HERD_MICA_PARTITION_H_
@@ -42,6 +45,9 @@ enum class Result : uint8_t {
   kBufferTooSmall = 5,  // GET: the caller's buffer cannot hold the value (value_bytes says how big)
   kInvalidOp = 6,       // opcode is none of GET, PUT, DELETE, CAS, INSERT
   kExists = 7,          // INSERT: the key is present (version says which)
+  kNoMemory = 8,        // PUT/CAS/INSERT: the item is longer than the whole log (nothing changed)
+  kCorrupt = 9,         // GET: the item fails its own checksum (the partition's memory is
+                        // damaged: never the caller's fault); nothing was copied
 };
 
 absl::Status ToStatus(Result result);
@@ -74,9 +80,9 @@ struct Response {
 struct PartitionLayout {
   uint64_t bucket_count = 0;
   uint64_t index_bytes = 0;
-  uint64_t log_bytes = 0;     // ring size, a power of two
-  uint64_t mirror_bytes = 0;  // extra mapping of the ring's start (no extra memory)
-  uint64_t max_item_bytes = 0;
+  uint64_t log_bytes = 0;       // ring size, a power of two
+  uint64_t mirror_bytes = 0;    // extra mapping of the ring's start (no extra memory)
+  uint64_t max_item_bytes = 0;  // the longest item a write may append: at most log_bytes
   uint32_t max_value_bytes = 0;
   uint32_t checksum_from_value_bytes = kNoItemChecksums;
   bool hugepages = false;
@@ -133,6 +139,12 @@ class Partition {
   uint64_t Append(std::string_view key, uint64_t keyhash, std::string_view value, uint64_t version);
   // Validates sizes for a write; kOk when they fit.
   Result CheckWrite(std::string_view key, std::string_view value);
+  // Whether an item of this value length carries a checksum word.
+  bool Checksummed(uint64_t value_bytes) const {
+    return value_bytes >= layout_.checksum_from_value_bytes;
+  }
+  // Whether a found item may be handed out: a checksummed one must verify.
+  bool Intact(const ItemHeader* item) const;
   // Points `slot` at a new item holding key/value under the next version; returns the version.
   uint64_t WriteItem(Bucket* bucket, uint64_t* slot, uint16_t tag, std::string_view key,
                      uint64_t keyhash, std::string_view value);

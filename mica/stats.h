@@ -24,6 +24,8 @@ struct PartitionStats {
   Counter cas_misses;
   Counter evictions;  // live index entries displaced from a full bucket
   Counter rejected;   // key or value out of bounds
+  Counter no_memory;  // writes refused: the item is longer than the whole log
+  Counter corrupt;    // GETs refused: the item failed its own checksum (damaged memory)
   Counter log_wraps;  // times the log tail passed the ring's end
 };
 

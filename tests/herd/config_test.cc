@@ -1,5 +1,6 @@
 // Validate refuses every contradiction, each with a message naming the flags in conflict;
-// ValidateClientLoad bounds one client thread's outstanding requests.
+// ValidateClientLoad bounds one client thread's outstanding requests; the wire encoding carries
+// every field.
 #include "herd/config.h"
 
 #include <functional>
@@ -7,6 +8,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "herd/join.h"
 #include "herd/protocol.h"
 #include "mica/config.h"
 
@@ -100,6 +102,18 @@ TEST(ConfigTest, EveryContradictionIsRefusedNamingItsFlags) {
          c.postlist = 16;
        },
        {"--recv_depth=8", "--postlist=16"}},
+      {"landing buffers for inline values only",
+       [](Config& c) {
+         c.max_value_bytes = 1 << 20;
+         c.landing_value_bytes = c.inline_limit();
+       },
+       {"--landing_value_bytes=", "--max_value_bytes"}},
+      {"landing buffers over the largest value",
+       [](Config& c) {
+         c.max_value_bytes = 1 << 20;
+         c.landing_value_bytes = (1 << 20) + 1;
+       },
+       {"--landing_value_bytes=1048577"}},
   };
   for (const Contradiction& k : cases) {
     Config c;
@@ -130,6 +144,13 @@ TEST(ConfigTest, BoundariesAreAccepted) {
                 c.sq_depth = 64;
               }).ok());
   EXPECT_TRUE(ok([](Config& c) { c.slot_bytes = kRequestHeaderBytes + 16; }).ok());
+  for (const uint32_t landing : {Config{}.inline_limit() + 1, 1u << 20}) {
+    EXPECT_TRUE(ok([&](Config& c) {
+                  c.max_value_bytes = 1 << 20;
+                  c.landing_value_bytes = landing;
+                }).ok())
+        << landing;
+  }
   // The largest slot whose UD response fits the MTU.
   Config c;
   c.slot_bytes = kMtu - kResponseHeaderBytes + kRequestHeaderBytes + Pad8(c.max_key_bytes);
@@ -137,6 +158,29 @@ TEST(ConfigTest, BoundariesAreAccepted) {
   EXPECT_TRUE(Validate(c, kMtu).ok()) << Validate(c, kMtu);
   c.slot_bytes += kWireAlign;
   EXPECT_FALSE(Validate(c, kMtu).ok());
+}
+
+// 0 sizes landing buffers for the largest value; a smaller one sizes them (and their requests)
+// for that value, and the clients learn it at join.
+TEST(ConfigTest, LandingBuffersAreSizedByLandingValueBytesAndTravelToClients) {
+  Config c;
+  c.max_value_bytes = 1 << 20;
+  EXPECT_EQ(c.landing_value_limit(), 1u << 20);
+  EXPECT_EQ(c.landing_bytes(), RequestBytes(c.max_key_bytes, 1 << 20));
+  c.landing_value_bytes = 4096;
+  EXPECT_EQ(c.landing_value_limit(), 4096u);
+  EXPECT_EQ(c.landing_bytes(), RequestBytes(c.max_key_bytes, 4096));
+  absl::StatusOr<Config> decoded = DecodeConfig(Encode(c));
+  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  EXPECT_EQ(decoded->landing_value_bytes, 4096u);
+  EXPECT_EQ(decoded->landing_bytes(), c.landing_bytes());
+  // The decoder still refuses a short or long encoding.
+  std::vector<uint8_t> bytes = Encode(c);
+  bytes.pop_back();
+  EXPECT_FALSE(DecodeConfig(bytes).ok());
+  bytes = Encode(c);
+  bytes.push_back(0);
+  EXPECT_FALSE(DecodeConfig(bytes).ok());
 }
 
 TEST(ConfigTest, ValidateClientLoad) {

@@ -11,7 +11,9 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "mica/item.h"
 #include "mica/keyhash.h"
 #include "tests/herd/model_workload.h"
 #include "tests/herd/server_fixture.h"
@@ -303,6 +305,170 @@ TEST(LargeValues, CopyModeServesEveryLargeGetFromALandingBuffer) {
   }
   EXPECT_EQ((*client)->stats().copied_gets, 3u);
   EXPECT_EQ((*client)->stats().item_rereads, 0u);
+}
+
+// Issue 15's NO_MEMORY, landing buffers: a server may provision landing buffers for less than
+// its largest value (--landing_value_bytes). A PUT/CAS/INSERT whose request does not fit one
+// fails at the client, NO_MEMORY naming both sizes, before anything is sent; what fits (a
+// shorter key leaves room for a longer value) goes through.
+TEST(LargeValues, ARequestLongerThanTheLandingBuffersIsNoMemoryAndNeverSent) {
+  constexpr uint32_t kLandingValue = 8192;
+  ServerOptions options = LargeServer("large-landing-small");
+  options.config.landing_value_bytes = kLandingValue;
+  ServerProcess server(options);
+  ASSERT_TRUE(server.ok());
+  auto client = Join(server, "large-landing-small");
+  ASSERT_NE(client, nullptr);
+  const Config& c = client->config();
+  ASSERT_EQ(c.landing_value_limit(), kLandingValue);
+  const std::string long_key(c.max_key_bytes, 'k');
+  const uint64_t landing = c.landing_bytes();
+  ASSERT_EQ(landing, RequestBytes(c.max_key_bytes, kLandingValue));
+  ASSERT_TRUE(client->Put(long_key, std::string(kLandingValue, 'a')).ok()) << "fits exactly";
+  const ClientStats before = client->stats();
+  const std::string over(kLandingValue + 1, 'b');
+  const uint64_t request = RequestBytes(c.max_key_bytes, kLandingValue + 1);
+  ASSERT_GT(request, landing);
+  const absl::Status put = client->Put(long_key, over).status();
+  const absl::Status cas = client->Cas(long_key, 1, over).status();
+  const absl::Status insert = client->Insert("other-key", over).status();
+  for (const absl::Status& s : {put, cas, insert}) {
+    EXPECT_TRUE(absl::IsResourceExhausted(s)) << s;
+    EXPECT_TRUE(absl::StartsWith(s.message(), "NO_MEMORY")) << s;
+    EXPECT_TRUE(absl::StrContains(s.message(), absl::StrCat(request, "-byte request"))) << s;
+    EXPECT_TRUE(absl::StrContains(s.message(), absl::StrCat(landing, "-byte landing"))) << s;
+  }
+  const ClientStats after = client->stats();
+  EXPECT_EQ(after.submitted, before.submitted);
+  EXPECT_EQ(after.fabric.wrs, before.fabric.wrs) << "a refused request sent something";
+  // A batch: the refused item fails alone, the others are stored.
+  const std::vector<absl::StatusOr<uint64_t>> batch =
+      client->MultiPut({{"batch-1", "small"}, {long_key, over}, {"batch-2", "small"}});
+  ASSERT_EQ(batch.size(), 3u);
+  EXPECT_TRUE(batch[0].ok()) << batch[0].status();
+  EXPECT_TRUE(absl::StartsWith(batch[1].status().message(), "NO_MEMORY")) << batch[1].status();
+  EXPECT_TRUE(batch[2].ok()) << batch[2].status();
+  // The buffer bounds the request, not the value: a 1-byte key leaves room for more value.
+  const std::string more(kLandingValue + Pad8(c.max_key_bytes) - 8, 'c');
+  ASSERT_LE(RequestBytes(1, static_cast<uint32_t>(more.size())), landing);
+  ASSERT_TRUE(client->Put("s", more).ok());
+  auto got = client->Get("s");
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_TRUE(got->value == more);
+  // The value as stored before the refusals.
+  got = client->Get(long_key);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->value, std::string(kLandingValue, 'a'));
+}
+
+// Issue 15's NO_MEMORY, log: a worker whose log is shorter than the largest value's item answers
+// NO_MEMORY to a write of such an item, stores nothing and evicts nothing; what fits is stored.
+TEST(LargeValues, AnItemLongerThanTheLogIsNoMemoryAndChangesNothing) {
+  ServerOptions options = LargeServer("large-small-log");
+  options.store.log_bytes = kMiB;  // a 1 MiB value's item (header, key, checksum) is longer
+  ServerProcess server(options);
+  ASSERT_TRUE(server.ok());
+  auto client = Join(server, "large-small-log");
+  ASSERT_NE(client, nullptr);
+  ASSERT_EQ(client->config().value_limit(), kMiB);
+  const std::string kept = Pattern(3, 1, 5000);
+  auto stored = client->Put("kept", kept);
+  ASSERT_TRUE(stored.ok()) << stored.status();
+  const std::string whole(kMiB, 'w');
+  const absl::Status put = client->Put("big", whole).status();
+  const absl::Status overwrite = client->Put("kept", whole).status();
+  const absl::Status cas = client->Cas("kept", *stored, whole).status();
+  const absl::Status insert = client->Insert("big", whole).status();
+  for (const absl::Status& s : {put, overwrite, cas, insert}) {
+    EXPECT_TRUE(absl::IsResourceExhausted(s)) << s;
+    EXPECT_TRUE(absl::StartsWith(s.message(), "NO_MEMORY: the item")) << s;
+  }
+  EXPECT_TRUE(absl::IsNotFound(client->Get("big").status()));
+  auto got = client->Get("kept");
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->version, *stored);
+  EXPECT_TRUE(got->value == kept);
+  // Half the log fits.
+  const std::string half = Pattern(4, 1, kMiB / 2);
+  ASSERT_TRUE(client->Put("half", half).ok());
+  got = client->Get("half");
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_TRUE(got->value == half);
+}
+
+// Issue 15's INTERNAL: an item in a worker's own log that fails its checksum (damaged memory,
+// done here by the test) is never delivered: the copy the worker makes for a GET answers
+// INTERNAL, counted in the server's stats; a client that READs the item itself finds it
+// damaged, re-reads, falls back to the copy, and gets INTERNAL too.
+TEST(LargeValues, ADamagedItemInTheLogIsInternalNeverDelivered) {
+  ServerOptions options = LargeServer("large-damaged");
+  options.config.workers = 1;  // the first item written lies at ring position 0
+  std::unique_ptr<Server> server = StartInProcess(options);
+  ASSERT_NE(server, nullptr);
+  ClientOptions copy_options;
+  copy_options.server = absl::StrFormat("127.0.0.1:%d", server->port());
+  copy_options.device.fabric = "large-damaged";
+  copy_options.max_item_reads = 0;  // every large GET is a copy through the worker
+  auto copying = Client::Connect(copy_options);
+  ASSERT_TRUE(copying.ok()) << copying.status();
+  ClientOptions read_options = copy_options;
+  read_options.max_item_reads = 2;
+  auto reading = Client::Connect(read_options);
+  ASSERT_TRUE(reading.ok()) << reading.status();
+  const std::string key = "damaged";
+  const std::string value = Pattern(5, 1, 4000);
+  ASSERT_TRUE((*copying)->Put(key, value).ok());
+  ASSERT_TRUE((*copying)->Get(key).ok());
+  // One value byte flipped in the log, as failing memory would.
+  uint8_t* item = server->PartitionForTest(0).region().ring();
+  ASSERT_EQ(std::memcmp(item + sizeof(mica::ItemHeader) + key.size(), value.data(), 64), 0)
+      << "the item is not at ring position 0";
+  item[sizeof(mica::ItemHeader) + key.size() + 2000] ^= 0x01;
+  for (Client* client : {copying->get(), reading->get()}) {
+    const absl::StatusOr<Value> got = client->Get(key);
+    EXPECT_TRUE(absl::IsInternal(got.status())) << got.status();
+    EXPECT_TRUE(absl::StartsWith(got.status().message(), "INTERNAL")) << got.status();
+  }
+  EXPECT_EQ((*reading)->stats().item_rereads, 2u) << "its own READs found the item damaged";
+  EXPECT_EQ(server->Stats().internal_errors, 2u);
+  // The worker is fine: other keys are served.
+  ASSERT_TRUE((*copying)->Put("healthy", value).ok());
+  auto healthy = (*copying)->Get("healthy");
+  ASSERT_TRUE(healthy.ok()) << healthy.status();
+  EXPECT_TRUE(healthy->value == value);
+}
+
+// A copy request rewrites a GET's staged bytes (flags, landing buffer, checksum). With
+// non-inline requests on a fabric slower than the retransmission timeout, retransmissions of the
+// GET (the same bytes, while a WR still reads them) are pending when its out-of-line answer
+// comes: the rewrite must wait for them. Rewritten under them, the copy request went out with
+// their attempt number (a duplicate to the worker) and, every 5 ms retransmission keeping the
+// buffer busy for 50 ms, never as a new attempt: the GET timed out.
+TEST(LargeValues, ACopyRequestWaitsForTheWrsThatStillReadTheGet) {
+  constexpr uint32_t kSlowWrUs = 50'000;  // every client WR executes 50 ms after its post
+  constexpr absl::Duration kRetry = absl::Milliseconds(5);
+  ServerOptions server_options = LargeServer("large-copy-pending");
+  server_options.config.use_inline = false;  // the client's requests too: read at execution
+  ServerProcess server(server_options);
+  ASSERT_TRUE(server.ok());
+  ClientOptions options;
+  options.server = server.address();
+  options.device.fabric = "large-copy-pending";
+  options.device.faults.delay_us = kSlowWrUs;
+  options.retry_timeout = kRetry;
+  options.adaptive_retry = false;
+  options.max_item_reads = 0;  // an out-of-line answer asks for a copy at once
+  auto client = Client::Connect(options);
+  ASSERT_TRUE(client.ok()) << client.status();
+  const std::string value = Pattern(2, 1, 4000);
+  ASSERT_TRUE((*client)->Put("copy-pending", value).ok());
+  const uint64_t retransmitted = (*client)->stats().retransmissions;
+  auto got = (*client)->Get("copy-pending");
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_TRUE(got->value == value);
+  EXPECT_EQ((*client)->stats().copied_gets, 1u);
+  EXPECT_GT((*client)->stats().retransmissions, retransmitted)
+      << "no retransmission of the GET was pending when its answer came";
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 // Runs a herd server in a forked child process (the clients stay in the test process), so every
-// end-to-end test crosses process boundaries as a real deployment does.
+// end-to-end test crosses process boundaries as a real deployment does; or, for tests that read
+// its Stats() or reach into its memory, in this process.
 #ifndef HERD_TESTS_HERD_SERVER_FIXTURE_H_
 #define HERD_TESTS_HERD_SERVER_FIXTURE_H_
 
@@ -78,6 +79,17 @@ class ServerProcess {
   uint16_t port_ = 0;
   std::string host_;
 };
+
+// A server in this process (its Stats() readable), listening on 127.0.0.1; null on failure.
+inline std::unique_ptr<Server> StartInProcess(ServerOptions options) {
+  options.port = 0;
+  options.listen_address = "127.0.0.1";
+  absl::StatusOr<std::unique_ptr<Server>> server = Server::Create(options);
+  EXPECT_TRUE(server.ok()) << server.status();
+  if (!server.ok()) return nullptr;
+  EXPECT_TRUE((*server)->Start().ok());
+  return *std::move(server);
+}
 
 inline ServerOptions SmallServer(const std::string& fabric) {
   ServerOptions options;

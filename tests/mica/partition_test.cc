@@ -39,6 +39,9 @@ class Store {
   Response Cas(const std::string& key, uint64_t expected, const std::string& value) {
     return partition_->Cas(key, KeyHash(key), expected, value);
   }
+  Response Insert(const std::string& key, const std::string& value) {
+    return partition_->Insert(key, KeyHash(key), value);
+  }
   std::optional<Found> Get(const std::string& key) {
     const Response r = partition_->Get(key, KeyHash(key), buffer_.data(), buffer_.size());
     if (r.result == Result::kNotFound) return std::nullopt;
@@ -151,6 +154,91 @@ TEST(Partition, KeyAndValueLimits) {
   EXPECT_EQ(store.Cas(max_key, 1, max_value + "v").result, Result::kValueTooLong);
   EXPECT_EQ(store.Delete(max_key + "x").result, Result::kKeyTooLong);
   EXPECT_EQ(store.p().stats().rejected.Get(), 5u);
+}
+
+// A log may be shorter than the largest value's item (issue 15: NO_MEMORY): a write whose item
+// is longer than the whole log is refused before it touches anything (no item stored, none
+// evicted, no version spent), and an item of exactly the log's length is stored.
+TEST(Partition, WritesOfItemsLongerThanTheLogAreNoMemoryAndChangeNothing) {
+  constexpr uint64_t kLog = 4096;
+  PartitionConfig config = SmallConfig();
+  config.log_bytes = kLog;
+  config.max_value_bytes = 1 << 20;  // far more than the log holds
+  Store store(config);
+  ASSERT_EQ(store.p().layout().log_bytes, kLog);
+  const Response a = store.Put("a", "alpha");
+  const Response b = store.Put("b", "beta");
+  ASSERT_EQ(a.result, Result::kOk);
+  ASSERT_EQ(b.result, Result::kOk);
+  // A 1-byte key and no checksum: header 24 + 1 + value, padded to 8.
+  const uint64_t fits = kLog - sizeof(ItemHeader) - 1;
+  ASSERT_EQ(ItemBytes(1, fits), kLog);
+  const std::string too_long(fits + 1, 'x');
+  EXPECT_EQ(store.Put("k", too_long).result, Result::kNoMemory);
+  EXPECT_EQ(store.Put("a", too_long).result, Result::kNoMemory);  // an overwrite, too
+  EXPECT_EQ(store.Insert("c", too_long).result, Result::kNoMemory);
+  EXPECT_EQ(store.Cas("b", b.version, too_long).result, Result::kNoMemory);
+  EXPECT_EQ(store.Put("k", std::string(1 << 20, 'x')).result, Result::kNoMemory);
+  EXPECT_EQ(store.p().stats().no_memory.Get(), 5u);
+  EXPECT_EQ(store.p().stats().evictions.Get(), 0u);
+  EXPECT_EQ(store.p().stats().log_wraps.Get(), 0u);
+  EXPECT_FALSE(store.Get("k").has_value());
+  EXPECT_FALSE(store.Get("c").has_value());
+  EXPECT_EQ(store.Get("a")->value, "alpha");
+  EXPECT_EQ(store.Get("a")->version, a.version);
+  EXPECT_EQ(store.Get("b")->value, "beta");
+  EXPECT_EQ(store.Get("b")->version, b.version);
+  // No version was spent on the refusals; the whole log is one item's to take.
+  const std::string whole_log(fits, 'w');
+  const Response w = store.Put("k", whole_log);
+  ASSERT_EQ(w.result, Result::kOk);
+  EXPECT_EQ(w.version, b.version + 1);
+  EXPECT_EQ(store.Get("k")->value, whole_log);
+}
+
+// The same bound counts an item's checksum word.
+TEST(Partition, TheNoMemoryBoundCountsTheChecksumWord) {
+  constexpr uint64_t kLog = 4096;
+  PartitionConfig config = SmallConfig();
+  config.log_bytes = kLog;
+  config.max_value_bytes = 1 << 20;
+  config.checksum_from_value_bytes = 64;
+  Store store(config);
+  const uint64_t fits = kLog - kItemChecksumBytes - sizeof(ItemHeader) - 1;
+  ASSERT_EQ(ItemBytes(1, fits, /*checksum=*/true), kLog);
+  EXPECT_EQ(store.Put("k", std::string(fits + 1, 'x')).result, Result::kNoMemory);
+  ASSERT_EQ(store.Put("k", std::string(fits, 'x')).result, Result::kOk);
+  EXPECT_EQ(store.Get("k")->value.size(), fits);
+}
+
+// An item the partition itself damaged (its memory, not a caller) is never copied out: a GET of
+// a checksummed item verifies it first and answers kCorrupt, leaving the caller's buffer alone.
+TEST(Partition, ACheckedItemThatFailsItsChecksumIsNeverCopiedOut) {
+  PartitionConfig config = SmallConfig();
+  config.checksum_from_value_bytes = 64;
+  Store store(config);
+  const std::string value(100, 'v');
+  ASSERT_EQ(store.Put("k", value).result, Result::kOk);  // the first item: ring position 0
+  ASSERT_EQ(store.Get("k")->value, value);
+  uint8_t* item = store.p().region().ring();
+  uint8_t* value_byte = item + sizeof(ItemHeader) + 1 + 50;
+  ASSERT_EQ(*value_byte, 'v');
+  *value_byte ^= 0x20;
+  char out[128];
+  std::memset(out, '-', sizeof(out));
+  Response r = store.p().Get("k", KeyHash("k"), out, sizeof(out));
+  EXPECT_EQ(r.result, Result::kCorrupt) << ResultName(r.result);
+  EXPECT_EQ(r.value_bytes, 0u);
+  EXPECT_EQ(std::string(out, sizeof(out)), std::string(sizeof(out), '-'));
+  EXPECT_EQ(store.p().stats().corrupt.Get(), 1u);
+  // A checksummed length whose flag was lost is damage too.
+  *value_byte ^= 0x20;
+  ASSERT_EQ(store.Get("k")->value, value);
+  reinterpret_cast<ItemHeader*>(item)->flags = 0;
+  r = store.p().Get("k", KeyHash("k"), out, sizeof(out));
+  EXPECT_EQ(r.result, Result::kCorrupt) << ResultName(r.result);
+  // A caller that fetches the item itself (buffer too small) gets its place: it checks its copy.
+  EXPECT_EQ(store.p().Get("k", KeyHash("k"), out, 10).result, Result::kBufferTooSmall);
 }
 
 TEST(Partition, OneMebibyteValues) {
@@ -295,7 +383,12 @@ TEST(PartitionConfig, Validation) {
   PartitionConfig config = SmallConfig();
   config.log_bytes = 4096;
   config.max_value_bytes = 1 << 20;
-  EXPECT_EQ(Partition::Create(config).status().code(), absl::StatusCode::kInvalidArgument);
+  // A log shorter than the largest item is allowed (such writes are kNoMemory); the mirror then
+  // maps the whole ring again, never more.
+  auto small_log = Partition::Create(config);
+  ASSERT_TRUE(small_log.ok()) << small_log.status();
+  EXPECT_EQ((*small_log)->layout().max_item_bytes, 4096u);
+  EXPECT_GE((*small_log)->layout().mirror_bytes, 4096u);
   config = SmallConfig();
   config.bucket_count = 3;
   EXPECT_EQ(Partition::Create(config).status().code(), absl::StatusCode::kInvalidArgument);
@@ -326,6 +419,10 @@ TEST(Status, ResultsMapToAbslCodes) {
   EXPECT_EQ(ToStatus(Result::kKeyTooLong).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(ToStatus(Result::kValueTooLong).code(), absl::StatusCode::kOutOfRange);
   EXPECT_EQ(ToStatus(Result::kExists).code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(ToStatus(Result::kNoMemory).code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(ToStatus(Result::kCorrupt).code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(ResultName(Result::kNoMemory), "NO_MEMORY");
+  EXPECT_EQ(ResultName(Result::kCorrupt), "CORRUPT");
   EXPECT_EQ(ResultName(Result::kExists), "EXISTS");
   EXPECT_EQ(ResultName(Result::kCasFailed), "CAS_FAILED");
 }

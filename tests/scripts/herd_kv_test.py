@@ -54,8 +54,11 @@ def read_ready_line(process, timeout_s):
     return line
 
 
-class HerdKvTest(unittest.TestCase):
-    """One server for the whole class; each test uses keys of its own."""
+class ServerTestCase(unittest.TestCase):
+    """One server (started with SERVER_FLAGS) for the whole class; each test uses keys of its
+    own."""
+
+    SERVER_FLAGS = ["--mica_log_bytes=4194304"]
 
     @classmethod
     def setUpClass(cls):
@@ -72,8 +75,8 @@ class HerdKvTest(unittest.TestCase):
         cls.log = tempfile.TemporaryFile()
         cls.server = subprocess.Popen(
             [str(SERVER), "--port=0", f"--listen_address={cls.host}", "--workers=1",
-             "--pin_workers=false", "--max_clients=8", "--mica_items=4096",
-             "--mica_log_bytes=4194304"] + cls.fabric,
+             "--pin_workers=false", "--max_clients=8", "--mica_items=4096"]
+            + cls.SERVER_FLAGS + cls.fabric,
             stdout=subprocess.PIPE, stderr=cls.log, start_new_session=True)
         try:
             ready = read_ready_line(cls.server, SERVER_READY_TIMEOUT_S)
@@ -139,6 +142,8 @@ class HerdKvTest(unittest.TestCase):
         self.assertEqual(stdout, b"")
         return stderr.splitlines()[0]
 
+
+class HerdKvTest(ServerTestCase):
     # ---------------------------------------------------------------------- round trips
     def test_put_then_get_round_trips_text(self):
         version = self.version("put", "text", "hello world")
@@ -260,6 +265,38 @@ class HerdKvTest(unittest.TestCase):
                 self.assertTrue(stderr.startswith("herd_kv: UNAVAILABLE"), stderr)
                 self.assertEqual(stderr.count("\n"), 1, stderr)
                 self.assertEqual(stdout, b"")
+
+
+class HerdKvNoMemoryTest(ServerTestCase):
+    """A server whose log (512 KiB) is shorter than its largest value's item and whose landing
+    buffers hold values up to 768 KiB only (issue 15's NO_MEMORY, both kinds)."""
+
+    LOG_BYTES = 512 << 10
+    LANDING_VALUE_BYTES = 768 << 10
+    SERVER_FLAGS = [f"--mica_log_bytes={LOG_BYTES}",
+                    f"--landing_value_bytes={LANDING_VALUE_BYTES}"]
+
+    def put_from_file(self, key, size):
+        with tempfile.NamedTemporaryFile() as file:
+            file.write(b"n" * size)
+            file.flush()
+            return self.kv("put", key, f"--value_file={file.name}")
+
+    def test_values_past_the_log_or_the_landing_buffers_are_no_memory(self):
+        self.version("put", "kept", "value")
+        # Fits a landing buffer, but its item is longer than the whole log: the worker says so.
+        code, stdout, stderr = self.put_from_file("past-log", self.LOG_BYTES)
+        self.assertEqual((code, stdout), (EXIT_FAILED, b""), stderr)
+        self.assertTrue(stderr.startswith("herd_kv: NO_MEMORY: the item"), stderr)
+        self.assertIn("log", stderr)
+        # Longer than a landing buffer: the client says so, naming both sizes, and sends nothing.
+        code, stdout, stderr = self.put_from_file("past-landing", self.LANDING_VALUE_BYTES + 1)
+        self.assertEqual((code, stdout), (EXIT_FAILED, b""), stderr)
+        self.assertTrue(stderr.startswith("herd_kv: NO_MEMORY: "), stderr)
+        self.assertIn("landing buffers", stderr)
+        self.assertEqual(stderr.count("\n"), 1, stderr)
+        self.fails_with_status("NOT_FOUND", "get", "past-log")
+        self.assertEqual(self.ok("get", "kept"), b"value")  # nothing evicted
 
 
 if __name__ == "__main__":
