@@ -31,6 +31,26 @@ constexpr uint32_t kMaxHandshakeBytes = 256 << 10;
 // of session queues (every failed WR completes).
 constexpr uint32_t kSendCqSlack = 4096;
 
+// Over RDMA-CM a message is one RC SEND of at most kCmMaxMessageBytes: the largest Welcome this
+// configuration sends (every endpoint list full) must fit, or no client could ever join.
+absl::Status CheckWelcomeFitsCm(const Config& c) {
+  Welcome largest;
+  largest.worker_ud.resize(c.workers);
+  largest.worker_response_qpns.resize(uint64_t{c.workers} * c.ud_qps_per_worker);
+  largest.request_qps.resize(c.workers);
+  largest.response_qps.resize(c.workers);
+  largest.large_qps.resize(c.workers);
+  const uint64_t bytes = Encode(largest).size();
+  if (bytes + transport::kCmHeaderBytes > transport::kCmMaxMessageBytes) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--connect=cm: a join's welcome for --workers=%d x --ud_qps_per_worker=%d is %d bytes, "
+        "past the RDMA-CM message limit of %d; use fewer workers or UD QPs, or --connect=tcp",
+        c.workers, c.ud_qps_per_worker, bytes,
+        transport::kCmMaxMessageBytes - transport::kCmHeaderBytes));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Server>> Server::Create(const ServerOptions& options) {
@@ -56,6 +76,9 @@ absl::Status Server::Init() {
     return absl::InvalidArgumentError(
         "--connect=cm: RDMA-CM joins need a verbs device; the shm fabric joins over TCP "
         "(--connect=tcp)");
+  }
+  if (options_.connect == transport::ConnectMode::kCm) {
+    if (absl::Status s = CheckWelcomeFitsCm(c); !s.ok()) return s;
   }
   if (absl::Status s = Take(Topology::Load(), &topology_); !s.ok()) return s;
   if (options_.pin_workers) {
@@ -152,6 +175,7 @@ absl::Status Server::Init() {
   pending.max_payload = kMaxHandshakeBytes;
   pending.first_message_timeout = kHandshakeTimeout;
   if (options_.connect == transport::ConnectMode::kCm) {
+    pending.max_pending = transport::kCmDefaultMaxPending;
     absl::StatusOr<std::unique_ptr<transport::CmHandshakes>> set =
         transport::CmHandshakes::Create(*device_, options_.listen_address, options_.port, pending);
     if (!set.ok()) return set.status();

@@ -206,10 +206,15 @@ class Connection : public CmConnection {
         break;
       }
       switch (raw->event) {
-        case RDMA_CM_EVENT_ESTABLISHED:
-          break;
-        default:  // DISCONNECTED, CONNECT_ERROR, UNREACHABLE, REJECTED, DEVICE_REMOVAL, ...
+        case RDMA_CM_EVENT_DISCONNECTED:
+        case RDMA_CM_EVENT_CONNECT_ERROR:
+        case RDMA_CM_EVENT_UNREACHABLE:
+        case RDMA_CM_EVENT_REJECTED:
+        case RDMA_CM_EVENT_DEVICE_REMOVAL:
           disconnected_ = true;
+          break;
+        default:  // ESTABLISHED, ADDR_CHANGE (a bonding failover), TIMEWAIT_EXIT: still there
+          break;
       }
       rdma_ack_cm_event(raw);
     }

@@ -54,7 +54,10 @@ struct CmChannel::State {
   std::unique_ptr<QueuePair> qp;
   std::unique_ptr<CmConnection> connection;
   bool send_busy[kCmSendSlots] = {};
-  std::deque<control::Message> ready;
+  // Received messages not yet taken, in arrival order: (receive slot, bytes). A slot is posted
+  // again only once its message is taken, so a peer can have at most kCmReceiveSlots messages
+  // here and then waits in RNR: however much it sends, this side holds no more.
+  std::deque<std::pair<uint32_t, uint32_t>> ready;
   absl::Status broken;  // the first failure; the link is unusable after it
 
   uint8_t* slot(uint32_t index) const {
@@ -169,10 +172,9 @@ void CmChannel::Reap() const {
       if (slot >= kCmReceiveSlots || !s.broken.ok()) continue;
       const uint8_t* bytes = s.slot(slot);
       uint32_t magic = 0;
-      uint16_t type = 0, zero = 0;
+      uint16_t zero = 0;
       if (c.byte_len >= kCmHeaderBytes) {
         std::memcpy(&magic, bytes, 4);
-        std::memcpy(&type, bytes + 4, 2);
         std::memcpy(&zero, bytes + 6, 2);
       }
       if (c.byte_len < kCmHeaderBytes || magic != kCmMagic || zero != 0) {
@@ -181,14 +183,7 @@ void CmChannel::Reap() const {
             c.byte_len, peer_, magic));
         continue;
       }
-      control::Message message;
-      message.type = type;
-      message.payload.assign(bytes + kCmHeaderBytes, bytes + c.byte_len);
-      s.ready.push_back(std::move(message));
-      // The slot's bytes were copied out: it can take the next message.
-      if (absl::Status st = const_cast<CmChannel*>(this)->PostReceive(slot); !st.ok()) {
-        s.broken = st;
-      }
+      s.ready.emplace_back(slot, c.byte_len);
     }
     if (n < kCompletionBatch) return;
   }
@@ -231,17 +226,28 @@ absl::Status CmChannel::Send(uint16_t type, const std::vector<uint8_t>& payload)
 
 absl::StatusOr<bool> CmChannel::TryReceive(control::Message* message) {
   State& s = *state_;
+  // Disconnected before reaping: a message that arrived before the peer's DREQ is delivered
+  // (a server's last reply and then its disconnect arrive microseconds apart).
+  const bool gone = s.connection->Disconnected();
   Reap();
   if (!s.ready.empty()) {
-    *message = std::move(s.ready.front());
+    const auto [slot, length] = s.ready.front();
     s.ready.pop_front();
+    const uint8_t* bytes = s.slot(slot);
+    message->type = 0;
+    std::memcpy(&message->type, bytes + 4, 2);
+    message->payload.assign(bytes + kCmHeaderBytes, bytes + length);
+    // The bytes are copied out: the slot can take the next message.
+    if (absl::Status st = PostReceive(slot); !st.ok() && s.broken.ok()) s.broken = st;
     return true;
   }
   if (!s.broken.ok()) return s.broken;
-  if (s.connection->Disconnected()) {
-    return absl::UnavailableError(absl::StrFormat("%s disconnected", peer_));
-  }
+  if (gone) return absl::UnavailableError(absl::StrFormat("%s disconnected", peer_));
   return false;
+}
+
+bool CmChannel::Disconnected() const {
+  return state_->broken.ok() && state_->connection->Disconnected();
 }
 
 absl::StatusOr<control::Message> CmChannel::Receive(absl::Duration timeout) {
@@ -260,8 +266,9 @@ absl::StatusOr<control::Message> CmChannel::Receive(absl::Duration timeout) {
 }
 
 bool CmChannel::PeerClosed() const {
+  const bool gone = state_->connection->Disconnected();
   Reap();
-  return !state_->broken.ok() || state_->connection->Disconnected();
+  return gone || !state_->broken.ok();
 }
 
 bool CmChannel::SendsDone() const {
@@ -280,6 +287,9 @@ absl::StatusOr<std::unique_ptr<CmHandshakes>> CmHandshakes::Create(
   }
   if (options.max_pending == 0) {
     return absl::InvalidArgumentError("RDMA-CM joins: max_pending must be at least 1");
+  }
+  if (options.first_message_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("RDMA-CM joins: first_message_timeout must be positive");
   }
   absl::StatusOr<std::unique_ptr<CmListener>> listener = CmListener::Listen(address, port);
   if (!listener.ok()) return listener.status();
@@ -316,7 +326,7 @@ bool CmHandshakes::Step(std::vector<control::HandshakeEvent>* events) {
   using Kind = control::HandshakeEvent::Kind;
   ReapClosing(false);
   bool progress = false;
-  for (;;) {
+  for (uint32_t accepted = 0; accepted < kCmAcceptsPerStep; ++accepted) {
     absl::StatusOr<std::unique_ptr<CmRequest>> request = listener_->NextRequest();
     if (!request.ok()) {
       LOG_EVERY_N(WARNING, 100) << "RDMA-CM listener: " << request.status();
@@ -324,12 +334,6 @@ bool CmHandshakes::Step(std::vector<control::HandshakeEvent>* events) {
     }
     if (*request == nullptr) break;
     progress = true;
-    if (pending_.size() >= options_.max_pending) {
-      Drop(pending_.begin()->first, Kind::kEvicted,
-           absl::ResourceExhaustedError(absl::StrFormat(
-               "evicted: %d handshakes pending, the most allowed", options_.max_pending)),
-           events);
-    }
     const uint64_t id = next_id_++;
     absl::StatusOr<std::unique_ptr<CmChannel>> channel = CmChannel::Accept(device_, **request);
     if (!channel.ok()) {
@@ -341,6 +345,13 @@ bool CmHandshakes::Step(std::vector<control::HandshakeEvent>* events) {
       events->push_back(std::move(event));
       continue;  // destroying the request rejects it (when it is still unanswered)
     }
+    // Only a join that did get in displaces the oldest.
+    if (pending_.size() >= options_.max_pending) {
+      Drop(pending_.begin()->first, Kind::kEvicted,
+           absl::ResourceExhaustedError(absl::StrFormat(
+               "evicted: %d handshakes pending, the most allowed", options_.max_pending)),
+           events);
+    }
     pending_[id] = Pending{*std::move(channel), absl::Now() + options_.first_message_timeout};
   }
   const absl::Time now = absl::Now();
@@ -350,9 +361,8 @@ bool CmHandshakes::Step(std::vector<control::HandshakeEvent>* events) {
     control::Message message;
     absl::StatusOr<bool> got = p.channel->TryReceive(&message);
     if (!got.ok()) {
-      // A malformed message is the peer's error; anything else means it is gone.
-      const Kind kind =
-          got.status().code() == absl::StatusCode::kDataLoss ? Kind::kError : Kind::kClosed;
+      // A disconnect is a close; a malformed message or a failed link an error.
+      const Kind kind = p.channel->Disconnected() ? Kind::kClosed : Kind::kError;
       Drop(id, kind, got.status(), events);
       progress = true;
     } else if (*got) {
@@ -417,7 +427,10 @@ void CmHandshakes::Close(uint64_t id) {
   if (it == pending_.end()) return;
   std::unique_ptr<CmChannel> channel = std::move(it->second.channel);
   pending_.erase(it);
-  if (!channel->SendsDone()) closing_.emplace_back(absl::Now() + kCloseLinger, std::move(channel));
+  if (channel->SendsDone()) return;
+  // Bounded like the pending set: past it, the oldest closing connection goes at once.
+  if (closing_.size() >= options_.max_pending) closing_.pop_front();
+  closing_.emplace_back(absl::Now() + kCloseLinger, std::move(channel));
 }
 
 }  // namespace transport

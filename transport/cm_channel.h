@@ -11,9 +11,11 @@
 // as a TCP close is on the other control plane.
 //
 // Limits: a message is at most kCmMaxMessageBytes (a larger Send fails; a peer that sends more
-// breaks the RC connection, which is then reported closed). Receives are posted ahead, so a peer
-// that floods messages only stalls itself (RNR). Sends never wait for the peer: at most
-// kCmSendSlots are in flight, and a Send finding none free fails (the peer is not receiving).
+// breaks the RC connection, which is then reported failed). kCmReceiveSlots receives are posted
+// ahead and one goes back only when its message is taken, so a peer that floods messages holds
+// at most that many here and then stalls itself (RNR), whether or not anyone reads. Sends never
+// wait for the peer: at most kCmSendSlots are in flight, and a Send finding none free fails (the
+// peer is not receiving).
 #ifndef HERD_TRANSPORT_CM_CHANNEL_H_
 #define HERD_TRANSPORT_CM_CHANNEL_H_
 
@@ -43,6 +45,9 @@ inline constexpr uint32_t kCmReceiveSlots = 2;  // a request/response peer has o
 inline constexpr uint32_t kCmSendSlots = 2;
 inline constexpr uint32_t kCmMagic = 0x324d4348;  // "HCM2"
 inline constexpr uint32_t kCmHeaderBytes = 8;
+// Pending joins a server holds at once: each holds ~256 KiB of pinned memory and a QP.
+inline constexpr size_t kCmDefaultMaxPending = 256;
+inline constexpr uint32_t kCmAcceptsPerStep = 16;
 
 class CmChannel : public control::MessageChannel {
  public:
@@ -64,6 +69,8 @@ class CmChannel : public control::MessageChannel {
   // Receive without waiting: true and *message when one arrived, false when none did, the
   // link's failure (or a malformed message) otherwise.
   absl::StatusOr<bool> TryReceive(control::Message* message);
+  // The peer disconnected (as opposed to the link failing or sending garbage).
+  bool Disconnected() const;
   // No send of ours is still in flight (Close can then drop the connection without losing a
   // reply).
   bool SendsDone() const;
@@ -82,7 +89,10 @@ class CmChannel : public control::MessageChannel {
 
 // Joins served over RDMA-CM: the HandshakeSet of a server whose clients join with
 // CmChannel::Connect. Accepts never block (a request is answered at once; a client that never
-// finishes the handshake is timed out like one that never sends).
+// finishes the handshake is timed out like one that never sends), at most kCmAcceptsPerStep per
+// pass so a flood of requests cannot keep pending joins from being served. A CM connection costs
+// far more than a socket (a PD, CQ, QP and pinned buffers), so a server should cap max_pending
+// well below the TCP default (kCmDefaultMaxPending).
 class CmHandshakes : public control::HandshakeSet {
  public:
   // Listens on `address` (an address of `device`'s interface) and `port` (0: any free one).

@@ -112,6 +112,10 @@ TEST_F(CmChannelTest, MessagesTravelBothWaysAndAReleasedChannelLosesNothing) {
   // reports one per Wait, the other stays in the channel.
   ASSERT_TRUE((*client)->Send(3, Bytes("join")).ok());
   ASSERT_TRUE((*client)->Send(4, {}).ok());
+  // Both sends completed: both messages sit at the server before it looks.
+  const absl::Time sent_by = absl::Now() + kTimeout;
+  while (!(*client)->SendsDone() && absl::Now() < sent_by) absl::SleepFor(absl::Milliseconds(1));
+  ASSERT_TRUE((*client)->SendsDone());
   events = NextEvents(*set);
   ASSERT_EQ(events.size(), 1u);
   EXPECT_EQ(events[0].message.type, 3);
@@ -126,6 +130,43 @@ TEST_F(CmChannelTest, MessagesTravelBothWaysAndAReleasedChannelLosesNothing) {
 
   client->reset();  // the client leaves: a DREQ
   EXPECT_TRUE(EventuallyClosed(**released));
+}
+
+// A joined peer that keeps sending to a channel nobody reads (a session's, after its join) fills
+// the receive slots and then stalls in RNR: the server holds no more than those messages.
+TEST_F(CmChannelTest, AFloodingPeerIsHeldToTheReceiveSlots) {
+  auto set = Listen();
+  ASSERT_NE(set, nullptr);
+  absl::StatusOr<std::unique_ptr<CmChannel>> client;
+  std::vector<HandshakeEvent> events = ServeWhile(*set, [&] {
+    client = CmChannel::Connect(*client_->device, HostPort(*set), kTimeout);
+    if (client.ok()) (void)(*client)->Send(1, Bytes("hello"));
+  });
+  ASSERT_TRUE(client.ok()) << client.status();
+  if (events.empty()) events = NextEvents(*set);
+  ASSERT_EQ(events.size(), 1u);
+  auto released = set->ReleaseChannel(events[0].id);
+  ASSERT_TRUE(released.ok()) << released.status();
+
+  constexpr int kFlood = 32;
+  int sent = 0;
+  absl::Status refused;
+  for (int i = 0; i < kFlood && refused.ok(); ++i) {
+    refused = (*client)->Send(5, std::vector<uint8_t>(1024, static_cast<uint8_t>(i)));
+    if (refused.ok()) ++sent;
+    // The server's control loop looks at its sessions (PeerClosed reaps their completions).
+    const absl::Time until = absl::Now() + absl::Milliseconds(20);
+    while (absl::Now() < until) EXPECT_FALSE((*released)->PeerClosed());
+  }
+  EXPECT_EQ(refused.code(), absl::StatusCode::kUnavailable) << "sent " << sent;
+  EXPECT_LE(sent, static_cast<int>(kCmReceiveSlots + kCmSendSlots));
+  // What was held is delivered in order once read, and the stalled sends then land too.
+  for (int i = 0; i < sent; ++i) {
+    auto message = (*released)->Receive(kTimeout);
+    ASSERT_TRUE(message.ok()) << i << ": " << message.status();
+    ASSERT_EQ(message->payload.size(), 1024u);
+    EXPECT_EQ(message->payload[0], i);
+  }
 }
 
 TEST_F(CmChannelTest, AnOversizedMessageIsRefusedAndTheChannelStillWorks) {
