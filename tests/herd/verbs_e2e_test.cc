@@ -11,9 +11,9 @@
 
 #include "absl/strings/str_format.h"
 #include "glog/logging.h"
+#include "herd/join.h"
 #include "tests/herd/model_workload.h"
 #include "tests/herd/server_fixture.h"
-#include "herd/join.h"
 #include "transport/cm.h"
 #include "transport/fabric.h"
 
@@ -149,8 +149,8 @@ TEST_F(OverVerbs, RdmaCmJoinsRunTheModelAndLeave) {
   // Stats over RDMA-CM, on a connection of their own.
   // Logical clients joined (the stats' "clients"): 2 per session here.
   auto clients = [&]() -> int {
-    auto json = FetchServerStats(server.address(), absl::Seconds(10),
-                                 transport::ConnectMode::kCm, probe->get());
+    auto json = FetchServerStats(server.address(), absl::Seconds(10), transport::ConnectMode::kCm,
+                                 probe->get());
     EXPECT_TRUE(json.ok()) << json.status();
     if (!json.ok()) return -1;
     const std::string key = "\"stats\":{";
