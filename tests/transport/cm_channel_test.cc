@@ -82,6 +82,17 @@ class CmChannelTest : public ::testing::Test {
   std::string HostPort(const CmHandshakes& set) const {
     return absl::StrFormat("%s:%d", address_, set.port());
   }
+  // Connects a client that sends hello (type 1) at once; the set's events meanwhile, or its next
+  // ones, in *events.
+  void JoinWithHello(CmHandshakes& set, absl::StatusOr<std::unique_ptr<CmChannel>>* client,
+                     std::vector<HandshakeEvent>* events) {
+    *events = ServeWhile(set, [&] {
+      *client = CmChannel::Connect(*client_->device, HostPort(set), kTimeout);
+      if (client->ok()) (void)(**client)->Send(1, Bytes("hello"));
+    });
+    ASSERT_TRUE(client->ok()) << client->status();
+    if (events->empty()) *events = NextEvents(set);
+  }
   std::unique_ptr<Node> client_, server_;
   std::string address_;
 };
@@ -90,12 +101,8 @@ TEST_F(CmChannelTest, MessagesTravelBothWaysAndAReleasedChannelLosesNothing) {
   auto set = Listen();
   ASSERT_NE(set, nullptr);
   absl::StatusOr<std::unique_ptr<CmChannel>> client;
-  std::vector<HandshakeEvent> events = ServeWhile(*set, [&] {
-    client = CmChannel::Connect(*client_->device, HostPort(*set), kTimeout);
-    if (client.ok()) (void)(*client)->Send(1, Bytes("hello"));
-  });
-  ASSERT_TRUE(client.ok()) << client.status();
-  if (events.empty()) events = NextEvents(*set);
+  std::vector<HandshakeEvent> events;
+  ASSERT_NO_FATAL_FAILURE(JoinWithHello(*set, &client, &events));
   ASSERT_EQ(events.size(), 1u);
   ASSERT_EQ(events[0].kind, Kind::kMessage) << events[0].status;
   EXPECT_EQ(events[0].message.type, 1);
@@ -138,12 +145,8 @@ TEST_F(CmChannelTest, AFloodingPeerIsHeldToTheReceiveSlots) {
   auto set = Listen();
   ASSERT_NE(set, nullptr);
   absl::StatusOr<std::unique_ptr<CmChannel>> client;
-  std::vector<HandshakeEvent> events = ServeWhile(*set, [&] {
-    client = CmChannel::Connect(*client_->device, HostPort(*set), kTimeout);
-    if (client.ok()) (void)(*client)->Send(1, Bytes("hello"));
-  });
-  ASSERT_TRUE(client.ok()) << client.status();
-  if (events.empty()) events = NextEvents(*set);
+  std::vector<HandshakeEvent> events;
+  ASSERT_NO_FATAL_FAILURE(JoinWithHello(*set, &client, &events));
   ASSERT_EQ(events.size(), 1u);
   auto released = set->ReleaseChannel(events[0].id);
   ASSERT_TRUE(released.ok()) << released.status();
