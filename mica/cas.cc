@@ -21,7 +21,11 @@ Response Partition::Cas(std::string_view key, uint64_t keyhash, uint64_t expecte
     stats_.cas_failed.Add();
     return Response{Result::kCasFailed, 0, current};
   }
-  const uint64_t version = WriteItem(bucket, slot, tag, key, keyhash, value);
+  uint64_t version = 0;
+  if (const Result result = WriteItem(bucket, slot, tag, key, keyhash, value, &version);
+      result != Result::kOk) {
+    return Response{result, 0, 0};
+  }
   stats_.cas_ok.Add();
   return Response{Result::kOk, 0, version};
 }

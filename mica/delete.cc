@@ -1,5 +1,5 @@
-// DELETE: drop a key from the index. Its log bytes stay until the log overwrites them, but no
-// slot points at them any more.
+// DELETE: drop a key from the index. Cache mode: its log bytes stay until the log overwrites
+// them, but no slot points at them any more. Store mode: its block is freed.
 #include "mica/keyhash.h"
 #include "mica/partition.h"
 
@@ -16,9 +16,15 @@ Response Partition::Delete(std::string_view key, uint64_t keyhash) {
     stats_.delete_misses.Add();
     return Response{Result::kNotFound, 0, 0};
   }
-  BeginBucketWrite(bucket);
-  SetSlot(slot, 0);
-  EndBucketWrite(bucket);
+  if (store_mode()) {
+    const uint64_t block = SlotOffset(*slot);
+    ReleaseSlot(bucket, slot);
+    FreeBlock(block);  // after the slot no longer names it
+  } else {
+    BeginBucketWrite(bucket);
+    SetSlot(slot, 0);
+    EndBucketWrite(bucket);
+  }
   stats_.deletes.Add();
   return Response{Result::kOk, 0, ++version_clock_};
 }

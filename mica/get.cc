@@ -19,7 +19,7 @@ Response Partition::Get(std::string_view key, uint64_t keyhash, char* value_out,
     return Response{Result::kNotFound, 0, 0};
   }
   const ItemHeader* item = ItemAt(SlotOffset(*slot));
-  const uint64_t position = SlotOffset(*slot) & log_mask_;
+  const uint64_t position = SlotOffset(*slot) & item_mask_;
   const auto item_bytes = static_cast<uint32_t>(
       ItemBytes(item->key_bytes, item->value_bytes, (item->flags & kItemHasChecksum) != 0));
   if (item->value_bytes > value_out_bytes) {

@@ -1,6 +1,6 @@
 // INSERT: store a key only if the index does not hold it; otherwise kExists with its version.
-// (In this lossy cache mode a key the index forgot, evicted or overwritten in the log, counts as
-// absent: the insert succeeds.)
+// (In the lossy cache mode a key the index forgot, evicted or overwritten in the log, counts as
+// absent: the insert succeeds. Store mode forgets nothing.)
 #include "mica/keyhash.h"
 #include "mica/partition.h"
 
@@ -16,9 +16,12 @@ Response Partition::Insert(std::string_view key, uint64_t keyhash, std::string_v
     stats_.insert_exists.Add();
     return Response{Result::kExists, 0, ItemAt(SlotOffset(*existing))->version};
   }
-  uint64_t* slot = ClaimSlot(bucket);
+  uint64_t version = 0;
+  if (const Result result = WriteItem(bucket, nullptr, tag, key, keyhash, value, &version);
+      result != Result::kOk) {
+    return Response{result, 0, 0};
+  }
   stats_.inserts.Add();
-  const uint64_t version = WriteItem(bucket, slot, tag, key, keyhash, value);
   return Response{Result::kOk, 0, version};
 }
 

@@ -14,6 +14,15 @@ namespace {
 
 // The log keeps 48-bit offsets in index slots; an offset distance must never wrap.
 constexpr uint64_t kMaxLogBytes = uint64_t{1} << 46;
+// Store mode's slots hold pool offsets exactly: the same bound keeps them in 48 bits.
+constexpr uint64_t kMaxPoolBytes = kMaxLogBytes;
+// Extra buckets are linked by index + 1 in a 32-bit field (0 ends a chain).
+constexpr uint64_t kMaxExtraBuckets = UINT32_MAX - 1;
+
+uint64_t ExtraBucketCount(const PartitionConfig& config, uint64_t bucket_count) {
+  if (config.extra_bucket_count != 0) return config.extra_bucket_count;
+  return std::max<uint64_t>(1, bucket_count / kExtraBucketsPerBucketDivisor);
+}
 
 uint64_t DerivedBucketCount(uint64_t expected_items) {
   const double slots = static_cast<double>(expected_items) / kTargetSlotLoad;
@@ -40,66 +49,167 @@ absl::Status ValidateConfig(const PartitionConfig& config) {
   }
   // A log shorter than the largest item is not an error: writes of items longer than the log
   // are refused (kNoMemory), the rest work.
+  if (config.mode == StoreMode::kStore) {
+    if (config.pool_bytes == 0 || config.pool_bytes > kMaxPoolBytes) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("pool_bytes must be in 1..%d, got %d", kMaxPoolBytes, config.pool_bytes));
+    }
+    if (ExtraBucketCount(config, buckets) > kMaxExtraBuckets) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("%d extra buckets exceed the %d a chain link can name",
+                          ExtraBucketCount(config, buckets), kMaxExtraBuckets));
+    }
+  }
   return absl::OkStatus();
+}
+
+std::string_view StoreModeName(StoreMode mode) {
+  return mode == StoreMode::kStore ? "store" : "cache";
+}
+
+absl::StatusOr<StoreMode> ParseStoreMode(std::string_view name) {
+  if (name == "cache") return StoreMode::kCache;
+  if (name == "store") return StoreMode::kStore;
+  return absl::InvalidArgumentError(absl::StrFormat(
+      "store mode \"%s\" is neither \"cache\" (lossy index over a circular log) nor \"store\" "
+      "(keys kept until deleted, slab pool, NO_MEMORY when full)",
+      name));
 }
 
 absl::StatusOr<std::unique_ptr<Partition>> Partition::Create(const PartitionConfig& config) {
   if (absl::Status status = ValidateConfig(config); !status.ok()) return status;
+  const bool store = config.mode == StoreMode::kStore;
   PartitionLayout layout;
+  layout.mode = config.mode;
   layout.bucket_count =
       config.bucket_count != 0 ? config.bucket_count : DerivedBucketCount(config.expected_items);
-  layout.log_bytes = std::bit_ceil(std::max<uint64_t>(config.log_bytes, 4096));
   layout.max_value_bytes = config.max_value_bytes;
   layout.checksum_from_value_bytes = config.checksum_from_value_bytes;
-  // Room for a checksum word whatever the threshold: the mirror must hold any item. An item may
-  // take the whole log (CheckWrite), never more: it would overwrite its own first bytes.
-  layout.max_item_bytes = std::min(
-      ItemBytes(kMaxKeyBytes, config.max_value_bytes, /*checksum=*/true), layout.log_bytes);
   RegionRequest request;
-  request.head_bytes = layout.bucket_count * sizeof(Bucket);
-  request.ring_bytes = layout.log_bytes;
-  request.mirror_bytes = layout.max_item_bytes;
   request.try_hugepages = config.try_hugepages;
+  if (store) {
+    // [ pool header | main buckets | extra buckets ] then the slab pool; no mirror (a block is
+    // contiguous). An item may be as long as a write allows: whether a block that long exists is
+    // the allocator's answer (kNoMemory if not).
+    layout.extra_bucket_count = ExtraBucketCount(config, layout.bucket_count);
+    layout.max_item_bytes = ItemBytes(kMaxKeyBytes, config.max_value_bytes, /*checksum=*/true);
+    request.head_bytes = sizeof(ExtraPoolHeader) +
+                         (layout.bucket_count + layout.extra_bucket_count) * sizeof(Bucket);
+    request.ring_bytes = config.pool_bytes;
+    request.mirror_bytes = 0;
+  } else {
+    layout.log_bytes = std::bit_ceil(std::max<uint64_t>(config.log_bytes, 4096));
+    // Room for a checksum word whatever the threshold: the mirror must hold any item. An item
+    // may take the whole log (CheckWrite), never more: it would overwrite its own first bytes.
+    layout.max_item_bytes = std::min(
+        ItemBytes(kMaxKeyBytes, config.max_value_bytes, /*checksum=*/true), layout.log_bytes);
+    request.head_bytes = layout.bucket_count * sizeof(Bucket);
+    request.ring_bytes = layout.log_bytes;
+    request.mirror_bytes = layout.max_item_bytes;
+  }
   absl::StatusOr<MirroredRegion> region = MirroredRegion::Create(request);
   if (!region.ok()) return region.status();
-  // The ring is a power of two >= 4 KiB, so page rounding kept it as is.
+  // The ring is a power of two >= 4 KiB (cache mode), so page rounding kept it as is.
   layout.index_bytes = region->head_bytes();
   layout.mirror_bytes = region->mirror_bytes();
   layout.hugepages = region->hugepages();
-  return std::unique_ptr<Partition>(new Partition(*std::move(region), layout));
+  std::optional<SlabAllocator> slab;
+  if (store) {
+    layout.pool_bytes = region->ring_bytes();
+    absl::StatusOr<SlabAllocator> formatted =
+        SlabAllocator::Format(absl::MakeSpan(region->ring(), region->ring_bytes()), SlabConfig{});
+    if (!formatted.ok()) {
+      return absl::InvalidArgumentError(absl::StrFormat("store mode's slab pool of %d bytes: %s",
+                                                        layout.pool_bytes,
+                                                        formatted.status().message()));
+    }
+    slab.emplace(*std::move(formatted));
+  }
+  return std::unique_ptr<Partition>(new Partition(*std::move(region), layout, std::move(slab)));
 }
 
-Partition::Partition(MirroredRegion region, const PartitionLayout& layout)
+Partition::Partition(MirroredRegion region, const PartitionLayout& layout,
+                     std::optional<SlabAllocator> slab)
     : region_(std::move(region)),
       layout_(layout),
+      slab_(std::move(slab)),
       buckets_(reinterpret_cast<Bucket*>(region_.head())),
       bucket_mask_(layout.bucket_count - 1),
       log_(region_.ring()),
-      log_mask_(layout.log_bytes - 1) {}
-
-uint64_t* Partition::FindSlot(Bucket* bucket, uint16_t tag, std::string_view key,
-                              uint64_t keyhash) {
-  for (uint64_t& slot : bucket->slots) {
-    if (slot == 0 || SlotTag(slot) != tag) continue;
-    if (!IsAlive(SlotOffset(slot))) {
-      BeginBucketWrite(bucket);
-      SetSlot(&slot, 0);
-      EndBucketWrite(bucket);
-      continue;
+      log_mask_(layout.log_bytes == 0 ? 0 : layout.log_bytes - 1),
+      items_(region_.ring()),
+      item_mask_(layout.log_bytes == 0 ? ~uint64_t{0} : layout.log_bytes - 1) {
+  if (store_mode()) {
+    // The region is fresh and zero-filled: an empty pool, empty buckets, chains of one.
+    extra_pool_ = reinterpret_cast<ExtraPoolHeader*>(region_.head());
+    extra_pool_->capacity = static_cast<uint32_t>(layout_.extra_bucket_count);
+    buckets_ = reinterpret_cast<Bucket*>(region_.head() + sizeof(ExtraPoolHeader));
+    extra_buckets_ = buckets_ + layout_.bucket_count;
+    StoreGauges& g = stats_.store;
+    g.extra_buckets_capacity.Set(layout_.extra_bucket_count);
+    g.pool_pages.Set(slab_->page_count());
+    g.page_bytes.Set(slab_->page_bytes());
+    for (int c = 0; c < kSlabClassCount; ++c) {
+      const SlabAllocator::ClassUsage usage = slab_->ClassUsageOf(c);
+      g.class_block_bytes[c].Set(usage.block_bytes);
+      g.class_span_blocks[c].Set(usage.blocks_per_span);
     }
-    const ItemHeader* item = ItemAt(SlotOffset(slot));
-    if (item->keyhash == keyhash && item->key_bytes == key.size() &&
-        std::memcmp(ItemKey(item), key.data(), key.size()) == 0) {
-      return &slot;
+    PublishStoreGauges(0);
+  }
+}
+
+uint64_t* Partition::FindSlot(Bucket* head, uint16_t tag, std::string_view key, uint64_t keyhash) {
+  for (Bucket* bucket = head; bucket != nullptr; bucket = NextInChain(bucket)) {
+    for (uint64_t& slot : bucket->slots) {
+      if (slot == 0 || SlotTag(slot) != tag) continue;
+      if (!IsAlive(SlotOffset(slot))) {
+        BeginBucketWrite(head);
+        SetSlot(&slot, 0);
+        EndBucketWrite(head);
+        continue;
+      }
+      const ItemHeader* item = ItemAt(SlotOffset(slot));
+      if (item->keyhash == keyhash && item->key_bytes == key.size() &&
+          std::memcmp(ItemKey(item), key.data(), key.size()) == 0) {
+        return &slot;
+      }
     }
   }
   return nullptr;
 }
 
-uint64_t* Partition::ClaimSlot(Bucket* bucket) {
+uint64_t* Partition::ClaimSlot(Bucket* head) {
+  if (store_mode()) {
+    Bucket* last = head;
+    for (Bucket* bucket = head; bucket != nullptr; bucket = NextInChain(bucket)) {
+      for (uint64_t& slot : bucket->slots) {
+        if (slot == 0) return &slot;
+      }
+      last = bucket;
+    }
+    // A full chain: link an extra bucket at its end, a returned one first, else a fresh one.
+    uint32_t index;  // the extra bucket's index + 1
+    if (extra_pool_->free_head != 0 && extra_pool_->free_head <= extra_pool_->capacity) {
+      index = extra_pool_->free_head;
+      extra_pool_->free_head = extra_buckets_[index - 1].next_extra;
+    } else if (extra_pool_->carved < extra_pool_->capacity) {
+      index = ++extra_pool_->carved;
+    } else {
+      return nullptr;
+    }
+    ++extra_pool_->in_use;
+    stats_.store.extra_buckets_in_use.Set(extra_pool_->in_use);
+    Bucket* extra = &extra_buckets_[index - 1];
+    BeginBucketWrite(head);
+    extra->next_extra = 0;
+    for (uint64_t& slot : extra->slots) SetSlot(&slot, 0);
+    last->next_extra = index;
+    EndBucketWrite(head);
+    return &extra->slots[0];
+  }
   uint64_t* oldest = nullptr;
   uint64_t oldest_age = 0;
-  for (uint64_t& slot : bucket->slots) {
+  for (uint64_t& slot : head->slots) {
     if (slot == 0 || !IsAlive(SlotOffset(slot))) return &slot;
     const uint64_t age = (tail_ - SlotOffset(slot)) & kSlotOffsetMask;
     if (oldest == nullptr || age > oldest_age) {
@@ -111,12 +221,8 @@ uint64_t* Partition::ClaimSlot(Bucket* bucket) {
   return oldest;
 }
 
-uint64_t Partition::Append(std::string_view key, uint64_t keyhash, std::string_view value,
-                           uint64_t version) {
-  const uint64_t offset = tail_;
-  const uint64_t position = offset & log_mask_;
-  // The mirror makes [position, position + bytes) contiguous even past the ring's end.
-  auto* item = reinterpret_cast<ItemHeader*>(log_ + position);
+void Partition::FillItem(ItemHeader* item, std::string_view key, uint64_t keyhash,
+                         std::string_view value, uint64_t version) {
   item->keyhash = keyhash;
   item->version = version;
   item->value_bytes = static_cast<uint32_t>(value.size());
@@ -126,15 +232,23 @@ uint64_t Partition::Append(std::string_view key, uint64_t keyhash, std::string_v
   char* bytes = reinterpret_cast<char*>(item) + sizeof(ItemHeader);
   std::memcpy(bytes, key.data(), key.size());
   if (!value.empty()) std::memcpy(bytes + key.size(), value.data(), value.size());
-  const uint64_t body_bytes = ItemBodyBytes(key.size(), value.size());
   if (checksum) {
-    // The padding is part of what the checksum covers: zero it, not last lap's bytes.
+    // The padding is part of what the checksum covers: zero it, not a previous item's bytes.
+    const uint64_t body_bytes = ItemBodyBytes(key.size(), value.size());
     const uint64_t used = sizeof(ItemHeader) + key.size() + value.size();
     std::memset(reinterpret_cast<uint8_t*>(item) + used, 0, body_bytes - used);
     const uint64_t sum = ItemChecksum(item);
     std::memcpy(reinterpret_cast<uint8_t*>(item) + body_bytes, &sum, sizeof(sum));
   }
-  const uint64_t item_bytes = ItemBytes(key.size(), value.size(), checksum);
+}
+
+uint64_t Partition::Append(std::string_view key, uint64_t keyhash, std::string_view value,
+                           uint64_t version) {
+  const uint64_t offset = tail_;
+  const uint64_t position = offset & log_mask_;
+  // The mirror makes [position, position + bytes) contiguous even past the ring's end.
+  FillItem(reinterpret_cast<ItemHeader*>(log_ + position), key, keyhash, value, version);
+  const uint64_t item_bytes = ItemBytes(key.size(), value.size(), Checksummed(value.size()));
   if (position + item_bytes >= layout_.log_bytes) stats_.log_wraps.Add();
   tail_ += item_bytes;
   return offset;
@@ -163,8 +277,13 @@ Result Partition::CheckWrite(std::string_view key, std::string_view value) {
 
 bool Partition::Intact(const ItemHeader* item) const {
   const bool flagged = (item->flags & kItemHasChecksum) != 0;
+  const uint64_t item_bytes = ItemBytes(item->key_bytes, item->value_bytes, flagged);
   // Lengths no write could have appended would read past the mirror: damaged.
-  if (ItemBytes(item->key_bytes, item->value_bytes, flagged) > layout_.max_item_bytes) {
+  if (item_bytes > layout_.max_item_bytes) return false;
+  // Store mode: nor past the pool's end (a block holds its item; lengths past it are damage).
+  if (store_mode() &&
+      item_bytes > layout_.pool_bytes -
+                       static_cast<uint64_t>(reinterpret_cast<const uint8_t*>(item) - items_)) {
     return false;
   }
   if (!flagged && !Checksummed(item->value_bytes)) return true;  // nothing to verify it by
@@ -178,14 +297,21 @@ bool Partition::Intact(const ItemHeader* item) const {
   return stored == ItemChecksum(item);
 }
 
-uint64_t Partition::WriteItem(Bucket* bucket, uint64_t* slot, uint16_t tag, std::string_view key,
-                              uint64_t keyhash, std::string_view value) {
-  const uint64_t version = ++version_clock_;
-  const uint64_t offset = Append(key, keyhash, value, version);
-  BeginBucketWrite(bucket);
+Result Partition::WriteItem(Bucket* head, uint64_t* slot, uint16_t tag, std::string_view key,
+                            uint64_t keyhash, std::string_view value, uint64_t* version) {
+  return store_mode() ? WriteStored(head, slot, tag, key, keyhash, value, version)
+                      : WriteCached(head, slot, tag, key, keyhash, value, version);
+}
+
+Result Partition::WriteCached(Bucket* head, uint64_t* slot, uint16_t tag, std::string_view key,
+                              uint64_t keyhash, std::string_view value, uint64_t* version) {
+  if (slot == nullptr) slot = ClaimSlot(head);  // evicts from a full bucket
+  *version = ++version_clock_;
+  const uint64_t offset = Append(key, keyhash, value, *version);
+  BeginBucketWrite(head);
   SetSlot(slot, MakeSlot(tag, offset));
-  EndBucketWrite(bucket);
-  return version;
+  EndBucketWrite(head);
+  return Result::kOk;
 }
 
 Response Partition::Execute(const Request& request) {
@@ -225,7 +351,9 @@ absl::Status ToStatus(Result result) {
     case Result::kExists:
       return absl::AlreadyExistsError("INSERT: the key is present");
     case Result::kNoMemory:
-      return absl::ResourceExhaustedError("the item is longer than the whole log");
+      return absl::ResourceExhaustedError(
+          "no room: the item is longer than the whole log (cache mode), or the store's pool or "
+          "index is full (store mode)");
     case Result::kCorrupt:
       return absl::DataLossError(
           "the item fails its own checksum: the partition's memory is damaged");
@@ -260,20 +388,39 @@ std::string_view ResultName(Result result) {
 }
 
 uint64_t PartitionLayout::LogCapacityItems(uint32_t key_bytes, uint32_t value_bytes) const {
-  return log_bytes / ItemBytes(key_bytes, value_bytes);
+  const uint64_t item = ItemBytes(key_bytes, value_bytes, value_bytes >= checksum_from_value_bytes);
+  if (mode == StoreMode::kCache) return log_bytes / item;
+  // The pool's pages after the allocator's header and one 32-byte descriptor per page, in
+  // blocks of the item's class (span tails ignored: under 1% for every class, slab.cc).
+  const uint64_t page = kSlabDefaultPageBytes;
+  const uint64_t pages = pool_bytes / (page + sizeof(SlabPage));
+  const uint64_t block = item <= kSlabMaxSmallBytes ? SlabClassBytes(SlabClassOf(item))
+                                                    : (item + page - 1) / page * page;
+  return pages * page / block;
+}
+
+uint64_t PartitionLayout::IndexSlots() const {
+  return (bucket_count + extra_bucket_count) * kSlotsPerBucket;
 }
 
 double PartitionLayout::BytesPerItem(uint32_t key_bytes, uint32_t value_bytes) const {
-  const uint64_t items =
-      std::min<uint64_t>(LogCapacityItems(key_bytes, value_bytes), bucket_count * kSlotsPerBucket);
-  return items == 0 ? 0.0 : static_cast<double>(index_bytes + log_bytes) / items;
+  const uint64_t items = std::min<uint64_t>(LogCapacityItems(key_bytes, value_bytes), IndexSlots());
+  return items == 0 ? 0.0 : static_cast<double>(index_bytes + log_bytes + pool_bytes) / items;
 }
 
 std::string PartitionLayout::Describe(uint32_t key_bytes, uint32_t value_bytes) const {
+  if (mode == StoreMode::kStore) {
+    return absl::StrFormat(
+        "store mode: %d buckets + %d extra (%.1f MiB index, %d slots), %.1f MiB slab pool holding "
+        "about %d items of %d+%d bytes, %.1f bytes/item, %s pages",
+        bucket_count, extra_bucket_count, index_bytes / 1048576.0, IndexSlots(),
+        pool_bytes / 1048576.0, LogCapacityItems(key_bytes, value_bytes), key_bytes, value_bytes,
+        BytesPerItem(key_bytes, value_bytes), hugepages ? "2 MiB" : "4 KiB");
+  }
   return absl::StrFormat(
-      "%d buckets (%.1f MiB index, %d slots), %.1f MiB log holding %d items of %d+%d bytes, "
-      "%.1f bytes/item, %s pages",
-      bucket_count, index_bytes / 1048576.0, bucket_count * kSlotsPerBucket, log_bytes / 1048576.0,
+      "cache mode: %d buckets (%.1f MiB index, %d slots), %.1f MiB log holding %d items of %d+%d "
+      "bytes, %.1f bytes/item, %s pages",
+      bucket_count, index_bytes / 1048576.0, IndexSlots(), log_bytes / 1048576.0,
       LogCapacityItems(key_bytes, value_bytes), key_bytes, value_bytes,
       BytesPerItem(key_bytes, value_bytes), hugepages ? "2 MiB" : "4 KiB");
 }

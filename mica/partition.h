@@ -1,24 +1,34 @@
-// One MICA partition: a lossy hash index over a circular log, owned by exactly one thread (EREW:
-// no locks, no atomics on the hot path).
+// One MICA partition, owned by exactly one thread (EREW: no locks, no atomics on the hot path),
+// in one of two modes (config.h, StoreMode): a cache (a lossy index over a circular log) or a
+// store (a lossless index with chained extra buckets over a slab pool).
 //
 // Contract:
-// - GET returns the latest value and version of a key, or kNotFound. Being lossy, the partition
-//   may forget a key (a full bucket evicts its OLDEST item; the log overwrites its oldest bytes),
-//   but it never returns a stale value or another key's bytes: every hit compares the full key
-//   and checks that the item is still alive in the log.
+// - GET returns the latest value and version of a key, or kNotFound. It never returns a stale
+//   value or another key's bytes: every hit compares the full key (and, in cache mode, checks
+//   that the item is still alive in the log).
+// - Cache mode is lossy: the partition may forget a key (a full bucket evicts its OLDEST item;
+//   the log overwrites its oldest bytes). Store mode is not: a key stays until DELETE; a write
+//   that finds no block in the pool, or no slot in a full chain with the extra-bucket pool
+//   empty, is refused with kNoMemory and changes nothing (the key keeps its old value).
 // - Versions come from a per-partition clock: every successful PUT, CAS and DELETE takes the next
 //   value, so a key's version strictly increases, even across DELETE and re-insert (no ABA).
 // - GET copies the value into the caller's buffer: results never point into the log, so no
 //   later operation can change bytes a caller holds. An item that carries a checksum is copied
 //   only if it verifies (kCorrupt otherwise): damaged memory is reported, never delivered.
-// - A write whose item (header, key, value) is longer than the whole log is refused with
-//   kNoMemory before anything is stored or evicted.
+// - A write whose item (header, key, value) is longer than the whole log (cache mode) is refused
+//   with kNoMemory before anything is stored or evicted.
+// - Store mode writes in place when the new item needs the same block size (slab.h:
+//   BlockBytesFor), else it moves: a new block, the slot swung, the old block freed. A one-sided
+//   reader of a freed or rewritten block is caught by the item checksum and the version the GET
+//   named (remote_item.h), exactly as for a log overwritten under it; docs/architecture.md argues
+//   why freeing need not wait for readers.
 // - Nothing on the operation path allocates, locks or makes a system call.
 #ifndef HERD_MICA_PARTITION_H_
 #define HERD_MICA_PARTITION_H_
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -29,6 +39,7 @@
 #include "mica/config.h"
 #include "mica/item.h"
 #include "mica/mirrored_region.h"
+#include "mica/slab.h"
 #include "mica/stats.h"
 
 namespace mica {
@@ -69,26 +80,32 @@ struct Response {
   // GET: the value's version; PUT/CAS/DELETE/INSERT: the version they created; kCasFailed and
   // kExists: the key's current version.
   uint64_t version = 0;
-  // GET that found the key (kOk or kBufferTooSmall): where its item lies in the ring (a byte
-  // position, < log_bytes; the mirror makes [position, position + item_bytes) contiguous) and
-  // its length, for a one-sided reader (remote_item.h). 0 otherwise.
+  // GET that found the key (kOk or kBufferTooSmall): where its item lies in the region's ring
+  // (cache mode: a byte position < log_bytes, the mirror making [position, position +
+  // item_bytes) contiguous; store mode: its block's offset in the slab pool) and its length, for
+  // a one-sided reader (remote_item.h). 0 otherwise.
   uint64_t item_position = 0;
   uint32_t item_bytes = 0;
 };
 
 // Sizes the partition ended up with (after rounding) and what they mean per item.
 struct PartitionLayout {
+  StoreMode mode = StoreMode::kCache;
   uint64_t bucket_count = 0;
+  uint64_t extra_bucket_count = 0;  // store mode
   uint64_t index_bytes = 0;
-  uint64_t log_bytes = 0;       // ring size, a power of two
+  uint64_t log_bytes = 0;       // cache mode: ring size, a power of two
+  uint64_t pool_bytes = 0;      // store mode: the slab pool (the ring), header included
   uint64_t mirror_bytes = 0;    // extra mapping of the ring's start (no extra memory)
   uint64_t max_item_bytes = 0;  // the longest item a write may append: at most log_bytes
   uint32_t max_value_bytes = 0;
   uint32_t checksum_from_value_bytes = kNoItemChecksums;
   bool hugepages = false;
 
-  // Items of the given sizes the log holds before it overwrites, and memory (index + log) each.
+  // Items of the given sizes the log (or pool) holds before it overwrites (or is full), and
+  // memory (index + log or pool) each.
   uint64_t LogCapacityItems(uint32_t key_bytes, uint32_t value_bytes) const;
+  uint64_t IndexSlots() const;  // main and extra buckets' slots
   double BytesPerItem(uint32_t key_bytes, uint32_t value_bytes) const;
   std::string Describe(uint32_t key_bytes, uint32_t value_bytes) const;
 };
@@ -116,25 +133,53 @@ class Partition {
 
   const PartitionStats& stats() const { return stats_; }
   const PartitionLayout& layout() const { return layout_; }
-  // The partition's memory (index, log, mirror) for registration with a NIC, and its memfd.
+  // The partition's memory (index, log, mirror; or index, pool) for registration with a NIC,
+  // and its memfd.
   const MirroredRegion& region() const { return region_; }
+  // Store mode's allocator (nullptr in cache mode), for tests and reports. Owner thread only.
+  const SlabAllocator* slab() const { return slab_ ? &*slab_ : nullptr; }
+  // Store mode: walks the index and the allocator and checks that they agree (every slot names
+  // a live block holding an intact item of its key's bucket and tag, no block is named twice,
+  // the live blocks are exactly the slots' items, chains end, the extra pool's counts match).
+  // False with the reason in `why`. O(index + pool); tests and debug checks.
+  bool CheckStoreInvariants(std::string* why) const;
 
  private:
-  Partition(MirroredRegion region, const PartitionLayout& layout);
+  Partition(MirroredRegion region, const PartitionLayout& layout,
+            std::optional<SlabAllocator> slab);
 
+  bool store_mode() const { return slab_.has_value(); }
+  // The main bucket of `keyhash`'s chain.
   Bucket* BucketFor(uint64_t keyhash) const { return &buckets_[keyhash & bucket_mask_]; }
+  // The next bucket of a chain, or nullptr (always in cache mode; also for a link out of range,
+  // which only damaged memory could hold).
+  Bucket* NextInChain(const Bucket* bucket) const {
+    const uint32_t next = bucket->next_extra;
+    return next == 0 || next > layout_.extra_bucket_count ? nullptr : &extra_buckets_[next - 1];
+  }
   bool IsAlive(uint64_t slot_offset) const {
-    return ((tail_ - slot_offset) & kSlotOffsetMask) <= log_mask_ + 1;
+    return store_mode() || ((tail_ - slot_offset) & kSlotOffsetMask) <= log_mask_ + 1;
   }
   const ItemHeader* ItemAt(uint64_t slot_offset) const {
-    return reinterpret_cast<const ItemHeader*>(log_ + (slot_offset & log_mask_));
+    return reinterpret_cast<const ItemHeader*>(items_ + (slot_offset & item_mask_));
   }
-  // The slot of `bucket` that indexes a live item holding exactly `key`, or nullptr.
-  // Clears slots with this tag whose item died, so a long-dead slot can never alias a live
-  // offset once the 48-bit offsets wrap.
-  uint64_t* FindSlot(Bucket* bucket, uint16_t tag, std::string_view key, uint64_t keyhash);
-  // A slot for a new key: an empty or dead one, else the one of the bucket's oldest item.
-  uint64_t* ClaimSlot(Bucket* bucket);
+  ItemHeader* MutableItemAt(uint64_t slot_offset) {
+    return reinterpret_cast<ItemHeader*>(items_ + (slot_offset & item_mask_));
+  }
+  // The slot in the chain of `head` that indexes a live item holding exactly `key`, or
+  // nullptr. Cache mode clears slots with this tag whose item died, so a long-dead slot can
+  // never alias a live offset once the 48-bit offsets wrap.
+  uint64_t* FindSlot(Bucket* head, uint16_t tag, std::string_view key, uint64_t keyhash);
+  // A slot for a new key. Cache mode: an empty or dead one, else the one of the bucket's oldest
+  // item (evicted). Store mode: an empty one anywhere in the chain, else the first of an extra
+  // bucket linked at the chain's end; nullptr when the extra pool is empty (nothing changed).
+  uint64_t* ClaimSlot(Bucket* head);
+  // Store mode: empties `slot` (in the chain of `head`) and returns an extra bucket left empty
+  // to the pool. The caller frees the item's block.
+  void ReleaseSlot(Bucket* head, uint64_t* slot);
+  // Writes an item's header, key, value (and checksum) at `item`.
+  void FillItem(ItemHeader* item, std::string_view key, uint64_t keyhash, std::string_view value,
+                uint64_t version);
   // Appends an item and returns its log offset.
   uint64_t Append(std::string_view key, uint64_t keyhash, std::string_view value, uint64_t version);
   // Validates sizes for a write; kOk when they fit.
@@ -145,18 +190,33 @@ class Partition {
   }
   // Whether a found item may be handed out: a checksummed one must verify.
   bool Intact(const ItemHeader* item) const;
-  // Points `slot` at a new item holding key/value under the next version; returns the version.
-  uint64_t WriteItem(Bucket* bucket, uint64_t* slot, uint16_t tag, std::string_view key,
-                     uint64_t keyhash, std::string_view value);
+  // Makes the key's slot (`slot`, found by FindSlot; nullptr for a key the index does not hold:
+  // one is claimed) index an item holding key/value under the next version, stored in `*version`.
+  // kOk, or kNoMemory with nothing changed (store mode: no block, or no slot).
+  Result WriteItem(Bucket* head, uint64_t* slot, uint16_t tag, std::string_view key,
+                   uint64_t keyhash, std::string_view value, uint64_t* version);
+  Result WriteCached(Bucket* head, uint64_t* slot, uint16_t tag, std::string_view key,
+                     uint64_t keyhash, std::string_view value, uint64_t* version);
+  Result WriteStored(Bucket* head, uint64_t* slot, uint16_t tag, std::string_view key,
+                     uint64_t keyhash, std::string_view value, uint64_t* version);
+  // Store mode: frees a block and republishes the gauges it changed.
+  void FreeBlock(uint64_t offset);
+  // Store mode: sets stats_.store's levels for the class of `block_bytes` and the page heap.
+  void PublishStoreGauges(uint64_t block_bytes);
 
   MirroredRegion region_;
   PartitionLayout layout_;
+  std::optional<SlabAllocator> slab_;  // store mode
   Bucket* buckets_;
   uint64_t bucket_mask_;
-  uint8_t* log_;
-  uint64_t log_mask_;
-  uint64_t tail_ = 0;           // virtual log offset of the next append
-  uint64_t version_clock_ = 0;  // last version handed out
+  ExtraPoolHeader* extra_pool_ = nullptr;  // store mode
+  Bucket* extra_buckets_ = nullptr;        // store mode
+  uint8_t* log_;                           // the ring: the log, or the slab pool
+  uint64_t log_mask_;                      // cache mode
+  uint8_t* items_;                         // where slot offsets point: log_ in both modes
+  uint64_t item_mask_;                     // log_mask_, or all ones (a pool offset is exact)
+  uint64_t tail_ = 0;                      // virtual log offset of the next append
+  uint64_t version_clock_ = 0;             // last version handed out
   PartitionStats stats_;
 };
 

@@ -1,4 +1,5 @@
-// PUT: insert a key or overwrite it; the new item always goes to the log's tail.
+// PUT: insert a key or overwrite it. Cache mode: the new item always goes to the log's tail;
+// store mode: into its block, or a new one when its size changed.
 #include "mica/keyhash.h"
 #include "mica/partition.h"
 
@@ -11,13 +12,13 @@ Response Partition::Put(std::string_view key, uint64_t keyhash, std::string_view
   Bucket* bucket = BucketFor(keyhash);
   const uint16_t tag = TagOf(keyhash);
   uint64_t* slot = FindSlot(bucket, tag, key, keyhash);
-  if (slot != nullptr) {
-    stats_.overwrites.Add();
-  } else {
-    slot = ClaimSlot(bucket);
-    stats_.inserts.Add();
+  const bool overwrite = slot != nullptr;
+  uint64_t version = 0;
+  if (const Result result = WriteItem(bucket, slot, tag, key, keyhash, value, &version);
+      result != Result::kOk) {
+    return Response{result, 0, 0};  // store mode's kNoMemory: the old value stays
   }
-  const uint64_t version = WriteItem(bucket, slot, tag, key, keyhash, value);
+  (overwrite ? stats_.overwrites : stats_.inserts).Add();
   return Response{Result::kOk, 0, version};
 }
 

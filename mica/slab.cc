@@ -437,6 +437,22 @@ bool SlabAllocator::TryFree(uint64_t offset) {
   return false;
 }
 
+uint64_t SlabAllocator::BlockBytesFor(uint64_t bytes) const {
+  if (bytes == 0) bytes = 1;
+  if (bytes <= kSlabMaxSmallBytes) return SlabClassBytes(SlabClassOf(bytes));
+  return ((bytes + page_bytes_ - 1) >> page_shift_) << page_shift_;
+}
+
+SlabAllocator::ClassUsage SlabAllocator::ClassUsageOf(int size_class) const {
+  const SlabClassRecord& c = header()->classes[size_class];
+  return ClassUsage{c.spans, c.used_blocks, c.blocks_per_span, c.block_bytes};
+}
+
+SlabAllocator::PageUsage SlabAllocator::PageUsageNow() const {
+  const SlabHeader* h = header();
+  return PageUsage{h->free_pages, h->large_blocks, h->large_pages};
+}
+
 uint64_t SlabAllocator::BlockBytes(uint64_t offset) const {
   if (const uint32_t span = SpanOfBlock(offset, /*check_free_list=*/false); span != kNoPage) {
     return header()->classes[page(span)->size_class].block_bytes;

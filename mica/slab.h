@@ -165,6 +165,20 @@ class SlabAllocator {
   // The usable bytes of the block at `offset` (its class size, or its pages); 0 if no block of a
   // live span or large run starts there.
   uint64_t BlockBytes(uint64_t offset) const;
+  // The usable bytes Allocate(bytes) would return a block of (0 counts as 1): a block whose
+  // BlockBytes() equals this can hold `bytes` without moving, and wastes no more than a new one.
+  uint64_t BlockBytesFor(uint64_t bytes) const;
+
+  // O(1) snapshots for gauges the owner publishes after each operation (Stats() walks more).
+  // One class's spans and used blocks; and the page heap's free pages and large blocks.
+  struct ClassUsage {
+    uint64_t spans = 0, used_blocks = 0, blocks_per_span = 0, block_bytes = 0;
+  };
+  ClassUsage ClassUsageOf(int size_class) const;
+  struct PageUsage {
+    uint64_t free_pages = 0, large_blocks = 0, large_pages = 0;
+  };
+  PageUsage PageUsageNow() const;
 
   // Every later change of allocator state (header, descriptors, the two words of a free small
   // block) is also added to `ranges` (nullptr: none, the default); copying those ranges to a

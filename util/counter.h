@@ -25,6 +25,13 @@ struct Counter {
   }
 };
 
+// A level (not a running total) with one writer that sets it and any number of readers.
+struct Gauge {
+  std::atomic<uint64_t> value{0};
+  void Set(uint64_t v) { value.store(v, std::memory_order_relaxed); }
+  uint64_t Get() const { return value.load(std::memory_order_relaxed); }
+};
+
 }  // namespace util
 
 #endif  // HERD_UTIL_COUNTER_H_

@@ -1,0 +1,183 @@
+// Store mode's write path and bookkeeping: items in slab blocks, chains of extra buckets,
+// NO_MEMORY instead of eviction (partition.h states the contract).
+#include <cstring>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "mica/keyhash.h"
+#include "mica/partition.h"
+
+namespace mica {
+
+Result Partition::WriteStored(Bucket* head, uint64_t* slot, uint16_t tag, std::string_view key,
+                              uint64_t keyhash, std::string_view value, uint64_t* version) {
+  const uint64_t item_bytes = ItemBytes(key.size(), value.size(), Checksummed(value.size()));
+  const uint64_t old_block = slot != nullptr ? SlotOffset(*slot) : 0;
+  if (slot != nullptr && slab_->BlockBytes(old_block) == slab_->BlockBytesFor(item_bytes)) {
+    // The same block size: rewrite in place, so an overwrite at a full pool still succeeds. A
+    // reader outside this core sees the chain's version change around it; a one-sided reader's
+    // copy fails its checksum or names the new version (remote_item.h).
+    *version = ++version_clock_;
+    BeginBucketWrite(head);
+    FillItem(MutableItemAt(old_block), key, keyhash, value, *version);
+    EndBucketWrite(head);
+    return Result::kOk;
+  }
+  // A new key, or a size change: the item moves to a new block. The block is taken before the
+  // slot, and given back if no slot is free, so a refusal changes nothing the index holds.
+  const uint64_t block = slab_->Allocate(item_bytes);
+  if (block == kNoBlock) {
+    stats_.no_memory.Add();
+    stats_.no_memory_pool.Add();
+    return Result::kNoMemory;
+  }
+  uint64_t* target = slot != nullptr ? slot : ClaimSlot(head);
+  if (target == nullptr) {
+    slab_->Free(block);
+    stats_.no_memory.Add();
+    stats_.no_memory_index.Add();
+    return Result::kNoMemory;
+  }
+  *version = ++version_clock_;
+  // No slot names the block yet: readers cannot reach these bytes until the swing below.
+  FillItem(MutableItemAt(block), key, keyhash, value, *version);
+  BeginBucketWrite(head);
+  SetSlot(target, MakeSlot(tag, block));
+  EndBucketWrite(head);
+  PublishStoreGauges(slab_->BlockBytes(block));
+  if (slot != nullptr) {
+    stats_.moves.Add();
+    FreeBlock(old_block);
+  }
+  return Result::kOk;
+}
+
+void Partition::ReleaseSlot(Bucket* head, uint64_t* slot) {
+  Bucket* prev = nullptr;
+  Bucket* bucket = head;
+  while (bucket != nullptr && !(slot >= bucket->slots && slot < bucket->slots + kSlotsPerBucket)) {
+    prev = bucket;
+    bucket = NextInChain(bucket);
+  }
+  BeginBucketWrite(head);
+  SetSlot(slot, 0);
+  if (bucket != nullptr && prev != nullptr) {  // an extra bucket: return it once it is empty
+    bool empty = true;
+    for (const uint64_t s : bucket->slots) empty = empty && s == 0;
+    if (empty) {
+      prev->next_extra = bucket->next_extra;
+      bucket->next_extra = extra_pool_->free_head;
+      extra_pool_->free_head = static_cast<uint32_t>(bucket - extra_buckets_) + 1;
+      --extra_pool_->in_use;
+      stats_.store.extra_buckets_in_use.Set(extra_pool_->in_use);
+    }
+  }
+  EndBucketWrite(head);
+}
+
+void Partition::FreeBlock(uint64_t offset) {
+  const uint64_t bytes = slab_->BlockBytes(offset);
+  slab_->Free(offset);
+  PublishStoreGauges(bytes);
+}
+
+void Partition::PublishStoreGauges(uint64_t block_bytes) {
+  StoreGauges& g = stats_.store;
+  if (block_bytes != 0 && block_bytes <= kSlabMaxSmallBytes) {
+    const int size_class = SlabClassOf(block_bytes);
+    const SlabAllocator::ClassUsage usage = slab_->ClassUsageOf(size_class);
+    g.class_used_blocks[size_class].Set(usage.used_blocks);
+    g.class_spans[size_class].Set(usage.spans);
+  }
+  const SlabAllocator::PageUsage pages = slab_->PageUsageNow();
+  g.free_pages.Set(pages.free_pages);
+  g.large_blocks.Set(pages.large_blocks);
+  g.large_pages.Set(pages.large_pages);
+}
+
+bool Partition::CheckStoreInvariants(std::string* why) const {
+  if (!store_mode()) {
+    *why = "not a store-mode partition";
+    return false;
+  }
+  if (!slab_->CheckInvariants(why)) {
+    *why = absl::StrCat("allocator: ", *why);
+    return false;
+  }
+  absl::flat_hash_set<uint64_t> blocks;
+  absl::flat_hash_set<const Bucket*> linked;
+  const uint64_t max_hops = layout_.extra_bucket_count + 1;
+  for (uint64_t b = 0; b < layout_.bucket_count; ++b) {
+    const Bucket* head = &buckets_[b];
+    if (head->version % 2 != 0) {
+      *why = absl::StrCat("bucket ", b, " is left mid-write (odd version)");
+      return false;
+    }
+    uint64_t hops = 0;
+    for (const Bucket* bucket = head; bucket != nullptr; bucket = NextInChain(bucket)) {
+      if (bucket != head && !linked.insert(bucket).second) {
+        *why = absl::StrCat("extra bucket ", bucket - extra_buckets_, " is linked twice");
+        return false;
+      }
+      if (++hops > max_hops) {
+        *why = absl::StrCat("bucket ", b, "'s chain does not end");
+        return false;
+      }
+      for (const uint64_t slot : bucket->slots) {
+        if (slot == 0) continue;
+        const uint64_t offset = SlotOffset(slot);
+        const uint64_t block_bytes = slab_->BlockBytes(offset);
+        if (block_bytes == 0) {
+          *why = absl::StrCat("bucket ", b, " names offset ", offset, ": no live block");
+          return false;
+        }
+        if (!blocks.insert(offset).second) {
+          *why = absl::StrCat("block ", offset, " is named by two slots");
+          return false;
+        }
+        const ItemHeader* item = ItemAt(offset);
+        if (ItemBytes(item->key_bytes, item->value_bytes, (item->flags & kItemHasChecksum) != 0) >
+                block_bytes ||
+            !Intact(item)) {
+          *why = absl::StrCat("the item at ", offset, " overruns its block or is damaged");
+          return false;
+        }
+        if ((item->keyhash & bucket_mask_) != b || TagOf(item->keyhash) != SlotTag(slot)) {
+          *why =
+              absl::StrCat("the item at ", offset, " is in the wrong bucket or has the wrong tag");
+          return false;
+        }
+      }
+    }
+  }
+  const SlabStats stats = slab_->Stats();
+  uint64_t live_blocks = stats.large_blocks;
+  for (const SlabClassStats& c : stats.classes) live_blocks += c.used_blocks;
+  if (live_blocks != blocks.size()) {
+    *why = absl::StrCat(live_blocks, " live blocks but ", blocks.size(),
+                        " slots: a block was leaked or freed while named");
+    return false;
+  }
+  if (linked.size() != extra_pool_->in_use) {
+    *why = absl::StrCat(linked.size(), " extra buckets in chains, the pool says ",
+                        extra_pool_->in_use);
+    return false;
+  }
+  uint64_t free_listed = 0;
+  for (uint32_t next = extra_pool_->free_head; next != 0;
+       next = extra_buckets_[next - 1].next_extra) {
+    if (next > extra_pool_->carved || linked.contains(&extra_buckets_[next - 1]) ||
+        ++free_listed > extra_pool_->carved) {
+      *why = "the extra pool's free list is out of range, cyclic, or holds a linked bucket";
+      return false;
+    }
+  }
+  if (free_listed + extra_pool_->in_use != extra_pool_->carved) {
+    *why = absl::StrCat("extra buckets: ", free_listed, " free + ", extra_pool_->in_use,
+                        " in use != ", extra_pool_->carved, " carved");
+    return false;
+  }
+  return true;
+}
+
+}  // namespace mica
