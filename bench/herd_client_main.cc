@@ -49,6 +49,9 @@ using Clock = std::chrono::steady_clock;
 
 struct ThreadResult {
   uint64_t ops = 0, errors = 0;
+  // GETs answered, and those answered NOT_FOUND: with every key preloaded, what a lossy cache
+  // (--store_mode=cache) forgot, or what the workload deleted; writes answered NO_MEMORY.
+  uint64_t gets = 0, get_misses = 0, no_memory = 0;
   uint32_t workers = 0;                                  // the server's
   std::array<uint64_t, herd::kMaxWorkers> worker_ops{};  // answered by each worker
   bench::Histogram latency;
@@ -172,9 +175,15 @@ void RunThread(uint32_t t, const herd::ClientOptions& options, const bench::Work
       for (size_t i = 0; i < got; ++i) {
         out->latency.Record(results[i].latency_ns);
         ++out->worker_ops[results[i].worker];
-        if (results[i].status == herd::Status::kTimedOut ||
-            results[i].status == herd::Status::kBadRequest) {
+        const herd::Status status = results[i].status;
+        if (status == herd::Status::kTimedOut || status == herd::Status::kBadRequest) {
           ++out->errors;
+        }
+        if (results[i].op == herd::Op::kGet) {
+          ++out->gets;
+          if (status == herd::Status::kNotFound) ++out->get_misses;
+        } else if (status == herd::Status::kNoMemory) {
+          ++out->no_memory;
         }
       }
       out->ops += got;
@@ -277,7 +286,7 @@ int main(int argc, char** argv) {
 
   bench::Histogram latency;
   herd::ClientStats total;
-  uint64_t ops = 0, errors = 0;
+  uint64_t ops = 0, errors = 0, gets = 0, get_misses = 0, no_memory = 0;
   std::vector<std::string> per_thread;
   for (ThreadResult& r : results) {
     if (!r.status.ok()) {
@@ -287,6 +296,9 @@ int main(int argc, char** argv) {
     latency.Merge(r.latency);
     ops += r.ops;
     errors += r.errors;
+    gets += r.gets;
+    get_misses += r.get_misses;
+    no_memory += r.no_memory;
     per_thread.push_back(absl::StrFormat("%.4f", r.ops / seconds / 1e6));
     total.submitted += r.stats.submitted;
     total.retransmissions += r.stats.retransmissions;
@@ -322,7 +334,8 @@ int main(int argc, char** argv) {
   const std::string json = absl::StrFormat(
       "{\"threads\":%d,\"clients_per_thread\":%d,\"clients\":%d,\"server\":\"%s\","
       "\"fabric\":\"%s\",\"device\":\"%s\",\"workload\":%s,\"duration_s\":%.3f,\"ops\":%d,"
-      "\"errors\":%d,\"mops\":%.4f,\"thread_mops\":[%s],\"worker_mops\":[%s],\"p50_us\":%.2f,\"p99_"
+      "\"errors\":%d,\"gets\":%d,\"get_misses\":%d,\"no_memory\":%d,\"mops\":%.4f,\"thread_mops\":["
+      "%s],\"worker_mops\":[%s],\"p50_us\":%.2f,\"p99_"
       "us\":%.2f,"
       "\"p999_us\":%.2f,\"max_us\":%.2f,\"retransmissions\":%d,\"timed_out\":%d,"
       "\"send_failed\":%d,\"stray\":%d,\"torn\":%d,\"retry_timeout_us\":%.1f,"
@@ -334,12 +347,13 @@ int main(int argc, char** argv) {
       "\"cores\":%d,\"oversubscribed\":%s}",
       FLAGS_threads, FLAGS_clients_per_thread, FLAGS_threads * FLAGS_clients_per_thread,
       FLAGS_server, device->name == "shm" ? "shm" : "verbs", device->name, workload->ToJson(),
-      seconds, ops, errors, ops / seconds / 1e6, absl::StrJoin(per_thread, ","),
-      absl::StrJoin(per_worker, ","), latency.Quantile(0.5) / 1e3, latency.Quantile(0.99) / 1e3,
-      latency.Quantile(0.999) / 1e3, latency.max() / 1e3, total.retransmissions, total.timed_out,
-      total.send_failed, total.stray, total.torn, absl::ToDoubleMicroseconds(total.retry_timeout),
-      total.large_puts, total.out_of_line_gets, total.item_rereads, total.copied_gets,
-      total.fabric.wrs, ops == 0 ? 0.0 : static_cast<double>(total.fabric.wrs) / ops,
+      seconds, ops, errors, gets, get_misses, no_memory, ops / seconds / 1e6,
+      absl::StrJoin(per_thread, ","), absl::StrJoin(per_worker, ","), latency.Quantile(0.5) / 1e3,
+      latency.Quantile(0.99) / 1e3, latency.Quantile(0.999) / 1e3, latency.max() / 1e3,
+      total.retransmissions, total.timed_out, total.send_failed, total.stray, total.torn,
+      absl::ToDoubleMicroseconds(total.retry_timeout), total.large_puts, total.out_of_line_gets,
+      total.item_rereads, total.copied_gets, total.fabric.wrs,
+      ops == 0 ? 0.0 : static_cast<double>(total.fabric.wrs) / ops,
       ops == 0 ? 0.0 : static_cast<double>(total.fabric.bytes) / ops,
       total.fabric.doorbells * per_op,
       total.fabric.doorbells == 0

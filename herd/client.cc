@@ -835,8 +835,9 @@ absl::Status ResultError(const Result& r) {
           (r.op == Op::kGet
                ? ": the value is longer than the server's landing buffers can hold for a copy "
                  "(its --landing_value_bytes)"
-               : ": the item (key and value) is longer than the worker's whole log (its "
-                 "--mica_log_bytes); nothing was stored or evicted"));
+               : ": the worker has no room for the item (cache mode: it is longer than the "
+                 "whole log, --mica_log_bytes; store mode: the slab pool, --mica_pool_bytes, or "
+                 "the index's extra buckets are full); nothing was stored or evicted"));
     case Status::kInternal:
       return absl::InternalError(
           name +

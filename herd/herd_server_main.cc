@@ -64,7 +64,9 @@ int main(int argc, char** argv) {
   if (!device.ok()) return Fail(device.status());
   options.config = *config;
   options.device = *device;
-  options.store = mica::PartitionConfigFromFlags();
+  absl::StatusOr<mica::PartitionConfig> store = mica::PartitionConfigFromFlags();
+  if (!store.ok()) return Fail(store.status());
+  options.store = *store;
   // --max_value_bytes bounds values on the wire too: those over the inline limit go out of line.
   options.config.max_value_bytes = options.store.max_value_bytes;
   absl::StatusOr<transport::ConnectMode> connect = transport::ConnectModeFromFlags();
@@ -83,7 +85,7 @@ int main(int argc, char** argv) {
   const uint64_t largest_item = mica::ItemBytes(options.config.max_key_bytes,
                                                 options.config.value_limit(), /*checksum=*/true);
   const uint64_t log_bytes = std::bit_ceil(options.store.log_bytes);  // as mica rounds it
-  if (largest_item > log_bytes) {
+  if (options.store.mode == mica::StoreMode::kCache && largest_item > log_bytes) {
     LOG(WARNING) << "a " << log_bytes << "-byte log (--mica_log_bytes) is shorter than the item "
                  << "of a " << options.config.value_limit() << "-byte value (" << largest_item
                  << " bytes): writes of items longer than the log are answered NO_MEMORY";
@@ -91,10 +93,13 @@ int main(int argc, char** argv) {
   absl::StatusOr<std::unique_ptr<herd::Server>> server = herd::Server::Create(options);
   if (!server.ok()) return Fail(server.status());
   if (absl::Status s = (*server)->Start(); !s.ok()) return Fail(s);
-  printf("herd_server ready port=%d connect=%s device=%s region_page_kib=%zu config=%s\n",
-         (*server)->port(), options.connect == transport::ConnectMode::kCm ? "cm" : "tcp",
-         (*server)->device_name().c_str(), (*server)->region_page_bytes() >> 10,
-         options.config.ToJson().c_str());
+  printf(
+      "herd_server ready port=%d connect=%s store_mode=%s device=%s region_page_kib=%zu "
+      "config=%s\n",
+      (*server)->port(), options.connect == transport::ConnectMode::kCm ? "cm" : "tcp",
+      std::string(mica::StoreModeName(options.store.mode)).c_str(),
+      (*server)->device_name().c_str(), (*server)->region_page_bytes() >> 10,
+      options.config.ToJson().c_str());
   fflush(stdout);
 
   herd::ServerStats last = (*server)->Stats();

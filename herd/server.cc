@@ -20,6 +20,10 @@ using util::Take;
 using transport::control::PendingConnections;
 
 // How often the control thread looks for departed clients while waiting for new ones.
+// The item the start-up layout line counts capacity in: HERD's 16 B keys and 32 B values.
+constexpr uint32_t kDescribedKeyBytes = 16;
+constexpr uint32_t kDescribedValueBytes = 32;
+
 constexpr absl::Duration kControlPollInterval = absl::Milliseconds(20);
 // A joining client has this long to send each handshake message (its connection waits in the
 // pending set meanwhile, blocking nobody).
@@ -167,6 +171,10 @@ absl::Status Server::Init() {
     }
     std::unique_ptr<mica::Partition> partition;
     if (absl::Status s = Take(mica::Partition::Create(store), &partition); !s.ok()) return s;
+    if (w == 0) {
+      LOG(INFO) << "each worker's partition: "
+                << partition->layout().Describe(kDescribedKeyBytes, kDescribedValueBytes);
+    }
     r.worker = std::make_unique<Worker>(w, c, std::move(partition), std::move(qps), r.send_cq.get(),
                                         r.recv_cq.get(), memory);
     if (absl::Status s = r.worker->PostInitialReceives(); !s.ok()) return s;

@@ -52,6 +52,17 @@ struct ServerStats {
   // Answered NO_MEMORY by the store (an item longer than the log); answered INTERNAL (the
   // server's own inconsistency, e.g. an item in a log that fails its checksum).
   uint64_t no_memory = 0, internal_errors = 0;
+  // Store mode (--store_mode=store): levels now, summed over the workers' partitions, and the
+  // store's own counters. store_classes lists the size classes that have a span.
+  bool store_mode = false;
+  struct StoreClass {
+    uint64_t block_bytes = 0, used_blocks = 0, capacity_blocks = 0;
+  };
+  std::vector<StoreClass> store_classes;
+  uint64_t pool_bytes = 0, pool_free_bytes = 0, large_bytes = 0;
+  std::vector<uint64_t> extra_buckets_in_use;  // per worker
+  uint64_t extra_buckets_capacity = 0;         // per worker
+  uint64_t no_memory_pool = 0, no_memory_index = 0, moves = 0;
   uint32_t sessions = 0, clients = 0;
   transport::CounterSnapshot fabric;  // all of the server's QPs and CQs
 };

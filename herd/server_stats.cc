@@ -9,6 +9,50 @@
 #include "mica/partition.h"
 
 namespace herd {
+namespace {
+
+void AddStoreLevels(const mica::PartitionStats& p, ServerStats* stats) {
+  const mica::StoreGauges& g = p.store;
+  stats->store_mode = true;
+  const uint64_t page = g.page_bytes.Get();
+  stats->pool_bytes += g.pool_pages.Get() * page;
+  stats->pool_free_bytes += g.free_pages.Get() * page;
+  stats->large_bytes += g.large_pages.Get() * page;
+  stats->extra_buckets_in_use.push_back(g.extra_buckets_in_use.Get());
+  stats->extra_buckets_capacity = g.extra_buckets_capacity.Get();
+  stats->no_memory_pool += p.no_memory_pool.Get();
+  stats->no_memory_index += p.no_memory_index.Get();
+  stats->moves += p.moves.Get();
+  stats->store_classes.resize(mica::kSlabClassCount);
+  for (int c = 0; c < mica::kSlabClassCount; ++c) {
+    ServerStats::StoreClass& sc = stats->store_classes[c];
+    sc.block_bytes = g.class_block_bytes[c].Get();
+    sc.used_blocks += g.class_used_blocks[c].Get();
+    sc.capacity_blocks += g.class_spans[c].Get() * g.class_span_blocks[c].Get();
+  }
+}
+
+// Store mode's object: levels now (pool, per class, extra buckets) and counters since the start
+// (as the other refusal counters are).
+std::string StoreJson(const ServerStats& s) {
+  std::vector<std::string> classes;
+  uint64_t used_bytes = s.large_bytes;
+  for (const ServerStats::StoreClass& c : s.store_classes) {
+    used_bytes += c.used_blocks * c.block_bytes;
+    if (c.capacity_blocks == 0) continue;
+    classes.push_back(absl::StrFormat("{\"block\":%d,\"used\":%d,\"free\":%d}", c.block_bytes,
+                                      c.used_blocks, c.capacity_blocks - c.used_blocks));
+  }
+  return absl::StrFormat(
+      "{\"pool_bytes\":%d,\"used_bytes\":%d,\"free_page_bytes\":%d,\"large_bytes\":%d,"
+      "\"extra_buckets\":[%s],\"extra_bucket_capacity\":%d,\"no_memory_pool\":%d,"
+      "\"no_memory_index\":%d,\"moves\":%d,\"classes\":[%s]}",
+      s.pool_bytes, used_bytes, s.pool_free_bytes, s.large_bytes,
+      absl::StrJoin(s.extra_buckets_in_use, ","), s.extra_buckets_capacity, s.no_memory_pool,
+      s.no_memory_index, s.moves, absl::StrJoin(classes, ","));
+}
+
+}  // namespace
 
 ServerStats Server::Stats() const {
   ServerStats stats;
@@ -30,6 +74,7 @@ ServerStats Server::Stats() const {
     stats.evictions.push_back(p.evictions.Get());
     stats.log_wraps.push_back(p.log_wraps.Get());
     stats.no_memory += p.no_memory.Get();
+    if (r.worker->partition().layout().mode == mica::StoreMode::kStore) AddStoreLevels(p, &stats);
   }
   // Every QP and CQ the server ever had: workers' UD QPs and CQs, sessions' connected QPs
   // (WRITE responses are posted on them), departed sessions' included.
@@ -68,13 +113,14 @@ std::string StatsJson(const ServerStats& s, const ServerStats& since, double sec
       "\"replays\":%d,\"duplicates\":%d,\"rejected\":%d,\"dropped\":%d,\"no_memory\":%d,"
       "\"internal\":%d,"
       "\"get_hit_ratio\":[%s],\"get_misses\":[%s],\"evictions\":[%s],\"log_wraps\":[%s],"
-      "\"out_of_line\":[%s],\"copied_values\":[%s],\"fabric\":%s}",
+      "\"out_of_line\":[%s],\"copied_values\":[%s],\"mode\":\"%s\",%s\"fabric\":%s}",
       requests / seconds / 1e6, absl::StrJoin(mops, ","),
       batches == 0 ? 0.0 : static_cast<double>(requests) / batches, s.clients, s.bad_requests,
       s.replays, s.duplicates, s.rejected, s.dropped, s.no_memory, s.internal_errors,
       absl::StrJoin(hit_ratio, ","), absl::StrJoin(misses, ","), absl::StrJoin(evictions, ","),
       absl::StrJoin(wraps, ","), absl::StrJoin(out_of_line, ","), absl::StrJoin(copied, ","),
-      s.fabric.ToJson());
+      s.store_mode ? "store" : "cache",
+      s.store_mode ? absl::StrCat("\"store\":", StoreJson(s), ",") : "", s.fabric.ToJson());
 }
 
 }  // namespace herd

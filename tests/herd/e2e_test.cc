@@ -1,6 +1,7 @@
 // herd end to end, server and clients in separate processes on the shm fabric: every request
-// verb x response verb under a randomized GET/PUT/DELETE/CAS workload checked against a model;
-// hostile slot bytes; injected loss; a client killed mid-run.
+// verb x response verb x store mode under a randomized GET/PUT/DELETE/CAS workload checked
+// against a model; store mode filled to NO_MEMORY; hostile slot bytes; injected loss; a client
+// killed mid-run.
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -16,14 +17,16 @@
 namespace herd::testing {
 namespace {
 
-using Verbs = std::tuple<RequestVerb, ResponseVerb>;
+using Verbs = std::tuple<RequestVerb, ResponseVerb, mica::StoreMode>;
 
 class EveryVerb : public ::testing::TestWithParam<Verbs> {};
 
 TEST_P(EveryVerb, RandomWorkloadMatchesTheModel) {
-  const auto [request, response] = GetParam();
-  const std::string fabric = absl::StrFormat("verbs-%d-%d", request, response);
+  const auto [request, response, store_mode] = GetParam();
+  const std::string fabric =
+      absl::StrFormat("verbs-%d-%d-%s", request, response, mica::StoreModeName(store_mode));
   ServerOptions options = SmallServer(fabric);
+  options.store.mode = store_mode;
   options.config.request_verb = request;
   options.config.response_verb = response;
   options.config.postlist = 8;
@@ -40,19 +43,92 @@ INSTANTIATE_TEST_SUITE_P(
     AllCombinations, EveryVerb,
     ::testing::Combine(
         ::testing::Values(RequestVerb::kUcWrite, RequestVerb::kRcWrite, RequestVerb::kUdSend),
-        ::testing::Values(ResponseVerb::kUdSend, ResponseVerb::kUcWrite, ResponseVerb::kRcWrite)),
+        ::testing::Values(ResponseVerb::kUdSend, ResponseVerb::kUcWrite, ResponseVerb::kRcWrite),
+        ::testing::Values(mica::StoreMode::kCache, mica::StoreMode::kStore)),
     [](const ::testing::TestParamInfo<Verbs>& info) {
       return std::string(Name(std::get<0>(info.param))) + "_to_" +
-             std::string(Name(std::get<1>(info.param)));
+             std::string(Name(std::get<1>(info.param))) + "_" +
+             std::string(mica::StoreModeName(std::get<2>(info.param)));
     });
+
+// Store mode at capacity, end to end: PUTs of new keys until the server answers NO_MEMORY (the
+// pool is full), then every acknowledged key reads back exactly (none was evicted to make
+// room); a refused PUT of an existing key leaves its value; DELETEs make room again.
+TEST(Herd, StoreModeFillsToNoMemoryAndLosesNoKey) {
+  constexpr uint32_t kValueBytes = 100;
+  // A value that needs the next size class up (192 B blocks, not 160 B) and still travels inline.
+  constexpr uint32_t kBiggerValueBytes = 150;
+  ServerOptions options = SmallServer("store-full");
+  options.config.workers = 1;
+  options.store.mode = mica::StoreMode::kStore;
+  options.store.pool_bytes = 256 << 10;  // a few thousand 100 B values
+  std::unique_ptr<Server> server = StartInProcess(options);
+  ASSERT_NE(server, nullptr);
+  ClientOptions client_options;
+  client_options.server = absl::StrCat("127.0.0.1:", server->port());
+  client_options.device.fabric = "store-full";
+  auto client = Client::Connect(client_options);
+  ASSERT_TRUE(client.ok()) << client.status();
+  const auto value_of = [](uint32_t k, uint32_t bytes) {
+    return std::string(bytes, static_cast<char>('a' + k % 26));
+  };
+  std::vector<uint64_t> versions;
+  absl::Status refusal;
+  for (uint32_t k = 0; k < 100000; ++k) {
+    absl::StatusOr<uint64_t> put = (*client)->Put(absl::StrCat("key", k), value_of(k, kValueBytes));
+    if (!put.ok()) {
+      refusal = put.status();
+      break;
+    }
+    versions.push_back(*put);
+  }
+  ASSERT_TRUE(absl::IsResourceExhausted(refusal)) << refusal;
+  ASSERT_GT(versions.size(), 1000u);
+  // The class of those items may need more pages per span than are left: fill the rest with
+  // items of the smallest class (one-page spans) until no page is left at all.
+  uint32_t small_keys = 0;
+  while ((*client)->Put(absl::StrCat("small", small_keys), "s").ok()) ++small_keys;
+  // An existing key's PUT that needs a bigger block is refused too; its value stays.
+  const absl::Status bigger = (*client)->Put("key0", value_of(0, kBiggerValueBytes)).status();
+  EXPECT_TRUE(absl::IsResourceExhausted(bigger)) << bigger;
+  for (uint32_t k = 0; k < versions.size(); ++k) {
+    absl::StatusOr<Value> got = (*client)->Get(absl::StrCat("key", k));
+    ASSERT_TRUE(got.ok()) << "key" << k << ": " << got.status();
+    ASSERT_EQ(got->value, value_of(k, kValueBytes)) << "key" << k;
+    ASSERT_EQ(got->version, versions[k]) << "key" << k;
+  }
+  for (uint32_t k = 0; k < small_keys; ++k) {
+    absl::StatusOr<Value> got = (*client)->Get(absl::StrCat("small", k));
+    ASSERT_TRUE(got.ok() && got->value == "s") << "small" << k << " was lost";
+  }
+  const ServerStats stats = server->Stats();
+  EXPECT_TRUE(stats.store_mode);
+  EXPECT_EQ(stats.no_memory, 3u);
+  EXPECT_EQ(stats.no_memory_pool, stats.no_memory);
+  EXPECT_EQ(stats.evictions[0], 0u);
+  // Room again after DELETEs: a new key and the bigger value both fit. (The keys deleted are a
+  // run of consecutive PUTs, so whole spans empty and their pages go back to the page heap, where
+  // another class finds them; every second key would leave each span half full.)
+  for (uint32_t k = 1; k < versions.size() / 2; ++k) {
+    ASSERT_TRUE((*client)->Delete(absl::StrCat("key", k)).ok());
+  }
+  const absl::Status moved = (*client)->Put("key0", value_of(0, kBiggerValueBytes)).status();
+  EXPECT_TRUE(moved.ok()) << moved;
+  EXPECT_TRUE((*client)->Put("a new key", value_of(1, kValueBytes)).ok());
+  const std::string json = StatsJson(server->Stats(), ServerStats{}, 1.0);
+  EXPECT_NE(json.find("\"mode\":\"store\""), std::string::npos) << json;
+  EXPECT_NE(json.find("\"no_memory_pool\":"), std::string::npos) << json;
+  server->Stop();
+}
 
 // On the asynchronous shm fabric (WRs take effect 100 us after their post, buffers read when they
 // execute) both sides still answer correctly: no staging buffer is reused before its completion.
 TEST(Herd, AnAsynchronousDelayedFabricChangesNoAnswer) {
   constexpr uint32_t kDelayUs = 100;
-  const std::vector<Verbs> pairs = {{RequestVerb::kUcWrite, ResponseVerb::kUdSend},
-                                    {RequestVerb::kUdSend, ResponseVerb::kRcWrite},
-                                    {RequestVerb::kRcWrite, ResponseVerb::kUcWrite}};
+  const std::vector<std::tuple<RequestVerb, ResponseVerb>> pairs = {
+      {RequestVerb::kUcWrite, ResponseVerb::kUdSend},
+      {RequestVerb::kUdSend, ResponseVerb::kRcWrite},
+      {RequestVerb::kRcWrite, ResponseVerb::kUcWrite}};
   for (const auto& [request, response] : pairs) {
     SCOPED_TRACE(absl::StrFormat("%s -> %s", Name(request), Name(response)));
     const std::string fabric = absl::StrFormat("async-%d-%d", request, response);

@@ -287,7 +287,7 @@ class HerdKvNoMemoryTest(ServerTestCase):
         # Fits a landing buffer, but its item is longer than the whole log: the worker says so.
         code, stdout, stderr = self.put_from_file("past-log", self.LOG_BYTES)
         self.assertEqual((code, stdout), (EXIT_FAILED, b""), stderr)
-        self.assertTrue(stderr.startswith("herd_kv: NO_MEMORY: the item"), stderr)
+        self.assertTrue(stderr.startswith("herd_kv: NO_MEMORY: the worker has no room"), stderr)
         self.assertIn("log", stderr)
         # Longer than a landing buffer: the client says so, naming both sizes, and sends nothing.
         code, stdout, stderr = self.put_from_file("past-landing", self.LANDING_VALUE_BYTES + 1)
