@@ -1,10 +1,13 @@
-// mica_bench: single-core batched GET and PUT on one MICA partition, against
+// mica_bench: single-core batched GET and PUT on one MICA partition in each mode (cache: lossy
+// index + circular log; store: lossless index + slab pool), against
 // absl::flat_hash_map<std::string, std::string> doing the same work in the same run.
 //
 //   bazel run -c opt //bench:mica_bench [-- --items=1048576,16777216 --dists=uniform,zipf]
 //
-// Prints one JSON line per (store, items, dist, op) and a final comparison line for the largest
-// uniform GET case: {"case":"16M_uniform_get","mica_mops":..,"flat_hash_map_mops":..,"ratio":..}.
+// Prints one JSON line per (store, items, dist, op), store being "mica" (cache mode),
+// "mica_store" (store mode) or "flat_hash_map", and a final comparison line for the largest
+// uniform GET case: {"case":"16M_uniform_get","mica_mops":..,"flat_hash_map_mops":..,"ratio":..,
+// "mica_store_mops":..,"store_ratio":..} (ratios: against flat_hash_map).
 // Key ranks are generated before timing; key hashing is timed (a server hashes every key).
 #include <chrono>
 #include <cstdint>
@@ -35,12 +38,18 @@ DEFINE_uint32(value_bytes, 32, "Value size.");
 DEFINE_double(zipf_theta, bench::kYcsbZipfTheta, "Zipf skew (YCSB's default 0.99).");
 DEFINE_uint64(seed, 1, "Seed of the key-rank generator.");
 DEFINE_bool(hugepages, true, "Try 2 MiB pages for the MICA partition.");
+DEFINE_string(modes, "cache,store",
+              "MICA modes to run, one partition at a time: cache (lossy index + circular log), "
+              "store (lossless index + slab pool).");
 
 namespace {
 
 // Log room per preloaded byte: overwrites during the PUT phase must not push live keys out
 // before the GET phases ran (GETs run first; this keeps the PUT phase itself mostly hits).
 constexpr double kLogSlack = 1.25;
+// Store mode's pool room per preloaded block: the PUT phases overwrite in place (same size), so
+// the slack only covers the allocator's page descriptors (0.8%) and span tails (under 1%).
+constexpr double kPoolSlack = 1.05;
 // Distinct value patterns PUTs cycle through (built before timing).
 constexpr int kValuePatterns = 64;
 
@@ -145,6 +154,23 @@ void PrintCase(const char* store, uint64_t items, const std::string& dist, const
   std::fflush(stdout);
 }
 
+// The partition `mode` benchmarks `items` items in.
+mica::PartitionConfig ConfigFor(mica::StoreMode mode, uint64_t items) {
+  mica::PartitionConfig config;
+  config.mode = mode;
+  config.expected_items = items;
+  config.max_value_bytes = FLAGS_value_bytes;
+  const uint64_t item_bytes = mica::ItemBytes(FLAGS_key_bytes, FLAGS_value_bytes);
+  config.log_bytes = static_cast<uint64_t>(kLogSlack * items * item_bytes);
+  const uint64_t block_bytes = item_bytes <= mica::kSlabMaxSmallBytes
+                                   ? mica::SlabClassBytes(mica::SlabClassOf(item_bytes))
+                                   : (item_bytes + mica::kSlabDefaultPageBytes - 1) /
+                                         mica::kSlabDefaultPageBytes * mica::kSlabDefaultPageBytes;
+  config.pool_bytes = static_cast<uint64_t>(kPoolSlack * items * block_bytes);
+  config.try_hugepages = FLAGS_hugepages;
+  return config;
+}
+
 std::string CaseName(uint64_t items) {
   return items % (1 << 20) == 0 ? absl::StrFormat("%dM", items >> 20) : absl::StrCat(items);
 }
@@ -176,58 +202,79 @@ int main(int argc, char** argv) {
     bench::MakeValue(i, i, FLAGS_value_bytes, values[i].data());
   }
 
-  double final_mica = 0, final_map = 0;
+  std::vector<mica::StoreMode> modes;
+  for (absl::string_view name : absl::StrSplit(FLAGS_modes, ',', absl::SkipEmpty())) {
+    absl::StatusOr<mica::StoreMode> mode = mica::ParseStoreMode(std::string(name));
+    if (!mode.ok()) {
+      LOG(ERROR) << "--modes: " << mode.status().message();
+      return 2;
+    }
+    modes.push_back(*mode);
+  }
+
+  double final_mica = 0, final_store = 0, final_map = 0;
   uint64_t final_items = 0;
   for (const uint64_t items : item_counts) {
     Keys keys{FLAGS_key_bytes, std::vector<char>(items * FLAGS_key_bytes)};
     for (uint64_t i = 0; i < items; ++i) {
       bench::MakeKey(i, FLAGS_key_bytes, keys.bytes.data() + i * FLAGS_key_bytes);
     }
-    mica::PartitionConfig config;
-    config.expected_items = items;
-    config.max_value_bytes = FLAGS_value_bytes;
-    config.log_bytes = static_cast<uint64_t>(kLogSlack * items *
-                                             mica::ItemBytes(FLAGS_key_bytes, FLAGS_value_bytes));
-    config.try_hugepages = FLAGS_hugepages;
-    auto partition = mica::Partition::Create(config);
-    CHECK(partition.ok()) << partition.status();
-    LOG(INFO) << "mica: " << (*partition)->layout().Describe(FLAGS_key_bytes, FLAGS_value_bytes);
+    // The same ranks for every store: the rows of one case differ only in the store.
+    std::vector<std::vector<uint64_t>> ranks;
+    for (const std::string& dist : dists) ranks.push_back(MakeRanks(dist, items, FLAGS_ops));
+    const bool largest_so_far = items >= final_items;
+    if (largest_so_far) final_items = items;
+    // One partition at a time (a 16M-item one takes gigabytes). All GET phases first, so every
+    // GET finds its key; then the PUT phases.
+    for (const mica::StoreMode mode : modes) {
+      const bool store = mode == mica::StoreMode::kStore;
+      auto partition = mica::Partition::Create(ConfigFor(mode, items));
+      CHECK(partition.ok()) << partition.status();
+      LOG(INFO) << "mica: " << (*partition)->layout().Describe(FLAGS_key_bytes, FLAGS_value_bytes);
+      for (uint64_t i = 0; i < items; ++i) {
+        const mica::Response r =
+            (*partition)->Put(keys[i], mica::KeyHash(keys[i]), values[i % kValuePatterns]);
+        CHECK(r.result == mica::Result::kOk) << "preload: " << mica::ResultName(r.result);
+      }
+      const double mica_bytes =
+          (*partition)->layout().BytesPerItem(FLAGS_key_bytes, FLAGS_value_bytes);
+      for (const bool is_get : {true, false}) {
+        for (size_t d = 0; d < dists.size(); ++d) {
+          const Outcome m = RunMica(**partition, keys, ranks[d], is_get, values);
+          PrintCase(store ? "mica_store" : "mica", items, dists[d], is_get ? "get" : "put", m,
+                    FLAGS_ops, mica_bytes);
+          if (is_get && dists[d] == "uniform" && largest_so_far) {
+            (store ? final_store : final_mica) = m.mops;
+          }
+        }
+      }
+    }
     FlatMap map;
     map.reserve(items);
     for (uint64_t i = 0; i < items; ++i) {
-      (*partition)->Put(keys[i], mica::KeyHash(keys[i]), values[i % kValuePatterns]);
       map.emplace(std::string(keys[i]), values[i % kValuePatterns]);
     }
-    const double mica_bytes =
-        (*partition)->layout().BytesPerItem(FLAGS_key_bytes, FLAGS_value_bytes);
     // Table memory of the map: slots of two std::strings plus a control byte, plus the heap
     // bytes of strings too long for the small-string buffer (rounded to malloc's 16 bytes).
     auto heap = [](uint32_t n) { return n > 15 ? ((n + 1 + 8 + 15) / 16) * 16 : 0u; };
     const double map_bytes =
         static_cast<double>(map.capacity()) * (sizeof(FlatMap::value_type) + 1) / items +
         heap(FLAGS_key_bytes) + heap(FLAGS_value_bytes);
-    // All GET phases first, so every GET finds its key; then the PUT phases.
     for (const bool is_get : {true, false}) {
-      for (const std::string& dist : dists) {
-        const std::vector<uint64_t> ranks = MakeRanks(dist, items, FLAGS_ops);
-        const char* op = is_get ? "get" : "put";
-        const Outcome m = RunMica(**partition, keys, ranks, is_get, values);
-        PrintCase("mica", items, dist, op, m, FLAGS_ops, mica_bytes);
-        const Outcome f = RunFlatMap(map, keys, ranks, is_get, values);
-        PrintCase("flat_hash_map", items, dist, op, f, FLAGS_ops, map_bytes);
-        if (is_get && dist == "uniform" && items >= final_items) {
-          final_items = items;
-          final_mica = m.mops;
-          final_map = f.mops;
-        }
+      for (size_t d = 0; d < dists.size(); ++d) {
+        const Outcome f = RunFlatMap(map, keys, ranks[d], is_get, values);
+        PrintCase("flat_hash_map", items, dists[d], is_get ? "get" : "put", f, FLAGS_ops,
+                  map_bytes);
+        if (is_get && dists[d] == "uniform" && largest_so_far) final_map = f.mops;
       }
     }
   }
   if (final_items > 0) {
     std::printf(
         "{\"case\":\"%s_uniform_get\",\"mica_mops\":%.3f,\"flat_hash_map_mops\":%.3f,"
-        "\"ratio\":%.2f}\n",
-        CaseName(final_items).c_str(), final_mica, final_map, final_mica / final_map);
+        "\"ratio\":%.2f,\"mica_store_mops\":%.3f,\"store_ratio\":%.2f}\n",
+        CaseName(final_items).c_str(), final_mica, final_map, final_mica / final_map, final_store,
+        final_store / final_map);
   }
   return 0;
 }
