@@ -177,6 +177,10 @@ class Partition {
   // Store mode: empties `slot` (in the chain of `head`) and returns an extra bucket left empty
   // to the pool. The caller frees the item's block.
   void ReleaseSlot(Bucket* head, uint64_t* slot);
+  // The bytes an item in place takes (header, key, value, padding, checksum word if flagged).
+  static uint64_t StoredItemBytes(const ItemHeader* item) {
+    return ItemBytes(item->key_bytes, item->value_bytes, (item->flags & kItemHasChecksum) != 0);
+  }
   // Writes an item's header, key, value (and checksum) at `item`.
   void FillItem(ItemHeader* item, std::string_view key, uint64_t keyhash, std::string_view value,
                 uint64_t version);

@@ -13,7 +13,12 @@ Result Partition::WriteStored(Bucket* head, uint64_t* slot, uint16_t tag, std::s
                               uint64_t keyhash, std::string_view value, uint64_t* version) {
   const uint64_t item_bytes = ItemBytes(key.size(), value.size(), Checksummed(value.size()));
   const uint64_t old_block = slot != nullptr ? SlotOffset(*slot) : 0;
-  if (slot != nullptr && slab_->BlockBytes(old_block) == slab_->BlockBytesFor(item_bytes)) {
+  // The old block's size from the old item's own lengths (FindSlot just read its header), not
+  // from the allocator's page descriptor (another cache miss): a block always has the size
+  // BlockBytesFor gives its current item (allocated so, and rewritten in place only within it;
+  // CheckStoreInvariants checks this).
+  if (slot != nullptr && slab_->BlockBytesFor(StoredItemBytes(ItemAt(old_block))) ==
+                             slab_->BlockBytesFor(item_bytes)) {
     // The same block size: rewrite in place, so an overwrite at a full pool still succeeds. A
     // reader outside this core sees the chain's version change around it; a one-sided reader's
     // copy fails its checksum or names the new version (remote_item.h).
@@ -136,10 +141,9 @@ bool Partition::CheckStoreInvariants(std::string* why) const {
           return false;
         }
         const ItemHeader* item = ItemAt(offset);
-        if (ItemBytes(item->key_bytes, item->value_bytes, (item->flags & kItemHasChecksum) != 0) >
-                block_bytes ||
-            !Intact(item)) {
-          *why = absl::StrCat("the item at ", offset, " overruns its block or is damaged");
+        if (slab_->BlockBytesFor(StoredItemBytes(item)) != block_bytes || !Intact(item)) {
+          *why = absl::StrCat("the item at ", offset,
+                              " is not of its block's size (BlockBytesFor) or is damaged");
           return false;
         }
         if ((item->keyhash & bucket_mask_) != b || TagOf(item->keyhash) != SlotTag(slot)) {
