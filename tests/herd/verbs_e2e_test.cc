@@ -89,33 +89,42 @@ INSTANTIATE_TEST_SUITE_P(RequestsAndResponses, OverVerbs,
                          });
 
 // Large values on the device: PUTs over the inline limit by WRITE_WITH_IMM into landing buffers,
-// GETs answered with descriptors and READ from the worker's log (checked item by item), values
-// from 0 B to 256 KiB, against the model.
+// GETs answered with descriptors and READ from the worker's log or pool (checked item by item),
+// values from 0 B to 256 KiB, against the model, in cache and in store mode.
 TEST_F(OverVerbs, LargeValuesMatchTheModel) {
   constexpr uint32_t kMaxValue = 256 << 10;
-  ServerOptions options = SmallServer("unused-on-verbs");
-  options.device.name = device_;
-  options.config.workers = 1;
-  options.config.max_value_bytes = kMaxValue;
-  options.store.max_value_bytes = kMaxValue;
-  options.store.log_bytes = uint64_t{16} << 20;
-  ServerProcess server(options);
-  ASSERT_TRUE(server.ok());
-  ClientOptions client_options;
-  client_options.server = server.address();
-  client_options.clients = 2;
-  client_options.device.name = device_;
-  client_options.retry_timeout = absl::Milliseconds(200);
-  auto client = Client::Connect(client_options);
-  ASSERT_TRUE(client.ok()) << client.status();
-  RunModelWorkload(**client, 300, 16, 23, /*large_values=*/true);
-  const ClientStats stats = (*client)->stats();
-  EXPECT_GT(stats.large_puts, 0u);
-  EXPECT_GT(stats.out_of_line_gets, 0u);
-  EXPECT_EQ(stats.item_rereads, 0u) << "nothing overwrites the log here: every READ verifies";
-  LOG(INFO) << "large PUTs " << stats.large_puts << ", out-of-line GETs " << stats.out_of_line_gets
-            << ", item re-reads " << stats.item_rereads << ", copied " << stats.copied_gets
-            << "; fabric " << stats.fabric.ToJson();
+  // Both modes: store mode's items are slab blocks, READ from the pool at their offsets.
+  for (const mica::StoreMode mode : {mica::StoreMode::kCache, mica::StoreMode::kStore}) {
+    SCOPED_TRACE(mica::StoreModeName(mode));
+    ServerOptions options = SmallServer("unused-on-verbs");
+    options.device.name = device_;
+    options.config.workers = 1;
+    options.config.max_value_bytes = kMaxValue;
+    options.store.max_value_bytes = kMaxValue;
+    options.store.log_bytes = uint64_t{16} << 20;
+    options.store.mode = mode;
+    options.store.pool_bytes = uint64_t{16} << 20;
+    ServerProcess server(options);
+    ASSERT_TRUE(server.ok());
+    ClientOptions client_options;
+    client_options.server = server.address();
+    client_options.clients = 2;
+    client_options.device.name = device_;
+    client_options.retry_timeout = absl::Milliseconds(200);
+    auto client = Client::Connect(client_options);
+    ASSERT_TRUE(client.ok()) << client.status();
+    RunModelWorkload(**client, 300, 16, 23, /*large_values=*/true);
+    const ClientStats stats = (*client)->stats();
+    EXPECT_GT(stats.large_puts, 0u);
+    EXPECT_GT(stats.out_of_line_gets, 0u);
+    // The model workload never writes a key while its GET is out: the named item stays put.
+    EXPECT_EQ(stats.item_rereads, 0u)
+        << "nothing overwrites a named item here: every READ verifies";
+    LOG(INFO) << mica::StoreModeName(mode) << " mode: large PUTs " << stats.large_puts
+              << ", out-of-line GETs " << stats.out_of_line_gets << ", item re-reads "
+              << stats.item_rereads << ", copied " << stats.copied_gets << "; fabric "
+              << stats.fabric.ToJson();
+  }
 }
 
 // Joins over RDMA-CM (--connect=cm): no TCP at all. Two sessions join by the device's IP address,
