@@ -40,8 +40,10 @@ std::string StoreJson(const ServerStats& s) {
   for (const ServerStats::StoreClass& c : s.store_classes) {
     used_bytes += c.used_blocks * c.block_bytes;
     if (c.capacity_blocks == 0) continue;
-    classes.push_back(absl::StrFormat("{\"block\":%d,\"used\":%d,\"free\":%d}", c.block_bytes,
-                                      c.used_blocks, c.capacity_blocks - c.used_blocks));
+    const uint64_t free_blocks = c.capacity_blocks - c.used_blocks;
+    classes.push_back(absl::StrFormat(
+        "{\"block\":%d,\"used\":%d,\"free\":%d,\"used_bytes\":%d,\"free_bytes\":%d}", c.block_bytes,
+        c.used_blocks, free_blocks, c.used_blocks * c.block_bytes, free_blocks * c.block_bytes));
   }
   return absl::StrFormat(
       "{\"pool_bytes\":%d,\"used_bytes\":%d,\"free_page_bytes\":%d,\"large_bytes\":%d,"
