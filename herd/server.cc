@@ -19,11 +19,11 @@ using util::Take;
 
 using transport::control::PendingConnections;
 
-// How often the control thread looks for departed clients while waiting for new ones.
 // The item the start-up layout line counts capacity in: HERD's 16 B keys and 32 B values.
 constexpr uint32_t kDescribedKeyBytes = 16;
 constexpr uint32_t kDescribedValueBytes = 32;
 
+// How often the control thread looks for departed clients while waiting for new ones.
 constexpr absl::Duration kControlPollInterval = absl::Milliseconds(20);
 // A joining client has this long to send each handshake message (its connection waits in the
 // pending set meanwhile, blocking nobody).

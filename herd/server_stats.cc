@@ -40,7 +40,9 @@ std::string StoreJson(const ServerStats& s) {
   for (const ServerStats::StoreClass& c : s.store_classes) {
     used_bytes += c.used_blocks * c.block_bytes;
     if (c.capacity_blocks == 0) continue;
-    const uint64_t free_blocks = c.capacity_blocks - c.used_blocks;
+    // Two gauges read one after the other may straddle a new span: never print a wrapped count.
+    const uint64_t free_blocks =
+        c.capacity_blocks > c.used_blocks ? c.capacity_blocks - c.used_blocks : 0;
     classes.push_back(absl::StrFormat(
         "{\"block\":%d,\"used\":%d,\"free\":%d,\"used_bytes\":%d,\"free_bytes\":%d}", c.block_bytes,
         c.used_blocks, free_blocks, c.used_blocks * c.block_bytes, free_blocks * c.block_bytes));

@@ -21,6 +21,11 @@ Response Partition::Get(std::string_view key, uint64_t keyhash, char* value_out,
   const ItemHeader* item = ItemAt(SlotOffset(*slot));
   const uint64_t position = SlotOffset(*slot) & item_mask_;
   const auto item_bytes = static_cast<uint32_t>(StoredItemBytes(item));
+  if (!InBounds(item)) {
+    // Lengths no write stored: a one-sided reader told of them would READ past the region.
+    stats_.corrupt.Add();
+    return Response{Result::kCorrupt, 0, 0};
+  }
   if (item->value_bytes > value_out_bytes) {
     stats_.get_hits.Add();  // found: the caller fetches it itself (or learns its size)
     return Response{Result::kBufferTooSmall, item->value_bytes, item->version, position,

@@ -92,6 +92,7 @@ absl::StatusOr<std::unique_ptr<Partition>> Partition::Create(const PartitionConf
     // contiguous). An item may be as long as a write allows: whether a block that long exists is
     // the allocator's answer (kNoMemory if not).
     layout.extra_bucket_count = ExtraBucketCount(config, layout.bucket_count);
+    layout.buckets_offset = sizeof(ExtraPoolHeader);
     layout.max_item_bytes = ItemBytes(kMaxKeyBytes, config.max_value_bytes, /*checksum=*/true);
     request.head_bytes = sizeof(ExtraPoolHeader) +
                          (layout.bucket_count + layout.extra_bucket_count) * sizeof(Bucket);
@@ -136,14 +137,17 @@ Partition::Partition(MirroredRegion region, const PartitionLayout& layout,
       buckets_(reinterpret_cast<Bucket*>(region_.head())),
       bucket_mask_(layout.bucket_count - 1),
       log_(region_.ring()),
-      log_mask_(layout.log_bytes == 0 ? 0 : layout.log_bytes - 1),
+      log_mask_(store_mode() ? 0 : layout.log_bytes - 1),
       items_(region_.ring()),
-      item_mask_(layout.log_bytes == 0 ? ~uint64_t{0} : layout.log_bytes - 1) {
+      item_mask_(store_mode() ? ~uint64_t{0} : layout.log_bytes - 1) {
   if (store_mode()) {
+    pool_first_item_ = slab_->data_offset();
+    pool_last_item_ = layout_.pool_bytes - sizeof(ItemHeader);
+    max_chain_ = layout_.extra_bucket_count + 1;
     // The region is fresh and zero-filled: an empty pool, empty buckets, chains of one.
     extra_pool_ = reinterpret_cast<ExtraPoolHeader*>(region_.head());
     extra_pool_->capacity = static_cast<uint32_t>(layout_.extra_bucket_count);
-    buckets_ = reinterpret_cast<Bucket*>(region_.head() + sizeof(ExtraPoolHeader));
+    buckets_ = reinterpret_cast<Bucket*>(region_.head() + layout_.buckets_offset);
     extra_buckets_ = buckets_ + layout_.bucket_count;
     StoreGauges& g = stats_.store;
     g.extra_buckets_capacity.Set(layout_.extra_bucket_count);
@@ -159,20 +163,27 @@ Partition::Partition(MirroredRegion region, const PartitionLayout& layout,
 }
 
 uint64_t* Partition::FindSlot(Bucket* head, uint16_t tag, std::string_view key, uint64_t keyhash) {
-  for (Bucket* bucket = head; bucket != nullptr; bucket = NextInChain(bucket)) {
+  uint64_t hops = 0;
+  for (Bucket* bucket = head; bucket != nullptr && hops < max_chain_;
+       bucket = NextInChain(bucket), ++hops) {
     for (uint64_t& slot : bucket->slots) {
       if (slot == 0 || SlotTag(slot) != tag) continue;
       if (!IsAlive(SlotOffset(slot))) {
+        if (store_mode()) continue;  // damaged: skipped, not freed (it names no block we know)
         BeginBucketWrite(head);
         SetSlot(&slot, 0);
         EndBucketWrite(head);
         continue;
       }
       const ItemHeader* item = ItemAt(SlotOffset(slot));
-      if (item->keyhash == keyhash && item->key_bytes == key.size() &&
-          std::memcmp(ItemKey(item), key.data(), key.size()) == 0) {
-        return &slot;
+      if (item->keyhash != keyhash || item->key_bytes != key.size()) continue;
+      // Store mode bounds the item before reading its key (cache mode's mirror holds any item):
+      // lengths past the pool are damage, counted and skipped (a miss, never a read past it).
+      if (store_mode() && !InBounds(item)) {
+        stats_.corrupt.Add();
+        continue;
       }
+      if (std::memcmp(ItemKey(item), key.data(), key.size()) == 0) return &slot;
     }
   }
   return nullptr;
@@ -181,18 +192,24 @@ uint64_t* Partition::FindSlot(Bucket* head, uint16_t tag, std::string_view key, 
 uint64_t* Partition::ClaimSlot(Bucket* head) {
   if (store_mode()) {
     Bucket* last = head;
-    for (Bucket* bucket = head; bucket != nullptr; bucket = NextInChain(bucket)) {
+    uint64_t hops = 0;
+    for (Bucket* bucket = head; bucket != nullptr && hops < max_chain_;
+         bucket = NextInChain(bucket), ++hops) {
       for (uint64_t& slot : bucket->slots) {
         if (slot == 0) return &slot;
       }
       last = bucket;
     }
+    if (hops >= max_chain_ && NextInChain(last) != nullptr) return nullptr;  // a cyclic chain
     // A full chain: link an extra bucket at its end, a returned one first, else a fresh one.
+    // Capacities come from the layout, not the region, which only the owner writes but which
+    // damaged memory could change.
+    const uint64_t capacity = layout_.extra_bucket_count;
     uint32_t index;  // the extra bucket's index + 1
-    if (extra_pool_->free_head != 0 && extra_pool_->free_head <= extra_pool_->capacity) {
+    if (extra_pool_->free_head != 0 && extra_pool_->free_head <= capacity) {
       index = extra_pool_->free_head;
       extra_pool_->free_head = extra_buckets_[index - 1].next_extra;
-    } else if (extra_pool_->carved < extra_pool_->capacity) {
+    } else if (extra_pool_->carved < capacity) {
       index = ++extra_pool_->carved;
     } else {
       return nullptr;
@@ -275,17 +292,19 @@ Result Partition::CheckWrite(std::string_view key, std::string_view value) {
   return Result::kOk;
 }
 
-bool Partition::Intact(const ItemHeader* item) const {
-  const bool flagged = (item->flags & kItemHasChecksum) != 0;
-  const uint64_t item_bytes = ItemBytes(item->key_bytes, item->value_bytes, flagged);
-  // Lengths no write could have appended would read past the mirror: damaged.
+bool Partition::InBounds(const ItemHeader* item) const {
+  const uint64_t item_bytes = StoredItemBytes(item);
+  // Lengths no write could have stored would read past the mirror: damaged.
   if (item_bytes > layout_.max_item_bytes) return false;
+  if (!store_mode()) return true;
   // Store mode: nor past the pool's end (a block holds its item; lengths past it are damage).
-  if (store_mode() &&
-      item_bytes > layout_.pool_bytes -
-                       static_cast<uint64_t>(reinterpret_cast<const uint8_t*>(item) - items_)) {
-    return false;
-  }
+  const auto offset = static_cast<uint64_t>(reinterpret_cast<const uint8_t*>(item) - items_);
+  return offset <= layout_.pool_bytes && item_bytes <= layout_.pool_bytes - offset;
+}
+
+bool Partition::Intact(const ItemHeader* item) const {
+  if (!InBounds(item)) return false;
+  const bool flagged = (item->flags & kItemHasChecksum) != 0;
   if (!flagged && !Checksummed(item->value_bytes)) return true;  // nothing to verify it by
   // An item of a checksummed length without the flag lost it: damaged as well.
   if (!flagged) return false;

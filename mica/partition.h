@@ -56,7 +56,8 @@ enum class Result : uint8_t {
   kBufferTooSmall = 5,  // GET: the caller's buffer cannot hold the value (value_bytes says how big)
   kInvalidOp = 6,       // opcode is none of GET, PUT, DELETE, CAS, INSERT
   kExists = 7,          // INSERT: the key is present (version says which)
-  kNoMemory = 8,        // PUT/CAS/INSERT: the item is longer than the whole log (nothing changed)
+  kNoMemory = 8,        // PUT/CAS/INSERT: no room, nothing changed (cache mode: the item is
+                        // longer than the whole log; store mode: no block, or no index slot)
   kCorrupt = 9,         // GET: the item fails its own checksum (the partition's memory is
                         // damaged: never the caller's fault); nothing was copied
 };
@@ -93,11 +94,14 @@ struct PartitionLayout {
   StoreMode mode = StoreMode::kCache;
   uint64_t bucket_count = 0;
   uint64_t extra_bucket_count = 0;  // store mode
+  // Where the main buckets start in the region's head: 0, or after store mode's pool header;
+  // the extra buckets follow the main ones.
+  uint64_t buckets_offset = 0;
   uint64_t index_bytes = 0;
   uint64_t log_bytes = 0;       // cache mode: ring size, a power of two
   uint64_t pool_bytes = 0;      // store mode: the slab pool (the ring), header included
   uint64_t mirror_bytes = 0;    // extra mapping of the ring's start (no extra memory)
-  uint64_t max_item_bytes = 0;  // the longest item a write may append: at most log_bytes
+  uint64_t max_item_bytes = 0;  // the longest item a write may store (cache: at most log_bytes)
   uint32_t max_value_bytes = 0;
   uint32_t checksum_from_value_bytes = kNoItemChecksums;
   bool hugepages = false;
@@ -157,8 +161,12 @@ class Partition {
     const uint32_t next = bucket->next_extra;
     return next == 0 || next > layout_.extra_bucket_count ? nullptr : &extra_buckets_[next - 1];
   }
+  // Cache mode: the log has not overwritten the item. Store mode: the offset lies where an item's
+  // header can (only damaged memory holds another; such a slot is skipped, never followed; the
+  // rest of the item is bounded by InBounds before its key is compared).
   bool IsAlive(uint64_t slot_offset) const {
-    return store_mode() || ((tail_ - slot_offset) & kSlotOffsetMask) <= log_mask_ + 1;
+    if (store_mode()) return slot_offset >= pool_first_item_ && slot_offset <= pool_last_item_;
+    return ((tail_ - slot_offset) & kSlotOffsetMask) <= log_mask_ + 1;
   }
   const ItemHeader* ItemAt(uint64_t slot_offset) const {
     return reinterpret_cast<const ItemHeader*>(items_ + (slot_offset & item_mask_));
@@ -174,6 +182,9 @@ class Partition {
   // item (evicted). Store mode: an empty one anywhere in the chain, else the first of an extra
   // bucket linked at the chain's end; nullptr when the extra pool is empty (nothing changed).
   uint64_t* ClaimSlot(Bucket* head);
+  // Store mode: whether ClaimSlot would find a slot (an empty one, or an extra bucket), with no
+  // side effect: a new key is refused before anything is allocated.
+  bool CanClaimSlot(Bucket* head) const;
   // Store mode: empties `slot` (in the chain of `head`) and returns an extra bucket left empty
   // to the pool. The caller frees the item's block.
   void ReleaseSlot(Bucket* head, uint64_t* slot);
@@ -192,7 +203,10 @@ class Partition {
   bool Checksummed(uint64_t value_bytes) const {
     return value_bytes >= layout_.checksum_from_value_bytes;
   }
-  // Whether a found item may be handed out: a checksummed one must verify.
+  // Whether a found item's lengths are ones a write could have stored, within the log's mirror or
+  // the pool: a GET may name it to a one-sided reader (whose READ must stay in the region).
+  bool InBounds(const ItemHeader* item) const;
+  // Whether a found item may be handed out: in bounds, and a checksummed one must verify.
   bool Intact(const ItemHeader* item) const;
   // Makes the key's slot (`slot`, found by FindSlot; nullptr for a key the index does not hold:
   // one is claimed) index an item holding key/value under the next version, stored in `*version`.
@@ -219,8 +233,13 @@ class Partition {
   uint64_t log_mask_;                      // cache mode
   uint8_t* items_;                         // where slot offsets point: log_ in both modes
   uint64_t item_mask_;                     // log_mask_, or all ones (a pool offset is exact)
-  uint64_t tail_ = 0;                      // virtual log offset of the next append
-  uint64_t version_clock_ = 0;             // last version handed out
+  // Store mode: the first and last pool offsets where an item's header fits.
+  uint64_t pool_first_item_ = 0;
+  uint64_t pool_last_item_ = 0;
+  // Store mode: the most buckets a chain walk visits (a longer one is a cycle in damaged memory).
+  uint64_t max_chain_ = 1;
+  uint64_t tail_ = 0;           // virtual log offset of the next append
+  uint64_t version_clock_ = 0;  // last version handed out
   PartitionStats stats_;
 };
 

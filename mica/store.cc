@@ -13,12 +13,9 @@ Result Partition::WriteStored(Bucket* head, uint64_t* slot, uint16_t tag, std::s
                               uint64_t keyhash, std::string_view value, uint64_t* version) {
   const uint64_t item_bytes = ItemBytes(key.size(), value.size(), Checksummed(value.size()));
   const uint64_t old_block = slot != nullptr ? SlotOffset(*slot) : 0;
-  // The old block's size from the old item's own lengths (FindSlot just read its header), not
-  // from the allocator's page descriptor (another cache miss): a block always has the size
-  // BlockBytesFor gives its current item (allocated so, and rewritten in place only within it;
-  // CheckStoreInvariants checks this).
-  if (slot != nullptr && slab_->BlockBytesFor(StoredItemBytes(ItemAt(old_block))) ==
-                             slab_->BlockBytesFor(item_bytes)) {
+  // The old block's size from the allocator's page descriptor (ExecuteBatch prefetched it), not
+  // from the old item's header: a damaged header must not widen a write past its block.
+  if (slot != nullptr && slab_->BlockBytes(old_block) == slab_->BlockBytesFor(item_bytes)) {
     // The same block size: rewrite in place, so an overwrite at a full pool still succeeds. A
     // reader outside this core sees the chain's version change around it; a one-sided reader's
     // copy fails its checksum or names the new version (remote_item.h).
@@ -28,8 +25,13 @@ Result Partition::WriteStored(Bucket* head, uint64_t* slot, uint16_t tag, std::s
     EndBucketWrite(head);
     return Result::kOk;
   }
-  // A new key, or a size change: the item moves to a new block. The block is taken before the
-  // slot, and given back if no slot is free, so a refusal changes nothing the index holds.
+  // A new key, or a size change: the item moves to a new block. A new key's slot is checked for
+  // first and the block taken before the slot is claimed, so a refusal changes nothing.
+  if (slot == nullptr && !CanClaimSlot(head)) {
+    stats_.no_memory.Add();
+    stats_.no_memory_index.Add();
+    return Result::kNoMemory;
+  }
   const uint64_t block = slab_->Allocate(item_bytes);
   if (block == kNoBlock) {
     stats_.no_memory.Add();
@@ -37,7 +39,7 @@ Result Partition::WriteStored(Bucket* head, uint64_t* slot, uint16_t tag, std::s
     return Result::kNoMemory;
   }
   uint64_t* target = slot != nullptr ? slot : ClaimSlot(head);
-  if (target == nullptr) {
+  if (target == nullptr) {  // CanClaimSlot said yes: only damaged memory gets here
     slab_->Free(block);
     stats_.no_memory.Add();
     stats_.no_memory_index.Add();
@@ -57,10 +59,33 @@ Result Partition::WriteStored(Bucket* head, uint64_t* slot, uint16_t tag, std::s
   return Result::kOk;
 }
 
+bool Partition::CanClaimSlot(Bucket* head) const {
+  const Bucket* bucket = head;
+  for (uint64_t hops = 0; bucket != nullptr && hops < max_chain_; ++hops) {
+    for (const uint64_t slot : bucket->slots) {
+      if (slot == 0) return true;
+    }
+    bucket = NextInChain(bucket);
+  }
+  if (bucket != nullptr) return false;  // a cyclic chain (damaged memory)
+  const uint32_t free_head = extra_pool_->free_head;
+  return (free_head != 0 && free_head <= layout_.extra_bucket_count) ||
+         extra_pool_->carved < layout_.extra_bucket_count;
+}
+
 void Partition::ReleaseSlot(Bucket* head, uint64_t* slot) {
+  // The bucket holding `slot` (FindSlot found it in this chain) and the one before it.
+  const auto holds = [slot](const Bucket* bucket) {
+    const auto distance = reinterpret_cast<uintptr_t>(slot) - reinterpret_cast<uintptr_t>(bucket);
+    return distance < sizeof(Bucket);
+  };
   Bucket* prev = nullptr;
   Bucket* bucket = head;
-  while (bucket != nullptr && !(slot >= bucket->slots && slot < bucket->slots + kSlotsPerBucket)) {
+  for (uint64_t hops = 0; bucket != nullptr && !holds(bucket); ++hops) {
+    if (hops >= max_chain_) {
+      bucket = nullptr;  // a cyclic chain: empty the slot, unlink nothing
+      break;
+    }
     prev = bucket;
     bucket = NextInChain(bucket);
   }
@@ -82,7 +107,11 @@ void Partition::ReleaseSlot(Bucket* head, uint64_t* slot) {
 
 void Partition::FreeBlock(uint64_t offset) {
   const uint64_t bytes = slab_->BlockBytes(offset);
-  slab_->Free(offset);
+  // A slot names only live blocks; one that does not is damaged memory, counted, never fatal.
+  if (!slab_->TryFree(offset)) {
+    stats_.corrupt.Add();
+    return;
+  }
   PublishStoreGauges(bytes);
 }
 
@@ -144,6 +173,12 @@ bool Partition::CheckStoreInvariants(std::string* why) const {
         if (slab_->BlockBytesFor(StoredItemBytes(item)) != block_bytes || !Intact(item)) {
           *why = absl::StrCat("the item at ", offset,
                               " is not of its block's size (BlockBytesFor) or is damaged");
+          return false;
+        }
+        if (bucket != head &&
+            static_cast<uint64_t>(bucket - extra_buckets_) >= extra_pool_->carved) {
+          *why = absl::StrCat("bucket ", b, " links extra bucket ", bucket - extra_buckets_,
+                              " that was never carved");
           return false;
         }
         if ((item->keyhash & bucket_mask_) != b || TagOf(item->keyhash) != SlotTag(slot)) {

@@ -431,7 +431,8 @@ TEST(Status, ResultsMapToAbslCodes) {
 // even at rest, 2 higher after every change of the bucket's slots, unchanged by what changes
 // none.
 const Bucket& BucketOf(Partition& p, const std::string& key) {
-  const auto* buckets = reinterpret_cast<const Bucket*>(p.region().head());
+  const auto* buckets =
+      reinterpret_cast<const Bucket*>(p.region().head() + p.layout().buckets_offset);
   return buckets[KeyHash(key) & (p.layout().bucket_count - 1)];
 }
 

@@ -4,6 +4,7 @@
 // (Partition::CheckStoreInvariants).
 #include <atomic>
 #include <cstring>
+#include <functional>
 #include <iostream>
 #include <map>
 #include <random>
@@ -207,6 +208,28 @@ TEST(StoreMode, DeletingEverythingEmptiesThePool) {
   EXPECT_EQ(stats.span_pages, 0u);
   EXPECT_EQ(stats.free_pages, free_at_start);
   EXPECT_EQ(p.stats().store.extra_buckets_in_use.Get(), 0u);
+}
+
+// Items in the pool's last bytes are found like any other: a pool filled to the last block of
+// its last page with the smallest items, every one of them read back.
+TEST(StoreMode, ItemsUpToThePoolsLastByteAreFound) {
+  auto partition = Make(StoreConfig(64 << 10, 256, 256, 64));  // the pool fills first
+  Partition& p = *partition;
+  std::vector<std::string> keys;
+  uint64_t last_position = 0;
+  std::vector<char> out(64);
+  for (int i = 0;; ++i) {
+    const std::string key = absl::StrCat("k", i);
+    if (p.Put(key, KeyHash(key), "v").result == Result::kNoMemory) break;
+    keys.push_back(key);
+    last_position = std::max(last_position, p.Get(key, KeyHash(key), out.data(), 0).item_position);
+  }
+  // The last 64 B block of the pool was used: within one block of its end.
+  EXPECT_GE(last_position + kSlabMinBlockBytes, p.layout().pool_bytes);
+  for (const std::string& key : keys) {
+    ASSERT_EQ(p.Get(key, KeyHash(key), out.data(), 64).result, Result::kOk) << key;
+  }
+  ExpectInvariants(p, "full");
 }
 
 // A full chain with an empty extra pool refuses a new key; the keys it holds stay; a DELETE
@@ -509,9 +532,8 @@ TEST(StoreMode, ConfigAndLayout) {
   // A pool too small for the allocator's header and one page: a clear error, not a crash.
   PartitionConfig tiny = StoreConfig(1, 16, 0, 64);
   auto created = Partition::Create(tiny);
-  if (!created.ok()) {
-    EXPECT_NE(created.status().message().find("slab pool"), std::string::npos) << created.status();
-  }
+  ASSERT_FALSE(created.ok()) << "a 1-byte pool (one page after rounding) has no room for data";
+  EXPECT_NE(created.status().message().find("slab pool"), std::string::npos) << created.status();
 
   auto partition = Make(StoreConfig(8 << 20, 1024, 0, 1 << 20));
   const PartitionLayout& layout = partition->layout();
@@ -530,6 +552,137 @@ TEST(StoreMode, ConfigAndLayout) {
   EXPECT_EQ(partition->Put(key, KeyHash(key), std::string(1 << 20, 'b')).result, Result::kOk);
   EXPECT_EQ(partition->stats().store.large_pages.Get(), 257u);
   EXPECT_EQ(partition->stats().store.pool_pages.Get(), partition->slab()->page_count());
+}
+
+// The main bucket's version guards its whole chain: linking an extra bucket, writing a slot in
+// it, rewriting an item in place, moving it, deleting from the chain and unlinking the emptied
+// extra bucket each move the main version by exactly 2 and leave it even.
+TEST(StoreMode, EveryChainChangeMovesTheMainBucketsVersionByTwo) {
+  auto partition = Make(StoreConfig(1 << 20, 1, 4, 4096));
+  Partition& p = *partition;
+  const auto* head = reinterpret_cast<const Bucket*>(p.region().head() + p.layout().buckets_offset);
+  const auto version = [&] { return std::atomic_ref<const uint32_t>(head->version).load(); };
+  std::vector<std::string> keys;
+  for (int i = 0; i < kSlotsPerBucket + 2; ++i) keys.push_back(absl::StrCat("k", i));
+  const auto step = [&](const char* what, const std::function<Result()>& op, uint32_t moves) {
+    const uint32_t before = version();
+    ASSERT_EQ(op(), Result::kOk) << what;
+    EXPECT_EQ(version(), before + 2 * moves) << what;
+    EXPECT_EQ(version() % 2, 0u) << what;
+  };
+  for (int i = 0; i < kSlotsPerBucket; ++i) {
+    step(
+        "insert into the main bucket", [&] { return p.Put(keys[i], KeyHash(keys[i]), "v").result; },
+        1);
+  }
+  const std::string& spill = keys[kSlotsPerBucket];
+  // A new key in a full chain: link the extra bucket, then fill its slot (two changes).
+  step(
+      "link an extra bucket", [&] { return p.Put(spill, KeyHash(spill), "v").result; }, 2);
+  EXPECT_EQ(p.stats().store.extra_buckets_in_use.Get(), 1u);
+  step(
+      "rewrite in place", [&] { return p.Put(spill, KeyHash(spill), "w").result; }, 1);
+  step(
+      "move to a bigger block",
+      [&] { return p.Put(spill, KeyHash(spill), std::string(1000, 'm')).result; }, 1);
+  // Deleting the extra bucket's only key empties and unlinks it in one change.
+  step(
+      "delete and unlink", [&] { return p.Delete(spill, KeyHash(spill)).result; }, 1);
+  EXPECT_EQ(p.stats().store.extra_buckets_in_use.Get(), 0u);
+  EXPECT_EQ(head->next_extra, 0u);
+  // The returned extra bucket is the one reused.
+  step(
+      "relink from the free list", [&] { return p.Put(spill, KeyHash(spill), "v").result; }, 2);
+  ExpectInvariants(p, "end");
+}
+
+// An unlink from the middle of a chain (three buckets, the middle one emptied) keeps the rest
+// reachable, and the free list hands the bucket out again.
+TEST(StoreMode, UnlinkingFromTheMiddleOfAChainLosesNothing) {
+  auto partition = Make(StoreConfig(1 << 20, 1, 4, 64));
+  Partition& p = *partition;
+  const int keys = 3 * kSlotsPerBucket;
+  for (int i = 0; i < keys; ++i) {
+    const std::string key = absl::StrCat("k", i);
+    ASSERT_EQ(p.Put(key, KeyHash(key), key).result, Result::kOk);
+  }
+  ASSERT_EQ(p.stats().store.extra_buckets_in_use.Get(), 2u);
+  // Keys kSlotsPerBucket..2*kSlotsPerBucket-1 filled the first extra bucket (the middle one).
+  for (int i = kSlotsPerBucket; i < 2 * kSlotsPerBucket; ++i) {
+    const std::string key = absl::StrCat("k", i);
+    ASSERT_EQ(p.Delete(key, KeyHash(key)).result, Result::kOk);
+  }
+  EXPECT_EQ(p.stats().store.extra_buckets_in_use.Get(), 1u);
+  ExpectInvariants(p, "after the middle unlink");
+  std::vector<char> out(64);
+  for (int i = 2 * kSlotsPerBucket; i < keys; ++i) {
+    const std::string key = absl::StrCat("k", i);
+    EXPECT_EQ(p.Get(key, KeyHash(key), out.data(), 64).result, Result::kOk) << key;
+  }
+  for (int i = 0; i < kSlotsPerBucket + 1; ++i) {  // refill: one more than the freed bucket holds
+    const std::string key = absl::StrCat("again", i);
+    ASSERT_EQ(p.Put(key, KeyHash(key), key).result, Result::kOk);
+  }
+  // The freed bucket came back from the free list (7 keys), and one more was carved (1 key).
+  EXPECT_EQ(p.stats().store.extra_buckets_in_use.Get(), 3u);
+  ExpectInvariants(p, "after the refill");
+}
+
+// Damaged index or item memory (only a bug or hardware can do it: clients never write a
+// partition) is never followed into a crash, a hang or a write past a block.
+TEST(StoreMode, DamagedMemoryIsNeverFollowed) {
+  auto partition = Make(StoreConfig(1 << 20, 1, 4, 8192));
+  Partition& p = *partition;
+  auto* head = reinterpret_cast<Bucket*>(p.region().head() + p.layout().buckets_offset);
+  auto* extra = head + p.layout().bucket_count;
+  for (int i = 0; i < kSlotsPerBucket + 1; ++i) {
+    const std::string key = absl::StrCat("k", i);
+    ASSERT_EQ(p.Put(key, KeyHash(key), "v").result, Result::kOk);
+  }
+  ASSERT_EQ(head->next_extra, 1u);
+  std::vector<char> out(8192);
+  // A cyclic chain: the extra bucket links to itself. Lookups end; a new key is refused.
+  extra[0].next_extra = 1;
+  EXPECT_EQ(p.Get("absent", KeyHash("absent"), out.data(), 8192).result, Result::kNotFound);
+  for (int i = 0; i < 2 * kSlotsPerBucket; ++i) {  // fill what is left, then one more
+    const std::string key = absl::StrCat("more", i);
+    const Result r = p.Put(key, KeyHash(key), "v").result;
+    ASSERT_TRUE(r == Result::kOk || r == Result::kNoMemory) << ResultName(r);
+  }
+  extra[0].next_extra = 0;
+  // A slot pointing past the pool: skipped (a miss), never dereferenced.
+  const std::string key = "k0";
+  uint64_t* slot = nullptr;
+  for (uint64_t& s : head->slots) {
+    if (s != 0 && SlotTag(s) == TagOf(KeyHash(key))) slot = &s;
+  }
+  ASSERT_NE(slot, nullptr);
+  const uint64_t saved = *slot;
+  *slot = MakeSlot(TagOf(KeyHash(key)), p.layout().pool_bytes + (uint64_t{1} << 30));
+  EXPECT_EQ(p.Get(key, KeyHash(key), out.data(), 8192).result, Result::kNotFound);
+  *slot = saved;
+  // An item header whose lengths grew: never copied out, never handed to a reader, and a PUT
+  // of a value that would fit the forged length moves instead of writing past its 64 B block.
+  auto* item = reinterpret_cast<ItemHeader*>(p.region().ring() + SlotOffset(saved));
+  const uint64_t neighbour_before = p.stats().corrupt.Get();
+  item->value_bytes = 4000;
+  EXPECT_EQ(p.Get(key, KeyHash(key), out.data(), 8192).result, Result::kOk);  // no checksum
+  // Past the pool: no write could have stored it. Counted, and a miss (never read past the pool,
+  // never named to a one-sided reader).
+  item->value_bytes = 1 << 30;
+  EXPECT_EQ(p.Get(key, KeyHash(key), out.data(), 8192).result, Result::kNotFound);
+  EXPECT_EQ(p.Get(key, KeyHash(key), out.data(), 0).result, Result::kNotFound);
+  EXPECT_EQ(p.stats().corrupt.Get(), neighbour_before + 2);
+  item->value_bytes = 4000;
+  ASSERT_EQ(p.Put(key, KeyHash(key), std::string(3990, 'x')).result, Result::kOk);
+  EXPECT_NE(p.Get(key, KeyHash(key), out.data(), 8192).item_position, SlotOffset(saved))
+      << "a write of the forged length went in place, past its block";
+  for (int i = 1; i < kSlotsPerBucket; ++i) {  // the neighbours are intact
+    const std::string other = absl::StrCat("k", i);
+    const Response r = p.Get(other, KeyHash(other), out.data(), 8192);
+    EXPECT_EQ(r.result, Result::kOk) << other;
+    EXPECT_EQ(std::string(out.data(), r.value_bytes), "v") << other;
+  }
 }
 
 // The gauges a progress line reads follow the allocator exactly.
