@@ -26,8 +26,6 @@ void Partition::ExecuteBatch(absl::Span<const Request> requests, absl::Span<Resp
       for (int line = 0; line < kItemLinesPrefetched; ++line) {
         Prefetch(item + line * kCacheLineBytes);
       }
-      // Store mode: a write asks the allocator for the block's size (in place or move?).
-      if (store_mode() && request.op != OpCode::kGet) slab_->PrefetchDescriptor(SlotOffset(slot));
     }
   }
   for (size_t i = 0; i < requests.size(); ++i) responses[i] = Execute(requests[i]);

@@ -12,7 +12,7 @@ struct ItemHeader {
   uint64_t version;
   uint32_t value_bytes;
   uint16_t key_bytes;
-  uint16_t flags;  // kItemHasChecksum, else zero
+  uint16_t flags;  // kItemHasChecksum; store mode: the block's size code (kItemBlockCodeShift)
 };
 static_assert(sizeof(ItemHeader) == 24, "ItemHeader is part of the log format");
 
@@ -22,6 +22,16 @@ inline constexpr uint64_t kItemAlignment = 8;
 // fetch with a one-sided READ while the log overwrites them (remote_item.h).
 inline constexpr uint16_t kItemHasChecksum = 1;
 inline constexpr uint64_t kItemChecksumBytes = 8;
+// Store mode: flags bits 8..12 hold the item's block's size class + 1 when it is a small-class
+// block (mica/slab.h), 0 for a large block (and in cache mode). With the class its own lengths
+// give, it tells the owner whether a new value fits the block in place without reading the
+// allocator's descriptors (a cache miss per PUT at scale); both must agree, so damage to one
+// field alone never widens a write past its block.
+inline constexpr int kItemBlockCodeShift = 8;
+inline constexpr uint16_t kItemBlockCodeMask = 0x1F << kItemBlockCodeShift;
+inline constexpr uint16_t ItemBlockCode(uint16_t flags) {
+  return static_cast<uint16_t>((flags & kItemBlockCodeMask) >> kItemBlockCodeShift);
+}
 
 // Log bytes of an item's header, key and value (padded): what its checksum covers.
 inline constexpr uint64_t ItemBodyBytes(uint64_t key_bytes, uint64_t value_bytes) {

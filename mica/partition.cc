@@ -239,13 +239,14 @@ uint64_t* Partition::ClaimSlot(Bucket* head) {
 }
 
 void Partition::FillItem(ItemHeader* item, std::string_view key, uint64_t keyhash,
-                         std::string_view value, uint64_t version) {
+                         std::string_view value, uint64_t version, uint16_t block_code) {
   item->keyhash = keyhash;
   item->version = version;
   item->value_bytes = static_cast<uint32_t>(value.size());
   item->key_bytes = static_cast<uint16_t>(key.size());
   const bool checksum = Checksummed(value.size());
-  item->flags = checksum ? kItemHasChecksum : 0;
+  item->flags = static_cast<uint16_t>((checksum ? kItemHasChecksum : 0) |
+                                      (block_code << kItemBlockCodeShift));
   char* bytes = reinterpret_cast<char*>(item) + sizeof(ItemHeader);
   std::memcpy(bytes, key.data(), key.size());
   if (!value.empty()) std::memcpy(bytes + key.size(), value.data(), value.size());

@@ -192,9 +192,10 @@ class Partition {
   static uint64_t StoredItemBytes(const ItemHeader* item) {
     return ItemBytes(item->key_bytes, item->value_bytes, (item->flags & kItemHasChecksum) != 0);
   }
-  // Writes an item's header, key, value (and checksum) at `item`.
+  // Writes an item's header, key, value (and checksum) at `item`; `block_code` goes into its
+  // flags (item.h: store mode's block size code; 0 in cache mode).
   void FillItem(ItemHeader* item, std::string_view key, uint64_t keyhash, std::string_view value,
-                uint64_t version);
+                uint64_t version, uint16_t block_code = 0);
   // Appends an item and returns its log offset.
   uint64_t Append(std::string_view key, uint64_t keyhash, std::string_view value, uint64_t version);
   // Validates sizes for a write; kOk when they fit.
@@ -217,6 +218,12 @@ class Partition {
                      uint64_t keyhash, std::string_view value, uint64_t* version);
   Result WriteStored(Bucket* head, uint64_t* slot, uint16_t tag, std::string_view key,
                      uint64_t keyhash, std::string_view value, uint64_t* version);
+  // Store mode: the block size code an item of `item_bytes` carries (item.h).
+  static uint16_t BlockCodeFor(uint64_t item_bytes);
+  // Store mode: whether an item of `item_bytes` (code `block_code`) may overwrite `old` in its
+  // block at `old_block`.
+  bool FitsInPlace(const ItemHeader* old, uint64_t old_block, uint64_t item_bytes,
+                   uint16_t block_code) const;
   // Store mode: frees a block and republishes the gauges it changed.
   void FreeBlock(uint64_t offset);
   // Store mode: sets stats_.store's levels for the class of `block_bytes` and the page heap.

@@ -53,9 +53,8 @@
 namespace mica {
 namespace {
 
-// A span takes the fewest pages (at most kMaxSpanPages) whose tail after its last block is at
-// most 1/kSpanTailFraction of the span: with 4 KiB pages, 1..7 pages and tails of 0..2.3%.
-constexpr uint64_t kMaxSpanPages = 8;
+// A span takes the fewest pages (at most kSlabMaxSpanPages) whose tail after its last block is
+// at most 1/kSpanTailFraction of the span: with 4 KiB pages, 1..7 pages and tails of 0..2.3%.
 constexpr uint64_t kSpanTailFraction = 32;
 
 // Descriptors start on a cache line after the header.
@@ -67,7 +66,7 @@ constexpr uint64_t kTagOffset = 8;
 uint64_t SpanPagesFor(uint64_t block_bytes, uint64_t page_bytes) {
   uint64_t best = 0;
   uint64_t best_tail = 0;
-  for (uint64_t k = 1; k <= kMaxSpanPages; ++k) {
+  for (uint64_t k = 1; k <= kSlabMaxSpanPages; ++k) {
     const uint64_t span = k * page_bytes;
     if (span < block_bytes) continue;
     const uint64_t tail = span % block_bytes;

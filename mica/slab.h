@@ -51,6 +51,10 @@ inline constexpr uint64_t kSlabMaxPageBytes = uint64_t{64} << 10;
 // The region's start must be aligned to this (a hugepage-backed region is).
 inline constexpr uint64_t kSlabRegionAlignment = 64;
 
+// The most pages a small class's span may take (slab.cc picks the fewest with a small tail: 1..7
+// at 4 KiB pages).
+inline constexpr uint64_t kSlabMaxSpanPages = 8;
+
 struct SlabConfig {
   // A power of two in [kSlabMinPageBytes, kSlabMaxPageBytes].
   uint64_t page_bytes = kSlabDefaultPageBytes;
@@ -168,14 +172,6 @@ class SlabAllocator {
   // The usable bytes Allocate(bytes) would return a block of (0 counts as 1): a block whose
   // BlockBytes() equals this can hold `bytes` without moving, and wastes no more than a new one.
   uint64_t BlockBytesFor(uint64_t bytes) const;
-  // Prefetches the page descriptor BlockBytes(offset) reads first (a batch does, before its
-  // writes); nothing for an offset outside the pages.
-  void PrefetchDescriptor(uint64_t offset) const {
-    const uint64_t page_index = (offset - data_offset_) >> page_shift_;
-    if (offset >= data_offset_ && page_index < page_count_) {
-      __builtin_prefetch(&pages_[page_index], 0, 3);
-    }
-  }
 
   // O(1) snapshots for gauges the owner publishes after each operation (Stats() walks more).
   // One class's spans and used blocks; and the page heap's free pages and large blocks.

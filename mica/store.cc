@@ -12,16 +12,15 @@ namespace mica {
 Result Partition::WriteStored(Bucket* head, uint64_t* slot, uint16_t tag, std::string_view key,
                               uint64_t keyhash, std::string_view value, uint64_t* version) {
   const uint64_t item_bytes = ItemBytes(key.size(), value.size(), Checksummed(value.size()));
+  const uint16_t block_code = BlockCodeFor(item_bytes);
   const uint64_t old_block = slot != nullptr ? SlotOffset(*slot) : 0;
-  // The old block's size from the allocator's page descriptor (ExecuteBatch prefetched it), not
-  // from the old item's header: a damaged header must not widen a write past its block.
-  if (slot != nullptr && slab_->BlockBytes(old_block) == slab_->BlockBytesFor(item_bytes)) {
+  if (slot != nullptr && FitsInPlace(ItemAt(old_block), old_block, item_bytes, block_code)) {
     // The same block size: rewrite in place, so an overwrite at a full pool still succeeds. A
     // reader outside this core sees the chain's version change around it; a one-sided reader's
     // copy fails its checksum or names the new version (remote_item.h).
     *version = ++version_clock_;
     BeginBucketWrite(head);
-    FillItem(MutableItemAt(old_block), key, keyhash, value, *version);
+    FillItem(MutableItemAt(old_block), key, keyhash, value, *version, block_code);
     EndBucketWrite(head);
     return Result::kOk;
   }
@@ -47,7 +46,7 @@ Result Partition::WriteStored(Bucket* head, uint64_t* slot, uint16_t tag, std::s
   }
   *version = ++version_clock_;
   // No slot names the block yet: readers cannot reach these bytes until the swing below.
-  FillItem(MutableItemAt(block), key, keyhash, value, *version);
+  FillItem(MutableItemAt(block), key, keyhash, value, *version, block_code);
   BeginBucketWrite(head);
   SetSlot(target, MakeSlot(tag, block));
   EndBucketWrite(head);
@@ -57,6 +56,23 @@ Result Partition::WriteStored(Bucket* head, uint64_t* slot, uint16_t tag, std::s
     FreeBlock(old_block);
   }
   return Result::kOk;
+}
+
+uint16_t Partition::BlockCodeFor(uint64_t item_bytes) {
+  return item_bytes <= kSlabMaxSmallBytes ? static_cast<uint16_t>(SlabClassOf(item_bytes) + 1) : 0;
+}
+
+bool Partition::FitsInPlace(const ItemHeader* old, uint64_t old_block, uint64_t item_bytes,
+                            uint16_t block_code) const {
+  const uint16_t old_code = ItemBlockCode(old->flags);
+  if (block_code != 0) {
+    // A small block: the code in the old item's flags and the class of the old item's own
+    // lengths must both be the new item's (a field damaged alone cannot pass).
+    return old_code == block_code && BlockCodeFor(StoredItemBytes(old)) == block_code;
+  }
+  // A large block: its pages from the allocator (the descriptor read costs little next to a
+  // copy of more than 8 KiB).
+  return old_code == 0 && slab_->BlockBytes(old_block) == slab_->BlockBytesFor(item_bytes);
 }
 
 bool Partition::CanClaimSlot(Bucket* head) const {
@@ -170,9 +186,11 @@ bool Partition::CheckStoreInvariants(std::string* why) const {
           return false;
         }
         const ItemHeader* item = ItemAt(offset);
-        if (slab_->BlockBytesFor(StoredItemBytes(item)) != block_bytes || !Intact(item)) {
+        if (slab_->BlockBytesFor(StoredItemBytes(item)) != block_bytes || !Intact(item) ||
+            ItemBlockCode(item->flags) != BlockCodeFor(StoredItemBytes(item))) {
           *why = absl::StrCat("the item at ", offset,
-                              " is not of its block's size (BlockBytesFor) or is damaged");
+                              " is not of its block's size (BlockBytesFor, its block code) or is "
+                              "damaged");
           return false;
         }
         if (bucket != head &&
