@@ -473,6 +473,12 @@ def summarize(x, point, repetition, server_knobs, client_knobs, clients, server)
         "wrs_per_op": per_op(clients, "wrs_per_op"),
         "payload_bytes_per_op": per_op(clients, "payload_bytes_per_op"),
         "value_mb_s": round(sum(c["mops"] * client_value_bytes(c) for c in clients), 3),
+        # GETs answered NOT_FOUND (every key preloaded: what a cache-mode server forgot, or the
+        # workload deleted) and writes refused for room (--store_mode=store at capacity).
+        "get_misses": sum(c.get("get_misses", 0) for c in clients),
+        "get_miss_ratio": round(sum(c.get("get_misses", 0) for c in clients) /
+                                max(sum(c.get("gets", 0) for c in clients), 1), 5),
+        "no_memory": sum(c.get("no_memory", 0) for c in clients),
         "clients": clients, "server": server.get("server", server),
     }
     fabric = record["server"].get("fabric", {})
@@ -485,7 +491,7 @@ def summarize(x, point, repetition, server_knobs, client_knobs, clients, server)
 
 CSV_FIELDS = ["mops", "p50_us", "p99_us", "p999_us", "retransmissions", "server_batch",
               "server_responses_per_doorbell", "server_signaled_fraction", "wrs_per_op",
-              "payload_bytes_per_op", "value_mb_s", "loadavg_1m"]
+              "payload_bytes_per_op", "value_mb_s", "get_miss_ratio", "no_memory", "loadavg_1m"]
 
 
 def write_csv(out_dir, records, axes):
