@@ -408,7 +408,8 @@ TEST(LargeValues, AnItemLongerThanTheLogIsNoMemoryAndChangesNothing) {
   const absl::Status insert = client->Insert("big", whole).status();
   for (const absl::Status& s : {put, overwrite, cas, insert}) {
     EXPECT_TRUE(absl::IsResourceExhausted(s)) << s;
-    EXPECT_TRUE(absl::StartsWith(s.message(), "NO_MEMORY: the item")) << s;
+    EXPECT_TRUE(absl::StartsWith(s.message(), "NO_MEMORY: the worker has no room")) << s;
+    EXPECT_TRUE(absl::StrContains(s.message(), "--mica_log_bytes")) << s;
   }
   EXPECT_TRUE(absl::IsNotFound(client->Get("big").status()));
   auto got = client->Get("kept");
