@@ -32,18 +32,25 @@ struct alignas(kCacheLineBytes) Bucket {
 };
 static_assert(sizeof(Bucket) == kCacheLineBytes, "a bucket is one cache line");
 
-// Store mode: the extra-bucket pool's state, one cache line at the start of the index region,
-// before the main buckets (so a byte copy of the region, a backup's, is the same pool). Extra
-// buckets [0, carved) were handed out at least once; a returned one goes on the free list.
-struct alignas(kCacheLineBytes) ExtraPoolHeader {
-  uint32_t capacity;   // extra buckets in the pool
-  uint32_t carved;     // extra buckets ever handed out (the rest were never touched)
-  uint32_t free_head;  // a returned extra bucket (index + 1) linking the next by next_extra; 0
-  uint32_t reserved0;
-  uint64_t in_use;  // extra buckets linked into chains now
-  uint64_t reserved[5];
+// One cache line at the start of every partition's region, before the main buckets: the state
+// the partition keeps besides buckets and items (its version clock, cache mode's log tail,
+// store mode's extra-bucket pool), so that a byte copy of the region (a backup's, written by
+// RDMA at the same offsets) is the same partition, and a promoted backup continues from it.
+// Extra buckets [0, extra_carved) were handed out at least once; a returned one goes on the
+// free list (linked by next_extra).
+inline constexpr uint64_t kPartitionMagic = 0x5452415044524548ULL;  // "HERDPART"
+struct alignas(kCacheLineBytes) PartitionHeader {
+  uint64_t magic;            // kPartitionMagic
+  uint32_t mode;             // StoreMode
+  uint32_t extra_capacity;   // store mode: extra buckets in the pool
+  uint64_t version_clock;    // the last version handed out
+  uint64_t log_tail;         // cache mode: the virtual log offset of the next append
+  uint32_t extra_carved;     // store mode: extra buckets ever handed out
+  uint32_t extra_free_head;  // a returned extra bucket (index + 1); 0: none
+  uint64_t extra_in_use;     // store mode: extra buckets linked into chains now
+  uint64_t reserved[2];
 };
-static_assert(sizeof(ExtraPoolHeader) == kCacheLineBytes, "the pool header is one cache line");
+static_assert(sizeof(PartitionHeader) == kCacheLineBytes, "the partition header is one cache line");
 
 inline constexpr uint64_t MakeSlot(uint16_t tag, uint64_t offset) {
   return (uint64_t{tag} << kSlotTagShift) | (offset & kSlotOffsetMask);

@@ -24,9 +24,10 @@ Response Partition::Delete(std::string_view key, uint64_t keyhash) {
     BeginBucketWrite(bucket);
     SetSlot(slot, 0);
     EndBucketWrite(bucket);
+    Changed(bucket);
   }
   stats_.deletes.Add();
-  return Response{Result::kOk, 0, ++version_clock_};
+  return Response{Result::kOk, 0, NextVersion()};
 }
 
 }  // namespace mica

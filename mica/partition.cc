@@ -81,6 +81,7 @@ absl::StatusOr<std::unique_ptr<Partition>> Partition::Create(const PartitionConf
   const bool store = config.mode == StoreMode::kStore;
   PartitionLayout layout;
   layout.mode = config.mode;
+  layout.buckets_offset = sizeof(PartitionHeader);
   layout.bucket_count =
       config.bucket_count != 0 ? config.bucket_count : DerivedBucketCount(config.expected_items);
   layout.max_value_bytes = config.max_value_bytes;
@@ -88,14 +89,13 @@ absl::StatusOr<std::unique_ptr<Partition>> Partition::Create(const PartitionConf
   RegionRequest request;
   request.try_hugepages = config.try_hugepages;
   if (store) {
-    // [ pool header | main buckets | extra buckets ] then the slab pool; no mirror (a block is
+    // [ header | main buckets | extra buckets ] then the slab pool; no mirror (a block is
     // contiguous). An item may be as long as a write allows: whether a block that long exists is
     // the allocator's answer (kNoMemory if not).
     layout.extra_bucket_count = ExtraBucketCount(config, layout.bucket_count);
-    layout.buckets_offset = sizeof(ExtraPoolHeader);
     layout.max_item_bytes = ItemBytes(kMaxKeyBytes, config.max_value_bytes, /*checksum=*/true);
-    request.head_bytes = sizeof(ExtraPoolHeader) +
-                         (layout.bucket_count + layout.extra_bucket_count) * sizeof(Bucket);
+    request.head_bytes =
+        layout.buckets_offset + (layout.bucket_count + layout.extra_bucket_count) * sizeof(Bucket);
     request.ring_bytes = config.pool_bytes;
     request.mirror_bytes = 0;
   } else {
@@ -104,7 +104,7 @@ absl::StatusOr<std::unique_ptr<Partition>> Partition::Create(const PartitionConf
     // may take the whole log (CheckWrite), never more: it would overwrite its own first bytes.
     layout.max_item_bytes = std::min(
         ItemBytes(kMaxKeyBytes, config.max_value_bytes, /*checksum=*/true), layout.log_bytes);
-    request.head_bytes = layout.bucket_count * sizeof(Bucket);
+    request.head_bytes = layout.buckets_offset + layout.bucket_count * sizeof(Bucket);
     request.ring_bytes = layout.log_bytes;
     request.mirror_bytes = layout.max_item_bytes;
   }
@@ -134,20 +134,22 @@ Partition::Partition(MirroredRegion region, const PartitionLayout& layout,
     : region_(std::move(region)),
       layout_(layout),
       slab_(std::move(slab)),
-      buckets_(reinterpret_cast<Bucket*>(region_.head())),
+      header_(reinterpret_cast<PartitionHeader*>(region_.head())),
+      buckets_(reinterpret_cast<Bucket*>(region_.head() + layout.buckets_offset)),
       bucket_mask_(layout.bucket_count - 1),
       log_(region_.ring()),
       log_mask_(store_mode() ? 0 : layout.log_bytes - 1),
       items_(region_.ring()),
       item_mask_(store_mode() ? ~uint64_t{0} : layout.log_bytes - 1) {
+  // A fresh, zero-filled region: empty buckets, chains of one, an empty log or pool. Format's
+  // writes are not recorded (a replica starts from a full copy, or from its own Create).
+  header_->magic = kPartitionMagic;
+  header_->mode = static_cast<uint32_t>(layout_.mode);
+  header_->extra_capacity = static_cast<uint32_t>(layout_.extra_bucket_count);
   if (store_mode()) {
     pool_first_item_ = slab_->data_offset();
     pool_last_item_ = layout_.pool_bytes - sizeof(ItemHeader);
     max_chain_ = layout_.extra_bucket_count + 1;
-    // The region is fresh and zero-filled: an empty pool, empty buckets, chains of one.
-    extra_pool_ = reinterpret_cast<ExtraPoolHeader*>(region_.head());
-    extra_pool_->capacity = static_cast<uint32_t>(layout_.extra_bucket_count);
-    buckets_ = reinterpret_cast<Bucket*>(region_.head() + layout_.buckets_offset);
     extra_buckets_ = buckets_ + layout_.bucket_count;
     StoreGauges& g = stats_.store;
     g.extra_buckets_capacity.Set(layout_.extra_bucket_count);
@@ -173,6 +175,7 @@ uint64_t* Partition::FindSlot(Bucket* head, uint16_t tag, std::string_view key, 
         BeginBucketWrite(head);
         SetSlot(&slot, 0);
         EndBucketWrite(head);
+        Changed(head);
         continue;
       }
       const ItemHeader* item = ItemAt(SlotOffset(slot));
@@ -206,29 +209,33 @@ uint64_t* Partition::ClaimSlot(Bucket* head) {
     // damaged memory could change.
     const uint64_t capacity = layout_.extra_bucket_count;
     uint32_t index;  // the extra bucket's index + 1
-    if (extra_pool_->free_head != 0 && extra_pool_->free_head <= capacity) {
-      index = extra_pool_->free_head;
-      extra_pool_->free_head = extra_buckets_[index - 1].next_extra;
-    } else if (extra_pool_->carved < capacity) {
-      index = ++extra_pool_->carved;
+    if (header_->extra_free_head != 0 && header_->extra_free_head <= capacity) {
+      index = header_->extra_free_head;
+      header_->extra_free_head = extra_buckets_[index - 1].next_extra;
+    } else if (header_->extra_carved < capacity) {
+      index = ++header_->extra_carved;
     } else {
       return nullptr;
     }
-    ++extra_pool_->in_use;
-    stats_.store.extra_buckets_in_use.Set(extra_pool_->in_use);
+    ++header_->extra_in_use;
+    Changed(header_);
+    stats_.store.extra_buckets_in_use.Set(header_->extra_in_use);
     Bucket* extra = &extra_buckets_[index - 1];
     BeginBucketWrite(head);
     extra->next_extra = 0;
     for (uint64_t& slot : extra->slots) SetSlot(&slot, 0);
     last->next_extra = index;
     EndBucketWrite(head);
+    Changed(head);
+    Changed(last);
+    Changed(extra);
     return &extra->slots[0];
   }
   uint64_t* oldest = nullptr;
   uint64_t oldest_age = 0;
   for (uint64_t& slot : head->slots) {
     if (slot == 0 || !IsAlive(SlotOffset(slot))) return &slot;
-    const uint64_t age = (tail_ - SlotOffset(slot)) & kSlotOffsetMask;
+    const uint64_t age = (header_->log_tail - SlotOffset(slot)) & kSlotOffsetMask;
     if (oldest == nullptr || age > oldest_age) {
       oldest = &slot;
       oldest_age = age;
@@ -258,17 +265,19 @@ void Partition::FillItem(ItemHeader* item, std::string_view key, uint64_t keyhas
     const uint64_t sum = ItemChecksum(item);
     std::memcpy(reinterpret_cast<uint8_t*>(item) + body_bytes, &sum, sizeof(sum));
   }
+  Changed(item, StoredItemBytes(item));
 }
 
 uint64_t Partition::Append(std::string_view key, uint64_t keyhash, std::string_view value,
                            uint64_t version) {
-  const uint64_t offset = tail_;
+  const uint64_t offset = header_->log_tail;
   const uint64_t position = offset & log_mask_;
   // The mirror makes [position, position + bytes) contiguous even past the ring's end.
   FillItem(reinterpret_cast<ItemHeader*>(log_ + position), key, keyhash, value, version);
   const uint64_t item_bytes = ItemBytes(key.size(), value.size(), Checksummed(value.size()));
   if (position + item_bytes >= layout_.log_bytes) stats_.log_wraps.Add();
-  tail_ += item_bytes;
+  header_->log_tail += item_bytes;
+  Changed(header_);
   return offset;
 }
 
@@ -326,11 +335,12 @@ Result Partition::WriteItem(Bucket* head, uint64_t* slot, uint16_t tag, std::str
 Result Partition::WriteCached(Bucket* head, uint64_t* slot, uint16_t tag, std::string_view key,
                               uint64_t keyhash, std::string_view value, uint64_t* version) {
   if (slot == nullptr) slot = ClaimSlot(head);  // evicts from a full bucket
-  *version = ++version_clock_;
+  *version = NextVersion();
   const uint64_t offset = Append(key, keyhash, value, *version);
   BeginBucketWrite(head);
   SetSlot(slot, MakeSlot(tag, offset));
   EndBucketWrite(head);
+  Changed(head);
   return Result::kOk;
 }
 

@@ -142,6 +142,18 @@ class Partition {
   const MirroredRegion& region() const { return region_; }
   // Store mode's allocator (nullptr in cache mode), for tests and reports. Owner thread only.
   const SlabAllocator* slab() const { return slab_ ? &*slab_ : nullptr; }
+  // Records every later change of the region's bytes (items, bucket lines, the header, the
+  // allocator's state) as offsets from region().base() in `changes` (nullptr: none, the
+  // default). Copying those ranges from this region to a replica's region of the same layout
+  // keeps the replica byte-identical (tests/mica/replication_test.cc); the caller clears it,
+  // and sizes it for what it lets pile up (a PUT adds up to about 10 ranges).
+  void set_change_recorder(DirtyRanges* changes);
+  // A replica's side, before it serves a single operation of its own (a promotion): takes over
+  // the state a primary left in this partition's region. Checks the header (magic, mode, extra
+  // pool sizes) against this partition's layout and, in store mode, attaches the allocator to
+  // the pool and checks the index and allocator agree (O(region)); republishes the gauges.
+  absl::Status ResumeFromRegion();
+
   // Store mode: walks the index and the allocator and checks that they agree (every slot names
   // a live block holding an intact item of its key's bucket and tag, no block is named twice,
   // the live blocks are exactly the slots' items, chains end, the extra pool's counts match).
@@ -153,6 +165,24 @@ class Partition {
             std::optional<SlabAllocator> slab);
 
   bool store_mode() const { return slab_.has_value(); }
+  // The change recorder's view (set_change_recorder): `bytes` at `p` in the region changed.
+  void Changed(const void* p, uint64_t bytes) {
+    if (changes_ != nullptr) [[unlikely]] {
+      changes_->Add(static_cast<uint64_t>(static_cast<const uint8_t*>(p) - region_.base()), bytes);
+    }
+  }
+  void Changed(const Bucket* bucket) { Changed(bucket, sizeof(Bucket)); }
+  void Changed(const PartitionHeader* header) { Changed(header, sizeof(PartitionHeader)); }
+  // The bucket line holding `slot` changed (buckets are cache-line aligned).
+  void SlotChanged(const uint64_t* slot) {
+    Changed(reinterpret_cast<const void*>(reinterpret_cast<uintptr_t>(slot) &
+                                          ~uintptr_t{kCacheLineBytes - 1}),
+            kCacheLineBytes);
+  }
+  uint64_t NextVersion() {
+    Changed(header_);
+    return ++header_->version_clock;
+  }
   // The main bucket of `keyhash`'s chain.
   Bucket* BucketFor(uint64_t keyhash) const { return &buckets_[keyhash & bucket_mask_]; }
   // The next bucket of a chain, or nullptr (always in cache mode; also for a link out of range,
@@ -166,7 +196,7 @@ class Partition {
   // rest of the item is bounded by InBounds before its key is compared).
   bool IsAlive(uint64_t slot_offset) const {
     if (store_mode()) return slot_offset >= pool_first_item_ && slot_offset <= pool_last_item_;
-    return ((tail_ - slot_offset) & kSlotOffsetMask) <= log_mask_ + 1;
+    return ((header_->log_tail - slot_offset) & kSlotOffsetMask) <= log_mask_ + 1;
   }
   const ItemHeader* ItemAt(uint64_t slot_offset) const {
     return reinterpret_cast<const ItemHeader*>(items_ + (slot_offset & item_mask_));
@@ -232,21 +262,20 @@ class Partition {
   MirroredRegion region_;
   PartitionLayout layout_;
   std::optional<SlabAllocator> slab_;  // store mode
+  PartitionHeader* header_;            // at the region's start: clock, tail, extra pool
   Bucket* buckets_;
   uint64_t bucket_mask_;
-  ExtraPoolHeader* extra_pool_ = nullptr;  // store mode
-  Bucket* extra_buckets_ = nullptr;        // store mode
-  uint8_t* log_;                           // the ring: the log, or the slab pool
-  uint64_t log_mask_;                      // cache mode
-  uint8_t* items_;                         // where slot offsets point: log_ in both modes
-  uint64_t item_mask_;                     // log_mask_, or all ones (a pool offset is exact)
+  Bucket* extra_buckets_ = nullptr;  // store mode
+  uint8_t* log_;                     // the ring: the log, or the slab pool
+  uint64_t log_mask_;                // cache mode
+  uint8_t* items_;                   // where slot offsets point: log_ in both modes
+  uint64_t item_mask_;               // log_mask_, or all ones (a pool offset is exact)
   // Store mode: the first and last pool offsets where an item's header fits.
   uint64_t pool_first_item_ = 0;
   uint64_t pool_last_item_ = 0;
   // Store mode: the most buckets a chain walk visits (a longer one is a cycle in damaged memory).
   uint64_t max_chain_ = 1;
-  uint64_t tail_ = 0;           // virtual log offset of the next append
-  uint64_t version_clock_ = 0;  // last version handed out
+  DirtyRanges* changes_ = nullptr;  // set_change_recorder
   PartitionStats stats_;
 };
 

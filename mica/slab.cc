@@ -165,7 +165,7 @@ void DirtyRanges::Add(uint64_t offset, uint64_t bytes) {
       return;
     }
   }
-  if (count_ < kCapacity) {
+  if (count_ < ranges_.size()) {
     ranges_[count_++] = ByteRange{offset, bytes};
     return;
   }

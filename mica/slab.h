@@ -35,6 +35,7 @@
 #include <bit>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -96,7 +97,10 @@ struct ByteRange {
 };
 class DirtyRanges {
  public:
-  static constexpr int kCapacity = 64;
+  static constexpr size_t kDefaultCapacity = 64;
+
+  // Storage for `capacity` ranges is allocated here, once: Add never allocates.
+  explicit DirtyRanges(size_t capacity = kDefaultCapacity) : ranges_(capacity) {}
 
   void Add(uint64_t offset, uint64_t bytes);
   void Clear() {
@@ -105,9 +109,10 @@ class DirtyRanges {
   }
   absl::Span<const ByteRange> ranges() const { return {ranges_.data(), count_}; }
   bool overflowed() const { return overflowed_; }
+  size_t capacity() const { return ranges_.size(); }
 
  private:
-  std::array<ByteRange, kCapacity> ranges_;
+  std::vector<ByteRange> ranges_;
   size_t count_ = 0;
   bool overflowed_ = false;
 };
@@ -188,8 +193,12 @@ class SlabAllocator {
   // block) is also added to `ranges` (nullptr: none, the default); copying those ranges to a
   // replica keeps it an identical allocator. The caller clears it (per operation: at most 12
   // ranges; per batch if it has room). Format's own writes are not reported: a replica starts
-  // from a full copy.
-  void set_dirty_ranges(DirtyRanges* ranges) { dirty_ = ranges; }
+  // from a full copy. `bias` is added to every offset reported (the allocator's span inside a
+  // larger region: ranges then name region offsets).
+  void set_dirty_ranges(DirtyRanges* ranges, uint64_t bias = 0) {
+    dirty_ = ranges;
+    dirty_bias_ = bias;
+  }
 
   SlabStats Stats() const;
   // Walks the header, every descriptor and every list: runs tile the pages, free runs are
@@ -218,7 +227,8 @@ class SlabAllocator {
   // Reports a change of `bytes` bytes at `p` (inside the region) to the dirty recorder, if any.
   void Dirty(const void* p, uint64_t bytes) {
     if (dirty_ != nullptr) [[unlikely]] {
-      dirty_->Add(static_cast<uint64_t>(static_cast<const uint8_t*>(p) - base_), bytes);
+      dirty_->Add(dirty_bias_ + static_cast<uint64_t>(static_cast<const uint8_t*>(p) - base_),
+                  bytes);
     }
   }
   template <typename T>
@@ -256,6 +266,7 @@ class SlabAllocator {
   uint64_t page_count_ = 0;
   uint64_t data_offset_ = 0;
   DirtyRanges* dirty_ = nullptr;
+  uint64_t dirty_bias_ = 0;
   uint64_t rejected_frees_ = 0;  // diagnostics of this handle, not allocator state
 };
 

@@ -18,10 +18,11 @@ Result Partition::WriteStored(Bucket* head, uint64_t* slot, uint16_t tag, std::s
     // The same block size: rewrite in place, so an overwrite at a full pool still succeeds. A
     // reader outside this core sees the chain's version change around it; a one-sided reader's
     // copy fails its checksum or names the new version (remote_item.h).
-    *version = ++version_clock_;
+    *version = NextVersion();
     BeginBucketWrite(head);
     FillItem(MutableItemAt(old_block), key, keyhash, value, *version, block_code);
     EndBucketWrite(head);
+    Changed(head);
     return Result::kOk;
   }
   // A new key, or a size change: the item moves to a new block. A new key's slot is checked for
@@ -44,12 +45,14 @@ Result Partition::WriteStored(Bucket* head, uint64_t* slot, uint16_t tag, std::s
     stats_.no_memory_index.Add();
     return Result::kNoMemory;
   }
-  *version = ++version_clock_;
+  *version = NextVersion();
   // No slot names the block yet: readers cannot reach these bytes until the swing below.
   FillItem(MutableItemAt(block), key, keyhash, value, *version, block_code);
   BeginBucketWrite(head);
   SetSlot(target, MakeSlot(tag, block));
   EndBucketWrite(head);
+  Changed(head);
+  SlotChanged(target);
   PublishStoreGauges(slab_->BlockBytes(block));
   if (slot != nullptr) {
     stats_.moves.Add();
@@ -84,9 +87,9 @@ bool Partition::CanClaimSlot(Bucket* head) const {
     bucket = NextInChain(bucket);
   }
   if (bucket != nullptr) return false;  // a cyclic chain (damaged memory)
-  const uint32_t free_head = extra_pool_->free_head;
+  const uint32_t free_head = header_->extra_free_head;
   return (free_head != 0 && free_head <= layout_.extra_bucket_count) ||
-         extra_pool_->carved < layout_.extra_bucket_count;
+         header_->extra_carved < layout_.extra_bucket_count;
 }
 
 void Partition::ReleaseSlot(Bucket* head, uint64_t* slot) {
@@ -107,18 +110,23 @@ void Partition::ReleaseSlot(Bucket* head, uint64_t* slot) {
   }
   BeginBucketWrite(head);
   SetSlot(slot, 0);
+  SlotChanged(slot);
   if (bucket != nullptr && prev != nullptr) {  // an extra bucket: return it once it is empty
     bool empty = true;
     for (const uint64_t s : bucket->slots) empty = empty && s == 0;
     if (empty) {
       prev->next_extra = bucket->next_extra;
-      bucket->next_extra = extra_pool_->free_head;
-      extra_pool_->free_head = static_cast<uint32_t>(bucket - extra_buckets_) + 1;
-      --extra_pool_->in_use;
-      stats_.store.extra_buckets_in_use.Set(extra_pool_->in_use);
+      bucket->next_extra = header_->extra_free_head;
+      header_->extra_free_head = static_cast<uint32_t>(bucket - extra_buckets_) + 1;
+      --header_->extra_in_use;
+      Changed(prev);
+      Changed(bucket);
+      Changed(header_);
+      stats_.store.extra_buckets_in_use.Set(header_->extra_in_use);
     }
   }
   EndBucketWrite(head);
+  Changed(head);
 }
 
 void Partition::FreeBlock(uint64_t offset) {
@@ -143,6 +151,39 @@ void Partition::PublishStoreGauges(uint64_t block_bytes) {
   g.free_pages.Set(pages.free_pages);
   g.large_blocks.Set(pages.large_blocks);
   g.large_pages.Set(pages.large_pages);
+}
+
+void Partition::set_change_recorder(DirtyRanges* changes) {
+  changes_ = changes;
+  if (store_mode()) {
+    // The allocator reports offsets in its pool: bias them to the region's.
+    slab_->set_dirty_ranges(changes, static_cast<uint64_t>(region_.ring() - region_.base()));
+  }
+}
+
+absl::Status Partition::ResumeFromRegion() {
+  if (header_->magic != kPartitionMagic || header_->mode != static_cast<uint32_t>(layout_.mode) ||
+      header_->extra_capacity != layout_.extra_bucket_count) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the region's partition header (magic ", header_->magic, ", mode ", header_->mode, ", ",
+        header_->extra_capacity, " extra buckets) is not this partition's (",
+        std::string(StoreModeName(layout_.mode)), " mode, ", layout_.extra_bucket_count,
+        " extra buckets)"));
+  }
+  if (!store_mode()) return absl::OkStatus();
+  // A fresh handle on the pool as the primary left it (the allocator's state is all in it).
+  absl::StatusOr<SlabAllocator> attached =
+      SlabAllocator::Attach(absl::MakeSpan(region_.ring(), layout_.pool_bytes));
+  if (!attached.ok()) return attached.status();
+  slab_.emplace(*std::move(attached));
+  set_change_recorder(changes_);
+  std::string why;
+  if (!CheckStoreInvariants(&why)) {
+    return absl::DataLossError(absl::StrCat("the replicated store is inconsistent: ", why));
+  }
+  for (int c = 0; c < kSlabClassCount; ++c) PublishStoreGauges(SlabClassBytes(c));
+  stats_.store.extra_buckets_in_use.Set(header_->extra_in_use);
+  return absl::OkStatus();
 }
 
 bool Partition::CheckStoreInvariants(std::string* why) const {
@@ -194,7 +235,7 @@ bool Partition::CheckStoreInvariants(std::string* why) const {
           return false;
         }
         if (bucket != head &&
-            static_cast<uint64_t>(bucket - extra_buckets_) >= extra_pool_->carved) {
+            static_cast<uint64_t>(bucket - extra_buckets_) >= header_->extra_carved) {
           *why = absl::StrCat("bucket ", b, " links extra bucket ", bucket - extra_buckets_,
                               " that was never carved");
           return false;
@@ -215,23 +256,23 @@ bool Partition::CheckStoreInvariants(std::string* why) const {
                         " slots: a block was leaked or freed while named");
     return false;
   }
-  if (linked.size() != extra_pool_->in_use) {
+  if (linked.size() != header_->extra_in_use) {
     *why = absl::StrCat(linked.size(), " extra buckets in chains, the pool says ",
-                        extra_pool_->in_use);
+                        header_->extra_in_use);
     return false;
   }
   uint64_t free_listed = 0;
-  for (uint32_t next = extra_pool_->free_head; next != 0;
+  for (uint32_t next = header_->extra_free_head; next != 0;
        next = extra_buckets_[next - 1].next_extra) {
-    if (next > extra_pool_->carved || linked.contains(&extra_buckets_[next - 1]) ||
-        ++free_listed > extra_pool_->carved) {
+    if (next > header_->extra_carved || linked.contains(&extra_buckets_[next - 1]) ||
+        ++free_listed > header_->extra_carved) {
       *why = "the extra pool's free list is out of range, cyclic, or holds a linked bucket";
       return false;
     }
   }
-  if (free_listed + extra_pool_->in_use != extra_pool_->carved) {
-    *why = absl::StrCat("extra buckets: ", free_listed, " free + ", extra_pool_->in_use,
-                        " in use != ", extra_pool_->carved, " carved");
+  if (free_listed + header_->extra_in_use != header_->extra_carved) {
+    *why = absl::StrCat("extra buckets: ", free_listed, " free + ", header_->extra_in_use,
+                        " in use != ", header_->extra_carved, " carved");
     return false;
   }
   return true;

@@ -579,11 +579,11 @@ TEST(DirtyRangesTest, MergesAndNeverLosesARange) {
   EXPECT_EQ(dirty.ranges()[0].offset, 100u);
   EXPECT_EQ(dirty.ranges()[0].bytes, 16u);
   dirty.Clear();
-  for (int i = 0; i < DirtyRanges::kCapacity; ++i) dirty.Add(uint64_t(i) * 1000, 8);
+  for (size_t i = 0; i < DirtyRanges::kDefaultCapacity; ++i) dirty.Add(uint64_t(i) * 1000, 8);
   EXPECT_FALSE(dirty.overflowed());
   dirty.Add(5010, 8);  // full: merged into the nearest (5000)
   EXPECT_TRUE(dirty.overflowed());
-  ASSERT_EQ(dirty.ranges().size(), static_cast<size_t>(DirtyRanges::kCapacity));
+  ASSERT_EQ(dirty.ranges().size(), static_cast<size_t>(DirtyRanges::kDefaultCapacity));
   bool covered = false;
   for (const ByteRange& r : dirty.ranges()) {
     covered |= r.offset <= 5010 && r.offset + r.bytes >= 5018;
