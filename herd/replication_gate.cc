@@ -1,0 +1,214 @@
+#include "herd/replication_gate.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_format.h"
+#include "glog/logging.h"
+
+namespace herd {
+namespace {
+
+// A completion's wr_id: the link's index above, the batch below.
+constexpr int kLinkShift = 48;
+constexpr uint64_t kBatchMask = (uint64_t{1} << kLinkShift) - 1;
+// Completions taken per poll.
+constexpr size_t kPollBatch = 32;
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ReplicationGate>> ReplicationGate::Create(
+    mica::Partition* partition, uint32_t region_lkey, transport::CompletionQueue* cq,
+    std::vector<BackupLink> links, const ReplicationOptions& options) {
+  if (partition == nullptr || cq == nullptr) {
+    return absl::InvalidArgumentError("a replication gate needs a partition and a CQ");
+  }
+  if (options.max_ranges_per_batch == 0 || options.max_batches_in_flight == 0) {
+    return absl::InvalidArgumentError(
+        "max_ranges_per_batch and max_batches_in_flight must be >= 1");
+  }
+  if (links.size() >= (size_t{1} << (64 - kLinkShift))) {
+    return absl::InvalidArgumentError("too many backups for one gate");
+  }
+  const uint64_t needed = uint64_t{options.max_ranges_per_batch} * options.max_batches_in_flight;
+  for (const BackupLink& link : links) {
+    if (link.qp == nullptr || link.qp->config().type != transport::QpType::kRc) {
+      return absl::InvalidArgumentError("every backup link needs an RC QP");
+    }
+    if (link.qp->config().send_cq != cq) {
+      return absl::InvalidArgumentError("every backup link's send CQ must be the gate's CQ");
+    }
+    if (link.qp->config().max_send_wr < needed) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "a backup link's send queue holds %d WRs; %d ranges x %d batches in flight need %d",
+          link.qp->config().max_send_wr, options.max_ranges_per_batch,
+          options.max_batches_in_flight, needed));
+    }
+  }
+  return std::unique_ptr<ReplicationGate>(
+      new ReplicationGate(partition, region_lkey, cq, std::move(links), options));
+}
+
+ReplicationGate::ReplicationGate(mica::Partition* partition, uint32_t region_lkey,
+                                 transport::CompletionQueue* cq, std::vector<BackupLink> links,
+                                 const ReplicationOptions& options)
+    : partition_(partition),
+      region_lkey_(region_lkey),
+      region_base_(reinterpret_cast<uint64_t>(partition->region().base())),
+      cq_(cq),
+      options_(options),
+      changes_(options.max_ranges_per_batch),
+      wrs_(options.max_ranges_per_batch),
+      sges_(options.max_ranges_per_batch),
+      completions_(kPollBatch),
+      held_ring_(std::max<uint32_t>(options.held_reserve, 1)) {
+  for (BackupLink& backup : links) links_.push_back(Link{backup});
+  live_ = static_cast<uint32_t>(links_.size());
+  // The chain, prepared once: WRITEs, one SGE each, linked; per batch only the addresses,
+  // lengths, the chain's end and its signaled WR change.
+  for (size_t i = 0; i < wrs_.size(); ++i) {
+    transport::SendWr& wr = wrs_[i];
+    wr.opcode = transport::Opcode::kWrite;
+    wr.sg_list = &sges_[i];
+    wr.num_sge = 1;
+    sges_[i].lkey = region_lkey_;
+  }
+  partition_->set_change_recorder(&changes_);
+}
+
+ReplicationGate::~ReplicationGate() { partition_->set_change_recorder(nullptr); }
+
+bool ReplicationGate::Hold(const ExecutedMutation& mutation) {
+  if (held_count_ == held_ring_.size()) {
+    // More held at once than ever: grow (the only allocation, past the high-water mark).
+    std::vector<Held> bigger(held_ring_.size() * 2);
+    for (size_t i = 0; i < held_count_; ++i) bigger[i] = HeldAt(i);
+    held_ring_ = std::move(bigger);
+    held_head_ = 0;
+  }
+  held_ring_[(held_head_ + held_count_) % held_ring_.size()] = Held{mutation.id, kUnposted};
+  ++held_count_;
+  unposted_held_ = true;
+  return true;
+}
+
+void ReplicationGate::EndBatch() {
+  if (!PostPending()) ++counters_.deferred;
+}
+
+bool ReplicationGate::PostPending() {
+  if (changes_.ranges().empty()) {
+    // Nothing to write: what is held waits for the batches already posted.
+    if (unposted_held_) {
+      for (size_t i = held_count_; i-- > 0;) {
+        Held& h = HeldAt(i);
+        if (h.batch != kUnposted) break;
+        h.batch = last_posted_;
+      }
+      unposted_held_ = false;
+    }
+    return true;
+  }
+  for (const Link& link : links_) {
+    if (link.live &&
+        link.posted_through - link.completed_through >= options_.max_batches_in_flight) {
+      return false;  // that backup's window is full: keep accumulating
+    }
+  }
+  const uint64_t batch = last_posted_ + 1;
+  const absl::Span<const mica::ByteRange> ranges = changes_.ranges();
+  const size_t n = ranges.size();
+  uint64_t bytes = 0;
+  for (size_t i = 0; i < n; ++i) {
+    sges_[i].addr = region_base_ + ranges[i].offset;
+    sges_[i].length = static_cast<uint32_t>(ranges[i].bytes);
+    bytes += ranges[i].bytes;
+    wrs_[i].next = i + 1 < n ? &wrs_[i + 1] : nullptr;
+    wrs_[i].flags = i + 1 < n ? 0u : static_cast<uint32_t>(transport::kSignaled);
+  }
+  for (size_t l = 0; l < links_.size(); ++l) {
+    Link& link = links_[l];
+    if (!link.live) continue;
+    // Every WR names its link: a failed QP flushes the unsignaled ones with error completions
+    // too, and each must blame its own link.
+    const uint64_t wr_id = (uint64_t{l} << kLinkShift) | batch;
+    for (size_t i = 0; i < n; ++i) {
+      wrs_[i].remote_addr = link.backup.region_addr + ranges[i].offset;
+      wrs_[i].rkey = link.backup.rkey;
+      wrs_[i].wr_id = wr_id;
+    }
+    transport::SendWr* bad = nullptr;
+    if (absl::Status s = link.backup.qp->PostSend(wrs_.data(), &bad); !s.ok()) {
+      LOG(WARNING) << "replication: dropping backup " << l << ": " << s;
+      DropLink(link);
+      continue;
+    }
+    link.posted_through = batch;
+    counters_.writes_posted += n;
+    counters_.bytes_posted += bytes;
+  }
+  changes_.Clear();
+  last_posted_ = batch;
+  ++counters_.batches_posted;
+  if (unposted_held_) {
+    for (size_t i = held_count_; i-- > 0;) {
+      Held& h = HeldAt(i);
+      if (h.batch != kUnposted) break;
+      h.batch = batch;
+    }
+    unposted_held_ = false;
+  }
+  return true;
+}
+
+void ReplicationGate::DropLink(Link& link) {
+  if (!link.live) return;
+  link.live = false;
+  --live_;
+  ++counters_.links_dropped;
+}
+
+uint64_t ReplicationGate::ReleasableThrough() const {
+  uint64_t through = last_posted_;  // with no live backup, everything posted is safe
+  for (const Link& link : links_) {
+    if (link.live) through = std::min(through, link.completed_through);
+  }
+  return through;
+}
+
+uint32_t ReplicationGate::Release(absl::Span<HeldId> released) {
+  for (;;) {
+    const size_t got = cq_->Poll(absl::MakeSpan(completions_));
+    for (size_t i = 0; i < got; ++i) {
+      const transport::Completion& c = completions_[i];
+      const uint64_t l = c.wr_id >> kLinkShift;
+      if (l >= links_.size()) continue;
+      Link& link = links_[l];
+      if (c.status != transport::CompletionStatus::kSuccess) {
+        if (link.live) {
+          LOG(WARNING) << "replication: dropping backup " << l << ": a WRITE completed with status "
+                       << static_cast<int>(c.status);
+        }
+        DropLink(link);
+        continue;
+      }
+      // RC completes in order: this batch's chain and every one before it are placed.
+      link.completed_through = std::max(link.completed_through, c.wr_id & kBatchMask);
+    }
+    if (got < completions_.size()) break;
+  }
+  if (!changes_.ranges().empty() && !PostPending()) ++counters_.deferred;
+  const uint64_t through = ReleasableThrough();
+  uint32_t n = 0;
+  while (n < released.size() && held_count_ > 0) {
+    const Held& h = held_ring_[held_head_];
+    if (h.batch == kUnposted || h.batch > through) break;
+    released[n++] = h.id;
+    held_head_ = (held_head_ + 1) % held_ring_.size();
+    --held_count_;
+  }
+  counters_.released += n;
+  return n;
+}
+
+}  // namespace herd

@@ -1,0 +1,286 @@
+// The replication gate (herd/replication_gate.h) between a primary partition and backup
+// partitions on the shm fabric, in one process: every answer the gate releases is for a
+// mutation every live backup already holds (the backup's region is then byte-identical to the
+// primary's), on the synchronous fabric and on the asynchronous one where WRITEs execute late;
+// one doorbell per backup per batch; a failing backup is dropped and the rest go on.
+#include "herd/replication_gate.h"
+
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "gtest/gtest.h"
+#include "mica/keyhash.h"
+#include "mica/partition.h"
+#include "tests/transport/fabric_fixture.h"
+
+namespace herd {
+namespace {
+
+using transport::testing::ConnectPair;
+using transport::testing::kCompletionDeadline;
+using transport::testing::MakeNode;
+using transport::testing::MakeQp;
+using transport::testing::Node;
+
+constexpr uint32_t kMaxValue = 1024;
+constexpr int kKeys = 200;
+constexpr int kMaxBatch = 16;
+constexpr uint32_t kLinkSendQueue = 512;  // >= max_ranges_per_batch x max_batches_in_flight
+constexpr uint32_t kAsyncDelayUs = 500;   // the asynchronous fabric: WRITEs execute this late
+
+mica::PartitionConfig ConfigFor(mica::StoreMode mode) {
+  mica::PartitionConfig config;
+  config.mode = mode;
+  config.log_bytes = 256 << 10;
+  config.pool_bytes = 512 << 10;
+  config.bucket_count = 16;
+  config.extra_bucket_count = 64;
+  config.max_value_bytes = kMaxValue;
+  config.checksum_from_value_bytes = 0;
+  config.try_hugepages = false;
+  return config;
+}
+
+uint64_t RegionBytes(const mica::Partition& p) {
+  return p.region().head_bytes() + p.region().ring_bytes();
+}
+
+// A primary partition, its backups, the links between them and the gate.
+class Replicated {
+ public:
+  bool Open(mica::StoreMode mode, const std::string& backend, int backups,
+            const ReplicationOptions& options, const std::string& fabric) {
+    transport::FaultOptions faults;
+    if (backend == "shm_async") faults.delay_us = kAsyncDelayUs;
+    primary_node_ = MakeNode(backend, transport::testing::kAllAccess, 4096, fabric, faults);
+    if (primary_node_ == nullptr) return false;
+    auto primary = mica::Partition::Create(ConfigFor(mode));
+    if (!primary.ok()) return false;
+    primary_ = *std::move(primary);
+    auto mr = primary_node_->pd->RegisterMemory(
+        primary_->region().base(), primary_->region().mapped_bytes(), transport::kLocalWrite);
+    EXPECT_TRUE(mr.ok()) << mr.status();
+    if (!mr.ok()) return false;
+    primary_mr_ = *std::move(mr);
+    std::vector<BackupLink> links;
+    for (int b = 0; b < backups; ++b) {
+      Backup backup;
+      backup.node = MakeNode(backend, transport::testing::kAllAccess, 4096, fabric, faults);
+      auto partition = mica::Partition::Create(ConfigFor(mode));
+      if (backup.node == nullptr || !partition.ok()) return false;
+      backup.partition = *std::move(partition);
+      auto backup_mr = backup.node->pd->RegisterMemory(
+          backup.partition->region().base(), backup.partition->region().mapped_bytes(),
+          transport::kLocalWrite | transport::kRemoteWrite);
+      EXPECT_TRUE(backup_mr.ok()) << backup_mr.status();
+      if (!backup_mr.ok()) return false;
+      backup.mr = *std::move(backup_mr);
+      backup.link_qp = MakeQp(*primary_node_, transport::QpType::kRc, kLinkSendQueue);
+      backup.qp = MakeQp(*backup.node, transport::QpType::kRc);
+      ConnectPair(*backup.link_qp, *backup.qp);
+      links.push_back(BackupLink{backup.link_qp.get(),
+                                 reinterpret_cast<uint64_t>(backup.partition->region().base()),
+                                 backup.mr->rkey()});
+      backups_.push_back(std::move(backup));
+    }
+    auto gate = ReplicationGate::Create(primary_.get(), primary_mr_->lkey(),
+                                        primary_node_->send_cq.get(), links, options);
+    EXPECT_TRUE(gate.ok()) << gate.status();
+    if (!gate.ok()) return false;
+    gate_ = *std::move(gate);
+    return true;
+  }
+
+  // Runs a random batch on the primary and offers its mutations to the gate; returns how many
+  // were held.
+  size_t RunBatch(std::mt19937_64& rng, uint64_t round) {
+    const int n = 1 + static_cast<int>(rng() % kMaxBatch);
+    keys_.assign(n, "");
+    values_.assign(n, "");
+    requests_.assign(n, mica::Request{});
+    responses_.resize(n);
+    outs_.resize(kMaxBatch, std::vector<char>(kMaxValue));
+    for (int i = 0; i < n; ++i) {
+      keys_[i] = absl::StrCat("key", rng() % kKeys);
+      values_[i] = std::string(rng() % 4 == 0 ? rng() % kMaxValue : rng() % 64,
+                               static_cast<char>('a' + (round + i) % 26));
+      mica::Request& r = requests_[i];
+      r.op = static_cast<mica::OpCode>(rng() % 5);
+      r.key = keys_[i];
+      r.keyhash = mica::KeyHash(keys_[i]);
+      r.value = values_[i];
+      r.expected_version = rng() % 2 ? 0 : rng() % (round * 4 + 1);
+      r.value_out = outs_[i].data();
+      r.value_out_bytes = kMaxValue;
+    }
+    primary_->ExecuteBatch(requests_, absl::MakeSpan(responses_));
+    size_t held = 0;
+    for (int i = 0; i < n; ++i) {
+      if (requests_[i].op == mica::OpCode::kGet) continue;
+      ExecutedMutation m;
+      m.id = HeldId{0, static_cast<uint32_t>(i), 1, ++seq_};
+      m.keyhash = requests_[i].keyhash;
+      m.version = responses_[i].version;
+      held += gate_->Hold(m);
+    }
+    gate_->EndBatch();
+    return held;
+  }
+
+  // Releases until `count` answers came back (a deadline, never a sleep); false if they did not.
+  bool ReleaseAll(size_t count) {
+    std::vector<HeldId> released(64);
+    const absl::Time give_up = absl::Now() + kCompletionDeadline;
+    size_t got = 0;
+    while (got < count) {
+      got += gate_->Release(absl::MakeSpan(released));
+      if (absl::Now() > give_up) return false;
+    }
+    return true;
+  }
+
+  bool BackupIdentical(int b) const {
+    return std::memcmp(primary_->region().base(), backups_[b].partition->region().base(),
+                       RegionBytes(*primary_)) == 0;
+  }
+
+  ReplicationGate& gate() { return *gate_; }
+  mica::Partition& primary() { return *primary_; }
+  transport::QueuePair& link_qp(int b) { return *backups_[b].link_qp; }
+  transport::QueuePair& backup_qp(int b) { return *backups_[b].qp; }
+  mica::Partition& backup(int b) { return *backups_[b].partition; }
+
+ private:
+  struct Backup {
+    std::unique_ptr<Node> node;
+    std::unique_ptr<mica::Partition> partition;
+    std::unique_ptr<transport::MemoryRegion> mr;
+    std::unique_ptr<transport::QueuePair> link_qp;  // the primary's end
+    std::unique_ptr<transport::QueuePair> qp;       // the backup's end
+  };
+  std::unique_ptr<Node> primary_node_;
+  std::unique_ptr<mica::Partition> primary_;
+  std::unique_ptr<transport::MemoryRegion> primary_mr_;
+  std::vector<Backup> backups_;  // declared after the node: destroyed first
+  std::unique_ptr<ReplicationGate> gate_;
+  std::vector<std::string> keys_, values_;
+  std::vector<mica::Request> requests_;
+  std::vector<mica::Response> responses_;
+  std::vector<std::vector<char>> outs_;
+  uint64_t seq_ = 0;
+
+ public:
+  ~Replicated() {
+    gate_.reset();  // stops the recording before the partition goes
+  }
+};
+
+using Params = std::tuple<mica::StoreMode, std::string>;
+class ReplicationGateTest : public ::testing::TestWithParam<Params> {};
+
+// One batch at a time: once its answers are released, both backups' regions equal the
+// primary's. On the asynchronous fabric the WRITEs execute 500 us after their post, so an
+// answer released before its WRITEs completed would find a backup still behind.
+TEST_P(ReplicationGateTest, ReleasedAnswersAreAtEveryBackup) {
+  const auto [mode, backend] = GetParam();
+  Replicated r;
+  ASSERT_TRUE(r.Open(
+      mode, backend, 2, ReplicationOptions{},
+      absl::StrCat("gate-", getpid(), "-", backend, "-", std::string(mica::StoreModeName(mode)))));
+  std::mt19937_64 rng(7);
+  const int rounds = backend == "shm_async" ? 150 : 600;
+  for (int round = 1; round <= rounds; ++round) {
+    const size_t held = r.RunBatch(rng, round);
+    ASSERT_TRUE(r.ReleaseAll(held)) << "round " << round << ": answers never released";
+    ASSERT_TRUE(r.BackupIdentical(0)) << "round " << round << ": released before backup 0 had it";
+    ASSERT_TRUE(r.BackupIdentical(1)) << "round " << round << ": released before backup 1 had it";
+  }
+  // Verb economy: one doorbell per backup per batch that changed something, every WRITE one
+  // range; nothing posted twice.
+  const ReplicationCounters& c = r.gate().counters();
+  EXPECT_EQ(r.link_qp(0).counters().doorbells.Get(), c.batches_posted);
+  EXPECT_EQ(r.link_qp(0).counters().wrs.Get() + r.link_qp(1).counters().wrs.Get(), c.writes_posted);
+  EXPECT_EQ(r.link_qp(0).counters().signaled_wrs.Get(), c.batches_posted);
+  EXPECT_EQ(r.gate().live_backups(), 2u);
+  EXPECT_EQ(c.links_dropped, 0u);
+  // A promoted backup continues as the primary would.
+  ASSERT_TRUE(r.backup(0).ResumeFromRegion().ok());
+}
+
+// Several batches before any release: at most max_batches_in_flight are posted per backup,
+// later ones accumulate, and all are released once the WRITEs complete.
+TEST_P(ReplicationGateTest, AFullWindowDefersAndLosesNothing) {
+  const auto [mode, backend] = GetParam();
+  Replicated r;
+  ReplicationOptions options;
+  options.max_batches_in_flight = 2;
+  ASSERT_TRUE(r.Open(mode, backend, 1, options,
+                     absl::StrCat("gate-window-", getpid(), "-", backend, "-",
+                                  std::string(mica::StoreModeName(mode)))));
+  std::mt19937_64 rng(9);
+  for (int burst = 0; burst < 40; ++burst) {
+    size_t held = 0;
+    for (int b = 0; b < 6; ++b) held += r.RunBatch(rng, burst * 6 + b + 1);
+    ASSERT_TRUE(r.ReleaseAll(held)) << "burst " << burst;
+    ASSERT_TRUE(r.BackupIdentical(0)) << "burst " << burst;
+  }
+  EXPECT_GT(r.gate().counters().deferred, 0u) << "the window never filled";
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    ModesAndFabrics, ReplicationGateTest,
+    ::testing::Combine(::testing::Values(mica::StoreMode::kCache, mica::StoreMode::kStore),
+                       ::testing::Values(std::string("shm"), std::string("shm_async"))),
+    [](const ::testing::TestParamInfo<Params>& info) {
+      return std::string(mica::StoreModeName(std::get<0>(info.param))) + "_" +
+             (std::get<1>(info.param) == "shm" ? "sync" : "async");
+    });
+
+// A backup whose QP breaks: its WRITEs fail, it is dropped, and the other backup (and the
+// answers) go on.
+TEST(ReplicationGate, ABrokenBackupIsDroppedAndTheRestGoOn) {
+  Replicated r;
+  ASSERT_TRUE(r.Open(mica::StoreMode::kStore, "shm", 2, ReplicationOptions{},
+                     absl::StrCat("gate-drop-", getpid())));
+  std::mt19937_64 rng(3);
+  for (int round = 1; round <= 20; ++round) ASSERT_TRUE(r.ReleaseAll(r.RunBatch(rng, round)));
+  r.link_qp(1).SetError();
+  for (int round = 21; round <= 60; ++round) {
+    ASSERT_TRUE(r.ReleaseAll(r.RunBatch(rng, round))) << "round " << round;
+    ASSERT_TRUE(r.BackupIdentical(0)) << "round " << round;
+  }
+  EXPECT_EQ(r.gate().live_backups(), 1u);
+  EXPECT_EQ(r.gate().counters().links_dropped, 1u);
+  EXPECT_FALSE(r.BackupIdentical(1));
+}
+
+TEST(ReplicationGate, CreateRefusesLinksItCannotUse) {
+  auto node =
+      MakeNode("shm", transport::testing::kAllAccess, 4096, absl::StrCat("gate-create-", getpid()));
+  ASSERT_NE(node, nullptr);
+  auto partition = mica::Partition::Create(ConfigFor(mica::StoreMode::kCache));
+  ASSERT_TRUE(partition.ok());
+  auto small_queue = MakeQp(*node, transport::QpType::kRc, 16);
+  auto uc = MakeQp(*node, transport::QpType::kUc, kLinkSendQueue);
+  const auto create = [&](transport::QueuePair* qp) {
+    return ReplicationGate::Create(partition->get(), 0, node->send_cq.get(), {BackupLink{qp, 0, 0}},
+                                   ReplicationOptions{})
+        .status();
+  };
+  EXPECT_EQ(create(small_queue.get()).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(create(small_queue.get()).message().find("send queue"), std::string::npos);
+  EXPECT_EQ(create(uc.get()).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ReplicationGate::Create(partition->get(), 0, nullptr, {}, ReplicationOptions{})
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace herd
