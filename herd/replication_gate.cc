@@ -1,6 +1,7 @@
 #include "herd/replication_gate.h"
 
 #include <algorithm>
+#include <cstring>
 #include <utility>
 
 #include "absl/strings/str_format.h"
@@ -18,14 +19,16 @@ constexpr size_t kPollBatch = 32;
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<ReplicationGate>> ReplicationGate::Create(
-    mica::Partition* partition, uint32_t region_lkey, transport::CompletionQueue* cq,
+    mica::Partition* partition, transport::ProtectionDomain* pd, transport::CompletionQueue* cq,
     std::vector<BackupLink> links, const ReplicationOptions& options) {
-  if (partition == nullptr || cq == nullptr) {
-    return absl::InvalidArgumentError("a replication gate needs a partition and a CQ");
+  if (partition == nullptr || pd == nullptr || cq == nullptr) {
+    return absl::InvalidArgumentError("a replication gate needs a partition, a PD and a CQ");
   }
-  if (options.max_ranges_per_batch == 0 || options.max_batches_in_flight == 0) {
+  if (options.max_ranges_per_batch == 0 || options.max_batches_in_flight == 0 ||
+      options.staging_bytes == 0 || options.staging_bytes > UINT32_MAX) {
     return absl::InvalidArgumentError(
-        "max_ranges_per_batch and max_batches_in_flight must be >= 1");
+        "max_ranges_per_batch and max_batches_in_flight must be >= 1, staging_bytes in 1..2^32-1 "
+        "(one WRITE's length)");
   }
   if (links.size() >= (size_t{1} << (64 - kLinkShift))) {
     return absl::InvalidArgumentError("too many backups for one gate");
@@ -45,16 +48,25 @@ absl::StatusOr<std::unique_ptr<ReplicationGate>> ReplicationGate::Create(
           options.max_batches_in_flight, needed));
     }
   }
-  return std::unique_ptr<ReplicationGate>(
-      new ReplicationGate(partition, region_lkey, cq, std::move(links), options));
+  absl::StatusOr<transport::SharedMemory> staging =
+      transport::SharedMemory::Allocate(options.staging_bytes, "herd-replication-staging");
+  if (!staging.ok()) return staging.status();
+  absl::StatusOr<std::unique_ptr<transport::MemoryRegion>> mr =
+      pd->RegisterMemory(staging->data(), options.staging_bytes, transport::kLocalWrite);
+  if (!mr.ok()) return mr.status();
+  return std::unique_ptr<ReplicationGate>(new ReplicationGate(
+      partition, *std::move(staging), *std::move(mr), cq, std::move(links), options));
 }
 
-ReplicationGate::ReplicationGate(mica::Partition* partition, uint32_t region_lkey,
+ReplicationGate::ReplicationGate(mica::Partition* partition, transport::SharedMemory staging,
+                                 std::unique_ptr<transport::MemoryRegion> staging_mr,
                                  transport::CompletionQueue* cq, std::vector<BackupLink> links,
                                  const ReplicationOptions& options)
     : partition_(partition),
-      region_lkey_(region_lkey),
-      region_base_(reinterpret_cast<uint64_t>(partition->region().base())),
+      region_base_(partition->region().base()),
+      staging_(std::move(staging)),
+      staging_mr_(std::move(staging_mr)),
+      snapshots_(options.max_batches_in_flight),
       cq_(cq),
       options_(options),
       changes_(options.max_ranges_per_batch),
@@ -64,14 +76,14 @@ ReplicationGate::ReplicationGate(mica::Partition* partition, uint32_t region_lke
       held_ring_(std::max<uint32_t>(options.held_reserve, 1)) {
   for (BackupLink& backup : links) links_.push_back(Link{backup});
   live_ = static_cast<uint32_t>(links_.size());
-  // The chain, prepared once: WRITEs, one SGE each, linked; per batch only the addresses,
-  // lengths, the chain's end and its signaled WR change.
+  // The chain, prepared once: WRITEs from the staging ring, one SGE each, linked; per batch only
+  // the addresses, lengths, the chain's end and its signaled WR change.
   for (size_t i = 0; i < wrs_.size(); ++i) {
     transport::SendWr& wr = wrs_[i];
     wr.opcode = transport::Opcode::kWrite;
     wr.sg_list = &sges_[i];
     wr.num_sge = 1;
-    sges_[i].lkey = region_lkey_;
+    sges_[i].lkey = staging_mr_->lkey();
   }
   partition_->set_change_recorder(&changes_);
 }
@@ -97,35 +109,53 @@ void ReplicationGate::EndBatch() {
 }
 
 bool ReplicationGate::PostPending() {
-  if (changes_.ranges().empty()) {
-    // Nothing to write: what is held waits for the batches already posted.
-    if (unposted_held_) {
-      for (size_t i = held_count_; i-- > 0;) {
-        Held& h = HeldAt(i);
-        if (h.batch != kUnposted) break;
-        h.batch = last_posted_;
-      }
-      unposted_held_ = false;
-    }
+  const absl::Span<const mica::ByteRange> ranges = changes_.ranges();
+  const size_t n = ranges.size();
+  uint64_t bytes = 0;
+  for (const mica::ByteRange& r : ranges) bytes += r.bytes;
+  if (n > 0 && live_ > 0 && bytes > options_.staging_bytes) {
+    // Merged past the recorder's capacity into more than the whole ring: this batch cannot be
+    // replicated. Never truncated, never sent from live memory: every backup is dropped.
+    LOG(ERROR) << "replication: a batch of " << bytes << " bytes in " << n
+               << " ranges outgrows the " << options_.staging_bytes
+               << "-byte staging ring; dropping every backup";
+    for (Link& link : links_) DropLink(link);
+  }
+  if (n == 0 || live_ == 0) {
+    // Nothing to write, or nobody to write to: what is held goes with the last batch posted
+    // (its answer may name a version still in flight there).
+    changes_.Clear();
+    AssignUnposted(last_posted_);
     return true;
   }
+  if (snapshots_count_ == snapshots_.size()) return false;
   for (const Link& link : links_) {
     if (link.live &&
         link.posted_through - link.completed_through >= options_.max_batches_in_flight) {
       return false;  // that backup's window is full: keep accumulating
     }
   }
+  // Contiguous in the ring: a snapshot that would cross its end starts at its start.
+  const uint64_t capacity = options_.staging_bytes;
+  uint64_t start = staged_;
+  if (start % capacity + bytes > capacity) start += capacity - start % capacity;
+  if (start + bytes - staging_freed_ > capacity) return false;  // the ring is full
   const uint64_t batch = last_posted_ + 1;
-  const absl::Span<const mica::ByteRange> ranges = changes_.ranges();
-  const size_t n = ranges.size();
-  uint64_t bytes = 0;
+  counters_.overflowed += changes_.overflowed();
+  // The snapshot: the batch's ranges as they are now, which later batches cannot change.
+  uint8_t* const ring = staging_.data();
+  uint64_t at = start % capacity;
   for (size_t i = 0; i < n; ++i) {
-    sges_[i].addr = region_base_ + ranges[i].offset;
+    std::memcpy(ring + at, region_base_ + ranges[i].offset, ranges[i].bytes);
+    sges_[i].addr = reinterpret_cast<uint64_t>(ring + at);
     sges_[i].length = static_cast<uint32_t>(ranges[i].bytes);
-    bytes += ranges[i].bytes;
+    at += ranges[i].bytes;
     wrs_[i].next = i + 1 < n ? &wrs_[i + 1] : nullptr;
     wrs_[i].flags = i + 1 < n ? 0u : static_cast<uint32_t>(transport::kSignaled);
   }
+  staged_ = start + bytes;
+  snapshots_[(snapshots_head_ + snapshots_count_) % snapshots_.size()] = Snapshot{batch, staged_};
+  ++snapshots_count_;
   for (size_t l = 0; l < links_.size(); ++l) {
     Link& link = links_[l];
     if (!link.live) continue;
@@ -147,23 +177,27 @@ bool ReplicationGate::PostPending() {
     counters_.writes_posted += n;
     counters_.bytes_posted += bytes;
   }
+  ++counters_.batches_posted;
   changes_.Clear();
   last_posted_ = batch;
-  ++counters_.batches_posted;
-  if (unposted_held_) {
-    for (size_t i = held_count_; i-- > 0;) {
-      Held& h = HeldAt(i);
-      if (h.batch != kUnposted) break;
-      h.batch = batch;
-    }
-    unposted_held_ = false;
-  }
+  AssignUnposted(batch);
   return true;
+}
+
+void ReplicationGate::AssignUnposted(uint64_t batch) {
+  if (!unposted_held_) return;
+  for (size_t i = held_count_; i-- > 0;) {
+    Held& h = HeldAt(i);
+    if (h.batch != kUnposted) break;
+    h.batch = batch;
+  }
+  unposted_held_ = false;
 }
 
 void ReplicationGate::DropLink(Link& link) {
   if (!link.live) return;
   link.live = false;
+  link.backup.qp->SetError();  // fenced: nothing of a later chain reaches a dropped backup
   --live_;
   ++counters_.links_dropped;
 }
@@ -174,6 +208,14 @@ uint64_t ReplicationGate::ReleasableThrough() const {
     if (link.live) through = std::min(through, link.completed_through);
   }
   return through;
+}
+
+void ReplicationGate::FreeSnapshots(uint64_t through) {
+  while (snapshots_count_ > 0 && snapshots_[snapshots_head_].batch <= through) {
+    staging_freed_ = snapshots_[snapshots_head_].end;
+    snapshots_head_ = (snapshots_head_ + 1) % snapshots_.size();
+    --snapshots_count_;
+  }
 }
 
 uint32_t ReplicationGate::Release(absl::Span<HeldId> released) {
@@ -197,8 +239,11 @@ uint32_t ReplicationGate::Release(absl::Span<HeldId> released) {
     }
     if (got < completions_.size()) break;
   }
-  if (!changes_.ranges().empty() && !PostPending()) ++counters_.deferred;
+  FreeSnapshots(ReleasableThrough());
+  // A deferred batch goes as soon as there is room (counted once, by the EndBatch it missed).
+  if (!changes_.ranges().empty()) PostPending();
   const uint64_t through = ReleasableThrough();
+  FreeSnapshots(through);
   uint32_t n = 0;
   while (n < released.size() && held_count_ > 0) {
     const Held& h = held_ring_[held_head_];

@@ -3,22 +3,29 @@
 // holds the mutation.
 //
 // How: the partition records the region ranges each operation changes
-// (mica::Partition::set_change_recorder, into the gate's recorder). EndBatch posts, to each live
-// backup, ONE chain of RDMA WRITEs of those ranges at the same offsets of the backup's partition
-// region (one doorbell per backup per batch; only the last WR signaled), and the batch's
+// (mica::Partition::set_change_recorder, into the gate's recorder). EndBatch copies those ranges
+// into a registered staging ring (a snapshot of the batch's end: the worker goes on changing the
+// live region while the NIC reads, so the WRITEs must not read it) and posts, to each live
+// backup, ONE chain of RDMA WRITEs from the snapshot to the same offsets of the backup's
+// partition region (one doorbell per backup per batch; only the last WR signaled). The batch's
 // mutations are released once every live backup's chain completed (an RC completion in order:
 // everything before it completed too). Release() polls the links' CQ without blocking; the
 // worker never waits for a backup.
 //
 // Contract (tests/herd/replication_gate_test.cc):
-// - A released mutation's bytes, and everything the partition changed before them, have been
-//   placed in every backup that is still live: a backup's partition answers it.
+// - A released mutation's bytes, as they were at the end of its batch, and everything the
+//   partition changed before them, have been placed in every backup that is still live. Later
+//   batches' chains may be landing meanwhile: a backup is whole at the end of a batch only, and
+//   one that loses its primary mid-chain holds a half-applied batch (issue 16: backups must apply
+//   a batch atomically before they can be promoted; not done).
 // - A mutation executed in a batch that changed nothing (CAS_FAILED, NOT_FOUND) is released
 //   only after every batch before it completed (its answer may name a version still in flight).
 // - A backup whose WRITE completes in error (dead, QP broken) is dropped for good; the gate goes
 //   on with the others (live_backups() says how many) and, with none left, releases at once.
-// - At most max_batches_in_flight batches are posted per backup; beyond that the next batch's
-//   ranges keep accumulating (DirtyRanges merges them) and are posted once one completes.
+// - At most max_batches_in_flight batches are posted per backup, and their snapshots fit the
+//   staging ring; beyond that the next batch's ranges keep accumulating and are posted once one
+//   completes. A batch whose ranges (merged past the recorder's capacity) outgrow the whole ring
+//   cannot be replicated: every backup is dropped, loudly (counted, logged), never truncated.
 // - Worker thread only (like every ResponseGate call); no locks; posting allocates nothing. The
 //   list of held answers grows past its initial reservation only when more are held at once
 //   than ever before.
@@ -34,6 +41,7 @@
 #include "herd/response_gate.h"
 #include "mica/partition.h"
 #include "transport/fabric.h"
+#include "transport/shared_memory.h"
 
 namespace herd {
 
@@ -45,8 +53,12 @@ struct BackupLink {
 };
 
 struct ReplicationOptions {
-  // WRITEs (ranges) one batch posts per backup; more ranges merge into supersets.
-  uint32_t max_ranges_per_batch = 64;
+  // WRITEs (ranges) one batch posts per backup; more ranges merge into supersets. A mutation
+  // records up to about 10 (a store-mode move: bucket, item, old block, span descriptors,
+  // header): size it for a batch of the worker's postlist.
+  uint32_t max_ranges_per_batch = 256;
+  // The snapshot ring the WRITEs read from: at least a full window of the largest batches.
+  uint64_t staging_bytes = uint64_t{8} << 20;
   // Batches in flight per backup: the link's send queue needs max_ranges_per_batch times this.
   uint32_t max_batches_in_flight = 4;
   // Held answers reserved up front.
@@ -57,18 +69,21 @@ struct ReplicationCounters {
   uint64_t batches_posted = 0;  // batches whose ranges went to the backups
   uint64_t writes_posted = 0;   // WRITE WRs, all backups
   uint64_t bytes_posted = 0;    // their bytes, all backups
-  uint64_t deferred = 0;        // EndBatch calls that found a backup's window full
+  uint64_t deferred = 0;        // batches that found a backup's window or the ring full
+  uint64_t overflowed = 0;      // batches whose ranges outgrew the recorder (merged: more bytes)
   uint64_t links_dropped = 0;
   uint64_t released = 0;
 };
 
 class ReplicationGate : public ResponseGate {
  public:
-  // `partition` (the worker's) records into the gate from now on; `region_lkey`: the local MR
-  // covering its region (the WRITEs' source); `cq`: the send CQ of every link's QP, polled only
-  // by this gate. Each link's send queue must hold max_ranges_per_batch * max_batches_in_flight.
+  // `partition` (the worker's, which must outlive the gate) records into the gate from now on;
+  // `pd`: where the staging ring is registered (the links' QPs' PD); `cq`: the send CQ of every
+  // link's QP, polled only by this gate, deep enough for every WR of a full window of every link
+  // (a broken QP flushes them all). Each link's send queue must hold
+  // max_ranges_per_batch * max_batches_in_flight.
   static absl::StatusOr<std::unique_ptr<ReplicationGate>> Create(mica::Partition* partition,
-                                                                 uint32_t region_lkey,
+                                                                 transport::ProtectionDomain* pd,
                                                                  transport::CompletionQueue* cq,
                                                                  std::vector<BackupLink> links,
                                                                  const ReplicationOptions& options);
@@ -79,6 +94,10 @@ class ReplicationGate : public ResponseGate {
   uint32_t Release(absl::Span<HeldId> released) override;
 
   uint32_t live_backups() const { return live_; }
+  // Nothing held, in flight or waiting to be posted (Release() frees what completed).
+  bool quiescent() const {
+    return held_count_ == 0 && snapshots_count_ == 0 && changes_.ranges().empty();
+  }
   const ReplicationCounters& counters() const { return counters_; }
 
  private:
@@ -92,19 +111,37 @@ class ReplicationGate : public ResponseGate {
     HeldId id;
     uint64_t batch;  // the batch whose completion releases it (kUnposted until posted)
   };
+  // A posted batch's snapshot in the staging ring, by running offset.
+  struct Snapshot {
+    uint64_t batch = 0;
+    uint64_t end = 0;  // the running staging offset just past it
+  };
   static constexpr uint64_t kUnposted = UINT64_MAX;
 
-  ReplicationGate(mica::Partition* partition, uint32_t region_lkey, transport::CompletionQueue* cq,
-                  std::vector<BackupLink> links, const ReplicationOptions& options);
+  ReplicationGate(mica::Partition* partition, transport::SharedMemory staging,
+                  std::unique_ptr<transport::MemoryRegion> staging_mr,
+                  transport::CompletionQueue* cq, std::vector<BackupLink> links,
+                  const ReplicationOptions& options);
   // Posts the accumulated ranges as the next batch to every live link, if every live link has
-  // room; gives the unposted held answers that batch. False when deferred.
+  // room and the ring has room for the snapshot; gives the unposted held answers that batch.
+  // False when deferred.
   bool PostPending();
+  // Gives the held answers not yet tied to a batch this one.
+  void AssignUnposted(uint64_t batch);
   void DropLink(Link& link);
   uint64_t ReleasableThrough() const;
+  // Gives back the staging bytes of batches every live link completed.
+  void FreeSnapshots(uint64_t through);
 
   mica::Partition* const partition_;
-  const uint32_t region_lkey_;
-  const uint64_t region_base_;
+  const uint8_t* const region_base_;
+  transport::SharedMemory staging_;
+  std::unique_ptr<transport::MemoryRegion> staging_mr_;
+  // Running offsets into the staging ring: bytes handed out, and bytes free again (their batch
+  // completed at every live link). Snapshots of posted batches, oldest first.
+  uint64_t staged_ = 0, staging_freed_ = 0;
+  std::vector<Snapshot> snapshots_;  // a ring of max_batches_in_flight
+  size_t snapshots_head_ = 0, snapshots_count_ = 0;
   transport::CompletionQueue* const cq_;
   const ReplicationOptions options_;
   std::vector<Link> links_;

@@ -31,8 +31,8 @@ using transport::testing::Node;
 constexpr uint32_t kMaxValue = 1024;
 constexpr int kKeys = 200;
 constexpr int kMaxBatch = 16;
-constexpr uint32_t kLinkSendQueue = 512;  // >= max_ranges_per_batch x max_batches_in_flight
-constexpr uint32_t kAsyncDelayUs = 500;   // the asynchronous fabric: WRITEs execute this late
+constexpr uint32_t kLinkSendQueue = 1024;  // >= max_ranges_per_batch x max_batches_in_flight
+constexpr uint32_t kAsyncDelayUs = 500;    // the asynchronous fabric: WRITEs execute this late
 
 mica::PartitionConfig ConfigFor(mica::StoreMode mode) {
   mica::PartitionConfig config;
@@ -57,17 +57,12 @@ class Replicated {
   bool Open(mica::StoreMode mode, const std::string& backend, int backups,
             const ReplicationOptions& options, const std::string& fabric) {
     transport::FaultOptions faults;
-    if (backend == "shm_async") faults.delay_us = kAsyncDelayUs;
+    if (backend == "shm_async") faults.delay_us = async_delay_us_;
     primary_node_ = MakeNode(backend, transport::testing::kAllAccess, 4096, fabric, faults);
     if (primary_node_ == nullptr) return false;
     auto primary = mica::Partition::Create(ConfigFor(mode));
     if (!primary.ok()) return false;
     primary_ = *std::move(primary);
-    auto mr = primary_node_->pd->RegisterMemory(
-        primary_->region().base(), primary_->region().mapped_bytes(), transport::kLocalWrite);
-    EXPECT_TRUE(mr.ok()) << mr.status();
-    if (!mr.ok()) return false;
-    primary_mr_ = *std::move(mr);
     std::vector<BackupLink> links;
     for (int b = 0; b < backups; ++b) {
       Backup backup;
@@ -89,7 +84,7 @@ class Replicated {
                                  backup.mr->rkey()});
       backups_.push_back(std::move(backup));
     }
-    auto gate = ReplicationGate::Create(primary_.get(), primary_mr_->lkey(),
+    auto gate = ReplicationGate::Create(primary_.get(), primary_node_->pd.get(),
                                         primary_node_->send_cq.get(), links, options);
     EXPECT_TRUE(gate.ok()) << gate.status();
     if (!gate.ok()) return false;
@@ -133,17 +128,38 @@ class Replicated {
     return held;
   }
 
-  // Releases until `count` answers came back (a deadline, never a sleep); false if they did not.
+  // Releases until `count` answers came back and nothing is in flight (a batch that only
+  // cleared a dead slot holds no answer but still writes); a deadline, never a sleep.
   bool ReleaseAll(size_t count) {
     std::vector<HeldId> released(64);
     const absl::Time give_up = absl::Now() + kCompletionDeadline;
     size_t got = 0;
-    while (got < count) {
+    while (got < count || !gate_->quiescent()) {
       got += gate_->Release(absl::MakeSpan(released));
-      if (absl::Now() > give_up) return false;
+      if (absl::Now() > give_up) {
+        const ReplicationCounters& c = gate_->counters();
+        ADD_FAILURE() << "released " << got << " of " << count << "; posted " << c.batches_posted
+                      << ", deferred " << c.deferred << ", released " << c.released << ", live "
+                      << gate_->live_backups() << ", quiescent " << gate_->quiescent();
+        return false;
+      }
     }
-    return true;
+    return got == count;
   }
+
+  // Runs one batch of the given requests on the primary; its mutations are held.
+  std::vector<mica::Response> Run(std::vector<mica::Request> requests) {
+    std::vector<mica::Response> responses(requests.size());
+    primary_->ExecuteBatch(requests, absl::MakeSpan(responses));
+    for (size_t i = 0; i < requests.size(); ++i) {
+      if (requests[i].op == mica::OpCode::kGet) continue;
+      gate_->Hold(ExecutedMutation{HeldId{0, static_cast<uint32_t>(i), 1, ++seq_}, Op::kPut,
+                                   requests[i].keyhash, Status::kOk, responses[i].version});
+    }
+    gate_->EndBatch();
+    return responses;
+  }
+  void set_async_delay_us(uint32_t us) { async_delay_us_ = us; }
 
   bool BackupIdentical(int b) const {
     return std::memcmp(primary_->region().base(), backups_[b].partition->region().base(),
@@ -166,7 +182,6 @@ class Replicated {
   };
   std::unique_ptr<Node> primary_node_;
   std::unique_ptr<mica::Partition> primary_;
-  std::unique_ptr<transport::MemoryRegion> primary_mr_;
   std::vector<Backup> backups_;  // declared after the node: destroyed first
   std::unique_ptr<ReplicationGate> gate_;
   std::vector<std::string> keys_, values_;
@@ -174,6 +189,7 @@ class Replicated {
   std::vector<mica::Response> responses_;
   std::vector<std::vector<char>> outs_;
   uint64_t seq_ = 0;
+  uint32_t async_delay_us_ = kAsyncDelayUs;
 
  public:
   ~Replicated() {
@@ -233,6 +249,55 @@ TEST_P(ReplicationGateTest, AFullWindowDefersAndLosesNothing) {
   EXPECT_GT(r.gate().counters().deferred, 0u) << "the window never filled";
 }
 
+// The WRITEs read a snapshot of the batch, not the live region: batch 2 moves the key (store
+// mode: a new block, the old one freed and overwritten by the free list) while batch 1's chain
+// is still queued (WRITEs execute 20 ms late, one batch in flight). When batch 1's answer is
+// released, the backup holds batch 1's state, whole: a copy of its region promotes and answers
+// batch 1's value. A gate that WRITEs from live memory sends batch 2's bucket with batch 1's
+// ranges and fails this.
+TEST(ReplicationGate, AReleasedBatchIsWholeAtTheBackupThoughTheNextChangedIt) {
+  constexpr uint32_t kLateUs = 20000;
+  Replicated r;
+  r.set_async_delay_us(kLateUs);
+  ReplicationOptions options;
+  options.max_batches_in_flight = 1;
+  ASSERT_TRUE(r.Open(mica::StoreMode::kStore, "shm_async", 1, options,
+                     absl::StrCat("gate-snapshot-", getpid())));
+  const std::string key = "moving";
+  const std::string first(100, 'A'), second(900, 'B');  // another size class: a move
+  const auto put = [&](const std::string& value) {
+    mica::Request request;
+    request.op = mica::OpCode::kPut;
+    request.key = key;
+    request.keyhash = mica::KeyHash(key);
+    request.value = value;
+    return request;
+  };
+  const uint64_t v1 = r.Run({put(first)})[0].version;
+  const uint64_t v2 = r.Run({put(second)})[0].version;  // deferred: one batch in flight
+  ASSERT_GT(v2, v1);
+  std::vector<HeldId> released(4);
+  const absl::Time give_up = absl::Now() + kCompletionDeadline;
+  uint32_t got = 0;
+  while ((got = r.gate().Release(absl::MakeSpan(released))) == 0) {
+    ASSERT_LT(absl::Now(), give_up) << "batch 1 was never released";
+  }
+  ASSERT_EQ(got, 1u) << "batch 2 released with batch 1";
+  // Batch 2's chain was posted by that Release and lands 20 ms later: copy the backup now.
+  auto probe = mica::Partition::Create(ConfigFor(mica::StoreMode::kStore));
+  ASSERT_TRUE(probe.ok());
+  std::memcpy((*probe)->region().base(), r.backup(0).region().base(), RegionBytes(r.primary()));
+  ASSERT_TRUE((*probe)->ResumeFromRegion().ok()) << "the backup held a mixed state";
+  std::vector<char> out(kMaxValue * 4);
+  const mica::Response at_backup =
+      (*probe)->Get(key, mica::KeyHash(key), out.data(), static_cast<uint32_t>(out.size()));
+  ASSERT_EQ(at_backup.result, mica::Result::kOk);
+  EXPECT_EQ(at_backup.version, v1);
+  EXPECT_EQ(std::string(out.data(), at_backup.value_bytes), first);
+  ASSERT_TRUE(r.ReleaseAll(1));
+  EXPECT_TRUE(r.BackupIdentical(0));
+}
+
 INSTANTIATE_TEST_SUITE_P(
     ModesAndFabrics, ReplicationGateTest,
     ::testing::Combine(::testing::Values(mica::StoreMode::kCache, mica::StoreMode::kStore),
@@ -269,17 +334,19 @@ TEST(ReplicationGate, CreateRefusesLinksItCannotUse) {
   auto small_queue = MakeQp(*node, transport::QpType::kRc, 16);
   auto uc = MakeQp(*node, transport::QpType::kUc, kLinkSendQueue);
   const auto create = [&](transport::QueuePair* qp) {
-    return ReplicationGate::Create(partition->get(), 0, node->send_cq.get(), {BackupLink{qp, 0, 0}},
-                                   ReplicationOptions{})
+    return ReplicationGate::Create(partition->get(), node->pd.get(), node->send_cq.get(),
+                                   {BackupLink{qp, 0, 0}}, ReplicationOptions{})
         .status();
   };
   EXPECT_EQ(create(small_queue.get()).code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(create(small_queue.get()).message().find("send queue"), std::string::npos);
+  EXPECT_NE(create(small_queue.get()).message().find("send queue"), std::string::npos)
+      << create(small_queue.get());
   EXPECT_EQ(create(uc.get()).code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(ReplicationGate::Create(partition->get(), 0, nullptr, {}, ReplicationOptions{})
-                .status()
-                .code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      ReplicationGate::Create(partition->get(), node->pd.get(), nullptr, {}, ReplicationOptions{})
+          .status()
+          .code(),
+      absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace
