@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_format.h"
 #include "glog/logging.h"
+#include "herd/replication_log.h"
 
 namespace herd {
 namespace {
@@ -15,6 +16,10 @@ constexpr int kLinkShift = 48;
 constexpr uint64_t kBatchMask = (uint64_t{1} << kLinkShift) - 1;
 // Completions taken per poll.
 constexpr size_t kPollBatch = 32;
+// Each chain's WRs besides its ranges: the redo record and the commit word.
+constexpr uint32_t kRecordWrs = 2;
+// The commit word after each record in the staging ring (its source).
+constexpr uint64_t kCommitWordBytes = sizeof(uint64_t);
 
 }  // namespace
 
@@ -33,7 +38,8 @@ absl::StatusOr<std::unique_ptr<ReplicationGate>> ReplicationGate::Create(
   if (links.size() >= (size_t{1} << (64 - kLinkShift))) {
     return absl::InvalidArgumentError("too many backups for one gate");
   }
-  const uint64_t needed = uint64_t{options.max_ranges_per_batch} * options.max_batches_in_flight;
+  const uint64_t needed =
+      (uint64_t{options.max_ranges_per_batch} + kRecordWrs) * options.max_batches_in_flight;
   for (const BackupLink& link : links) {
     if (link.qp == nullptr || link.qp->config().type != transport::QpType::kRc) {
       return absl::InvalidArgumentError("every backup link needs an RC QP");
@@ -43,7 +49,7 @@ absl::StatusOr<std::unique_ptr<ReplicationGate>> ReplicationGate::Create(
     }
     if (link.qp->config().max_send_wr < needed) {
       return absl::InvalidArgumentError(absl::StrFormat(
-          "a backup link's send queue holds %d WRs; %d ranges x %d batches in flight need %d",
+          "a backup link's send queue holds %d WRs; (%d ranges + 2) x %d batches in flight need %d",
           link.qp->config().max_send_wr, options.max_ranges_per_batch,
           options.max_batches_in_flight, needed));
     }
@@ -70,8 +76,8 @@ ReplicationGate::ReplicationGate(mica::Partition* partition, transport::SharedMe
       cq_(cq),
       options_(options),
       changes_(options.max_ranges_per_batch),
-      wrs_(options.max_ranges_per_batch),
-      sges_(options.max_ranges_per_batch),
+      wrs_(options.max_ranges_per_batch + kRecordWrs),
+      sges_(options.max_ranges_per_batch + kRecordWrs),
       completions_(kPollBatch),
       held_ring_(std::max<uint32_t>(options.held_reserve, 1)) {
   for (BackupLink& backup : links) links_.push_back(Link{backup});
@@ -111,8 +117,10 @@ void ReplicationGate::EndBatch() {
 bool ReplicationGate::PostPending() {
   const absl::Span<const mica::ByteRange> ranges = changes_.ranges();
   const size_t n = ranges.size();
-  uint64_t bytes = 0;
-  for (const mica::ByteRange& r : ranges) bytes += r.bytes;
+  uint64_t padded = 0;
+  for (const mica::ByteRange& r : ranges) padded += RedoPadded(r.bytes);
+  const uint64_t record_bytes = RedoRecordBytes(n, padded);
+  const uint64_t bytes = record_bytes + kCommitWordBytes;  // the staging the batch needs
   if (n > 0 && live_ > 0 && bytes > options_.staging_bytes) {
     // Merged past the recorder's capacity into more than the whole ring: this batch cannot be
     // replicated. Never truncated, never sent from live memory: every backup is dropped.
@@ -142,31 +150,57 @@ bool ReplicationGate::PostPending() {
   if (start + bytes - staging_freed_ > capacity) return false;  // the ring is full
   const uint64_t batch = last_posted_ + 1;
   counters_.overflowed += changes_.overflowed();
-  // The snapshot: the batch's ranges as they are now, which later batches cannot change.
-  uint8_t* const ring = staging_.data();
-  uint64_t at = start % capacity;
+  // The snapshot, as a redo record: header, range table, the ranges' bytes as they are now
+  // (later batches cannot change them), then the commit word that names the record.
+  uint8_t* const record = staging_.data() + start % capacity;
+  auto* header = reinterpret_cast<RedoHeader*>(record);
+  *header = RedoHeader{};
+  header->batch = batch;
+  header->ranges = n;
+  header->record_bytes = record_bytes;
+  auto* table = reinterpret_cast<RedoRange*>(record + sizeof(RedoHeader));
+  uint64_t data = sizeof(RedoHeader) + n * sizeof(RedoRange);
   for (size_t i = 0; i < n; ++i) {
-    std::memcpy(ring + at, region_base_ + ranges[i].offset, ranges[i].bytes);
-    sges_[i].addr = reinterpret_cast<uint64_t>(ring + at);
-    sges_[i].length = static_cast<uint32_t>(ranges[i].bytes);
-    at += ranges[i].bytes;
-    wrs_[i].next = i + 1 < n ? &wrs_[i + 1] : nullptr;
-    wrs_[i].flags = i + 1 < n ? 0u : static_cast<uint32_t>(transport::kSignaled);
+    table[i] = RedoRange{ranges[i].offset, ranges[i].bytes};
+    std::memcpy(record + data, region_base_ + ranges[i].offset, ranges[i].bytes);
+    // The in-place WRITEs read the record's data.
+    transport::Sge& sge = sges_[kRecordWrs + i];
+    sge.addr = reinterpret_cast<uint64_t>(record + data);
+    sge.length = static_cast<uint32_t>(ranges[i].bytes);
+    data += RedoPadded(ranges[i].bytes);
+  }
+  SealRedoRecord(header);
+  const uint64_t commit = start + 1;  // ReplayLastBatch: (commit - 1) % ring is the record
+  std::memcpy(record + record_bytes, &commit, sizeof(commit));
+  sges_[0].addr = reinterpret_cast<uint64_t>(record);
+  sges_[0].length = static_cast<uint32_t>(record_bytes);
+  sges_[1].addr = reinterpret_cast<uint64_t>(record + record_bytes);
+  sges_[1].length = static_cast<uint32_t>(kCommitWordBytes);
+  const size_t wrs = n + kRecordWrs;
+  for (size_t i = 0; i < wrs; ++i) {
+    wrs_[i].next = i + 1 < wrs ? &wrs_[i + 1] : nullptr;
+    wrs_[i].flags = i + 1 < wrs ? 0u : static_cast<uint32_t>(transport::kSignaled);
   }
   staged_ = start + bytes;
-  snapshots_[(snapshots_head_ + snapshots_count_) % snapshots_.size()] = Snapshot{batch, staged_};
+  snapshots_[(snapshots_head_ + snapshots_count_) % snapshots_.size()] =
+      Snapshot{batch, start, staged_};
   ++snapshots_count_;
+  const uint64_t wire_bytes = record_bytes + kCommitWordBytes + padded;
   for (size_t l = 0; l < links_.size(); ++l) {
     Link& link = links_[l];
     if (!link.live) continue;
     // Every WR names its link: a failed QP flushes the unsignaled ones with error completions
     // too, and each must blame its own link.
     const uint64_t wr_id = (uint64_t{l} << kLinkShift) | batch;
+    wrs_[0].remote_addr = link.backup.redo_addr + kRedoCommitLineBytes + start % capacity;
+    wrs_[0].rkey = link.backup.redo_rkey;
+    wrs_[1].remote_addr = link.backup.redo_addr;
+    wrs_[1].rkey = link.backup.redo_rkey;
     for (size_t i = 0; i < n; ++i) {
-      wrs_[i].remote_addr = link.backup.region_addr + ranges[i].offset;
-      wrs_[i].rkey = link.backup.rkey;
-      wrs_[i].wr_id = wr_id;
+      wrs_[kRecordWrs + i].remote_addr = link.backup.region_addr + ranges[i].offset;
+      wrs_[kRecordWrs + i].rkey = link.backup.rkey;
     }
+    for (size_t i = 0; i < wrs; ++i) wrs_[i].wr_id = wr_id;
     transport::SendWr* bad = nullptr;
     if (absl::Status s = link.backup.qp->PostSend(wrs_.data(), &bad); !s.ok()) {
       LOG(WARNING) << "replication: dropping backup " << l << ": " << s;
@@ -174,8 +208,8 @@ bool ReplicationGate::PostPending() {
       continue;
     }
     link.posted_through = batch;
-    counters_.writes_posted += n;
-    counters_.bytes_posted += bytes;
+    counters_.writes_posted += wrs;
+    counters_.bytes_posted += wire_bytes;
   }
   ++counters_.batches_posted;
   changes_.Clear();
@@ -212,7 +246,8 @@ uint64_t ReplicationGate::ReleasableThrough() const {
 
 void ReplicationGate::FreeSnapshots(uint64_t through) {
   while (snapshots_count_ > 0 && snapshots_[snapshots_head_].batch <= through) {
-    staging_freed_ = snapshots_[snapshots_head_].end;
+    // Up to this record, not past it: it may be the one a backup's commit word names.
+    staging_freed_ = snapshots_[snapshots_head_].start;
     snapshots_head_ = (snapshots_head_ + 1) % snapshots_.size();
     --snapshots_count_;
   }

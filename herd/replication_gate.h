@@ -7,17 +7,20 @@
 // into a registered staging ring (a snapshot of the batch's end: the worker goes on changing the
 // live region while the NIC reads, so the WRITEs must not read it) and posts, to each live
 // backup, ONE chain of RDMA WRITEs from the snapshot to the same offsets of the backup's
-// partition region (one doorbell per backup per batch; only the last WR signaled). The batch's
-// mutations are released once every live backup's chain completed (an RC completion in order:
-// everything before it completed too). Release() polls the links' CQ without blocking; the
+// partition region (one doorbell per backup per batch; only the last WR signaled). The chain
+// first WRITEs the whole snapshot as a redo record into the backup's redo area, then a commit
+// word naming it, then the ranges in place: a backup whose primary dies mid-chain replays the
+// last committed record and is whole (herd/replication_log.h). The batch's mutations are
+// released once every live backup's chain completed (an RC completion in order: everything
+// before it completed too). Release() polls the links' CQ without blocking; the
 // worker never waits for a backup.
 //
 // Contract (tests/herd/replication_gate_test.cc):
 // - A released mutation's bytes, as they were at the end of its batch, and everything the
 //   partition changed before them, have been placed in every backup that is still live. Later
-//   batches' chains may be landing meanwhile: a backup is whole at the end of a batch only, and
-//   one that loses its primary mid-chain holds a half-applied batch (issue 16: backups must apply
-//   a batch atomically before they can be promoted; not done).
+//   batches' chains may be landing meanwhile; a backup cut off anywhere in a chain replays its
+//   last committed record at promotion and holds the state after a whole batch, at least the
+//   last one released (tests: a chain cut after every one of its WRs).
 // - A mutation executed in a batch that changed nothing (CAS_FAILED, NOT_FOUND) is released
 //   only after every batch before it completed (its answer may name a version still in flight).
 // - A backup whose WRITE completes in error (dead, QP broken) is dropped for good; the gate goes
@@ -50,6 +53,9 @@ struct BackupLink {
   transport::QueuePair* qp = nullptr;  // RC, connected to the backup; its send CQ is the gate's
   uint64_t region_addr = 0;            // the backup's partition region base (its address space)
   uint32_t rkey = 0;                   // the backup region's MR (remote write)
+  // The backup's redo area (herd/replication_log.h): RedoAreaBytes(staging_bytes) bytes.
+  uint64_t redo_addr = 0;
+  uint32_t redo_rkey = 0;
 };
 
 struct ReplicationOptions {
@@ -59,7 +65,8 @@ struct ReplicationOptions {
   uint32_t max_ranges_per_batch = 256;
   // The snapshot ring the WRITEs read from: at least a full window of the largest batches.
   uint64_t staging_bytes = uint64_t{8} << 20;
-  // Batches in flight per backup: the link's send queue needs max_ranges_per_batch times this.
+  // Batches in flight per backup: the link's send queue needs (max_ranges_per_batch + 2) times
+  // this (each chain adds its redo record and commit word).
   uint32_t max_batches_in_flight = 4;
   // Held answers reserved up front.
   uint32_t held_reserve = 1024;
@@ -111,10 +118,12 @@ class ReplicationGate : public ResponseGate {
     HeldId id;
     uint64_t batch;  // the batch whose completion releases it (kUnposted until posted)
   };
-  // A posted batch's snapshot in the staging ring, by running offset.
+  // A posted batch's snapshot (its redo record and commit word) in the staging ring, by running
+  // offset.
   struct Snapshot {
     uint64_t batch = 0;
-    uint64_t end = 0;  // the running staging offset just past it
+    uint64_t start = 0;
+    uint64_t end = 0;
   };
   static constexpr uint64_t kUnposted = UINT64_MAX;
 
@@ -137,8 +146,9 @@ class ReplicationGate : public ResponseGate {
   const uint8_t* const region_base_;
   transport::SharedMemory staging_;
   std::unique_ptr<transport::MemoryRegion> staging_mr_;
-  // Running offsets into the staging ring: bytes handed out, and bytes free again (their batch
-  // completed at every live link). Snapshots of posted batches, oldest first.
+  // Running offsets into the staging ring: bytes handed out, and where the bytes not free start:
+  // the newest record every live backup completed stays (its commit word may be a backup's
+  // last), everything before it is free. Snapshots of posted batches, oldest first.
   uint64_t staged_ = 0, staging_freed_ = 0;
   std::vector<Snapshot> snapshots_;  // a ring of max_batches_in_flight
   size_t snapshots_head_ = 0, snapshots_count_ = 0;

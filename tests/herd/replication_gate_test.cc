@@ -15,9 +15,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
+#include "herd/replication_log.h"
 #include "mica/keyhash.h"
 #include "mica/partition.h"
 #include "tests/transport/fabric_fixture.h"
+#include "transport/shared_memory.h"
 
 namespace herd {
 namespace {
@@ -31,7 +33,7 @@ using transport::testing::Node;
 constexpr uint32_t kMaxValue = 1024;
 constexpr int kKeys = 200;
 constexpr int kMaxBatch = 16;
-constexpr uint32_t kLinkSendQueue = 1024;  // >= max_ranges_per_batch x max_batches_in_flight
+constexpr uint32_t kLinkSendQueue = 2048;  // >= (max_ranges_per_batch + 2) x max_batches_in_flight
 constexpr uint32_t kAsyncDelayUs = 500;    // the asynchronous fabric: WRITEs execute this late
 
 mica::PartitionConfig ConfigFor(mica::StoreMode mode) {
@@ -76,12 +78,22 @@ class Replicated {
       EXPECT_TRUE(backup_mr.ok()) << backup_mr.status();
       if (!backup_mr.ok()) return false;
       backup.mr = *std::move(backup_mr);
+      auto redo = transport::SharedMemory::Allocate(RedoAreaBytes(options.staging_bytes));
+      if (!redo.ok()) return false;
+      backup.redo = std::make_unique<transport::SharedMemory>(*std::move(redo));
+      auto redo_mr =
+          backup.node->pd->RegisterMemory(backup.redo->data(), backup.redo->size(),
+                                          transport::kLocalWrite | transport::kRemoteWrite);
+      EXPECT_TRUE(redo_mr.ok()) << redo_mr.status();
+      if (!redo_mr.ok()) return false;
+      backup.redo_mr = *std::move(redo_mr);
       backup.link_qp = MakeQp(*primary_node_, transport::QpType::kRc, kLinkSendQueue);
       backup.qp = MakeQp(*backup.node, transport::QpType::kRc);
       ConnectPair(*backup.link_qp, *backup.qp);
       links.push_back(BackupLink{backup.link_qp.get(),
                                  reinterpret_cast<uint64_t>(backup.partition->region().base()),
-                                 backup.mr->rkey()});
+                                 backup.mr->rkey(), reinterpret_cast<uint64_t>(backup.redo->data()),
+                                 backup.redo_mr->rkey()});
       backups_.push_back(std::move(backup));
     }
     auto gate = ReplicationGate::Create(primary_.get(), primary_node_->pd.get(),
@@ -95,13 +107,13 @@ class Replicated {
   // Runs a random batch on the primary and offers its mutations to the gate; returns how many
   // were held.
   size_t RunBatch(std::mt19937_64& rng, uint64_t round) {
-    const int n = 1 + static_cast<int>(rng() % kMaxBatch);
+    const size_t n = 1 + static_cast<size_t>(rng() % kMaxBatch);
     keys_.assign(n, "");
     values_.assign(n, "");
     requests_.assign(n, mica::Request{});
     responses_.resize(n);
     outs_.resize(kMaxBatch, std::vector<char>(kMaxValue));
-    for (int i = 0; i < n; ++i) {
+    for (size_t i = 0; i < n; ++i) {
       keys_[i] = absl::StrCat("key", rng() % kKeys);
       values_[i] = std::string(rng() % 4 == 0 ? rng() % kMaxValue : rng() % 64,
                                static_cast<char>('a' + (round + i) % 26));
@@ -116,7 +128,7 @@ class Replicated {
     }
     primary_->ExecuteBatch(requests_, absl::MakeSpan(responses_));
     size_t held = 0;
-    for (int i = 0; i < n; ++i) {
+    for (size_t i = 0; i < n; ++i) {
       if (requests_[i].op == mica::OpCode::kGet) continue;
       ExecutedMutation m;
       m.id = HeldId{0, static_cast<uint32_t>(i), 1, ++seq_};
@@ -177,6 +189,8 @@ class Replicated {
     std::unique_ptr<Node> node;
     std::unique_ptr<mica::Partition> partition;
     std::unique_ptr<transport::MemoryRegion> mr;
+    std::unique_ptr<transport::SharedMemory> redo;
+    std::unique_ptr<transport::MemoryRegion> redo_mr;
     std::unique_ptr<transport::QueuePair> link_qp;  // the primary's end
     std::unique_ptr<transport::QueuePair> qp;       // the backup's end
   };
@@ -323,6 +337,136 @@ TEST(ReplicationGate, ABrokenBackupIsDroppedAndTheRestGoOn) {
   EXPECT_EQ(r.gate().live_backups(), 1u);
   EXPECT_EQ(r.gate().counters().links_dropped, 1u);
   EXPECT_FALSE(r.BackupIdentical(1));
+}
+
+// A link QP that executes nothing: it keeps each posted chain so that the test can apply any
+// prefix of it, as a backup whose primary died after that many WRs had landed.
+class RecordingQp : public transport::QueuePair {
+ public:
+  struct Wr {
+    uint64_t from;
+    uint32_t length;
+    uint64_t to;
+  };
+  RecordingQp(transport::CompletionQueue* cq, uint32_t depth) : QueuePair(ConfigFor(cq, depth)) {}
+  absl::Status PostSend(transport::SendWr* chain, transport::SendWr** /*bad*/) override {
+    std::vector<Wr> wrs;
+    for (const transport::SendWr* wr = chain; wr != nullptr; wr = wr->next) {
+      wrs.push_back(Wr{wr->sg_list[0].addr, wr->sg_list[0].length, wr->remote_addr});
+    }
+    chains.push_back(std::move(wrs));
+    return absl::OkStatus();
+  }
+  absl::Status PostRecv(transport::RecvWr*, transport::RecvWr**) override {
+    return absl::UnimplementedError("a recording QP receives nothing");
+  }
+  absl::Status Connect(const transport::ConnectConfig&) override { return absl::OkStatus(); }
+  void SetError() override {}
+  transport::QpState state() const override { return transport::QpState::kRts; }
+  transport::QpEndpoint endpoint() const override { return {}; }
+
+  std::vector<std::vector<Wr>> chains;
+
+ private:
+  static transport::QpConfig ConfigFor(transport::CompletionQueue* cq, uint32_t depth) {
+    transport::QpConfig config;
+    config.type = transport::QpType::kRc;
+    config.send_cq = cq;
+    config.recv_cq = cq;
+    config.max_send_wr = depth;
+    return config;
+  }
+};
+
+// Kills at every step: for each batch's chain and every prefix of it (the primary died after
+// that many WRs reached the backup), the backup replays its last committed redo record and then
+// holds exactly the primary's state after the previous batch (record or commit word not yet
+// landed) or after this one; never a mix, and it promotes.
+TEST(ReplicationGate, ABackupCutAfterAnyWrOfAChainReplaysToAWholeBatch) {
+  for (const mica::StoreMode mode : {mica::StoreMode::kCache, mica::StoreMode::kStore}) {
+    SCOPED_TRACE(std::string(mica::StoreModeName(mode)));
+    auto node = MakeNode("shm", transport::testing::kAllAccess, 4096,
+                         absl::StrCat("gate-cut-", getpid(), "-", static_cast<int>(mode)));
+    ASSERT_NE(node, nullptr);
+    auto primary = mica::Partition::Create(ConfigFor(mode));
+    auto backup = mica::Partition::Create(ConfigFor(mode));   // the backup's real region
+    auto scratch = mica::Partition::Create(ConfigFor(mode));  // a cut backup, rebuilt per prefix
+    ASSERT_TRUE(primary.ok() && backup.ok() && scratch.ok());
+    const uint64_t whole = RegionBytes(**primary);
+    const uint64_t mapped = (*backup)->region().mapped_bytes();
+    constexpr int kBatches = 40;
+    ReplicationOptions options;
+    options.staging_bytes = 4 << 20;
+    options.max_batches_in_flight = kBatches;  // nothing completes here: every chain stays out
+    std::vector<uint8_t> redo(RedoAreaBytes(options.staging_bytes)), scratch_redo(redo.size());
+    RecordingQp qp(node->send_cq.get(), (options.max_ranges_per_batch + 2) * kBatches);
+    auto gate = ReplicationGate::Create(
+        primary->get(), node->pd.get(), node->send_cq.get(),
+        {BackupLink{&qp, reinterpret_cast<uint64_t>((*backup)->region().base()), 0,
+                    reinterpret_cast<uint64_t>(redo.data()), 0}},
+        options);
+    ASSERT_TRUE(gate.ok()) << gate.status();
+    const auto apply = [&](const RecordingQp::Wr& wr, uint8_t* region, uint8_t* redo_area) {
+      const auto backup_base = reinterpret_cast<uint64_t>((*backup)->region().base());
+      const auto redo_base = reinterpret_cast<uint64_t>(redo.data());
+      uint8_t* to = wr.to >= backup_base && wr.to < backup_base + mapped
+                        ? region + (wr.to - backup_base)
+                        : redo_area + (wr.to - redo_base);
+      std::memcpy(to, reinterpret_cast<const void*>(wr.from), wr.length);
+    };
+    std::vector<uint8_t> before((*primary)->region().base(), (*primary)->region().base() + whole);
+    std::mt19937_64 rng(static_cast<uint64_t>(mode) + 5);
+    std::vector<char> out(kMaxValue);
+    uint64_t prefixes = 0;
+    size_t chains_seen = 0;
+    for (int batch = 1; batch <= kBatches; ++batch) {
+      std::vector<std::string> keys(1 + rng() % 6), values(keys.size());
+      std::vector<mica::Request> requests(keys.size());
+      for (size_t i = 0; i < keys.size(); ++i) {
+        keys[i] = absl::StrCat("key", rng() % 40);
+        values[i] = std::string(rng() % 3 == 0 ? rng() % kMaxValue : rng() % 50, 'a' + batch % 26);
+        requests[i].op = rng() % 4 == 0 ? mica::OpCode::kDelete : mica::OpCode::kPut;
+        requests[i].key = keys[i];
+        requests[i].keyhash = mica::KeyHash(keys[i]);
+        requests[i].value = values[i];
+        requests[i].value_out = out.data();
+      }
+      std::vector<mica::Response> responses(requests.size());
+      (*primary)->ExecuteBatch(requests, absl::MakeSpan(responses));
+      (*gate)->EndBatch();
+      const std::vector<uint8_t> after((*primary)->region().base(),
+                                       (*primary)->region().base() + whole);
+      if (qp.chains.size() == chains_seen) {
+        // A batch that changed nothing (deletes of absent keys) posts no chain.
+        ASSERT_EQ(after, before) << "batch " << batch << " changed bytes but posted nothing";
+        continue;
+      }
+      ASSERT_EQ(qp.chains.size(), ++chains_seen) << "one chain per batch";
+      const std::vector<RecordingQp::Wr>& chain = qp.chains.back();
+      for (size_t cut = 0; cut <= chain.size(); ++cut) {
+        // The backup as the previous chain left it, then this chain's first `cut` WRs.
+        std::memcpy((*scratch)->region().base(), (*backup)->region().base(), whole);
+        scratch_redo = redo;
+        for (size_t w = 0; w < cut; ++w)
+          apply(chain[w], (*scratch)->region().base(), scratch_redo.data());
+        ASSERT_TRUE(
+            ReplayLastBatch(scratch_redo, absl::MakeSpan((*scratch)->region().base(),
+                                                         (*scratch)->region().mapped_bytes()))
+                .ok())
+            << "batch " << batch << " cut after " << cut;
+        // The record and the commit word lead each chain: from the commit on, this batch.
+        const std::vector<uint8_t>& expected = cut >= 2 ? after : before;
+        ASSERT_EQ(std::memcmp((*scratch)->region().base(), expected.data(), whole), 0)
+            << "batch " << batch << " cut after " << cut << " of " << chain.size() << " WRs";
+        ++prefixes;
+      }
+      for (const RecordingQp::Wr& wr : chain) apply(wr, (*backup)->region().base(), redo.data());
+      before = after;
+    }
+    EXPECT_TRUE((*scratch)->ResumeFromRegion().ok());
+    RecordProperty("cuts_" + std::string(mica::StoreModeName(mode)), static_cast<int>(prefixes));
+    gate->reset();
+  }
 }
 
 TEST(ReplicationGate, CreateRefusesLinksItCannotUse) {

@@ -1,0 +1,82 @@
+#include "herd/replication_log.h"
+
+#include <cstring>
+
+#include "absl/strings/str_format.h"
+#include "util/word_checksum.h"
+
+namespace herd {
+namespace {
+
+// Seeds the record checksum (detects damage and strays; it does not authenticate).
+constexpr uint64_t kRedoChecksumSeed = kRedoMagic;
+
+uint64_t ChecksumOf(const RedoHeader& header, const uint8_t* table) {
+  RedoHeader copy = header;
+  copy.checksum = 0;
+  const uint64_t table_bytes = header.ranges * sizeof(RedoRange);
+  util::WordChecksum sum(kRedoChecksumSeed, sizeof(copy) + table_bytes);
+  sum.AbsorbWords(reinterpret_cast<const uint8_t*>(&copy), sizeof(copy) / sizeof(uint64_t));
+  sum.AbsorbWords(table, table_bytes / sizeof(uint64_t));
+  return sum.Finish();
+}
+
+}  // namespace
+
+void SealRedoRecord(RedoHeader* header) {
+  header->magic = kRedoMagic;
+  header->checksum = ChecksumOf(*header, reinterpret_cast<const uint8_t*>(header + 1));
+}
+
+absl::Status ReplayLastBatch(absl::Span<const uint8_t> redo_area, absl::Span<uint8_t> region) {
+  if (redo_area.size() <= kRedoCommitLineBytes) {
+    return absl::InvalidArgumentError("a redo area has a commit line and a ring");
+  }
+  uint64_t commit;
+  std::memcpy(&commit, redo_area.data(), sizeof(commit));
+  if (commit == 0) return absl::OkStatus();  // nothing was ever committed
+  const uint64_t ring_bytes = redo_area.size() - kRedoCommitLineBytes;
+  const uint8_t* ring = redo_area.data() + kRedoCommitLineBytes;
+  const uint64_t at = (commit - 1) % ring_bytes;
+  // Every length below is 64-bit and checked against what is left: the bytes may be anything.
+  if (ring_bytes - at < sizeof(RedoHeader)) {
+    return absl::DataLossError("the committed redo record's header runs past the ring");
+  }
+  RedoHeader header;
+  std::memcpy(&header, ring + at, sizeof(header));
+  const uint64_t room = ring_bytes - at - sizeof(RedoHeader);
+  if (header.magic != kRedoMagic || header.ranges > room / sizeof(RedoRange) ||
+      header.record_bytes > ring_bytes - at) {
+    return absl::DataLossError(absl::StrFormat(
+        "the committed redo record at ring offset %d is not one (magic %#x, %d ranges, %d bytes)",
+        at, header.magic, header.ranges, header.record_bytes));
+  }
+  const uint8_t* table = ring + at + sizeof(RedoHeader);
+  if (ChecksumOf(header, table) != header.checksum) {
+    return absl::DataLossError("the committed redo record fails its checksum");
+  }
+  // Bounds first, for every range, so that nothing is applied unless all of it can be.
+  const uint64_t table_end = sizeof(RedoHeader) + header.ranges * sizeof(RedoRange);
+  uint64_t data = table_end;
+  for (uint64_t i = 0; i < header.ranges; ++i) {
+    RedoRange r;
+    std::memcpy(&r, table + i * sizeof(RedoRange), sizeof(r));
+    if (r.offset > region.size() || r.bytes > region.size() - r.offset ||
+        r.bytes > header.record_bytes || RedoPadded(r.bytes) > header.record_bytes - data) {
+      return absl::DataLossError(absl::StrFormat(
+          "redo record batch %d: range %d (%d bytes at %d) is outside the region or the record",
+          header.batch, i, r.bytes, r.offset));
+    }
+    data += RedoPadded(r.bytes);
+  }
+  data = table_end;
+  for (uint64_t i = 0; i < header.ranges; ++i) {
+    RedoRange r;
+    std::memcpy(&r, table + i * sizeof(RedoRange), sizeof(r));
+    std::memcpy(region.data() + r.offset, ring + at + data, r.bytes);
+    data += RedoPadded(r.bytes);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace herd

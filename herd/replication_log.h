@@ -1,0 +1,73 @@
+// What makes a backup's partition whole after its primary died mid-chain: each replicated batch
+// first lands in the backup's redo area as one record (the batch's ranges and their bytes), then
+// a commit word naming that record, then the ranges in place (herd/replication_gate.h posts the
+// three in that order on one RC QP, which executes them in order). A primary that dies leaves the
+// backup's stream cut anywhere; replaying the last committed record (ReplayLastBatch) then gives
+// exactly the state after some batch, never a mix:
+//   - cut inside a record: the commit still names the previous record, whose in-place writes
+//     all landed before this record's first byte; replaying it changes nothing;
+//   - cut inside the commit word: it is one aligned 8-byte word, placed whole (old or new);
+//   - cut inside the in-place writes: the commit names this batch's record; replaying it
+//     finishes them.
+// The primary never reuses the ring space of the newest record a backup may have committed.
+//
+//   redo area:  [ commit line: 64 B (word 0: record start + 1, as a running ring offset) ]
+//               [ ring: staging_bytes, the primary's staging ring at the same offsets    ]
+//   record:     RedoHeader | RedoRange[ranges] | the ranges' bytes, each padded to 8
+//
+// The header and range table carry a checksum (damage or a stray writer is refused, never
+// applied); the data needs none: the commit that names a record was written after all of it.
+#ifndef HERD_HERD_REPLICATION_LOG_H_
+#define HERD_HERD_REPLICATION_LOG_H_
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "absl/types/span.h"
+
+namespace herd {
+
+inline constexpr uint64_t kRedoMagic = 0x4f44455244524548ULL;  // "HERDREDO"
+inline constexpr uint64_t kRedoCommitLineBytes = 64;           // the commit word's line
+inline constexpr uint64_t kRedoAlignment = 8;
+
+struct RedoHeader {
+  uint64_t magic;         // kRedoMagic
+  uint64_t batch;         // the batch number (1, 2, ...)
+  uint64_t ranges;        // entries in the range table
+  uint64_t record_bytes;  // header + table + padded data
+  uint64_t checksum;      // util::WordChecksum of the header (this word zero) and the table
+  uint64_t reserved[3];
+};
+static_assert(sizeof(RedoHeader) == 64, "RedoHeader is part of the redo format");
+
+struct RedoRange {
+  uint64_t offset;  // in the partition's region
+  uint64_t bytes;
+};
+static_assert(sizeof(RedoRange) == 16, "RedoRange is part of the redo format");
+
+inline constexpr uint64_t RedoPadded(uint64_t bytes) {
+  return (bytes + kRedoAlignment - 1) & ~(kRedoAlignment - 1);
+}
+// The bytes of a record of `ranges` ranges whose padded data totals `padded_data_bytes`.
+inline constexpr uint64_t RedoRecordBytes(uint64_t ranges, uint64_t padded_data_bytes) {
+  return sizeof(RedoHeader) + ranges * sizeof(RedoRange) + padded_data_bytes;
+}
+// A backup's redo area for a primary staging ring of `ring_bytes`.
+inline constexpr uint64_t RedoAreaBytes(uint64_t ring_bytes) {
+  return kRedoCommitLineBytes + ring_bytes;
+}
+
+// Seals a record whose header fields and table are written: sets magic and the checksum.
+void SealRedoRecord(RedoHeader* header);
+
+// The backup's side, at promotion: applies the record the commit word names to `region` (the
+// partition region the ranges index). Nothing committed: OK, nothing done. A record that is
+// damaged, not of this format, or whose ranges reach outside the ring or the region: an error,
+// and nothing applied.
+absl::Status ReplayLastBatch(absl::Span<const uint8_t> redo_area, absl::Span<uint8_t> region);
+
+}  // namespace herd
+
+#endif  // HERD_HERD_REPLICATION_LOG_H_
