@@ -20,6 +20,10 @@ constexpr size_t kPollBatch = 32;
 constexpr uint32_t kRecordWrs = 2;
 // The commit word after each record in the staging ring (its source).
 constexpr uint64_t kCommitWordBytes = sizeof(uint64_t);
+// A record takes at most 1/kMaxRecordShare of the staging ring. With nothing in flight the ring
+// protects one record (a backup's commit may name it), and the larger of the two free pieces
+// beside it, at least (ring - record) / 2, then holds any record: no batch waits forever.
+constexpr uint64_t kMaxRecordShare = 3;
 
 }  // namespace
 
@@ -121,12 +125,14 @@ bool ReplicationGate::PostPending() {
   for (const mica::ByteRange& r : ranges) padded += RedoPadded(r.bytes);
   const uint64_t record_bytes = RedoRecordBytes(n, padded);
   const uint64_t bytes = record_bytes + kCommitWordBytes;  // the staging the batch needs
-  if (n > 0 && live_ > 0 && bytes > options_.staging_bytes) {
-    // Merged past the recorder's capacity into more than the whole ring: this batch cannot be
-    // replicated. Never truncated, never sent from live memory: every backup is dropped.
+  if (n > 0 && live_ > 0 && bytes > options_.staging_bytes / kMaxRecordShare) {
+    // More than a record may take (merged past the recorder's capacity, or values too large
+    // for the ring): it could wait for room forever beside the record the ring protects. Never
+    // truncated, never sent from live memory, never left waiting: every backup is dropped.
     LOG(ERROR) << "replication: a batch of " << bytes << " bytes in " << n
-               << " ranges outgrows the " << options_.staging_bytes
+               << " ranges is over a third of the " << options_.staging_bytes
                << "-byte staging ring; dropping every backup";
+    counters_.overflowed += changes_.overflowed();
     for (Link& link : links_) DropLink(link);
   }
   if (n == 0 || live_ == 0) {
@@ -170,7 +176,7 @@ bool ReplicationGate::PostPending() {
     data += RedoPadded(ranges[i].bytes);
   }
   SealRedoRecord(header);
-  const uint64_t commit = start + 1;  // ReplayLastBatch: (commit - 1) % ring is the record
+  const uint64_t commit = start % capacity + 1;  // ReplayLastBatch: the record's ring offset + 1
   std::memcpy(record + record_bytes, &commit, sizeof(commit));
   sges_[0].addr = reinterpret_cast<uint64_t>(record);
   sges_[0].length = static_cast<uint32_t>(record_bytes);

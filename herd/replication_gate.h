@@ -27,8 +27,9 @@
 //   on with the others (live_backups() says how many) and, with none left, releases at once.
 // - At most max_batches_in_flight batches are posted per backup, and their snapshots fit the
 //   staging ring; beyond that the next batch's ranges keep accumulating and are posted once one
-//   completes. A batch whose ranges (merged past the recorder's capacity) outgrow the whole ring
-//   cannot be replicated: every backup is dropped, loudly (counted, logged), never truncated.
+//   completes. A batch whose record would take more than a third of the ring (values too large
+//   for it, or ranges merged past the recorder's capacity) cannot be replicated: every backup is
+//   dropped, loudly (counted, logged), never truncated and never left waiting.
 // - Worker thread only (like every ResponseGate call); no locks; posting allocates nothing. The
 //   list of held answers grows past its initial reservation only when more are held at once
 //   than ever before.
@@ -63,7 +64,9 @@ struct ReplicationOptions {
   // records up to about 10 (a store-mode move: bucket, item, old block, span descriptors,
   // header): size it for a batch of the worker's postlist.
   uint32_t max_ranges_per_batch = 256;
-  // The snapshot ring the WRITEs read from: at least a full window of the largest batches.
+  // The snapshot ring the WRITEs read from (and the size of each backup's redo ring): a batch's
+  // record (its changed bytes, 16 B per range, 72 B) may take at most a third of it; size it at
+  // (max_batches_in_flight + 1) times the largest batch, and at least three times that batch.
   uint64_t staging_bytes = uint64_t{8} << 20;
   // Batches in flight per backup: the link's send queue needs (max_ranges_per_batch + 2) times
   // this (each chain adds its redo record and commit word).
@@ -88,7 +91,7 @@ class ReplicationGate : public ResponseGate {
   // `pd`: where the staging ring is registered (the links' QPs' PD); `cq`: the send CQ of every
   // link's QP, polled only by this gate, deep enough for every WR of a full window of every link
   // (a broken QP flushes them all). Each link's send queue must hold
-  // max_ranges_per_batch * max_batches_in_flight.
+  // (max_ranges_per_batch + 2) * max_batches_in_flight.
   static absl::StatusOr<std::unique_ptr<ReplicationGate>> Create(mica::Partition* partition,
                                                                  transport::ProtectionDomain* pd,
                                                                  transport::CompletionQueue* cq,

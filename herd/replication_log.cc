@@ -37,10 +37,11 @@ absl::Status ReplayLastBatch(absl::Span<const uint8_t> redo_area, absl::Span<uin
   if (commit == 0) return absl::OkStatus();  // nothing was ever committed
   const uint64_t ring_bytes = redo_area.size() - kRedoCommitLineBytes;
   const uint8_t* ring = redo_area.data() + kRedoCommitLineBytes;
-  const uint64_t at = (commit - 1) % ring_bytes;
+  const uint64_t at = commit - 1;  // the record's offset in the ring
   // Every length below is 64-bit and checked against what is left: the bytes may be anything.
-  if (ring_bytes - at < sizeof(RedoHeader)) {
-    return absl::DataLossError("the committed redo record's header runs past the ring");
+  if (at > ring_bytes || ring_bytes - at < sizeof(RedoHeader)) {
+    return absl::DataLossError(
+        absl::StrFormat("the commit word names ring offset %d: no record header fits there", at));
   }
   RedoHeader header;
   std::memcpy(&header, ring + at, sizeof(header));
@@ -57,6 +58,11 @@ absl::Status ReplayLastBatch(absl::Span<const uint8_t> redo_area, absl::Span<uin
   }
   // Bounds first, for every range, so that nothing is applied unless all of it can be.
   const uint64_t table_end = sizeof(RedoHeader) + header.ranges * sizeof(RedoRange);
+  if (header.record_bytes < table_end) {
+    return absl::DataLossError(
+        absl::StrFormat("the committed redo record claims %d bytes, less than its %d-range table",
+                        header.record_bytes, header.ranges));
+  }
   uint64_t data = table_end;
   for (uint64_t i = 0; i < header.ranges; ++i) {
     RedoRange r;

@@ -11,12 +11,18 @@
 //     finishes them.
 // The primary never reuses the ring space of the newest record a backup may have committed.
 //
-//   redo area:  [ commit line: 64 B (word 0: record start + 1, as a running ring offset) ]
+//   redo area:  [ commit line: 64 B (word 0: the record's offset in the ring + 1; 0: none) ]
 //               [ ring: staging_bytes, the primary's staging ring at the same offsets    ]
 //   record:     RedoHeader | RedoRange[ranges] | the ranges' bytes, each padded to 8
 //
 // The header and range table carry a checksum (damage or a stray writer is refused, never
-// applied); the data needs none: the commit that names a record was written after all of it.
+// applied); the data needs none, on one condition herd states and relies on: the backup's NIC
+// places a QP's messages in order, so when the stream is cut, every message before the cut is
+// whole and none after it has landed (go-back-N RC: the shm fabric, Soft-RoCE, ConnectX without
+// adaptive routing). A NIC that places RC messages out of order (adaptive routing, iWARP DDP)
+// needs a READ before each commit word; not done.
+// After a replay the caller zeroes the commit word (a second replay of an older record after
+// the promoted partition moved on would roll it back); a new link starts from a zeroed area.
 #ifndef HERD_HERD_REPLICATION_LOG_H_
 #define HERD_HERD_REPLICATION_LOG_H_
 

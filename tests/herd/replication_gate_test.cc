@@ -6,6 +6,7 @@
 #include "herd/replication_gate.h"
 
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <random>
 #include <string>
@@ -466,6 +467,120 @@ TEST(ReplicationGate, ABackupCutAfterAnyWrOfAChainReplaysToAWholeBatch) {
     EXPECT_TRUE((*scratch)->ResumeFromRegion().ok());
     RecordProperty("cuts_" + std::string(mica::StoreModeName(mode)), static_cast<int>(prefixes));
     gate->reset();
+  }
+}
+
+// Records up to a third of the ring keep flowing however the ring wraps (none waits forever
+// beside the record it protects); a larger one drops every backup, loudly, and its answers go.
+TEST(ReplicationGate, RecordsNearTheRingsLimitNeverWaitForever) {
+  Replicated r;
+  ReplicationOptions options;
+  options.staging_bytes = 6 << 10;  // a third: 2 KiB of record
+  ASSERT_TRUE(
+      r.Open(mica::StoreMode::kStore, "shm", 1, options, absl::StrCat("gate-ring-", getpid())));
+  std::mt19937_64 rng(13);
+  for (int round = 1; round <= 200; ++round) {
+    // One PUT of 100..900 bytes: records of about 0.3 to 1.3 KiB, wrapping the ring often.
+    mica::Request put;
+    const std::string key = absl::StrCat("key", rng() % 8);
+    const std::string value(100 + rng() % 800, 'r');
+    put.op = mica::OpCode::kPut;
+    put.key = key;
+    put.keyhash = mica::KeyHash(key);
+    put.value = value;
+    r.Run({put});
+    ASSERT_TRUE(r.ReleaseAll(1)) << "round " << round;
+    ASSERT_TRUE(r.BackupIdentical(0)) << "round " << round;
+  }
+  EXPECT_EQ(r.gate().live_backups(), 1u);
+  // Three PUTs of 1000 bytes in one batch: a record over a third of the ring.
+  std::vector<mica::Request> big(3);
+  std::vector<std::string> keys = {"big0", "big1", "big2"};
+  const std::string value(1000, 'b');
+  for (int i = 0; i < 3; ++i) {
+    big[i].op = mica::OpCode::kPut;
+    big[i].key = keys[i];
+    big[i].keyhash = mica::KeyHash(keys[i]);
+    big[i].value = value;
+  }
+  r.Run(big);
+  ASSERT_TRUE(r.ReleaseAll(3)) << "answers of a batch that cannot be replicated must still go";
+  EXPECT_EQ(r.gate().live_backups(), 0u);
+}
+
+// Replaying what a damaged or hostile redo area holds: refused with an error, nothing applied,
+// never a read past the area or a write past the region.
+TEST(ReplayLastBatch, RefusesRecordsItCannotTrust) {
+  constexpr uint64_t kRing = 4096;
+  std::vector<uint8_t> area(RedoAreaBytes(kRing)), region(8192, 0x11);
+  const std::vector<uint8_t> pristine = region;
+  uint8_t* ring = area.data() + kRedoCommitLineBytes;
+  const auto commit = [&](uint64_t at) { std::memcpy(area.data(), &at, sizeof(at)); };
+  // A well-formed record of one 16-byte range at offset 100, at ring offset 256.
+  const auto write_record = [&](uint64_t at, uint64_t ranges, uint64_t record_bytes,
+                                RedoRange range) {
+    auto* header = reinterpret_cast<RedoHeader*>(ring + at);
+    *header = RedoHeader{};
+    header->batch = 7;
+    header->ranges = ranges;
+    header->record_bytes = record_bytes;
+    if (ranges > 0) std::memcpy(ring + at + sizeof(RedoHeader), &range, sizeof(range));
+    const uint64_t data = at + sizeof(RedoHeader) + ranges * sizeof(RedoRange);
+    if (data + 16 <= kRing) std::memset(ring + data, 0x22, 16);  // the test stays in its buffer
+    SealRedoRecord(header);
+  };
+  const auto replay = [&] { return ReplayLastBatch(area, absl::MakeSpan(region)); };
+  // Nothing committed: nothing done.
+  EXPECT_TRUE(replay().ok());
+  EXPECT_EQ(region, pristine);
+  write_record(256, 1, RedoRecordBytes(1, 16), RedoRange{100, 16});
+  commit(256 + 1);
+  ASSERT_TRUE(replay().ok());
+  EXPECT_EQ(region[100], 0x22);
+  EXPECT_EQ(region[115], 0x22);
+  EXPECT_EQ(region[116], 0x11);
+  region = pristine;
+  // Each of these is refused and applies nothing.
+  struct Case {
+    const char* what;
+    std::function<void()> damage;
+  };
+  const std::vector<Case> cases = {
+      {"a commit past the ring", [&] { commit(kRing + 100); }},
+      {"a header that runs past the ring", [&] { commit(kRing - 8 + 1); }},
+      {"a flipped table byte",
+       [&] {
+         write_record(256, 1, RedoRecordBytes(1, 16), RedoRange{100, 16});
+         commit(257);
+         ring[256 + sizeof(RedoHeader)] ^= 1;
+       }},
+      {"a range outside the region",
+       [&] {
+         write_record(256, 1, RedoRecordBytes(1, 16), RedoRange{8190, 16});
+         commit(257);
+       }},
+      {"record bytes shorter than the table (checksummed: anyone can seal one)",
+       [&] {
+         write_record(kRing - 80, 1, 72, RedoRange{0, 72});
+         commit(kRing - 80 + 1);
+       }},
+      {"a range longer than the record",
+       [&] {
+         write_record(256, 1, RedoRecordBytes(1, 16), RedoRange{0, 4000});
+         commit(257);
+       }},
+      {"more ranges than the ring holds",
+       [&] {
+         write_record(256, 1000, RedoRecordBytes(1, 16), RedoRange{0, 8});
+         commit(257);
+       }},
+  };
+  for (const Case& c : cases) {
+    std::fill(area.begin(), area.end(), 0);
+    c.damage();
+    const absl::Status s = replay();
+    EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << c.what << ": " << s;
+    EXPECT_EQ(region, pristine) << c.what << ": something was applied";
   }
 }
 

@@ -33,7 +33,7 @@ PartitionConfig ConfigFor(StoreMode mode) {
   config.mode = mode;
   config.log_bytes = 256 << 10;   // cache mode: the log laps many times
   config.pool_bytes = 128 << 10;  // store mode: fills to NO_MEMORY now and then
-  config.bucket_count = 8;  // full buckets: evictions (cache), chains of 5-6 (store)
+  config.bucket_count = 8;        // full buckets: evictions (cache), chains of 5-6 (store)
   config.extra_bucket_count = 64;
   config.max_value_bytes = kMaxValue;
   config.checksum_from_value_bytes = 0;  // a replicated partition checksums every item
