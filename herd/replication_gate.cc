@@ -33,8 +33,9 @@ absl::StatusOr<std::unique_ptr<ReplicationGate>> ReplicationGate::Create(
   if (partition == nullptr || pd == nullptr || cq == nullptr) {
     return absl::InvalidArgumentError("a replication gate needs a partition, a PD and a CQ");
   }
-  if (options.max_ranges_per_batch == 0 || options.max_batches_in_flight == 0 ||
-      options.staging_bytes == 0 || options.staging_bytes > UINT32_MAX) {
+  if (options.max_ranges_per_batch == 0 || options.max_ranges_per_batch > kMaxRedoRanges ||
+      options.max_batches_in_flight == 0 || options.staging_bytes == 0 ||
+      options.staging_bytes > UINT32_MAX) {
     return absl::InvalidArgumentError(
         "max_ranges_per_batch and max_batches_in_flight must be >= 1, staging_bytes in 1..2^32-1 "
         "(one WRITE's length)");

@@ -36,6 +36,9 @@ namespace herd {
 inline constexpr uint64_t kRedoMagic = 0x4f44455244524548ULL;  // "HERDREDO"
 inline constexpr uint64_t kRedoCommitLineBytes = 64;           // the commit word's line
 inline constexpr uint64_t kRedoAlignment = 8;
+// The most ranges one record may hold (a gate's max_ranges_per_batch is far below): bounds every
+// loop over a table whose length a damaged record could make anything.
+inline constexpr uint64_t kMaxRedoRanges = uint64_t{1} << 20;
 
 struct RedoHeader {
   uint64_t magic;         // kRedoMagic
