@@ -162,10 +162,7 @@ mica::PartitionConfig ConfigFor(mica::StoreMode mode, uint64_t items) {
   config.max_value_bytes = FLAGS_value_bytes;
   const uint64_t item_bytes = mica::ItemBytes(FLAGS_key_bytes, FLAGS_value_bytes);
   config.log_bytes = static_cast<uint64_t>(kLogSlack * items * item_bytes);
-  const uint64_t block_bytes = item_bytes <= mica::kSlabMaxSmallBytes
-                                   ? mica::SlabClassBytes(mica::SlabClassOf(item_bytes))
-                                   : (item_bytes + mica::kSlabDefaultPageBytes - 1) /
-                                         mica::kSlabDefaultPageBytes * mica::kSlabDefaultPageBytes;
+  const uint64_t block_bytes = mica::SlabBlockBytesFor(item_bytes, mica::kSlabDefaultPageBytes);
   config.pool_bytes = static_cast<uint64_t>(kPoolSlack * items * block_bytes);
   config.try_hugepages = FLAGS_hugepages;
   return config;

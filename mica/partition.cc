@@ -424,8 +424,7 @@ uint64_t PartitionLayout::LogCapacityItems(uint32_t key_bytes, uint32_t value_by
   // blocks of the item's class (span tails ignored: under 1% for every class, slab.cc).
   const uint64_t page = kSlabDefaultPageBytes;
   const uint64_t pages = pool_bytes / (page + sizeof(SlabPage));
-  const uint64_t block = item <= kSlabMaxSmallBytes ? SlabClassBytes(SlabClassOf(item))
-                                                    : (item + page - 1) / page * page;
+  const uint64_t block = SlabBlockBytesFor(item, page);
   return pages * page / block;
 }
 

@@ -437,9 +437,7 @@ bool SlabAllocator::TryFree(uint64_t offset) {
 }
 
 uint64_t SlabAllocator::BlockBytesFor(uint64_t bytes) const {
-  if (bytes == 0) bytes = 1;
-  if (bytes <= kSlabMaxSmallBytes) return SlabClassBytes(SlabClassOf(bytes));
-  return ((bytes + page_bytes_ - 1) >> page_shift_) << page_shift_;
+  return SlabBlockBytesFor(bytes, page_bytes_);
 }
 
 SlabAllocator::ClassUsage SlabAllocator::ClassUsageOf(int size_class) const {

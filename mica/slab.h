@@ -83,6 +83,14 @@ inline constexpr uint64_t SlabClassBytes(int size_class) {
   return (uint64_t{1} << e) + (j << (e - 2));
 }
 
+// The usable bytes of the block an allocation of `bytes` (0 counts as 1) gets: its class's size,
+// or whole pages of `page_bytes` (a power of two) for a large block.
+inline constexpr uint64_t SlabBlockBytesFor(uint64_t bytes, uint64_t page_bytes) {
+  if (bytes == 0) bytes = 1;
+  if (bytes <= kSlabMaxSmallBytes) return SlabClassBytes(SlabClassOf(bytes));
+  return (bytes + page_bytes - 1) & ~(page_bytes - 1);
+}
+
 static_assert(SlabClassBytes(kSlabClassCount - 1) == kSlabMaxSmallBytes);
 static_assert(SlabClassOf(kSlabMaxSmallBytes) == kSlabClassCount - 1);
 static_assert(SlabClassOf(65) == 1 && SlabClassBytes(1) == 80);

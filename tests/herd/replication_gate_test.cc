@@ -182,6 +182,7 @@ class Replicated {
   transport::QueuePair& link_qp(int b) { return *backups_[b].link_qp; }
   transport::QueuePair& backup_qp(int b) { return *backups_[b].qp; }
   mica::Partition& backup(int b) { return *backups_[b].partition; }
+  const uint8_t* backup_redo(int b) const { return backups_[b].redo->data(); }
 
  private:
   struct Backup {
@@ -298,10 +299,22 @@ TEST(ReplicationGate, AReleasedBatchIsWholeAtTheBackupThoughTheNextChangedIt) {
     ASSERT_LT(absl::Now(), give_up) << "batch 1 was never released";
   }
   ASSERT_EQ(got, 1u) << "batch 2 released with batch 1";
-  // Batch 2's chain was posted by that Release and lands 20 ms later: copy the backup now.
+  // Batch 2's chain was posted by that Release and lands 20 ms later: copy the backup now, then
+  // read its commit word. If it still names batch 1's record (the first, at ring offset 0),
+  // none of batch 2's in-place WRITEs had landed when the copy was taken (they follow its
+  // commit on the QP), so the copy is exactly what batch 1's WRITEs left. A copy slow enough to
+  // see batch 2's commit proves nothing about batch 1: that run is skipped, never judged by a
+  // clock (the cut test covers every interleaving deterministically).
+  constexpr uint64_t kFirstRecordCommit = 1;  // replication_log.h: ring offset 0, plus one
   auto probe = mica::Partition::Create(ConfigFor(mica::StoreMode::kStore));
   ASSERT_TRUE(probe.ok());
   std::memcpy((*probe)->region().base(), r.backup(0).region().base(), RegionBytes(r.primary()));
+  std::atomic_thread_fence(std::memory_order_acquire);
+  uint64_t commit = 0;
+  std::memcpy(&commit, r.backup_redo(0), sizeof(commit));
+  if (commit != kFirstRecordCommit) {
+    GTEST_SKIP() << "batch 2's commit landed before the copy ended (a preempted test thread)";
+  }
   ASSERT_TRUE((*probe)->ResumeFromRegion().ok()) << "the backup held a mixed state";
   std::vector<char> out(kMaxValue * 4);
   const mica::Response at_backup =
