@@ -843,6 +843,14 @@ absl::Status ResultError(const Result& r) {
           name +
           ": the server could not serve it through an inconsistency of its own (e.g. an item in "
           "its log that fails its checksum), not the request's fault: see the server's log");
+    case Status::kBackupBusy:
+      return absl::UnavailableError(
+          name +
+          ": the backup could not read a whole copy while its primary's writes landed "
+          "(or its primary died mid-batch): ask again, or ask the primary");
+    case Status::kNotPrimary:
+      return absl::FailedPreconditionError(name +
+                                           ": the server is a backup; writes go to the primary");
     case Status::kKeyTooLong:
       return absl::InvalidArgumentError(name +
                                         ": the key is empty or longer than the server takes");

@@ -34,6 +34,10 @@ std::string_view StatusName(Status status) {
       return "WRONG_WORKER";
     case Status::kInternal:
       return "INTERNAL";
+    case Status::kBackupBusy:
+      return "BACKUP_BUSY";
+    case Status::kNotPrimary:
+      return "NOT_PRIMARY";
     case Status::kTimedOut:
       return "TIMED_OUT";
     case Status::kSendFailed:

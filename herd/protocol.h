@@ -44,6 +44,9 @@ enum class Status : uint8_t {
   kWrongWorker = 17,  // the key belongs to another worker's partition
   kInternal = 18,     // the server's own inconsistency (an item in its log that fails its
                       // checksum, a store result it does not know): not the request's fault
+  kBackupBusy = 19,   // GET at a backup: no whole copy could be read while its primary's writes
+                      // landed (or the primary died mid-batch): ask again, or the primary
+  kNotPrimary = 20,   // a mutation sent to a backup: only the primary takes writes
   kTimedOut = 32,     // client-side: no valid response through every retransmission
   kSendFailed = 33,   // client-side: the request could not be sent (its QP is in error)
 };

@@ -16,10 +16,13 @@ constexpr int kLinkShift = 48;
 constexpr uint64_t kBatchMask = (uint64_t{1} << kLinkShift) - 1;
 // Completions taken per poll.
 constexpr size_t kPollBatch = 32;
-// Each chain's WRs besides its ranges: the redo record and the commit word.
-constexpr uint32_t kRecordWrs = 2;
-// The commit word after each record in the staging ring (its source).
-constexpr uint64_t kCommitWordBytes = sizeof(uint64_t);
+// A chain's WRs: the redo record, the commit words, the ranges from kFirstRangeWr on, the done
+// word last.
+constexpr uint32_t kFirstRangeWr = 2;
+// After each record in the staging ring, the sources of the commit line's words
+// (replication_log.h): the commit word and the begun batch (one WRITE), the done batch.
+constexpr uint64_t kCommitWriteBytes = kRedoDoneWordOffset;
+constexpr uint64_t kCommitSourceBytes = kRedoDoneWordOffset + sizeof(uint64_t);
 // A record takes at most 1/kMaxRecordShare of the staging ring. With nothing in flight the ring
 // protects one record (a backup's commit may name it), and the larger of the two free pieces
 // beside it, at least (ring - record) / 2, then holds any record: no batch waits forever.
@@ -43,8 +46,7 @@ absl::StatusOr<std::unique_ptr<ReplicationGate>> ReplicationGate::Create(
   if (links.size() >= (size_t{1} << (64 - kLinkShift))) {
     return absl::InvalidArgumentError("too many backups for one gate");
   }
-  const uint64_t needed =
-      (uint64_t{options.max_ranges_per_batch} + kRecordWrs) * options.max_batches_in_flight;
+  const uint64_t needed = LinkSendQueueDepth(options);
   for (const BackupLink& link : links) {
     if (link.qp == nullptr || link.qp->config().type != transport::QpType::kRc) {
       return absl::InvalidArgumentError("every backup link needs an RC QP");
@@ -53,10 +55,11 @@ absl::StatusOr<std::unique_ptr<ReplicationGate>> ReplicationGate::Create(
       return absl::InvalidArgumentError("every backup link's send CQ must be the gate's CQ");
     }
     if (link.qp->config().max_send_wr < needed) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "a backup link's send queue holds %d WRs; (%d ranges + 2) x %d batches in flight need %d",
-          link.qp->config().max_send_wr, options.max_ranges_per_batch,
-          options.max_batches_in_flight, needed));
+      return absl::InvalidArgumentError(
+          absl::StrFormat("a backup link's send queue holds %d WRs; (%d ranges + %d) x %d batches "
+                          "in flight need %d",
+                          link.qp->config().max_send_wr, options.max_ranges_per_batch,
+                          kChainFrameWrs, options.max_batches_in_flight, needed));
     }
   }
   absl::StatusOr<transport::SharedMemory> staging =
@@ -81,8 +84,8 @@ ReplicationGate::ReplicationGate(mica::Partition* partition, transport::SharedMe
       cq_(cq),
       options_(options),
       changes_(options.max_ranges_per_batch),
-      wrs_(options.max_ranges_per_batch + kRecordWrs),
-      sges_(options.max_ranges_per_batch + kRecordWrs),
+      wrs_(options.max_ranges_per_batch + kChainFrameWrs),
+      sges_(options.max_ranges_per_batch + kChainFrameWrs),
       completions_(kPollBatch),
       held_ring_(std::max<uint32_t>(options.held_reserve, 1)) {
   for (BackupLink& backup : links) links_.push_back(Link{backup});
@@ -125,7 +128,7 @@ bool ReplicationGate::PostPending() {
   uint64_t padded = 0;
   for (const mica::ByteRange& r : ranges) padded += RedoPadded(r.bytes);
   const uint64_t record_bytes = RedoRecordBytes(n, padded);
-  const uint64_t bytes = record_bytes + kCommitWordBytes;  // the staging the batch needs
+  const uint64_t bytes = record_bytes + kCommitSourceBytes;  // the staging the batch needs
   if (n > 0 && live_ > 0 && bytes > options_.staging_bytes / kMaxRecordShare) {
     // More than a record may take (merged past the recorder's capacity, or values too large
     // for the ring): it could wait for room forever beside the record the ring protects. Never
@@ -158,7 +161,10 @@ bool ReplicationGate::PostPending() {
   const uint64_t batch = last_posted_ + 1;
   counters_.overflowed += changes_.overflowed();
   // The snapshot, as a redo record: header, range table, the ranges' bytes as they are now
-  // (later batches cannot change them), then the commit word that names the record.
+  // (later batches cannot change them), then the commit line's words that name the record.
+  // The ranges go in place in reverse order: items (the pool or log, at the region's end)
+  // before the bucket lines that name them, the header last, so a backup reader mostly finds an
+  // item whole where a new slot points (it verifies every item anyway: replica_read.h).
   uint8_t* const record = staging_.data() + start % capacity;
   auto* header = reinterpret_cast<RedoHeader*>(record);
   *header = RedoHeader{};
@@ -171,19 +177,24 @@ bool ReplicationGate::PostPending() {
     table[i] = RedoRange{ranges[i].offset, ranges[i].bytes};
     std::memcpy(record + data, region_base_ + ranges[i].offset, ranges[i].bytes);
     // The in-place WRITEs read the record's data.
-    transport::Sge& sge = sges_[kRecordWrs + i];
+    transport::Sge& sge = sges_[kFirstRangeWr + (n - 1 - i)];
     sge.addr = reinterpret_cast<uint64_t>(record + data);
     sge.length = static_cast<uint32_t>(ranges[i].bytes);
     data += RedoPadded(ranges[i].bytes);
   }
   SealRedoRecord(header);
-  const uint64_t commit = start % capacity + 1;  // ReplayLastBatch: the record's ring offset + 1
-  std::memcpy(record + record_bytes, &commit, sizeof(commit));
+  // ReplayLastBatch: the record's ring offset + 1; then the batch, as begun and as done.
+  const uint64_t words[] = {start % capacity + 1, batch, batch};
+  static_assert(sizeof(words) == kCommitSourceBytes);
+  std::memcpy(record + record_bytes, words, sizeof(words));
   sges_[0].addr = reinterpret_cast<uint64_t>(record);
   sges_[0].length = static_cast<uint32_t>(record_bytes);
   sges_[1].addr = reinterpret_cast<uint64_t>(record + record_bytes);
-  sges_[1].length = static_cast<uint32_t>(kCommitWordBytes);
-  const size_t wrs = n + kRecordWrs;
+  sges_[1].length = static_cast<uint32_t>(kCommitWriteBytes);
+  const size_t wrs = n + kChainFrameWrs;
+  const size_t done_wr = wrs - 1;
+  sges_[done_wr].addr = reinterpret_cast<uint64_t>(record + record_bytes + kCommitWriteBytes);
+  sges_[done_wr].length = sizeof(uint64_t);
   for (size_t i = 0; i < wrs; ++i) {
     wrs_[i].next = i + 1 < wrs ? &wrs_[i + 1] : nullptr;
     wrs_[i].flags = i + 1 < wrs ? 0u : static_cast<uint32_t>(transport::kSignaled);
@@ -192,7 +203,7 @@ bool ReplicationGate::PostPending() {
   snapshots_[(snapshots_head_ + snapshots_count_) % snapshots_.size()] =
       Snapshot{batch, start, staged_};
   ++snapshots_count_;
-  const uint64_t wire_bytes = record_bytes + kCommitWordBytes + padded;
+  const uint64_t wire_bytes = record_bytes + kCommitSourceBytes + padded;
   for (size_t l = 0; l < links_.size(); ++l) {
     Link& link = links_[l];
     if (!link.live) continue;
@@ -204,9 +215,12 @@ bool ReplicationGate::PostPending() {
     wrs_[1].remote_addr = link.backup.redo_addr;
     wrs_[1].rkey = link.backup.redo_rkey;
     for (size_t i = 0; i < n; ++i) {
-      wrs_[kRecordWrs + i].remote_addr = link.backup.region_addr + ranges[i].offset;
-      wrs_[kRecordWrs + i].rkey = link.backup.rkey;
+      transport::SendWr& wr = wrs_[kFirstRangeWr + (n - 1 - i)];
+      wr.remote_addr = link.backup.region_addr + ranges[i].offset;
+      wr.rkey = link.backup.rkey;
     }
+    wrs_[done_wr].remote_addr = link.backup.redo_addr + kRedoDoneWordOffset;
+    wrs_[done_wr].rkey = link.backup.redo_rkey;
     for (size_t i = 0; i < wrs; ++i) wrs_[i].wr_id = wr_id;
     transport::SendWr* bad = nullptr;
     if (absl::Status s = link.backup.qp->PostSend(wrs_.data(), &bad); !s.ok()) {

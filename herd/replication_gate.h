@@ -9,8 +9,10 @@
 // backup, ONE chain of RDMA WRITEs from the snapshot to the same offsets of the backup's
 // partition region (one doorbell per backup per batch; only the last WR signaled). The chain
 // first WRITEs the whole snapshot as a redo record into the backup's redo area, then a commit
-// word naming it, then the ranges in place: a backup whose primary dies mid-chain replays the
-// last committed record and is whole (herd/replication_log.h). The batch's mutations are
+// word naming it (with the batch number, "begun"), then the ranges in place, then the batch
+// number again ("done"): a backup whose primary dies mid-chain replays the last committed record
+// and is whole, and a backup reader tells a quiet moment from a landing one by the two batch
+// numbers (herd/replication_log.h). The batch's mutations are
 // released once every live backup's chain completed (an RC completion in order: everything
 // before it completed too). Release() polls the links' CQ without blocking; the
 // worker never waits for a backup.
@@ -59,6 +61,9 @@ struct BackupLink {
   uint32_t redo_rkey = 0;
 };
 
+// WRs of a chain besides its ranges: the redo record, the commit words, the done word.
+inline constexpr uint32_t kChainFrameWrs = 3;
+
 struct ReplicationOptions {
   // WRITEs (ranges) one batch posts per backup; more ranges merge into supersets. A mutation
   // records up to about 10 (a store-mode move: bucket, item, old block, span descriptors,
@@ -68,12 +73,16 @@ struct ReplicationOptions {
   // record (its changed bytes, 16 B per range, 72 B) may take at most a third of it; size it at
   // (max_batches_in_flight + 1) times the largest batch, and at least three times that batch.
   uint64_t staging_bytes = uint64_t{8} << 20;
-  // Batches in flight per backup: the link's send queue needs (max_ranges_per_batch + 2) times
-  // this (each chain adds its redo record and commit word).
+  // Batches in flight per backup: the link's send queue needs LinkSendQueueDepth.
   uint32_t max_batches_in_flight = 4;
   // Held answers reserved up front.
   uint32_t held_reserve = 1024;
 };
+
+// The send queue depth a backup link's QP needs: a full window of full chains.
+inline uint64_t LinkSendQueueDepth(const ReplicationOptions& options) {
+  return (uint64_t{options.max_ranges_per_batch} + kChainFrameWrs) * options.max_batches_in_flight;
+}
 
 struct ReplicationCounters {
   uint64_t batches_posted = 0;  // batches whose ranges went to the backups
@@ -90,8 +99,7 @@ class ReplicationGate : public ResponseGate {
   // `partition` (the worker's, which must outlive the gate) records into the gate from now on;
   // `pd`: where the staging ring is registered (the links' QPs' PD); `cq`: the send CQ of every
   // link's QP, polled only by this gate, deep enough for every WR of a full window of every link
-  // (a broken QP flushes them all). Each link's send queue must hold
-  // (max_ranges_per_batch + 2) * max_batches_in_flight.
+  // (a broken QP flushes them all). Each link's send queue must hold LinkSendQueueDepth.
   static absl::StatusOr<std::unique_ptr<ReplicationGate>> Create(mica::Partition* partition,
                                                                  transport::ProtectionDomain* pd,
                                                                  transport::CompletionQueue* cq,

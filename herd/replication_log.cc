@@ -1,6 +1,7 @@
 #include "herd/replication_log.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 
 #include "absl/strings/str_format.h"
@@ -28,6 +29,22 @@ uint64_t ChecksumOf(const RedoHeader& header, const uint8_t* table) {
 }
 
 }  // namespace
+
+uint64_t LandingWords::Quiet(bool* quiet) const {
+  // Done first: if begun still equals it afterwards, no chain was between the two at that moment.
+  const uint64_t done =
+      std::atomic_ref<uint64_t>(*const_cast<uint64_t*>(done_)).load(std::memory_order_acquire);
+  const uint64_t begun =
+      std::atomic_ref<uint64_t>(*const_cast<uint64_t*>(begun_)).load(std::memory_order_acquire);
+  *quiet = begun == done;
+  return *quiet ? begun : 0;
+}
+
+bool LandingWords::StillQuiet(uint64_t begun) const {
+  std::atomic_thread_fence(std::memory_order_acquire);  // the partition reads before this load
+  return std::atomic_ref<uint64_t>(*const_cast<uint64_t*>(begun_))
+             .load(std::memory_order_relaxed) == begun;
+}
 
 void SealRedoRecord(RedoHeader* header) {
   header->magic = kRedoMagic;

@@ -11,7 +11,10 @@
 //     finishes them.
 // The primary never reuses the ring space of the newest record a backup may have committed.
 //
-//   redo area:  [ commit line: 64 B (word 0: the record's offset in the ring + 1; 0: none) ]
+//   redo area:  [ commit line: 64 B                                                       ]
+//                   word 0: the committed record's offset in the ring + 1 (0: none)
+//                   word 1: "begun", the batch whose in-place writes follow (with word 0)
+//                   word 2: "done", the last batch whose in-place writes all landed
 //               [ ring: staging_bytes, the primary's staging ring at the same offsets    ]
 //   record:     RedoHeader | RedoRange[ranges] | the ranges' bytes, each padded to 8
 //
@@ -21,6 +24,9 @@
 // whole and none after it has landed (go-back-N RC: the shm fabric, Soft-RoCE, ConnectX without
 // adaptive routing). A NIC that places RC messages out of order (adaptive routing, iWARP DDP)
 // needs a READ before each commit word; not done.
+// Words 1 and 2 let a backup reader tell a quiet moment (begun == done: nothing lands in place)
+// from a landing one, and notice a batch that began landing while it read (begun moved): see
+// LandingWords. Batches are numbered from 1 and only grow, so equal words never mean two batches.
 // After a replay the caller zeroes the commit word (a second replay of an older record after
 // the promoted partition moved on would roll it back); a new link starts from a zeroed area.
 #ifndef HERD_HERD_REPLICATION_LOG_H_
@@ -35,6 +41,8 @@ namespace herd {
 
 inline constexpr uint64_t kRedoMagic = 0x4f44455244524548ULL;  // "HERDREDO"
 inline constexpr uint64_t kRedoCommitLineBytes = 64;           // the commit word's line
+inline constexpr uint64_t kRedoBegunWordOffset = 8;            // in the commit line
+inline constexpr uint64_t kRedoDoneWordOffset = 16;
 inline constexpr uint64_t kRedoAlignment = 8;
 // The most ranges one record may hold (a gate's max_ranges_per_batch is far below): bounds every
 // loop over a table whose length a damaged record could make anything.
@@ -67,6 +75,23 @@ inline constexpr uint64_t RedoRecordBytes(uint64_t ranges, uint64_t padded_data_
 inline constexpr uint64_t RedoAreaBytes(uint64_t ring_bytes) {
   return kRedoCommitLineBytes + ring_bytes;
 }
+
+// A backup reader's view of its redo area's begun and done words (the primary's WRITEs change
+// them while the reader runs). Quiet() gives the begun batch if nothing is landing in place now
+// (begun == done), else 0 with *quiet false; a read of the partition that starts after a quiet
+// Quiet() and ends with StillQuiet(that batch) true saw no in-place write at all.
+class LandingWords {
+ public:
+  explicit LandingWords(const uint8_t* redo_area)
+      : begun_(reinterpret_cast<const uint64_t*>(redo_area + kRedoBegunWordOffset)),
+        done_(reinterpret_cast<const uint64_t*>(redo_area + kRedoDoneWordOffset)) {}
+  uint64_t Quiet(bool* quiet) const;
+  bool StillQuiet(uint64_t begun) const;
+
+ private:
+  const uint64_t* begun_;
+  const uint64_t* done_;
+};
 
 // Seals a record whose header fields and table are written: sets magic and the checksum.
 void SealRedoRecord(RedoHeader* header);

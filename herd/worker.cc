@@ -79,7 +79,8 @@ struct Worker::Pending {
 
 Worker::Worker(uint32_t index, const Config& config, std::unique_ptr<mica::Partition> partition,
                std::vector<transport::QueuePair*> ud_qps, transport::CompletionQueue* send_cq,
-               transport::CompletionQueue* recv_cq, const WorkerMemory& memory, ResponseGate* gate)
+               transport::CompletionQueue* recv_cq, const WorkerMemory& memory, ResponseGate* gate,
+               ReplicaReader* replica)
     : index_(index),
       config_(config),
       landing_share_(std::max(1u, config.postlist / kLandingShareDivisor)),
@@ -92,6 +93,7 @@ Worker::Worker(uint32_t index, const Config& config, std::unique_ptr<mica::Parti
       recv_cq_(recv_cq),
       memory_(memory),
       gate_(gate),
+      replica_(replica),
       routes_(config.max_clients),
       queues_(config.ud_qps_per_worker + config.max_clients),
       ud_queues_(ud_qps_.size()),
@@ -358,6 +360,9 @@ Worker::Admitted Worker::Admit(uint32_t client, uint32_t slot, const uint8_t* me
     }
     if (p.status == Status::kOk && mica::PartitionOf(h.keyhash, config_.workers) != index_) {
       p.status = Status::kWrongWorker;
+    } else if (p.status == Status::kOk && replica_ != nullptr &&
+               IsMutation(static_cast<Op>(h.op))) {
+      p.status = Status::kNotPrimary;  // recorded below: a retransmission replays it
     } else if (p.status == Status::kOk && h.seq == state.last_seq &&
                IsMutation(static_cast<Op>(h.op))) {
       p.replay = true;  // executed once already: answer from the table, never apply twice
@@ -435,8 +440,15 @@ void Worker::ExecuteAndRespond(uint32_t count) {
     r.value_out_bytes = copy ? config_.landing_value_limit() : get ? config_.inline_limit() : 0;
     store_index_[executed++] = i;
   }
-  partition_->ExecuteBatch(absl::MakeSpan(store_requests_.data(), executed),
-                           absl::MakeSpan(store_responses_.data(), executed));
+  if (replica_ == nullptr) {
+    partition_->ExecuteBatch(absl::MakeSpan(store_requests_.data(), executed),
+                             absl::MakeSpan(store_responses_.data(), executed));
+  } else {
+    // A backup's batch holds only GETs (Admit answered every mutation NOT_PRIMARY).
+    for (uint32_t e = 0; e < executed; ++e) {
+      store_responses_[e] = replica_->Get(store_requests_[e]);
+    }
+  }
   for (uint32_t e = 0; e < executed; ++e) {
     Pending& p = batch_[store_index_[e]];
     const mica::Response& r = store_responses_[e];
@@ -512,6 +524,8 @@ Status Worker::WireStatus(const Pending& p, mica::Result result) {
     case mica::Result::kNoMemory:
       return static_cast<Status>(result);  // the same values (static_asserts above)
     case mica::Result::kCorrupt:
+      // A backup's read that found its replica changing throughout (replica_reader.h).
+      if (replica_ != nullptr) return Status::kBackupBusy;
       break;
   }
   // The server's own fault, not the request's: answered, never crashed on, nothing delivered.

@@ -14,6 +14,7 @@
 
 #include "herd/config.h"
 #include "herd/protocol.h"
+#include "herd/replica_reader.h"
 #include "herd/response_gate.h"
 #include "herd/send_chains.h"
 #include "herd/send_queue.h"
@@ -99,11 +100,13 @@ struct WorkerMemory {
 class Worker {
  public:
   // `ud_qps`: the worker's response UD QPs; the first also receives UD requests. `gate`, if
-  // not null, may hold mutations' responses (response_gate.h); it must outlive the worker.
+  // not null, may hold mutations' responses (response_gate.h); it must outlive the worker's
+  // thread. `replica`, if not null, makes this a backup's worker: GETs read the replica through
+  // it (replica_reader.h) and mutations are answered NOT_PRIMARY.
   Worker(uint32_t index, const Config& config, std::unique_ptr<mica::Partition> partition,
          std::vector<transport::QueuePair*> ud_qps, transport::CompletionQueue* send_cq,
          transport::CompletionQueue* recv_cq, const WorkerMemory& memory,
-         ResponseGate* gate = nullptr);
+         ResponseGate* gate = nullptr, ReplicaReader* replica = nullptr);
   ~Worker();
 
   // The thread body: runs until `stop` is set.
@@ -127,6 +130,9 @@ class Worker {
   // Per UD response queue (ud_qps_per_worker of them).
   const QueueProgress& ud_progress(uint32_t queue) const { return ud_progress_[queue]; }
   const mica::Partition& partition() const { return *partition_; }
+  // The partition itself, for what runs before or after the thread (a replication gate's
+  // recorder, a promotion's ResumeFromRegion). Never while Run runs.
+  mica::Partition* mutable_partition() { return partition_.get(); }
   uint32_t index() const { return index_; }
   // Queue table slots 0..ud_qps-1 are the UD QPs; sessions take the rest.
   uint32_t queue_table_size() const { return static_cast<uint32_t>(queues_.size()); }
@@ -206,6 +212,7 @@ class Worker {
   transport::CompletionQueue* recv_cq_;
   WorkerMemory memory_;
   ResponseGate* const gate_;
+  ReplicaReader* const replica_;
 
   std::vector<std::atomic<const ClientRoute*>> routes_;  // by client id
   std::vector<std::atomic<SendQueue*>> queues_;          // by table slot

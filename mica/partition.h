@@ -130,6 +130,20 @@ class Partition {
                std::string_view value);
   Response Execute(const Request& request);
 
+  // A backup's GET (replica_read.cc), on a region a primary's WRITEs keep changing (RDMA, or
+  // another process): reads only, never changes a byte (no stats either), and hands out a value
+  // only from a whole copy of its item that verifies (checksum, keyhash, key). `scratch` holds
+  // that copy (8-byte aligned); an item longer than it, or a value longer than value_out_bytes,
+  // is kBufferTooSmall with the item's place and size as read (a caller that READs it verifies
+  // its own copy). Every item must carry a checksum (checksum_from_value_bytes = 0: a
+  // replicated partition's rule); one without cannot verify.
+  // kOk: the value; kNotFound: no item of the key in a chain that did not change while read
+  // (the caller confirms the miss against a moment no WRITE was landing, herd/replication_log.h:
+  // LandingWords); kCorrupt: a torn read (a bucket changing, an item that fails its checksum):
+  // read again.
+  Response ReadReplica(std::string_view key, uint64_t keyhash, char* value_out,
+                       uint32_t value_out_bytes, absl::Span<uint64_t> scratch) const;
+
   // The worker's hot path (batch.cc): prefetches every request's bucket, then each candidate
   // item's first cache lines, then executes the requests in order. responses.size() must be
   // >= requests.size().

@@ -34,7 +34,7 @@ using transport::testing::Node;
 constexpr uint32_t kMaxValue = 1024;
 constexpr int kKeys = 200;
 constexpr int kMaxBatch = 16;
-constexpr uint32_t kLinkSendQueue = 2048;  // >= (max_ranges_per_batch + 2) x max_batches_in_flight
+constexpr uint32_t kLinkSendQueue = 2048;  // >= LinkSendQueueDepth of the options used
 constexpr uint32_t kAsyncDelayUs = 500;    // the asynchronous fabric: WRITEs execute this late
 
 mica::PartitionConfig ConfigFor(mica::StoreMode mode) {
@@ -413,7 +413,7 @@ TEST(ReplicationGate, ABackupCutAfterAnyWrOfAChainReplaysToAWholeBatch) {
     options.staging_bytes = 4 << 20;
     options.max_batches_in_flight = kBatches;  // nothing completes here: every chain stays out
     std::vector<uint8_t> redo(RedoAreaBytes(options.staging_bytes)), scratch_redo(redo.size());
-    RecordingQp qp(node->send_cq.get(), (options.max_ranges_per_batch + 2) * kBatches);
+    RecordingQp qp(node->send_cq.get(), static_cast<uint32_t>(LinkSendQueueDepth(options)));
     auto gate = ReplicationGate::Create(
         primary->get(), node->pd.get(), node->send_cq.get(),
         {BackupLink{&qp, reinterpret_cast<uint64_t>((*backup)->region().base()), 0,
@@ -468,6 +468,14 @@ TEST(ReplicationGate, ABackupCutAfterAnyWrOfAChainReplaysToAWholeBatch) {
                                                          (*scratch)->region().mapped_bytes()))
                 .ok())
             << "batch " << batch << " cut after " << cut;
+        // A reader of the cut backup sees in-place writes landing from the commit words until
+        // the done word, the chain's last WR.
+        bool quiet = false;
+        const uint64_t begun = LandingWords(scratch_redo.data()).Quiet(&quiet);
+        ASSERT_EQ(quiet, cut < 2 || cut == chain.size()) << "batch " << batch << " cut " << cut;
+        if (quiet) {
+          EXPECT_EQ(begun, cut < 2 ? chains_seen - 1 : chains_seen);
+        }
         // The record and the commit word lead each chain: from the commit on, this batch.
         const std::vector<uint8_t>& expected = cut >= 2 ? after : before;
         ASSERT_EQ(std::memcmp((*scratch)->region().base(), expected.data(), whole), 0)

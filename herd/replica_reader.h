@@ -1,0 +1,60 @@
+// A backup worker's GET: reads its partition's replica while the primary's WRITEs land in it
+// (herd/replication_gate.h), with no help from the primary and no backup CPU on the write path.
+//
+// Contract (tests/herd/replica_reader_test.cc):
+// - A value is answered only from a whole, verified copy of the key's item
+//   (mica::Partition::ReadReplica): never torn, never another key's.
+// - Never older than a write the primary acknowledged before the GET began: an acknowledged
+//   write's bytes were placed here before its acknowledgement, and every later landing brings
+//   newer bytes. A hit is the item a slot named at the moment of reading, at least that new.
+// - A miss is answered only from a read that began and ended while no in-place WRITE landed
+//   (LandingWords: begun == done before, begun unchanged after): a slot half-way through a
+//   batch (an old slot naming a reused block, a chain being relinked) can make a present key
+//   look absent, so an unconfirmed miss is read again.
+// - Bounded: after kMaxAttempts torn reads or unconfirmed misses (a primary that died mid-chain
+//   leaves begun != done until promotion) the answer is kCorrupt, which the worker sends as
+//   BACKUP_BUSY: ask again, or ask the primary. Never blocks, allocates or locks.
+#ifndef HERD_HERD_REPLICA_READER_H_
+#define HERD_HERD_REPLICA_READER_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "mica/partition.h"
+#include "transport/types.h"
+
+namespace herd {
+
+struct ReplicaReadCounters {
+  transport::Counter reads;        // GETs read from the replica
+  transport::Counter torn;         // attempts that found a bucket or item changing
+  transport::Counter unconfirmed;  // misses read again (a WRITE was landing meanwhile)
+  transport::Counter busy;         // GETs given up after kMaxAttempts
+};
+
+class ReplicaReader {
+ public:
+  // Attempts per GET before it is answered busy: a batch's WRITEs land within microseconds, so
+  // this many reads (each well under a microsecond) outlast any live primary's chain.
+  static constexpr uint32_t kMaxAttempts = 4096;
+
+  // `redo_area`: the backup's redo area for this partition (its commit line's begun and done
+  // words). Both must outlive the reader.
+  ReplicaReader(const mica::Partition* partition, const uint8_t* redo_area);
+
+  // A GET (request.op must be kGet): ReadReplica's results, with kNotFound confirmed and
+  // kCorrupt meaning busy (see above).
+  mica::Response Get(const mica::Request& request);
+
+  const ReplicaReadCounters& counters() const { return counters_; }
+
+ private:
+  const mica::Partition* partition_;
+  const uint8_t* redo_area_;
+  std::vector<uint64_t> scratch_;  // one item, the largest the partition stores
+  ReplicaReadCounters counters_;
+};
+
+}  // namespace herd
+
+#endif  // HERD_HERD_REPLICA_READER_H_
