@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "gflags/gflags.h"
 #include "glog/logging.h"
 #include "herd/flags.h"
@@ -26,6 +27,19 @@ DEFINE_string(listen_address, "0.0.0.0",
 DEFINE_string(worker_cores, "", "Cores for the workers, e.g. 0,2,4-7 (default: NIC's node)");
 DEFINE_bool(pin_workers, true, "Pin each worker to its own core with hwloc");
 DEFINE_double(duration_s, 0, "Stop after this many seconds (0: run until SIGINT/SIGTERM)");
+DEFINE_string(role, "none",
+              "Replication: none (a server alone), primary (mirrors every write to --backups "
+              "before acknowledging it) or backup (takes a primary's writes, serves GETs)");
+DEFINE_string(backups, "",
+              "--role=primary: the backups' replication ports, HOST:PORT[,HOST:PORT...]");
+DEFINE_uint32(replication_port, 31851,
+              "--role=backup: the TCP port a primary attaches on (0 picks a free one)");
+DEFINE_uint64(replication_staging_bytes, uint64_t{8} << 20,
+              "Replication: each worker's staging ring on the primary and redo area on each "
+              "backup (must match on both); a batch's changed bytes may take a third of it");
+DEFINE_uint32(replication_stall_ms, 500,
+              "--role=primary: drop a backup whose oldest replication WRITE has not completed "
+              "for this long (0: never)");
 
 namespace {
 
@@ -90,16 +104,33 @@ int main(int argc, char** argv) {
                  << "of a " << options.config.value_limit() << "-byte value (" << largest_item
                  << " bytes): writes of items longer than the log are answered NO_MEMORY";
   }
+  absl::StatusOr<herd::ReplicationRole> role = herd::ParseReplicationRole(FLAGS_role);
+  if (!role.ok()) return Fail(role.status());
+  options.replication.role = *role;
+  if (!FLAGS_backups.empty()) {
+    if (*role != herd::ReplicationRole::kPrimary) {
+      return Fail(absl::InvalidArgumentError("--backups is for --role=primary"));
+    }
+    options.replication.backups = absl::StrSplit(FLAGS_backups, ',', absl::SkipEmpty());
+  }
+  if (FLAGS_replication_port > 65535) {
+    return Fail(absl::InvalidArgumentError("--replication_port must be <= 65535"));
+  }
+  options.replication.port = static_cast<uint16_t>(FLAGS_replication_port);
+  options.replication.listen_address = FLAGS_listen_address;
+  options.replication.gate.staging_bytes = FLAGS_replication_staging_bytes;
+  options.replication.gate.stall_timeout = absl::Milliseconds(FLAGS_replication_stall_ms);
   absl::StatusOr<std::unique_ptr<herd::Server>> server = herd::Server::Create(options);
   if (!server.ok()) return Fail(server.status());
   if (absl::Status s = (*server)->Start(); !s.ok()) return Fail(s);
   printf(
-      "herd_server ready port=%d connect=%s store_mode=%s device=%s region_page_kib=%zu "
-      "config=%s\n",
+      "herd_server ready port=%d connect=%s store_mode=%s role=%s replication_port=%d device=%s "
+      "region_page_kib=%zu config=%s\n",
       (*server)->port(), options.connect == transport::ConnectMode::kCm ? "cm" : "tcp",
       std::string(mica::StoreModeName(options.store.mode)).c_str(),
-      (*server)->device_name().c_str(), (*server)->region_page_bytes() >> 10,
-      options.config.ToJson().c_str());
+      std::string(herd::ReplicationRoleName(options.replication.role)).c_str(),
+      (*server)->replication_port(), (*server)->device_name().c_str(),
+      (*server)->region_page_bytes() >> 10, options.config.ToJson().c_str());
   fflush(stdout);
 
   herd::ServerStats last = (*server)->Stats();

@@ -31,6 +31,9 @@ enum MessageType : uint16_t {
   // Instead of a Hello: the server answers kStats (its counters as JSON, StatsJson) and closes.
   kStatsRequest = 6,
   kStats = 7,
+  // Replication (herd/replication_link.h): a primary attaching to a backup's replication port.
+  kReplicaHello = 8,
+  kReplicaWelcome = 9,
 };
 
 struct Hello {

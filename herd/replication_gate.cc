@@ -90,6 +90,7 @@ ReplicationGate::ReplicationGate(mica::Partition* partition, transport::SharedMe
       held_ring_(std::max<uint32_t>(options.held_reserve, 1)) {
   for (BackupLink& backup : links) links_.push_back(Link{backup});
   live_ = static_cast<uint32_t>(links_.size());
+  counters_.live_backups.Set(live_);
   // The chain, prepared once: WRITEs from the staging ring, one SGE each, linked; per batch only
   // the addresses, lengths, the chain's end and its signaled WR change.
   for (size_t i = 0; i < wrs_.size(); ++i) {
@@ -119,7 +120,7 @@ bool ReplicationGate::Hold(const ExecutedMutation& mutation) {
 }
 
 void ReplicationGate::EndBatch() {
-  if (!PostPending()) ++counters_.deferred;
+  if (!PostPending()) counters_.deferred.Add();
 }
 
 bool ReplicationGate::PostPending() {
@@ -136,7 +137,7 @@ bool ReplicationGate::PostPending() {
     LOG(ERROR) << "replication: a batch of " << bytes << " bytes in " << n
                << " ranges is over a third of the " << options_.staging_bytes
                << "-byte staging ring; dropping every backup";
-    counters_.overflowed += changes_.overflowed();
+    counters_.overflowed.Add(changes_.overflowed());
     for (Link& link : links_) DropLink(link);
   }
   if (n == 0 || live_ == 0) {
@@ -159,7 +160,7 @@ bool ReplicationGate::PostPending() {
   if (start % capacity + bytes > capacity) start += capacity - start % capacity;
   if (start + bytes - staging_freed_ > capacity) return false;  // the ring is full
   const uint64_t batch = last_posted_ + 1;
-  counters_.overflowed += changes_.overflowed();
+  counters_.overflowed.Add(changes_.overflowed());
   // The snapshot, as a redo record: header, range table, the ranges' bytes as they are now
   // (later batches cannot change them), then the commit line's words that name the record.
   // The ranges go in place in reverse order: items (the pool or log, at the region's end)
@@ -201,7 +202,9 @@ bool ReplicationGate::PostPending() {
   }
   staged_ = start + bytes;
   snapshots_[(snapshots_head_ + snapshots_count_) % snapshots_.size()] =
-      Snapshot{batch, start, staged_};
+      Snapshot{batch, start, staged_, options_.stall_timeout > absl::ZeroDuration()
+                                          ? absl::GetCurrentTimeNanos()
+                                          : 0};
   ++snapshots_count_;
   const uint64_t wire_bytes = record_bytes + kCommitSourceBytes + padded;
   for (size_t l = 0; l < links_.size(); ++l) {
@@ -229,10 +232,10 @@ bool ReplicationGate::PostPending() {
       continue;
     }
     link.posted_through = batch;
-    counters_.writes_posted += wrs;
-    counters_.bytes_posted += wire_bytes;
+    counters_.writes_posted.Add(wrs);
+    counters_.bytes_posted.Add(wire_bytes);
   }
-  ++counters_.batches_posted;
+  counters_.batches_posted.Add();
   changes_.Clear();
   last_posted_ = batch;
   AssignUnposted(batch);
@@ -254,7 +257,8 @@ void ReplicationGate::DropLink(Link& link) {
   link.live = false;
   link.backup.qp->SetError();  // fenced: nothing of a later chain reaches a dropped backup
   --live_;
-  ++counters_.links_dropped;
+  counters_.live_backups.Set(live_);
+  counters_.links_dropped.Add();
 }
 
 uint64_t ReplicationGate::ReleasableThrough() const {
@@ -274,7 +278,55 @@ void ReplicationGate::FreeSnapshots(uint64_t through) {
   }
 }
 
+void ReplicationGate::RequestDrop(size_t link) {
+  if (link < links_.size()) links_[link].drop_requested->store(true, std::memory_order_release);
+}
+
+ReplicationCounters ReplicationGate::counters() const {
+  ReplicationCounters c;
+  c.batches_posted = counters_.batches_posted.Get();
+  c.writes_posted = counters_.writes_posted.Get();
+  c.bytes_posted = counters_.bytes_posted.Get();
+  c.deferred = counters_.deferred.Get();
+  c.overflowed = counters_.overflowed.Get();
+  c.links_dropped = counters_.links_dropped.Get();
+  c.stalls = counters_.stalls.Get();
+  c.released = counters_.released.Get();
+  c.live_backups = counters_.live_backups.Get();
+  return c;
+}
+
+void ReplicationGate::DropStalledOrRequested() {
+  const bool check_stalls =
+      options_.stall_timeout > absl::ZeroDuration() && snapshots_count_ > 0;
+  const int64_t now = check_stalls ? absl::GetCurrentTimeNanos() : 0;
+  const int64_t timeout_ns = absl::ToInt64Nanoseconds(options_.stall_timeout);
+  for (size_t l = 0; l < links_.size(); ++l) {
+    Link& link = links_[l];
+    if (!link.live) continue;
+    if (link.drop_requested->load(std::memory_order_acquire)) {
+      LOG(WARNING) << "replication: dropping backup " << l << ": its control connection closed";
+      DropLink(link);
+      continue;
+    }
+    if (!check_stalls || link.completed_through >= link.posted_through) continue;
+    // The oldest chain this link has not completed: the first snapshot past completed_through.
+    for (size_t i = 0; i < snapshots_count_; ++i) {
+      const Snapshot& s = snapshots_[(snapshots_head_ + i) % snapshots_.size()];
+      if (s.batch <= link.completed_through) continue;
+      if (now - s.posted_ns > timeout_ns) {
+        LOG(WARNING) << "replication: dropping backup " << l << ": batch " << s.batch
+                     << " not completed within " << options_.stall_timeout;
+        counters_.stalls.Add();
+        DropLink(link);
+      }
+      break;
+    }
+  }
+}
+
 uint32_t ReplicationGate::Release(absl::Span<HeldId> released) {
+  if (++releases_ % kStallCheckEvery == 0) DropStalledOrRequested();
   for (;;) {
     const size_t got = cq_->Poll(absl::MakeSpan(completions_));
     for (size_t i = 0; i < got; ++i) {
@@ -308,7 +360,7 @@ uint32_t ReplicationGate::Release(absl::Span<HeldId> released) {
     held_head_ = (held_head_ + 1) % held_ring_.size();
     --held_count_;
   }
-  counters_.released += n;
+  counters_.released.Add(n);
   return n;
 }
 

@@ -35,19 +35,24 @@
 // - Worker thread only (like every ResponseGate call); no locks; posting allocates nothing. The
 //   list of held answers grows past its initial reservation only when more are held at once
 //   than ever before.
-// Not yet (issue 16): a stalled backup (no completion, no error) is not timed out.
+// - A backup is also dropped when asked (RequestDrop: its control connection closed) or when
+//   its oldest posted chain has not completed within stall_timeout (checked every
+//   kStallCheckEvery Release calls).
 #ifndef HERD_HERD_REPLICATION_GATE_H_
 #define HERD_HERD_REPLICATION_GATE_H_
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "herd/response_gate.h"
 #include "mica/partition.h"
 #include "transport/fabric.h"
 #include "transport/shared_memory.h"
+#include "util/counter.h"
 
 namespace herd {
 
@@ -77,6 +82,10 @@ struct ReplicationOptions {
   uint32_t max_batches_in_flight = 4;
   // Held answers reserved up front.
   uint32_t held_reserve = 1024;
+  // A backup whose oldest posted chain has not completed for this long is dropped (a stalled
+  // or unreachable backup whose QP reports no error: the answers it holds up wait at most
+  // this long). Zero: never.
+  absl::Duration stall_timeout = absl::Milliseconds(500);
 };
 
 // The send queue depth a backup link's QP needs: a full window of full chains.
@@ -84,6 +93,7 @@ inline uint64_t LinkSendQueueDepth(const ReplicationOptions& options) {
   return (uint64_t{options.max_ranges_per_batch} + kChainFrameWrs) * options.max_batches_in_flight;
 }
 
+// A snapshot of a gate's counters (any thread may take one: counters()).
 struct ReplicationCounters {
   uint64_t batches_posted = 0;  // batches whose ranges went to the backups
   uint64_t writes_posted = 0;   // WRITE WRs, all backups
@@ -91,7 +101,9 @@ struct ReplicationCounters {
   uint64_t deferred = 0;        // batches that found a backup's window or the ring full
   uint64_t overflowed = 0;      // batches whose ranges outgrew the recorder (merged: more bytes)
   uint64_t links_dropped = 0;
+  uint64_t stalls = 0;  // ... of them for a chain not completed within stall_timeout
   uint64_t released = 0;
+  uint64_t live_backups = 0;  // a level, not a count
 };
 
 class ReplicationGate : public ResponseGate {
@@ -112,16 +124,20 @@ class ReplicationGate : public ResponseGate {
   uint32_t Release(absl::Span<HeldId> released) override;
 
   uint32_t live_backups() const { return live_; }
+  // Any thread (the control thread, when a backup's control connection closes): the gate drops
+  // backup `link` (its index in Create's list) at its next Release.
+  void RequestDrop(size_t link);
   // Nothing held, in flight or waiting to be posted (Release() frees what completed).
   bool quiescent() const {
     return held_count_ == 0 && snapshots_count_ == 0 && changes_.ranges().empty();
   }
-  const ReplicationCounters& counters() const { return counters_; }
+  ReplicationCounters counters() const;  // any thread
 
  private:
   struct Link {
     BackupLink backup;
     bool live = true;
+    std::unique_ptr<std::atomic<bool>> drop_requested = std::make_unique<std::atomic<bool>>(false);
     uint64_t posted_through = 0;     // the last batch posted to it
     uint64_t completed_through = 0;  // the last batch whose chain completed
   };
@@ -135,7 +151,10 @@ class ReplicationGate : public ResponseGate {
     uint64_t batch = 0;
     uint64_t start = 0;
     uint64_t end = 0;
+    int64_t posted_ns = 0;  // when its chains were posted (stall_timeout)
   };
+  // Release checks for stalled backups once in this many calls (a clock read).
+  static constexpr uint32_t kStallCheckEvery = 1024;
   static constexpr uint64_t kUnposted = UINT64_MAX;
 
   ReplicationGate(mica::Partition* partition, transport::SharedMemory staging,
@@ -150,6 +169,8 @@ class ReplicationGate : public ResponseGate {
   void AssignUnposted(uint64_t batch);
   void DropLink(Link& link);
   uint64_t ReleasableThrough() const;
+  // Drops requested links, and links whose oldest uncompleted chain is past stall_timeout.
+  void DropStalledOrRequested();
   // Gives back the staging bytes of batches every live link completed.
   void FreeSnapshots(uint64_t through);
 
@@ -177,7 +198,12 @@ class ReplicationGate : public ResponseGate {
   Held& HeldAt(size_t i) { return held_ring_[(held_head_ + i) % held_ring_.size()]; }
   uint64_t last_posted_ = 0;    // the last batch posted (to every live link)
   bool unposted_held_ = false;  // held answers wait for the next posting
-  ReplicationCounters counters_;
+  uint32_t releases_ = 0;        // Release calls, for kStallCheckEvery
+  struct Counters {
+    util::Counter batches_posted, writes_posted, bytes_posted, deferred, overflowed,
+        links_dropped, stalls, released;
+    util::Gauge live_backups;
+  } counters_;
 };
 
 }  // namespace herd

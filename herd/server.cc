@@ -104,8 +104,13 @@ absl::Status Server::Init() {
   store.max_value_bytes = std::min(store.max_value_bytes, c.value_limit());
   // Items a client may READ carry a checksum (mica/remote_item.h): those over the inline limit.
   if (c.large_values()) store.checksum_from_value_bytes = c.inline_limit() + 1;
+  // A replicated partition checksums every item: a backup hands out only what it verified whole
+  // (mica::Partition::ReadReplica), and the layouts on both sides must agree.
+  if (options_.replication.role != ReplicationRole::kNone) store.checksum_from_value_bytes = 0;
   const uint32_t response_bytes = ResponseBytes(c.slot_value_bytes());
   workers_.resize(c.workers);
+  std::vector<WorkerMemory> memories;
+  std::vector<std::vector<transport::QueuePair*>> worker_qps;
   for (uint32_t w = 0; w < c.workers; ++w) {
     WorkerResources& r = workers_[w];
     const uint32_t cq_depth = c.ud_qps_per_worker * c.sq_depth + kSendCqSlack;
@@ -169,14 +174,25 @@ absl::Status Server::Init() {
       memory.receives = r.receives->data();
       memory.receives_lkey = r.receives_mr->lkey();
     }
-    std::unique_ptr<mica::Partition> partition;
-    if (absl::Status s = Take(mica::Partition::Create(store), &partition); !s.ok()) return s;
+    if (absl::Status s = Take(mica::Partition::Create(store), &r.partition); !s.ok()) return s;
     if (w == 0) {
       LOG(INFO) << "each worker's partition: "
-                << partition->layout().Describe(kDescribedKeyBytes, kDescribedValueBytes);
+                << r.partition->layout().Describe(kDescribedKeyBytes, kDescribedValueBytes);
     }
-    r.worker = std::make_unique<Worker>(w, c, std::move(partition), std::move(qps), r.send_cq.get(),
-                                        r.recv_cq.get(), memory);
+    memories.push_back(memory);
+    worker_qps.push_back(std::move(qps));
+  }
+  // Replication before the workers: a primary's gates and a backup's readers are theirs.
+  if (options_.replication.role == ReplicationRole::kPrimary) {
+    if (absl::Status s = AttachToBackups(); !s.ok()) return s;
+  } else if (options_.replication.role == ReplicationRole::kBackup) {
+    if (absl::Status s = PrepareReplica(); !s.ok()) return s;
+  }
+  for (uint32_t w = 0; w < c.workers; ++w) {
+    WorkerResources& r = workers_[w];
+    r.worker = std::make_unique<Worker>(w, c, std::move(r.partition), std::move(worker_qps[w]),
+                                        r.send_cq.get(), r.recv_cq.get(), memories[w], r.gate.get(),
+                                        r.reader.get());
     if (absl::Status s = r.worker->PostInitialReceives(); !s.ok()) return s;
   }
   transport::control::PendingOptions pending;
@@ -222,12 +238,14 @@ absl::Status Server::Start() {
     });
   }
   control_ = std::thread([this] { ControlLoop(); });
+  if (replication_listener_) replication_thread_ = std::thread([this] { ServeReplication(); });
   return absl::OkStatus();
 }
 
 void Server::Stop() {
   if (!started_ || stop_.exchange(true)) return;
   control_.join();  // retires every session first, while the workers still run
+  if (replication_thread_.joinable()) replication_thread_.join();  // detaches the primary
   for (std::thread& t : threads_) t.join();
   const ServerStats stats = Stats();
   uint64_t requests = 0;
@@ -256,6 +274,7 @@ void Server::ControlLoop() {
       }
     }
     BuryRetiredHandles();
+    if (options_.replication.role == ReplicationRole::kPrimary) WatchBackups();
   }
   for (auto& session : sessions_) Retire(*session);
   sessions_.clear();

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -14,6 +15,8 @@
 #include "absl/status/statusor.h"
 #include "herd/config.h"
 #include "herd/pinning.h"
+#include "herd/replica_reader.h"
+#include "herd/replication_gate.h"
 #include "herd/worker.h"
 #include "mica/config.h"
 #include "transport/control/channel.h"
@@ -23,6 +26,27 @@
 #include "transport/shared_memory.h"
 
 namespace herd {
+
+// Issue 16: a server alone (the default), a primary that mirrors every partition to its
+// backups before it acknowledges a write, or a backup that takes a primary's WRITEs and answers
+// GETs from them (mutations: NOT_PRIMARY).
+enum class ReplicationRole : uint8_t { kNone = 0, kPrimary = 1, kBackup = 2 };
+std::string_view ReplicationRoleName(ReplicationRole role);
+absl::StatusOr<ReplicationRole> ParseReplicationRole(std::string_view name);
+
+struct ReplicationServerOptions {
+  ReplicationRole role = ReplicationRole::kNone;
+  // kPrimary: every backup's replication port ("host:port"), attached at Create.
+  std::vector<std::string> backups;
+  // kBackup: where primaries attach (0 picks a free port: replication_port()).
+  std::string listen_address = "0.0.0.0";
+  uint16_t port = 0;
+  // The gates' settings (kPrimary); staging_bytes must be the same on both sides (it sizes the
+  // backup's redo areas).
+  ReplicationOptions gate;
+  // kPrimary: how long Create waits for a backup to accept.
+  absl::Duration connect_timeout = absl::Seconds(30);
+};
 
 struct ServerOptions {
   Config config;
@@ -37,6 +61,7 @@ struct ServerOptions {
   bool pin_workers = true;
   // Pages of the request region and the response staging buffers (see transport::PagePolicy).
   transport::PagePolicy region_pages = transport::PagePolicy::kHugeIfAvailable;
+  ReplicationServerOptions replication;
 };
 
 struct ServerStats {
@@ -64,6 +89,14 @@ struct ServerStats {
   uint64_t extra_buckets_capacity = 0;         // per worker
   uint64_t no_memory_pool = 0, no_memory_index = 0, moves = 0;
   uint32_t sessions = 0, clients = 0;
+  // Replication (ReplicationRole): the role; a primary's gates summed (live_backups: the fewest
+  // any worker still has, < backups means degraded); a backup's replica reads, and whether a
+  // primary is attached.
+  ReplicationRole role = ReplicationRole::kNone;
+  uint32_t backups = 0, live_backups = 0;
+  ReplicationCounters replication;
+  uint64_t replica_reads = 0, replica_torn = 0, replica_unconfirmed = 0, replica_busy = 0;
+  bool primary_attached = false;
   transport::CounterSnapshot fabric;  // all of the server's QPs and CQs
 };
 
@@ -82,6 +115,10 @@ class Server {
   void Stop();
 
   uint16_t port() const { return pending_->port(); }  // the TCP or the RDMA-CM port
+  // kBackup: the port primaries attach on.
+  uint16_t replication_port() const {
+    return replication_listener_ ? replication_listener_->port() : 0;
+  }
   const Config& config() const { return options_.config; }
   const std::vector<int>& worker_cores() const { return cores_; }
   std::string device_name() const { return device_->name(); }
@@ -113,6 +150,16 @@ class Server {
   // QPs (server_large_values.cc); fills the routes' large-value fields.
   absl::Status BuildLargeValuePath(Session& session, const struct Join& join);
   void Retire(Session& session);
+  // Replication (server_replication.cc). kPrimary, in Init: attaches to every backup and builds
+  // each worker's gate. kBackup, in Init: each worker's redo area and reader; then a thread that
+  // admits one primary at a time (ServeReplication).
+  absl::Status AttachToBackups();
+  absl::Status PrepareReplica();
+  void ServeReplication();
+  absl::Status AttachPrimary(transport::control::Channel& channel);
+  void DetachPrimary();
+  // kPrimary, control thread: a backup whose control connection closed is dropped by every gate.
+  void WatchBackups();
   void WaitForWorkers();
   // Destroys the retired address handles no posted WR can name any more.
   void BuryRetiredHandles();
@@ -144,7 +191,16 @@ class Server {
     std::unique_ptr<transport::SharedMemory> staging, receives;
     std::unique_ptr<transport::MemoryRegion> staging_mr, receives_mr;
     std::vector<std::unique_ptr<transport::QueuePair>> ud_qps;
+    // kPrimary: the links' CQ; kBackup: the redo area the primary's chains land in.
+    std::unique_ptr<transport::CompletionQueue> replication_cq;
+    std::unique_ptr<transport::SharedMemory> redo;
+    std::unique_ptr<mica::Partition> partition;  // until the worker takes it
     std::unique_ptr<Worker> worker;
+    std::unique_ptr<ReplicaReader> reader;  // kBackup
+    // kPrimary: destroyed before the worker (it unhooks the partition's recorder) and after the
+    // links' QPs (their pending WRs read its staging ring).
+    std::unique_ptr<ReplicationGate> gate;
+    std::vector<std::unique_ptr<transport::QueuePair>> backup_qps;  // one per backup
   };
   std::vector<WorkerResources> workers_;
   std::vector<std::thread> threads_;
@@ -163,6 +219,25 @@ class Server {
   std::vector<bool> queue_slots_used_;
   uint32_t next_generation_ = 1;
   std::atomic<uint32_t> session_count_{0}, client_count_{0};
+
+  // kPrimary: each backup's control connection (its closing drops the backup), and whether
+  // that was seen.
+  std::unique_ptr<transport::ProtectionDomain> replication_pd_;
+  std::vector<std::unique_ptr<transport::control::Channel>> backup_channels_;
+  std::vector<bool> backup_lost_;
+  // kBackup: the replication port, its thread, and the attached primary (replication thread
+  // only), whose QPs alone can write the partitions and redo areas (its own PD).
+  std::unique_ptr<transport::control::Listener> replication_listener_;
+  std::thread replication_thread_;
+  struct Attachment {
+    std::unique_ptr<transport::control::Channel> channel;
+    std::unique_ptr<transport::CompletionQueue> cq;
+    std::unique_ptr<transport::ProtectionDomain> pd;
+    std::vector<std::unique_ptr<transport::MemoryRegion>> mrs;
+    std::vector<std::unique_ptr<transport::QueuePair>> qps;
+  };
+  std::unique_ptr<Attachment> primary_;
+  std::atomic<bool> primary_attached_{false};
 };
 
 }  // namespace herd

@@ -1,4 +1,5 @@
 // The server's counters: collected from the workers, partitions and fabric, and as JSON.
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -56,6 +57,32 @@ std::string StoreJson(const ServerStats& s) {
       s.no_memory_index, s.moves, absl::StrJoin(classes, ","));
 }
 
+// The replication object (counters since `since`): a primary's gates, or a backup's reads.
+std::string ReplicationJson(const ServerStats& s, const ServerStats& since) {
+  if (s.role == ReplicationRole::kPrimary) {
+    const ReplicationCounters& n = s.replication;
+    const ReplicationCounters& b = since.replication;
+    const uint64_t batches = n.batches_posted - b.batches_posted;
+    return absl::StrFormat(
+        "{\"role\":\"primary\",\"backups\":%d,\"live_backups\":%d,\"degraded\":%s,"
+        "\"batches\":%d,\"writes\":%d,\"bytes\":%d,\"writes_per_batch\":%.2f,"
+        "\"deferred\":%d,\"overflowed\":%d,\"dropped\":%d,\"stalls\":%d,\"released\":%d}",
+        s.backups, s.live_backups, s.live_backups < s.backups ? "true" : "false", batches,
+        n.writes_posted - b.writes_posted, n.bytes_posted - b.bytes_posted,
+        batches == 0
+            ? 0.0
+            : static_cast<double>(n.writes_posted - b.writes_posted) / static_cast<double>(batches),
+        n.deferred - b.deferred, n.overflowed - b.overflowed, n.links_dropped, n.stalls,
+        n.released - b.released);
+  }
+  return absl::StrFormat(
+      "{\"role\":\"backup\",\"primary_attached\":%s,\"reads\":%d,\"torn\":%d,"
+      "\"unconfirmed\":%d,\"busy\":%d}",
+      s.primary_attached ? "true" : "false", s.replica_reads - since.replica_reads,
+      s.replica_torn - since.replica_torn, s.replica_unconfirmed - since.replica_unconfirmed,
+      s.replica_busy - since.replica_busy);
+}
+
 }  // namespace
 
 ServerStats Server::Stats() const {
@@ -79,6 +106,33 @@ ServerStats Server::Stats() const {
     stats.log_wraps.push_back(p.log_wraps.Get());
     stats.no_memory += p.no_memory.Get();
     if (r.worker->partition().layout().mode == mica::StoreMode::kStore) AddStoreLevels(p, &stats);
+  }
+  stats.role = options_.replication.role;
+  if (stats.role == ReplicationRole::kPrimary) {
+    stats.backups = static_cast<uint32_t>(options_.replication.backups.size());
+    stats.live_backups = stats.backups;
+    for (const WorkerResources& r : workers_) {
+      const ReplicationCounters g = r.gate->counters();
+      stats.live_backups = std::min<uint32_t>(stats.live_backups, g.live_backups);
+      ReplicationCounters& t = stats.replication;
+      t.batches_posted += g.batches_posted;
+      t.writes_posted += g.writes_posted;
+      t.bytes_posted += g.bytes_posted;
+      t.deferred += g.deferred;
+      t.overflowed += g.overflowed;
+      t.links_dropped += g.links_dropped;
+      t.stalls += g.stalls;
+      t.released += g.released;
+    }
+  } else if (stats.role == ReplicationRole::kBackup) {
+    for (const WorkerResources& r : workers_) {
+      const ReplicaReadCounters& k = r.reader->counters();
+      stats.replica_reads += k.reads.Get();
+      stats.replica_torn += k.torn.Get();
+      stats.replica_unconfirmed += k.unconfirmed.Get();
+      stats.replica_busy += k.busy.Get();
+    }
+    stats.primary_attached = primary_attached_.load();
   }
   // Every QP and CQ the server ever had: workers' UD QPs and CQs, sessions' connected QPs
   // (WRITE responses are posted on them), departed sessions' included.
@@ -117,14 +171,18 @@ std::string StatsJson(const ServerStats& s, const ServerStats& since, double sec
       "\"replays\":%d,\"duplicates\":%d,\"rejected\":%d,\"dropped\":%d,\"no_memory\":%d,"
       "\"internal\":%d,"
       "\"get_hit_ratio\":[%s],\"get_misses\":[%s],\"evictions\":[%s],\"log_wraps\":[%s],"
-      "\"out_of_line\":[%s],\"copied_values\":[%s],\"mode\":\"%s\",%s\"fabric\":%s}",
+      "\"out_of_line\":[%s],\"copied_values\":[%s],\"mode\":\"%s\",%s%s\"fabric\":%s}",
       requests / seconds / 1e6, absl::StrJoin(mops, ","),
       batches == 0 ? 0.0 : static_cast<double>(requests) / batches, s.clients, s.bad_requests,
       s.replays, s.duplicates, s.rejected, s.dropped, s.no_memory, s.internal_errors,
       absl::StrJoin(hit_ratio, ","), absl::StrJoin(misses, ","), absl::StrJoin(evictions, ","),
       absl::StrJoin(wraps, ","), absl::StrJoin(out_of_line, ","), absl::StrJoin(copied, ","),
       s.store_mode ? "store" : "cache",
-      s.store_mode ? absl::StrCat("\"store\":", StoreJson(s), ",") : "", s.fabric.ToJson());
+      s.store_mode ? absl::StrCat("\"store\":", StoreJson(s), ",") : "",
+      s.role == ReplicationRole::kNone
+          ? ""
+          : absl::StrCat("\"replication\":", ReplicationJson(s, since), ","),
+      s.fabric.ToJson());
 }
 
 }  // namespace herd

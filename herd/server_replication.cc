@@ -1,0 +1,274 @@
+// Replication on the server (issue 16): a primary attaches to its backups at start and hands
+// each worker a ReplicationGate; a backup prepares each worker's redo area and reader and admits
+// one primary at a time on its replication port.
+#include <cstring>
+
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "glog/logging.h"
+#include "herd/join.h"
+#include "herd/replication_link.h"
+#include "herd/replication_log.h"
+#include "herd/server.h"
+#include "transport/control/wire.h"
+#include "util/take.h"
+
+namespace herd {
+namespace {
+
+using util::Take;
+
+// A primary's replication hello must arrive this soon after it connects.
+constexpr absl::Duration kReplicaHandshakeTimeout = absl::Seconds(10);
+// How often the backup's replication thread looks for a new primary, or for its primary's
+// departure.
+constexpr absl::Duration kReplicationPollInterval = absl::Milliseconds(20);
+// Completion queue entries beyond a full window of every link: error completions at teardown.
+constexpr uint32_t kReplicationCqSlack = 64;
+// A backup's end of a link receives nothing and sends nothing.
+constexpr uint32_t kBackupQpDepth = 1;
+
+}  // namespace
+
+std::string_view ReplicationRoleName(ReplicationRole role) {
+  switch (role) {
+    case ReplicationRole::kNone:
+      return "none";
+    case ReplicationRole::kPrimary:
+      return "primary";
+    case ReplicationRole::kBackup:
+      return "backup";
+  }
+  return "unknown";
+}
+
+absl::StatusOr<ReplicationRole> ParseReplicationRole(std::string_view name) {
+  for (ReplicationRole role :
+       {ReplicationRole::kNone, ReplicationRole::kPrimary, ReplicationRole::kBackup}) {
+    if (name == ReplicationRoleName(role)) return role;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrFormat("--role=%s: expected none, primary or backup", name));
+}
+
+absl::Status Server::AttachToBackups() {
+  const Config& c = options_.config;
+  const ReplicationServerOptions& ro = options_.replication;
+  if (ro.backups.empty()) {
+    return absl::InvalidArgumentError("--role=primary needs --backups=HOST:PORT[,HOST:PORT...]");
+  }
+  const uint64_t depth = LinkSendQueueDepth(ro.gate);
+  if (depth > UINT32_MAX / ro.backups.size()) {
+    return absl::InvalidArgumentError("replication: the links' queues are too deep");
+  }
+  if (absl::Status s = Take(device_->AllocatePd(), &replication_pd_); !s.ok()) return s;
+  for (WorkerResources& r : workers_) {
+    const auto cq_depth = static_cast<uint32_t>(depth * ro.backups.size() + kReplicationCqSlack);
+    if (absl::Status s = Take(device_->CreateCq(cq_depth), &r.replication_cq); !s.ok()) return s;
+  }
+  const ReplicaLayout layout = LayoutOf(*workers_[0].partition);
+  std::vector<std::vector<BackupLink>> links(c.workers);
+  for (const std::string& address : ro.backups) {
+    absl::StatusOr<transport::control::Channel> channel =
+        transport::control::Channel::Connect(address, ro.connect_timeout);
+    if (!channel.ok()) {
+      return absl::UnavailableError(
+          absl::StrFormat("backup %s: %s", address, channel.status().ToString()));
+    }
+    ReplicaHello hello;
+    hello.workers = c.workers;
+    hello.staging_bytes = ro.gate.staging_bytes;
+    hello.layout = layout;
+    std::vector<transport::QueuePair*> qps;
+    for (WorkerResources& r : workers_) {
+      transport::QpConfig qc;
+      qc.type = transport::QpType::kRc;
+      qc.send_cq = r.replication_cq.get();
+      qc.recv_cq = idle_cq_.get();
+      qc.max_send_wr = static_cast<uint32_t>(depth);
+      qc.max_recv_wr = 1;
+      qc.max_inline_data = 0;
+      std::unique_ptr<transport::QueuePair> qp;
+      if (absl::Status s = Take(replication_pd_->CreateQp(qc), &qp); !s.ok()) return s;
+      hello.link_qps.push_back(qp->endpoint());
+      qps.push_back(qp.get());
+      r.backup_qps.push_back(std::move(qp));
+    }
+    if (absl::Status s = channel->Send(kReplicaHello, Encode(hello)); !s.ok()) return s;
+    absl::StatusOr<transport::control::Message> reply =
+        Expect(*channel, kReplicaWelcome, ro.connect_timeout);
+    if (!reply.ok()) {
+      return absl::FailedPreconditionError(
+          absl::StrFormat("backup %s refused this primary: %s", address, reply.status().message()));
+    }
+    absl::StatusOr<ReplicaWelcome> welcome = DecodeReplicaWelcome(reply->payload, c.workers);
+    if (!welcome.ok()) return welcome.status();
+    for (uint32_t w = 0; w < c.workers; ++w) {
+      const ReplicaPartition& p = welcome->partitions[w];
+      transport::ConnectConfig connect;
+      connect.remote = p.qp;
+      if (absl::Status s = qps[w]->Connect(connect); !s.ok()) return s;
+      links[w].push_back(
+          BackupLink{qps[w], p.region_addr, p.region_rkey, p.redo_addr, p.redo_rkey});
+    }
+    LOG(INFO) << "replicating to backup " << address << " (" << c.workers << " partitions)";
+    backup_channels_.push_back(std::make_unique<transport::control::Channel>(*std::move(channel)));
+  }
+  backup_lost_.assign(backup_channels_.size(), false);
+  for (uint32_t w = 0; w < c.workers; ++w) {
+    WorkerResources& r = workers_[w];
+    if (absl::Status s = Take(ReplicationGate::Create(r.partition.get(), replication_pd_.get(),
+                                                      r.replication_cq.get(), links[w], ro.gate),
+                              &r.gate);
+        !s.ok()) {
+      return s;
+    }
+  }
+  return absl::OkStatus();
+}
+
+void Server::WatchBackups() {
+  for (size_t b = 0; b < backup_channels_.size(); ++b) {
+    if (backup_lost_[b] || !backup_channels_[b]->PeerClosed()) continue;
+    backup_lost_[b] = true;
+    LOG(WARNING) << "backup " << options_.replication.backups[b]
+                 << " closed its control connection: dropped; serving degraded";
+    for (WorkerResources& r : workers_) r.gate->RequestDrop(b);
+  }
+}
+
+absl::Status Server::PrepareReplica() {
+  const ReplicationServerOptions& ro = options_.replication;
+  for (WorkerResources& r : workers_) {
+    absl::StatusOr<transport::SharedMemory> redo = transport::SharedMemory::Allocate(
+        RedoAreaBytes(ro.gate.staging_bytes), "herd-redo", options_.region_pages);
+    if (!redo.ok()) return redo.status();
+    r.redo = std::make_unique<transport::SharedMemory>(*std::move(redo));
+    std::memset(r.redo->data(), 0, kRedoCommitLineBytes);  // nothing committed, nothing landing
+    r.reader = std::make_unique<ReplicaReader>(r.partition.get(), r.redo->data());
+  }
+  absl::StatusOr<transport::control::Listener> listener =
+      transport::control::Listener::Listen(ro.listen_address, ro.port);
+  if (!listener.ok()) return listener.status();
+  replication_listener_ = std::make_unique<transport::control::Listener>(*std::move(listener));
+  return absl::OkStatus();
+}
+
+void Server::ServeReplication() {
+  while (!stop_.load()) {
+    if (primary_ != nullptr && primary_->channel->PeerClosed()) {
+      LOG(WARNING) << "the primary (" << primary_->channel->peer_name()
+                   << ") left: this backup keeps its last state and serves reads";
+      DetachPrimary();
+    }
+    absl::StatusOr<transport::control::Channel> channel =
+        replication_listener_->Accept(kReplicationPollInterval);
+    if (!channel.ok()) continue;  // none came
+    const std::string peer = channel->peer_name();
+    absl::Status status = AttachPrimary(*channel);
+    if (status.ok()) {
+      LOG(INFO) << "primary " << peer << " attached";
+      continue;
+    }
+    LOG(WARNING) << "primary " << peer << " not attached: " << status;
+    (void)channel->Send(kError, transport::control::WireWriter().Bytes(status.ToString()).Take());
+  }
+  DetachPrimary();
+}
+
+absl::Status Server::AttachPrimary(transport::control::Channel& channel) {
+  const Config& c = options_.config;
+  if (primary_ != nullptr) {
+    return absl::AlreadyExistsError(absl::StrFormat(
+        "primary %s is attached; a backup follows one primary", primary_->channel->peer_name()));
+  }
+  absl::StatusOr<transport::control::Message> message = channel.Receive(kReplicaHandshakeTimeout);
+  if (!message.ok()) return message.status();
+  if (message->type != kReplicaHello) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("control message %d where a replica hello was expected", message->type));
+  }
+  absl::StatusOr<ReplicaHello> hello = DecodeReplicaHello(message->payload, c.workers);
+  if (!hello.ok()) return hello.status();
+  if (hello->workers != c.workers) {
+    return absl::FailedPreconditionError(
+        absl::StrFormat("the primary has %d workers, this backup %d (--workers must match)",
+                        hello->workers, c.workers));
+  }
+  if (hello->staging_bytes != options_.replication.gate.staging_bytes) {
+    return absl::FailedPreconditionError(
+        absl::StrFormat("the primary's staging ring is %d bytes, this backup's redo areas hold %d "
+                        "(--replication_staging_bytes must match)",
+                        hello->staging_bytes, options_.replication.gate.staging_bytes));
+  }
+  for (uint32_t w = 0; w < c.workers; ++w) {
+    const mica::Partition& partition = workers_[w].worker->partition();
+    if (absl::Status s = CheckSameLayout(hello->layout, LayoutOf(partition)); !s.ok()) return s;
+    // A backup that followed an earlier primary holds its data: a new primary would mirror only
+    // what it changes from now on over it. State transfer is not implemented: start it empty.
+    const auto* header = reinterpret_cast<const mica::PartitionHeader*>(partition.region().base());
+    if (std::atomic_ref<uint64_t>(const_cast<uint64_t&>(header->version_clock))
+            .load(std::memory_order_acquire) != 0) {
+      return absl::FailedPreconditionError(
+          "this backup holds data written by an earlier primary; a new primary needs an empty "
+          "backup (state transfer to a joining backup is not implemented yet): restart it");
+    }
+  }
+  auto attachment = std::make_unique<Attachment>();
+  if (absl::Status s = Take(device_->AllocatePd(), &attachment->pd); !s.ok()) return s;
+  if (absl::Status s = Take(device_->CreateCq(c.workers * 2 + 1), &attachment->cq); !s.ok()) {
+    return s;
+  }
+  ReplicaWelcome welcome;
+  for (uint32_t w = 0; w < c.workers; ++w) {
+    WorkerResources& r = workers_[w];
+    const mica::MirroredRegion& region = r.worker->partition().region();
+    std::unique_ptr<transport::MemoryRegion> region_mr, redo_mr;
+    constexpr auto kWritable = transport::kLocalWrite | transport::kRemoteWrite;
+    if (absl::Status s =
+            Take(attachment->pd->RegisterMemory(region.base(), region.mapped_bytes(), kWritable),
+                 &region_mr);
+        !s.ok()) {
+      return s;
+    }
+    std::memset(r.redo->data(), 0, kRedoCommitLineBytes);  // a new stream: nothing committed
+    if (absl::Status s = Take(
+            attachment->pd->RegisterMemory(r.redo->data(), r.redo->size(), kWritable), &redo_mr);
+        !s.ok()) {
+      return s;
+    }
+    transport::QpConfig qc;
+    qc.type = transport::QpType::kRc;
+    qc.send_cq = attachment->cq.get();
+    qc.recv_cq = attachment->cq.get();
+    qc.max_send_wr = kBackupQpDepth;
+    qc.max_recv_wr = kBackupQpDepth;
+    qc.max_inline_data = 0;
+    std::unique_ptr<transport::QueuePair> qp;
+    if (absl::Status s = Take(attachment->pd->CreateQp(qc), &qp); !s.ok()) return s;
+    transport::ConnectConfig connect;
+    connect.remote = hello->link_qps[w];
+    if (absl::Status s = qp->Connect(connect); !s.ok()) return s;
+    welcome.partitions.push_back(ReplicaPartition{
+        qp->endpoint(), reinterpret_cast<uint64_t>(region.base()), region_mr->rkey(),
+        reinterpret_cast<uint64_t>(r.redo->data()), redo_mr->rkey()});
+    attachment->qps.push_back(std::move(qp));
+    attachment->mrs.push_back(std::move(region_mr));
+    attachment->mrs.push_back(std::move(redo_mr));
+  }
+  if (absl::Status s = channel.Send(kReplicaWelcome, Encode(welcome)); !s.ok()) return s;
+  attachment->channel = std::make_unique<transport::control::Channel>(std::move(channel));
+  primary_ = std::move(attachment);
+  primary_attached_.store(true);
+  return absl::OkStatus();
+}
+
+void Server::DetachPrimary() {
+  if (primary_ == nullptr) return;
+  // Its QPs first: nothing it still sends lands once they are gone; then its MRs and PD.
+  for (auto& qp : primary_->qps) qp->SetError();
+  primary_.reset();
+  primary_attached_.store(false);
+}
+
+}  // namespace herd
