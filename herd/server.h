@@ -173,6 +173,7 @@ class Server {
   std::unique_ptr<transport::ProtectionDomain> pd_;
   std::unique_ptr<transport::SharedMemory> region_;
   std::unique_ptr<transport::CompletionQueue> idle_cq_;  // server ends of request QPs: no traffic
+  std::unique_ptr<transport::ProtectionDomain> replication_pd_;  // kPrimary: the backup links
 
   // Address handles of departed sessions, kept until the UD queues that may still hold WRs
   // naming them retired past what they had posted at departure (control thread only). Declared
@@ -221,8 +222,7 @@ class Server {
   std::atomic<uint32_t> session_count_{0}, client_count_{0};
 
   // kPrimary: each backup's control connection (its closing drops the backup), and whether
-  // that was seen.
-  std::unique_ptr<transport::ProtectionDomain> replication_pd_;
+  // that was seen. (The links' PD is declared before workers_, whose QPs and gates use it.)
   std::vector<std::unique_ptr<transport::control::Channel>> backup_channels_;
   std::vector<bool> backup_lost_;
   // kBackup: the replication port, its thread, and the attached primary (replication thread

@@ -36,18 +36,25 @@ class ServerProcess {
       sigaddset(&term, SIGTERM);
       sigprocmask(SIG_BLOCK, &term, nullptr);
       absl::StatusOr<std::unique_ptr<Server>> server = Server::Create(options);
-      uint16_t port = 0;
-      if (server.ok() && (*server)->Start().ok()) port = (*server)->port();
+      uint16_t ports[2] = {0, 0};  // clients', and (a backup's) replication
+      if (server.ok() && (*server)->Start().ok()) {
+        ports[0] = (*server)->port();
+        ports[1] = (*server)->replication_port();
+      }
       if (!server.ok()) fprintf(stderr, "server: %s\n", server.status().ToString().c_str());
-      (void)!write(ready[1], &port, sizeof(port));
-      if (port == 0) _exit(2);
+      (void)!write(ready[1], ports, sizeof(ports));
+      if (ports[0] == 0) _exit(2);
       int signal = 0;
       sigwait(&term, &signal);
       (*server)->Stop();
       _exit(0);
     }
     close(ready[1]);
-    if (read(ready[0], &port_, sizeof(port_)) != sizeof(port_)) port_ = 0;
+    uint16_t ports[2] = {0, 0};
+    if (read(ready[0], ports, sizeof(ports)) == sizeof(ports)) {
+      port_ = ports[0];
+      replication_port_ = ports[1];
+    }
     close(ready[0]);
   }
   ~ServerProcess() {
@@ -72,11 +79,14 @@ class ServerProcess {
 
   bool ok() const { return port_ != 0; }
   std::string address() const { return absl::StrCat(host_, ":", port_); }
+  // A backup's replication port (ReplicationRole::kBackup).
+  std::string replication_address() const { return absl::StrCat(host_, ":", replication_port_); }
   pid_t pid() const { return pid_; }
 
  private:
   pid_t pid_ = -1;
   uint16_t port_ = 0;
+  uint16_t replication_port_ = 0;
   std::string host_;
 };
 
