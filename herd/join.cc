@@ -204,4 +204,18 @@ absl::StatusOr<std::string> FetchServerStats(std::string_view host_port, absl::D
   return json;
 }
 
+absl::StatusOr<std::string> RequestPromotion(std::string_view host_port, absl::Duration timeout) {
+  absl::StatusOr<std::unique_ptr<transport::control::MessageChannel>> channel =
+      ConnectControl(transport::ConnectMode::kTcp, nullptr, host_port, timeout);
+  if (!channel.ok()) return channel.status();
+  if (absl::Status s = (*channel)->Send(kPromoteRequest, {}); !s.ok()) return s;
+  absl::StatusOr<transport::control::Message> message = Expect(**channel, kPromoted, timeout);
+  if (!message.ok()) return message.status();
+  WireReader r(message->payload, "promoted");
+  std::string json;
+  r.Bytes(&json, transport::control::kMaxControlPayload);
+  if (absl::Status s = r.Finish(); !s.ok()) return s;
+  return json;
+}
+
 }  // namespace herd

@@ -34,6 +34,10 @@ enum MessageType : uint16_t {
   // Replication (herd/replication_link.h): a primary attaching to a backup's replication port.
   kReplicaHello = 8,
   kReplicaWelcome = 9,
+  // Instead of a Hello, to a backup: become the primary (herd_admin promote). Answered kPromoted
+  // (a JSON line) or kError, then closed.
+  kPromoteRequest = 10,
+  kPromoted = 11,
 };
 
 struct Hello {
@@ -92,6 +96,10 @@ absl::StatusOr<std::string> FetchServerStats(
     std::string_view host_port, absl::Duration timeout,
     transport::ConnectMode mode = transport::ConnectMode::kTcp,
     transport::Device* device = nullptr);
+
+// Asks the backup at `host_port` to become the primary (kPromoteRequest); its answer, a JSON
+// object, or why not.
+absl::StatusOr<std::string> RequestPromotion(std::string_view host_port, absl::Duration timeout);
 
 // Receives one message and checks its type; a kError message becomes its status.
 absl::StatusOr<transport::control::Message> Expect(transport::control::MessageChannel& channel,

@@ -202,9 +202,8 @@ bool ReplicationGate::PostPending() {
   }
   staged_ = start + bytes;
   snapshots_[(snapshots_head_ + snapshots_count_) % snapshots_.size()] =
-      Snapshot{batch, start, staged_, options_.stall_timeout > absl::ZeroDuration()
-                                          ? absl::GetCurrentTimeNanos()
-                                          : 0};
+      Snapshot{batch, start, staged_,
+               options_.stall_timeout > absl::ZeroDuration() ? absl::GetCurrentTimeNanos() : 0};
   ++snapshots_count_;
   const uint64_t wire_bytes = record_bytes + kCommitSourceBytes + padded;
   for (size_t l = 0; l < links_.size(); ++l) {
@@ -297,8 +296,7 @@ ReplicationCounters ReplicationGate::counters() const {
 }
 
 void ReplicationGate::DropStalledOrRequested() {
-  const bool check_stalls =
-      options_.stall_timeout > absl::ZeroDuration() && snapshots_count_ > 0;
+  const bool check_stalls = options_.stall_timeout > absl::ZeroDuration() && snapshots_count_ > 0;
   const int64_t now = check_stalls ? absl::GetCurrentTimeNanos() : 0;
   const int64_t timeout_ns = absl::ToInt64Nanoseconds(options_.stall_timeout);
   for (size_t l = 0; l < links_.size(); ++l) {

@@ -198,10 +198,10 @@ class ReplicationGate : public ResponseGate {
   Held& HeldAt(size_t i) { return held_ring_[(held_head_ + i) % held_ring_.size()]; }
   uint64_t last_posted_ = 0;    // the last batch posted (to every live link)
   bool unposted_held_ = false;  // held answers wait for the next posting
-  uint32_t releases_ = 0;        // Release calls, for kStallCheckEvery
+  uint32_t releases_ = 0;       // Release calls, for kStallCheckEvery
   struct Counters {
-    util::Counter batches_posted, writes_posted, bytes_posted, deferred, overflowed,
-        links_dropped, stalls, released;
+    util::Counter batches_posted, writes_posted, bytes_posted, deferred, overflowed, links_dropped,
+        stalls, released;
     util::Gauge live_backups;
   } counters_;
 };

@@ -297,6 +297,20 @@ void Server::OnHandshakeEvent(transport::control::HandshakeEvent& event) {
     pending_->Close(event.id);
     return;
   }
+  if (event.message.type == kPromoteRequest && !handshakes_.contains(event.id)) {
+    absl::StatusOr<std::string> promoted = Promote();
+    if (promoted.ok()) {
+      (void)pending_->Send(event.id, kPromoted,
+                           transport::control::WireWriter().Bytes(*promoted).Take());
+    } else {
+      LOG(WARNING) << "promotion asked by " << event.peer << " refused: " << promoted.status();
+      (void)pending_->Send(
+          event.id, kError,
+          transport::control::WireWriter().Bytes(promoted.status().ToString()).Take());
+    }
+    pending_->Close(event.id);
+    return;
+  }
   auto [it, fresh] = handshakes_.try_emplace(event.id);
   Handshake& handshake = it->second;
   const MessageType expected = fresh ? kHello : kJoin;

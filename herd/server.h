@@ -13,6 +13,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "herd/config.h"
 #include "herd/pinning.h"
 #include "herd/replica_reader.h"
@@ -97,6 +98,7 @@ struct ServerStats {
   ReplicationCounters replication;
   uint64_t replica_reads = 0, replica_torn = 0, replica_unconfirmed = 0, replica_busy = 0;
   bool primary_attached = false;
+  bool promoted = false;  // a backup promoted (herd_admin promote): a primary without backups
   transport::CounterSnapshot fabric;  // all of the server's QPs and CQs
 };
 
@@ -160,6 +162,10 @@ class Server {
   void DetachPrimary();
   // kPrimary, control thread: a backup whose control connection closed is dropped by every gate.
   void WatchBackups();
+  // kBackup, control thread (a kPromoteRequest): once no primary is attached, every worker
+  // replays its last committed batch, takes the partition's state over and takes writes; no
+  // primary attaches afterwards. A JSON summary, or why not.
+  absl::StatusOr<std::string> Promote();
   void WaitForWorkers();
   // Destroys the retired address handles no posted WR can name any more.
   void BuryRetiredHandles();
@@ -236,8 +242,11 @@ class Server {
     std::vector<std::unique_ptr<transport::MemoryRegion>> mrs;
     std::vector<std::unique_ptr<transport::QueuePair>> qps;
   };
-  std::unique_ptr<Attachment> primary_;
-  std::atomic<bool> primary_attached_{false};
+  // Attach, detach and promotion exclude one another (control plane only).
+  absl::Mutex replication_mutex_;
+  std::unique_ptr<Attachment> primary_;  // written under replication_mutex_ (replication thread)
+  bool promoting_ ABSL_GUARDED_BY(replication_mutex_) = false;
+  std::atomic<bool> primary_attached_{false}, promoted_{false};
 };
 
 }  // namespace herd

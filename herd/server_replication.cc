@@ -2,6 +2,7 @@
 // each worker a ReplicationGate; a backup prepares each worker's redo area and reader and admits
 // one primary at a time on its replication port.
 #include <cstring>
+#include <thread>
 
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -178,6 +179,11 @@ void Server::ServeReplication() {
 
 absl::Status Server::AttachPrimary(transport::control::Channel& channel) {
   const Config& c = options_.config;
+  absl::MutexLock lock(&replication_mutex_);
+  if (promoting_) {
+    return absl::FailedPreconditionError(
+        "this backup was promoted: it is a primary now and follows no one");
+  }
   if (primary_ != nullptr) {
     return absl::AlreadyExistsError(absl::StrFormat(
         "primary %s is attached; a backup follows one primary", primary_->channel->peer_name()));
@@ -264,11 +270,74 @@ absl::Status Server::AttachPrimary(transport::control::Channel& channel) {
 }
 
 void Server::DetachPrimary() {
+  absl::MutexLock lock(&replication_mutex_);
   if (primary_ == nullptr) return;
   // Its QPs first: nothing it still sends lands once they are gone; then its MRs and PD.
   for (auto& qp : primary_->qps) qp->SetError();
   primary_.reset();
   primary_attached_.store(false);
+}
+
+absl::StatusOr<std::string> Server::Promote() {
+  if (options_.replication.role != ReplicationRole::kBackup) {
+    return absl::FailedPreconditionError(
+        "this server is not a backup (--role=backup): there is nothing to promote");
+  }
+  {
+    absl::MutexLock lock(&replication_mutex_);
+    if (promoting_) {
+      if (promoted_.load()) return std::string("{\"promoted\":true,\"already\":true}");
+      return absl::FailedPreconditionError("an earlier promotion of this backup failed");
+    }
+    if (primary_ != nullptr) {
+      // Two primaries would diverge: the old one must be gone (its connection closed) first.
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "its primary %s is still attached: promote a backup only once its primary is gone",
+          primary_->channel->peer_name()));
+    }
+    promoting_ = true;  // no primary attaches from now on
+  }
+  const absl::Time start = absl::Now();
+  std::vector<std::unique_ptr<Promotion>> promotions;
+  for (WorkerResources& r : workers_) {
+    auto promotion = std::make_unique<Promotion>();
+    transport::SharedMemory* redo = r.redo.get();
+    promotion->apply = [redo](mica::Partition& partition) -> absl::Status {
+      // The chain the dead primary left cut finishes here; then nothing is committed any more.
+      const mica::MirroredRegion& region = partition.region();
+      if (absl::Status s = ReplayLastBatch(absl::MakeConstSpan(redo->data(), redo->size()),
+                                           absl::MakeSpan(region.base(), region.mapped_bytes()));
+          !s.ok()) {
+        return s;
+      }
+      std::memset(redo->data(), 0, kRedoCommitLineBytes);
+      return partition.ResumeFromRegion();
+    };
+    r.worker->RequestPromotion(promotion.get());
+    promotions.push_back(std::move(promotion));
+  }
+  std::vector<std::string> failures;
+  for (size_t w = 0; w < promotions.size(); ++w) {
+    while (!promotions[w]->done.load(std::memory_order_acquire)) {
+      if (!workers_[w].worker->running()) break;  // stopping
+      std::this_thread::yield();
+    }
+    if (!promotions[w]->done.load(std::memory_order_acquire)) {
+      failures.push_back(absl::StrFormat("worker %d: stopped before it ran", w));
+    } else if (!promotions[w]->status.ok()) {
+      failures.push_back(absl::StrFormat("worker %d: %s", w, promotions[w]->status.ToString()));
+    }
+  }
+  if (!failures.empty()) {
+    // Workers that succeeded take writes for their partitions; the others stay replicas. Loud.
+    LOG(ERROR) << "promotion failed: " << absl::StrJoin(failures, "; ");
+    return absl::DataLossError(absl::StrCat("promotion failed: ", absl::StrJoin(failures, "; ")));
+  }
+  promoted_.store(true);
+  LOG(INFO) << "promoted: this server is the primary now (" << workers_.size() << " partitions, "
+            << absl::FormatDuration(absl::Now() - start) << ")";
+  return absl::StrFormat("{\"promoted\":true,\"workers\":%d,\"seconds\":%.6f}", workers_.size(),
+                         absl::ToDoubleSeconds(absl::Now() - start));
 }
 
 }  // namespace herd

@@ -59,6 +59,7 @@ std::string StoreJson(const ServerStats& s) {
 
 // The replication object (counters since `since`): a primary's gates, or a backup's reads.
 std::string ReplicationJson(const ServerStats& s, const ServerStats& since) {
+  if (s.promoted) return "{\"role\":\"primary\",\"promoted\":true,\"backups\":0}";
   if (s.role == ReplicationRole::kPrimary) {
     const ReplicationCounters& n = s.replication;
     const ReplicationCounters& b = since.replication;
@@ -107,8 +108,9 @@ ServerStats Server::Stats() const {
     stats.no_memory += p.no_memory.Get();
     if (r.worker->partition().layout().mode == mica::StoreMode::kStore) AddStoreLevels(p, &stats);
   }
-  stats.role = options_.replication.role;
-  if (stats.role == ReplicationRole::kPrimary) {
+  stats.role = promoted_.load() ? ReplicationRole::kPrimary : options_.replication.role;
+  stats.promoted = promoted_.load();
+  if (stats.role == ReplicationRole::kPrimary && !stats.promoted) {
     stats.backups = static_cast<uint32_t>(options_.replication.backups.size());
     stats.live_backups = stats.backups;
     for (const WorkerResources& r : workers_) {

@@ -94,6 +94,7 @@ Worker::Worker(uint32_t index, const Config& config, std::unique_ptr<mica::Parti
       memory_(memory),
       gate_(gate),
       replica_(replica),
+      replica_mode_(replica != nullptr),
       routes_(config.max_clients),
       queues_(config.ud_qps_per_worker + config.max_clients),
       ud_queues_(ud_qps_.size()),
@@ -130,6 +131,20 @@ Worker::Worker(uint32_t index, const Config& config, std::unique_ptr<mica::Parti
 
 Worker::~Worker() = default;
 
+void Worker::Promote() {
+  Promotion* promotion = promotion_.load(std::memory_order_acquire);
+  promotion->status = promotion->apply(*partition_);
+  if (promotion->status.ok()) {
+    replica_ = nullptr;  // from the next batch on, mutations execute here
+    replica_mode_.store(false, std::memory_order_release);
+    LOG(INFO) << "worker " << index_ << " promoted: it takes writes";
+  } else {
+    LOG(ERROR) << "worker " << index_ << " not promoted: " << promotion->status;
+  }
+  promotion_.store(nullptr, std::memory_order_relaxed);
+  promotion->done.store(true, std::memory_order_release);
+}
+
 absl::Status Worker::PostInitialReceives() {
   if (config_.request_verb != RequestVerb::kUdSend) return absl::OkStatus();
   const uint32_t bytes = memory_.receive_bytes;
@@ -151,6 +166,9 @@ void Worker::Run(const std::atomic<bool>& stop) {
   uint32_t idle = 0;
   while (!stop.load(std::memory_order_relaxed)) {
     epoch_.store(epoch_.load(std::memory_order_relaxed) + 1, std::memory_order_release);
+    if (promotion_.load(std::memory_order_relaxed) != nullptr) [[unlikely]] {
+      Promote();
+    }
     // Large PUTs first, up to their share of the batch, then small requests, then large PUTs
     // again for what is left: neither kind can starve the other.
     uint32_t count = 0;

@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -80,6 +81,16 @@ struct QueueProgress {
   std::atomic<uint64_t> retired{0};
 };
 
+// A backup worker's promotion (ReplicaReader mode off, mutations executed from then on), run
+// on the worker's own thread between two batches: `apply` makes the partition whole and takes
+// its state over (replay the last committed redo record, ResumeFromRegion). On failure the
+// worker stays a replica.
+struct Promotion {
+  std::function<absl::Status(mica::Partition&)> apply;
+  absl::Status status;
+  std::atomic<bool> done{false};
+};
+
 // Registered memory a worker uses; allocated by the server (one MR per piece).
 struct WorkerMemory {
   uint8_t* region = nullptr;   // the server's whole request region
@@ -121,6 +132,12 @@ class Worker {
   void PublishQueue(uint16_t slot, SendQueue* queue) {
     queues_[slot].store(queue, std::memory_order_release);
   }
+  // Control thread: hands the worker `promotion` (which must outlive it) and returns at once;
+  // the worker runs it at the top of its next loop and sets promotion->done.
+  void RequestPromotion(Promotion* promotion) {
+    promotion_.store(promotion, std::memory_order_release);
+  }
+  bool replica() const { return replica_mode_.load(std::memory_order_acquire); }
   // A loop count: once it moves past a value read after unpublishing, the worker holds no
   // pointer it read before.
   uint64_t epoch() const { return epoch_.load(std::memory_order_acquire); }
@@ -198,6 +215,8 @@ class Worker {
   // Posts the responses assigned since the last post, in assignment order.
   void PostResponses();
   void RepostReceives(uint32_t count);
+  // Runs the pending promotion (RequestPromotion).
+  void Promote();
   // Polls the send CQ once; applies signalled completions.
   void Reap();
 
@@ -212,7 +231,9 @@ class Worker {
   transport::CompletionQueue* recv_cq_;
   WorkerMemory memory_;
   ResponseGate* const gate_;
-  ReplicaReader* const replica_;
+  ReplicaReader* replica_;  // null once promoted
+  std::atomic<bool> replica_mode_{false};
+  std::atomic<Promotion*> promotion_{nullptr};
 
   std::vector<std::atomic<const ClientRoute*>> routes_;  // by client id
   std::vector<std::atomic<SendQueue*>> queues_;          // by table slot
