@@ -44,8 +44,6 @@ using Clock = std::chrono::steady_clock;
 // Completions that must arrive before the bench gives up on a backup (they come at once on the
 // synchronous fabric).
 constexpr auto kReleaseDeadline = std::chrono::seconds(30);
-// Link send queues: the gate's chains at its default window.
-constexpr uint32_t kLinkSendQueue = 2048;
 // Room per item in the partition, so the PUT phase never fills it.
 constexpr double kRoomSlack = 2.0;
 
@@ -128,7 +126,7 @@ Result RunCase(uint32_t backups, const std::string& fabric_prefix) {
     qp_config.type = transport::QpType::kRc;
     qp_config.send_cq = primary_node.cq.get();
     qp_config.recv_cq = primary_node.cq.get();
-    qp_config.max_send_wr = kLinkSendQueue;
+    qp_config.max_send_wr = static_cast<uint32_t>(herd::LinkSendQueueDepth(options));
     auto link = primary_node.pd->CreateQp(qp_config);
     CHECK(link.ok()) << link.status();
     b.link = *std::move(link);

@@ -78,14 +78,16 @@ ReplicationGate::ReplicationGate(mica::Partition* partition, transport::SharedMe
                                  const ReplicationOptions& options)
     : partition_(partition),
       region_base_(partition->region().base()),
+      ring_offset_(partition->region().head_bytes()),
       staging_(std::move(staging)),
       staging_mr_(std::move(staging_mr)),
       snapshots_(options.max_batches_in_flight),
       cq_(cq),
       options_(options),
       changes_(options.max_ranges_per_batch),
-      wrs_(options.max_ranges_per_batch + kChainFrameWrs),
-      sges_(options.max_ranges_per_batch + kChainFrameWrs),
+      ordered_(uint64_t{options.max_ranges_per_batch} * kWrsPerRange),
+      wrs_(uint64_t{options.max_ranges_per_batch} * kWrsPerRange + kChainFrameWrs),
+      sges_(wrs_.size()),
       completions_(kPollBatch),
       held_ring_(std::max<uint32_t>(options.held_reserve, 1)) {
   for (BackupLink& backup : links) links_.push_back(Link{backup});
@@ -123,8 +125,28 @@ void ReplicationGate::EndBatch() {
   if (!PostPending()) counters_.deferred.Add();
 }
 
+void ReplicationGate::OrderRanges() {
+  // Split at the ring's start (a range merged across it would land its index part first), then
+  // sort by offset, highest first: the chain then places every item before any bucket line
+  // (buckets and header lie below the ring), extra buckets before the main buckets that link
+  // them, and the header last. A backup reader (replica_reader.h) relies on it: a slot it reads
+  // names an item already as new as the slot.
+  ordered_.clear();
+  for (const mica::ByteRange& r : changes_.ranges()) {
+    if (r.offset < ring_offset_ && r.offset + r.bytes > ring_offset_) {
+      ordered_.push_back(mica::ByteRange{r.offset, ring_offset_ - r.offset});
+      ordered_.push_back(mica::ByteRange{ring_offset_, r.offset + r.bytes - ring_offset_});
+    } else {
+      ordered_.push_back(r);
+    }
+  }
+  std::sort(ordered_.begin(), ordered_.end(),
+            [](const mica::ByteRange& a, const mica::ByteRange& b) { return a.offset > b.offset; });
+}
+
 bool ReplicationGate::PostPending() {
-  const absl::Span<const mica::ByteRange> ranges = changes_.ranges();
+  OrderRanges();
+  const absl::Span<const mica::ByteRange> ranges = ordered_;
   const size_t n = ranges.size();
   uint64_t padded = 0;
   for (const mica::ByteRange& r : ranges) padded += RedoPadded(r.bytes);
@@ -162,10 +184,8 @@ bool ReplicationGate::PostPending() {
   const uint64_t batch = last_posted_ + 1;
   counters_.overflowed.Add(changes_.overflowed());
   // The snapshot, as a redo record: header, range table, the ranges' bytes as they are now
-  // (later batches cannot change them), then the commit line's words that name the record.
-  // The ranges go in place in reverse order: items (the pool or log, at the region's end)
-  // before the bucket lines that name them, the header last, so a backup reader mostly finds an
-  // item whole where a new slot points (it verifies every item anyway: replica_read.h).
+  // (later batches cannot change them), then the commit line's words that name the record. The
+  // ranges go in place in OrderRanges' order.
   uint8_t* const record = staging_.data() + start % capacity;
   auto* header = reinterpret_cast<RedoHeader*>(record);
   *header = RedoHeader{};
@@ -178,7 +198,7 @@ bool ReplicationGate::PostPending() {
     table[i] = RedoRange{ranges[i].offset, ranges[i].bytes};
     std::memcpy(record + data, region_base_ + ranges[i].offset, ranges[i].bytes);
     // The in-place WRITEs read the record's data.
-    transport::Sge& sge = sges_[kFirstRangeWr + (n - 1 - i)];
+    transport::Sge& sge = sges_[kFirstRangeWr + i];
     sge.addr = reinterpret_cast<uint64_t>(record + data);
     sge.length = static_cast<uint32_t>(ranges[i].bytes);
     data += RedoPadded(ranges[i].bytes);
@@ -217,7 +237,7 @@ bool ReplicationGate::PostPending() {
     wrs_[1].remote_addr = link.backup.redo_addr;
     wrs_[1].rkey = link.backup.redo_rkey;
     for (size_t i = 0; i < n; ++i) {
-      transport::SendWr& wr = wrs_[kFirstRangeWr + (n - 1 - i)];
+      transport::SendWr& wr = wrs_[kFirstRangeWr + i];
       wr.remote_addr = link.backup.region_addr + ranges[i].offset;
       wr.rkey = link.backup.rkey;
     }

@@ -9,7 +9,8 @@
 // backup, ONE chain of RDMA WRITEs from the snapshot to the same offsets of the backup's
 // partition region (one doorbell per backup per batch; only the last WR signaled). The chain
 // first WRITEs the whole snapshot as a redo record into the backup's redo area, then a commit
-// word naming it (with the batch number, "begun"), then the ranges in place, then the batch
+// word naming it (with the batch number, "begun"), then the ranges in place (highest offset
+// first: every item lands before the bucket line that names it), then the batch
 // number again ("done"): a backup whose primary dies mid-chain replays the last committed record
 // and is whole, and a backup reader tells a quiet moment from a landing one by the two batch
 // numbers (herd/replication_log.h). The batch's mutations are
@@ -68,6 +69,9 @@ struct BackupLink {
 
 // WRs of a chain besides its ranges: the redo record, the commit words, the done word.
 inline constexpr uint32_t kChainFrameWrs = 3;
+// WRs a recorded range may take: one, or two when it spans the index's end and the ring's start
+// (split so that the ring's part lands first).
+inline constexpr uint32_t kWrsPerRange = 2;
 
 struct ReplicationOptions {
   // WRITEs (ranges) one batch posts per backup; more ranges merge into supersets. A mutation
@@ -90,7 +94,8 @@ struct ReplicationOptions {
 
 // The send queue depth a backup link's QP needs: a full window of full chains.
 inline uint64_t LinkSendQueueDepth(const ReplicationOptions& options) {
-  return (uint64_t{options.max_ranges_per_batch} + kChainFrameWrs) * options.max_batches_in_flight;
+  return (uint64_t{options.max_ranges_per_batch} * kWrsPerRange + kChainFrameWrs) *
+         options.max_batches_in_flight;
 }
 
 // A snapshot of a gate's counters (any thread may take one: counters()).
@@ -169,6 +174,8 @@ class ReplicationGate : public ResponseGate {
   void AssignUnposted(uint64_t batch);
   void DropLink(Link& link);
   uint64_t ReleasableThrough() const;
+  // Fills ordered_ with the recorded ranges in the order the chain places them.
+  void OrderRanges();
   // Drops requested links, and links whose oldest uncompleted chain is past stall_timeout.
   void DropStalledOrRequested();
   // Gives back the staging bytes of batches every live link completed.
@@ -176,6 +183,7 @@ class ReplicationGate : public ResponseGate {
 
   mica::Partition* const partition_;
   const uint8_t* const region_base_;
+  const uint64_t ring_offset_;  // where the ring (log or pool) starts in the region
   transport::SharedMemory staging_;
   std::unique_ptr<transport::MemoryRegion> staging_mr_;
   // Running offsets into the staging ring: bytes handed out, and where the bytes not free start:
@@ -189,7 +197,8 @@ class ReplicationGate : public ResponseGate {
   std::vector<Link> links_;
   uint32_t live_ = 0;
   mica::DirtyRanges changes_;
-  std::vector<transport::SendWr> wrs_;  // one chain, prepared once; filled per batch
+  std::vector<mica::ByteRange> ordered_;  // OrderRanges' (capacity reserved once)
+  std::vector<transport::SendWr> wrs_;    // one chain, prepared once; filled per batch
   std::vector<transport::Sge> sges_;
   std::vector<transport::Completion> completions_;
   // Held answers in batch order: a ring over held_ring_ (grows only past its high-water mark).

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -47,6 +48,9 @@ struct ReplicationServerOptions {
   ReplicationOptions gate;
   // kPrimary: how long Create waits for a backup to accept.
   absl::Duration connect_timeout = absl::Seconds(30);
+  // kPrimary: the device the backup links use, when not the clients' (a NIC of their own; on
+  // the shm fabric, links with faults of their own, e.g. slower than the clients').
+  std::optional<transport::DeviceOptions> device;
 };
 
 struct ServerOptions {
@@ -179,7 +183,9 @@ class Server {
   std::unique_ptr<transport::ProtectionDomain> pd_;
   std::unique_ptr<transport::SharedMemory> region_;
   std::unique_ptr<transport::CompletionQueue> idle_cq_;  // server ends of request QPs: no traffic
-  std::unique_ptr<transport::ProtectionDomain> replication_pd_;  // kPrimary: the backup links
+  // kPrimary: the backup links' device (ReplicationServerOptions::device; else device_) and PD.
+  std::unique_ptr<transport::Device> replication_device_;
+  std::unique_ptr<transport::ProtectionDomain> replication_pd_;
 
   // Address handles of departed sessions, kept until the UD queues that may still hold WRs
   // naming them retired past what they had posted at departure (control thread only). Declared

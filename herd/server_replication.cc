@@ -62,10 +62,17 @@ absl::Status Server::AttachToBackups() {
   if (depth > UINT32_MAX / ro.backups.size()) {
     return absl::InvalidArgumentError("replication: the links' queues are too deep");
   }
-  if (absl::Status s = Take(device_->AllocatePd(), &replication_pd_); !s.ok()) return s;
+  transport::Device* device = device_.get();
+  if (ro.device.has_value()) {
+    if (absl::Status s = Take(transport::OpenDevice(*ro.device), &replication_device_); !s.ok()) {
+      return s;
+    }
+    device = replication_device_.get();
+  }
+  if (absl::Status s = Take(device->AllocatePd(), &replication_pd_); !s.ok()) return s;
   for (WorkerResources& r : workers_) {
     const auto cq_depth = static_cast<uint32_t>(depth * ro.backups.size() + kReplicationCqSlack);
-    if (absl::Status s = Take(device_->CreateCq(cq_depth), &r.replication_cq); !s.ok()) return s;
+    if (absl::Status s = Take(device->CreateCq(cq_depth), &r.replication_cq); !s.ok()) return s;
   }
   const ReplicaLayout layout = LayoutOf(*workers_[0].partition);
   std::vector<std::vector<BackupLink>> links(c.workers);
@@ -85,7 +92,7 @@ absl::Status Server::AttachToBackups() {
       transport::QpConfig qc;
       qc.type = transport::QpType::kRc;
       qc.send_cq = r.replication_cq.get();
-      qc.recv_cq = idle_cq_.get();
+      qc.recv_cq = r.replication_cq.get();  // receives nothing
       qc.max_send_wr = static_cast<uint32_t>(depth);
       qc.max_recv_wr = 1;
       qc.max_inline_data = 0;

@@ -39,10 +39,14 @@ Response Partition::ReadReplica(std::string_view key, uint64_t keyhash, char* va
       const uint64_t slot = LoadRacy(slot_word);
       if (slot == 0 || SlotTag(slot) != tag) continue;
       const uint64_t offset = SlotOffset(slot);
-      if (store_mode()
-              ? offset < pool_first_item_ || offset > pool_last_item_
-              : ((LoadRacy(header_->log_tail) - offset) & kSlotOffsetMask) > log_mask_ + 1) {
-        continue;  // overwritten by the log (or, store mode, an offset no item has)
+      // Cache mode: alive within one log length behind the tail. Distance 0 (an item at the
+      // tail) is alive to no one: a slot landed ahead of the header's new tail names an item
+      // this reader's tail does not cover yet, and that place may still hold the item of one
+      // lap before. Store mode: an offset an item's header can have.
+      const uint64_t distance = (LoadRacy(header_->log_tail) - offset) & kSlotOffsetMask;
+      if (store_mode() ? offset < pool_first_item_ || offset > pool_last_item_
+                       : distance == 0 || distance > log_mask_ + 1) {
+        continue;
       }
       ItemHeader header;
       CopyRacy(&header, ItemAt(offset), sizeof(header));

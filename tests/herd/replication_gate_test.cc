@@ -34,7 +34,7 @@ using transport::testing::Node;
 constexpr uint32_t kMaxValue = 1024;
 constexpr int kKeys = 200;
 constexpr int kMaxBatch = 16;
-constexpr uint32_t kLinkSendQueue = 2048;  // >= LinkSendQueueDepth of the options used
+constexpr uint32_t kLinkSendQueue = 4096;  // >= LinkSendQueueDepth of the options used
 constexpr uint32_t kAsyncDelayUs = 500;    // the asynchronous fabric: WRITEs execute this late
 
 mica::PartitionConfig ConfigFor(mica::StoreMode mode) {
