@@ -5,14 +5,17 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <thread>
 #include <tuple>
 
 #include "absl/strings/str_format.h"
 #include "glog/logging.h"
 #include "herd/join.h"
 #include "tests/herd/model_workload.h"
+#include "tests/herd/replication_workload.h"
 #include "tests/herd/server_fixture.h"
 #include "transport/cm.h"
 #include "transport/fabric.h"
@@ -124,6 +127,60 @@ TEST_F(OverVerbs, LargeValuesMatchTheModel) {
               << ", out-of-line GETs " << stats.out_of_line_gets << ", item re-reads "
               << stats.item_rereads << ", copied " << stats.copied_gets << "; fabric "
               << stats.fabric.ToJson();
+  }
+}
+
+// Replication on the device (issue 16): a backup and a primary, each in a process of its own;
+// every write the primary acknowledges is read back from the backup at once (the links are RC
+// QPs of the device, the WRITEs real ones); then the primary is killed, the backup promoted, and
+// it holds every acknowledged write and takes new ones.
+TEST_F(OverVerbs, ReplicationAcknowledgesWhatTheBackupHoldsAndFailsOver) {
+  for (const mica::StoreMode mode : {mica::StoreMode::kCache, mica::StoreMode::kStore}) {
+    SCOPED_TRACE(std::string(mica::StoreModeName(mode)));
+    ServerOptions options = SmallServer("unused-on-verbs");
+    options.device.name = device_;
+    options.config.workers = 1;
+    options.store.mode = mode;
+    options.store.pool_bytes = uint64_t{4} << 20;
+    options.store.try_hugepages = false;
+    options.replication.listen_address = "127.0.0.1";
+    options.replication.gate.staging_bytes = uint64_t{1} << 20;
+    options.replication.role = ReplicationRole::kBackup;
+    ServerProcess backup(options);
+    ASSERT_TRUE(backup.ok());
+    options.replication.role = ReplicationRole::kPrimary;
+    options.replication.backups = {backup.replication_address()};
+    auto primary = std::make_unique<ServerProcess>(options);
+    ASSERT_TRUE(primary->ok());
+    const auto connect = [&](const std::string& address) -> std::unique_ptr<Client> {
+      ClientOptions client_options;
+      client_options.server = address;
+      client_options.device.name = device_;
+      client_options.retry_timeout = absl::Milliseconds(200);
+      client_options.min_retry_timeout = absl::Milliseconds(50);
+      auto client = Client::Connect(client_options);
+      EXPECT_TRUE(client.ok()) << client.status();
+      return client.ok() ? *std::move(client) : nullptr;
+    };
+    auto writer = connect(primary->address());
+    std::vector<std::unique_ptr<Client>> backups;
+    backups.push_back(connect(backup.address()));
+    ASSERT_TRUE(writer && backups[0]);
+    std::vector<ModelEntry> model(32);
+    MutateAndCheck(*writer, backups, model, 200, 31);
+    writer.reset();
+    primary->Kill();
+    absl::StatusOr<std::string> promoted;
+    for (int attempt = 0; attempt < 500; ++attempt) {
+      promoted = RequestPromotion(backup.address(), absl::Seconds(30));
+      if (promoted.ok()) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));  // polls for the detach
+    }
+    ASSERT_TRUE(promoted.ok()) << promoted.status();
+    ExpectBackupsHold(backups, model, "after the promotion");
+    absl::StatusOr<uint64_t> put = backups[0]->Put(KeyName(0), "after");
+    ASSERT_TRUE(put.ok()) << put.status();
+    EXPECT_GT(*put, model[0].version);
   }
 }
 

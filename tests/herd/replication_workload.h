@@ -1,0 +1,100 @@
+// Replication tests' shared workload (replication_e2e_test on shm, verbs_e2e_test on a device):
+// mutations on the primary checked against a model, and after each, the key read back from every
+// backup: an acknowledged write is already there.
+#ifndef HERD_TESTS_HERD_REPLICATION_WORKLOAD_H_
+#define HERD_TESTS_HERD_REPLICATION_WORKLOAD_H_
+
+#include <algorithm>
+#include <memory>
+#include <random>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/str_format.h"
+#include "gtest/gtest.h"
+#include "herd/client.h"
+#include "tests/herd/model_workload.h"  // ModelEntry
+
+namespace herd::testing {
+
+// A GET at a backup may find writes landing (BACKUP_BUSY): asked again this many times at most.
+inline constexpr int kBusyRetries = 100;
+
+inline std::string KeyName(uint32_t k) { return absl::StrFormat("rk%03d", k); }
+
+// A GET at a backup, asked again while it answers BACKUP_BUSY.
+inline absl::StatusOr<Value> BackupGet(Client& backup, std::string_view key) {
+  absl::StatusOr<Value> got = backup.Get(key);
+  for (int i = 0; i < kBusyRetries && absl::IsUnavailable(got.status()); ++i) got = backup.Get(key);
+  return got;
+}
+
+// Every backup holds `model` exactly (each key's value and version, or its absence).
+inline void ExpectBackupsHold(const std::vector<std::unique_ptr<Client>>& backups,
+                              const std::vector<ModelEntry>& model, const std::string& when) {
+  for (size_t b = 0; b < backups.size(); ++b) {
+    for (uint32_t k = 0; k < model.size(); ++k) {
+      const absl::StatusOr<Value> got = BackupGet(*backups[b], KeyName(k));
+      if (model[k].present) {
+        ASSERT_TRUE(got.ok()) << when << ": backup " << b << " " << KeyName(k) << ": "
+                              << got.status();
+        ASSERT_EQ(got->value, model[k].value) << when << ": backup " << b << " " << KeyName(k);
+        ASSERT_EQ(got->version, model[k].version) << when << ": backup " << b << " " << KeyName(k);
+      } else {
+        ASSERT_TRUE(absl::IsNotFound(got.status()))
+            << when << ": backup " << b << " " << KeyName(k) << ": " << got.status();
+      }
+    }
+  }
+}
+
+// Random mutations on the primary, each checked against the model, and after each one that
+// changed something, the key read back from every backup: acknowledged means held there.
+inline void MutateAndCheck(Client& primary, const std::vector<std::unique_ptr<Client>>& backups,
+                           std::vector<ModelEntry>& model, uint32_t ops, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  const uint32_t max_value = std::min<uint32_t>(primary.config().slot_value_bytes(), 160);
+  for (uint32_t i = 0; i < ops; ++i) {
+    const uint32_t k = static_cast<uint32_t>(rng() % model.size());
+    ModelEntry& m = model[k];
+    const std::string value(rng() % (max_value + 1), static_cast<char>('a' + rng() % 26));
+    const uint32_t dice = static_cast<uint32_t>(rng() % 10);
+    if (dice < 5) {
+      absl::StatusOr<uint64_t> put = primary.Put(KeyName(k), value);
+      ASSERT_TRUE(put.ok()) << put.status();
+      ASSERT_GT(*put, m.version);
+      m = ModelEntry{true, value, *put};
+    } else if (dice < 7) {
+      absl::StatusOr<uint64_t> del = primary.Delete(KeyName(k));
+      ASSERT_EQ(del.ok(), m.present) << del.status();
+      if (del.ok()) m = ModelEntry{false, "", *del};
+    } else {
+      const bool right = rng() % 2 == 0;
+      absl::StatusOr<uint64_t> cas =
+          primary.Cas(KeyName(k), right ? m.version : m.version + 1, value);
+      if (m.present && right) {
+        ASSERT_TRUE(cas.ok()) << cas.status();
+        m = ModelEntry{true, value, *cas};
+      } else {
+        ASSERT_FALSE(cas.ok());
+      }
+    }
+    // The write is acknowledged: every backup answers it now.
+    for (size_t b = 0; b < backups.size(); ++b) {
+      const absl::StatusOr<Value> got = BackupGet(*backups[b], KeyName(k));
+      if (m.present) {
+        ASSERT_TRUE(got.ok()) << "op " << i << " backup " << b << ": " << got.status();
+        ASSERT_EQ(got->value, m.value) << "op " << i << " backup " << b;
+        ASSERT_EQ(got->version, m.version) << "op " << i << " backup " << b;
+      } else {
+        ASSERT_TRUE(absl::IsNotFound(got.status())) << "op " << i << " backup " << b;
+      }
+    }
+  }
+}
+
+}  // namespace herd::testing
+
+#endif  // HERD_TESTS_HERD_REPLICATION_WORKLOAD_H_
