@@ -64,6 +64,9 @@ PROJECT_SOURCES = ("herd/", "mica/", "transport/", "bench/", "util/")
 # Flags the runner sets itself from the experiment's hosts and fabric: never knobs.
 RUNNER_FLAGS = {"port", "listen_address", "server", "fabric", "device", "shm_fabric_name",
                 "gid_index", "ib_port"}
+# Knobs of the runner itself, no binary's flag: `replicas` (an axis or a server knob) starts that
+# many `herd_server --role=backup` beside the server and makes the server their primary.
+RUNNER_KNOBS = {"replicas"}
 # Flags both binaries define where the knob is one side's: the server's --duration_s would stop
 # it in the middle of the client's measurement; herd_client links the transport's --hugepages
 # but reads no page policy (its buffers are small), so the knob is the server's.
@@ -129,6 +132,8 @@ class Knobs:
 
     def role(self, name):
         name = ALIASES.get(name, name)
+        if name in RUNNER_KNOBS:
+            return "runner", name
         if name not in self.roles:
             by_role = {r: sorted(n for n, rr in self.roles.items() if rr == r)
                        for r in ("server", "client", "both")}
@@ -221,7 +226,7 @@ class Experiment:
         """Every fixed knob and sweep axis must be a flag of the binary it is given to."""
         for role, fixed in self.fixed.items():
             for knob in fixed:
-                if knobs.role(knob)[0] not in (role, "both"):
+                if knobs.role(knob)[0] not in (role, "both", "runner"):
                     fail(f"{self.path}: '{knob}' is not a {role} knob")
         for axis in self.sweep:
             knobs.role(axis)
@@ -393,8 +398,42 @@ class Runner:
         client_knobs = self.knobs_for("client", point)
         server_argv = [str(self.bin / "herd" / "herd_server"), "--port=0"]
         server_argv += self.fabric_flags(self.x.server, name) + flags(server_knobs)
+        replicas = int({**self.x.fixed["server"], **point}.get("replicas", 0))
+        backups = self.start_backups(server_argv, replicas, log_name) if replicas else []
+        if backups:
+            server_argv += ["--role=primary",
+                            "--backups=" + ",".join(address for _, address in backups)]
         if self.x.server.cores is not None and "worker_cores" not in server_knobs:
             server_argv.append(f"--worker_cores={self.x.server.cores}")
+        try:
+            return self.run_primary(point, repetition, name, log_name, server_argv, server_knobs,
+                                    client_knobs)
+        finally:
+            for process, _ in backups:
+                self.processes.stop(process, SERVER_STOP_TIMEOUT_S)
+
+    def start_backups(self, server_argv, replicas, log_name):
+        """`replicas` backups with the server's knobs (unpinned: their workers only serve the
+        primary's WRITEs here); returns (process, replication address) of each."""
+        backups = []
+        host = "127.0.0.1" if self.x.server.local else self.x.server.address
+        for index in range(replicas):
+            argv = server_argv + ["--role=backup", "--replication_port=0", "--pin_workers=false"]
+            log = open(self.logs / f"{log_name}.backup{index}.log", "wb")
+            process = self.processes.start(self.x.server, argv, subprocess.PIPE, log)
+            backups.append((process, None))
+            try:
+                ready = read_line_until(process, "herd_server ready", SERVER_READY_TIMEOUT_S)
+            except PointFailed as error:
+                for p, _ in backups:
+                    self.processes.stop(p, SERVER_STOP_TIMEOUT_S)
+                raise PointFailed(f"backup {index}: {error} (see logs/{log_name}.backup{index}.log)")
+            port = ready.split("replication_port=", 1)[1].split()[0]
+            backups[-1] = (process, f"{host}:{port}")
+        return backups
+
+    def run_primary(self, point, repetition, name, log_name, server_argv, server_knobs,
+                    client_knobs):
         with open(self.logs / f"{log_name}.server.log", "wb") as server_log:
             server = self.processes.start(self.x.server, server_argv, subprocess.PIPE, server_log)
             try:
@@ -486,12 +525,20 @@ def summarize(x, point, repetition, server_knobs, client_knobs, clients, server)
     record["server_responses_per_doorbell"] = round(responses / max(fabric.get("doorbells", 0), 1), 2)
     record["server_signaled_fraction"] = round(fabric.get("signaled_wrs", 0) / responses, 4)
     record["server_batch"] = record["server"].get("batch")
+    # A primary's replication (--role=primary): WRITE WRs and bytes to the backups per operation
+    # the clients completed, and per batch posted.
+    replication = record["server"].get("replication") or {}
+    ops = max(sum(c.get("ops", 0) for c in clients), 1)
+    record["repl_writes_per_op"] = round(replication.get("writes", 0) / ops, 3)
+    record["repl_bytes_per_op"] = round(replication.get("bytes", 0) / ops, 1)
+    record["repl_writes_per_batch"] = replication.get("writes_per_batch", 0)
     return record
 
 
 CSV_FIELDS = ["mops", "p50_us", "p99_us", "p999_us", "retransmissions", "server_batch",
               "server_responses_per_doorbell", "server_signaled_fraction", "wrs_per_op",
-              "payload_bytes_per_op", "value_mb_s", "get_miss_ratio", "no_memory", "loadavg_1m"]
+              "payload_bytes_per_op", "value_mb_s", "get_miss_ratio", "no_memory",
+              "repl_writes_per_op", "repl_bytes_per_op", "repl_writes_per_batch", "loadavg_1m"]
 
 
 def write_csv(out_dir, records, axes):

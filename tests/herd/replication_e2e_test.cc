@@ -296,6 +296,11 @@ int FailoverRuns() {
   const char* runs = getenv("HERD_FAILOVER_RUNS");
   return runs != nullptr ? std::max(1, atoi(runs)) : 4;
 }
+// The first run's number (HERD_FAILOVER_FIRST_RUN): every run's seeds derive from it.
+int FailoverFirstRun() {
+  const char* first = getenv("HERD_FAILOVER_FIRST_RUN");
+  return first != nullptr ? std::max(0, atoi(first)) : 0;
+}
 
 // Kills the primary (SIGKILL) at a random point of a write load on two backups, promotes one
 // backup (herd_admin promote's request), and checks one history of everything: every write
@@ -303,8 +308,8 @@ int FailoverRuns() {
 // older than what was acknowledged, and it takes new writes with newer versions.
 TEST(Replication, KillThePrimaryPromoteABackupLoseNoAcknowledgedWrite) {
   namespace h = testing::history;
-  const int runs = FailoverRuns();
-  for (int run = 0; run < runs; ++run) {
+  const int first = FailoverFirstRun();
+  for (int run = first; run < first + FailoverRuns(); ++run) {
     std::mt19937_64 rng(1000 + run);
     const mica::StoreMode mode = run % 2 == 0 ? mica::StoreMode::kStore : mica::StoreMode::kCache;
     SCOPED_TRACE(absl::StrCat("run ", run, " ", std::string(mica::StoreModeName(mode))));
