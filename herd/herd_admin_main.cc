@@ -1,10 +1,13 @@
 // herd_admin: operator commands for a running herd server, one per run.
-//   herd_admin promote HOST:PORT   a backup whose primary is gone becomes the primary
+//   herd_admin promote HOST:PORT   a backup whose primary is gone becomes the primary (asked
+//                                  again while the backup still sees its primary attached)
 //   herd_admin stats HOST:PORT     the server's counters (JSON), as herd_kv stats prints them
 // Prints the server's JSON answer on stdout; exits 1 with the reason on stderr otherwise.
 #include <cstdio>
 #include <string>
 
+#include "absl/status/status.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "gflags/gflags.h"
 #include "glog/logging.h"
@@ -13,6 +16,11 @@
 DEFINE_double(timeout_s, 30,
               "How long to wait for the server (a promotion replays and checks "
               "every partition: O(region) per worker)");
+
+namespace {
+// How often `promote` asks again while the backup still sees its primary attached.
+constexpr absl::Duration kPromoteRetryInterval = absl::Milliseconds(50);
+}  // namespace
 
 int main(int argc, char** argv) {
   gflags::SetUsageMessage(
@@ -29,7 +37,16 @@ int main(int argc, char** argv) {
   const absl::Duration timeout = absl::Seconds(FLAGS_timeout_s);
   absl::StatusOr<std::string> answer;
   if (command == "promote") {
+    // A backup refuses while its primary is attached; right after the primary died it may not
+    // have seen the connection close yet: asked again until the timeout.
+    const absl::Time deadline = absl::Now() + timeout;
     answer = herd::RequestPromotion(address, timeout);
+    while (!answer.ok() && absl::IsFailedPrecondition(answer.status()) &&
+           answer.status().message().find("still attached") != std::string::npos &&
+           absl::Now() < deadline) {
+      absl::SleepFor(kPromoteRetryInterval);
+      answer = herd::RequestPromotion(address, timeout);
+    }
   } else if (command == "stats") {
     answer = herd::FetchServerStats(address, timeout);
   } else {
