@@ -38,6 +38,8 @@ enum MessageType : uint16_t {
   // (a JSON line) or kError, then closed.
   kPromoteRequest = 10,
   kPromoted = 11,
+  // Primary to backup, on the replication channel: it dropped the backup and goes on without it.
+  kReplicaDropped = 12,
 };
 
 struct Hello {

@@ -4,13 +4,19 @@
 
 namespace herd {
 
-ReplicaReader::ReplicaReader(const mica::Partition* partition, const uint8_t* redo_area)
+ReplicaReader::ReplicaReader(const mica::Partition* partition, const uint8_t* redo_area,
+                             const std::atomic<bool>* stale)
     : partition_(partition),
       redo_area_(redo_area),
+      stale_(stale),
       scratch_((partition->layout().max_item_bytes + sizeof(uint64_t) - 1) / sizeof(uint64_t)) {}
 
 mica::Response ReplicaReader::Get(const mica::Request& request) {
   counters_.reads.Add();
+  if (stale_ != nullptr && stale_->load(std::memory_order_relaxed)) [[unlikely]] {
+    counters_.busy.Add();
+    return mica::Response{mica::Result::kCorrupt, 0, 0};
+  }
   const LandingWords landing(redo_area_);
   for (uint32_t attempt = 0; attempt < kMaxAttempts; ++attempt) {
     bool quiet = false;
@@ -23,6 +29,7 @@ mica::Response ReplicaReader::Get(const mica::Request& request) {
         counters_.torn.Add();
         continue;
       case mica::Result::kNotFound:
+      case mica::Result::kBufferTooSmall:
         if (quiet && landing.StillQuiet(begun)) return r;
         counters_.unconfirmed.Add();
         continue;

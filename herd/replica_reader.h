@@ -11,12 +11,17 @@
 //   (LandingWords: begun == done before, begun unchanged after): a slot half-way through a
 //   batch (an old slot naming a reused block, a chain being relinked) can make a present key
 //   look absent, so an unconfirmed miss is read again.
+// - A backup its primary dropped (it went on without it: its copy misses acknowledged writes)
+//   answers every GET busy.
+// - A kBufferTooSmall (an item too long to copy here: the caller READs it itself) is answered
+//   only from a quiet read, like a miss: a header read while its bytes land can be anything.
 // - Bounded: after kMaxAttempts torn reads or unconfirmed misses (a primary that died mid-chain
 //   leaves begun != done until promotion) the answer is kCorrupt, which the worker sends as
 //   BACKUP_BUSY: ask again, or ask the primary. Never blocks, allocates or locks.
 #ifndef HERD_HERD_REPLICA_READER_H_
 #define HERD_HERD_REPLICA_READER_H_
 
+#include <atomic>
 #include <cstdint>
 #include <vector>
 
@@ -35,12 +40,15 @@ struct ReplicaReadCounters {
 class ReplicaReader {
  public:
   // Attempts per GET before it is answered busy: a batch's WRITEs land within microseconds, so
-  // this many reads (each well under a microsecond) outlast any live primary's chain.
+  // this many reads (each well under a microsecond) outlast a live primary's chain unless the
+  // thread placing it (a NIC, shm's progress thread) stalls.
   static constexpr uint32_t kMaxAttempts = 4096;
 
   // `redo_area`: the backup's redo area for this partition (its commit line's begun and done
   // words). Both must outlive the reader.
-  ReplicaReader(const mica::Partition* partition, const uint8_t* redo_area);
+  // `stale`, when set, means the primary dropped this backup: every GET is answered busy.
+  ReplicaReader(const mica::Partition* partition, const uint8_t* redo_area,
+                const std::atomic<bool>* stale = nullptr);
 
   // A GET (request.op must be kGet): ReadReplica's results, with kNotFound confirmed and
   // kCorrupt meaning busy (see above).
@@ -51,6 +59,7 @@ class ReplicaReader {
  private:
   const mica::Partition* partition_;
   const uint8_t* redo_area_;
+  const std::atomic<bool>* stale_;
   std::vector<uint64_t> scratch_;  // one item, the largest the partition stores
   ReplicaReadCounters counters_;
 };

@@ -145,6 +145,17 @@ void ReplicationGate::OrderRanges() {
 }
 
 bool ReplicationGate::PostPending() {
+  if (!changes_.ranges().empty() && live_ > 0) {
+    // A full window first (cheap, and a deferred batch is retried on every worker loop): the
+    // ranges are ordered and sized only when they can go.
+    if (snapshots_count_ == snapshots_.size()) return false;
+    for (const Link& link : links_) {
+      if (link.live &&
+          link.posted_through - link.completed_through >= options_.max_batches_in_flight) {
+        return false;  // that backup's window is full: keep accumulating
+      }
+    }
+  }
   OrderRanges();
   const absl::Span<const mica::ByteRange> ranges = ordered_;
   const size_t n = ranges.size();
@@ -168,13 +179,6 @@ bool ReplicationGate::PostPending() {
     changes_.Clear();
     AssignUnposted(last_posted_);
     return true;
-  }
-  if (snapshots_count_ == snapshots_.size()) return false;
-  for (const Link& link : links_) {
-    if (link.live &&
-        link.posted_through - link.completed_through >= options_.max_batches_in_flight) {
-      return false;  // that backup's window is full: keep accumulating
-    }
   }
   // Contiguous in the ring: a snapshot that would cross its end starts at its start.
   const uint64_t capacity = options_.staging_bytes;
@@ -274,6 +278,7 @@ void ReplicationGate::AssignUnposted(uint64_t batch) {
 void ReplicationGate::DropLink(Link& link) {
   if (!link.live) return;
   link.live = false;
+  link.dropped->store(true, std::memory_order_release);
   link.backup.qp->SetError();  // fenced: nothing of a later chain reaches a dropped backup
   --live_;
   counters_.live_backups.Set(live_);

@@ -130,8 +130,12 @@ class ReplicationGate : public ResponseGate {
 
   uint32_t live_backups() const { return live_; }
   // Any thread (the control thread, when a backup's control connection closes): the gate drops
-  // backup `link` (its index in Create's list) at its next Release.
+  // backup `link` (its index in Create's list) within kStallCheckEvery Release calls.
   void RequestDrop(size_t link);
+  // Any thread: whether the gate dropped backup `link` (for any reason) and goes on without it.
+  bool dropped(size_t link) const {
+    return link < links_.size() && links_[link].dropped->load(std::memory_order_acquire);
+  }
   // Nothing held, in flight or waiting to be posted (Release() frees what completed).
   bool quiescent() const {
     return held_count_ == 0 && snapshots_count_ == 0 && changes_.ranges().empty();
@@ -143,6 +147,7 @@ class ReplicationGate : public ResponseGate {
     BackupLink backup;
     bool live = true;
     std::unique_ptr<std::atomic<bool>> drop_requested = std::make_unique<std::atomic<bool>>(false);
+    std::unique_ptr<std::atomic<bool>> dropped = std::make_unique<std::atomic<bool>>(false);
     uint64_t posted_through = 0;     // the last batch posted to it
     uint64_t completed_through = 0;  // the last batch whose chain completed
   };

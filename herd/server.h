@@ -170,6 +170,10 @@ class Server {
   // replays its last committed batch, takes the partition's state over and takes writes; no
   // primary attaches afterwards. A JSON summary, or why not.
   absl::StatusOr<std::string> Promote();
+  // kBackup: runs a ReplicaTask on every worker (replay the last committed batch, clear the
+  // commit line; with take_writes, ResumeFromRegion, a version clock jump and writes) and waits
+  // for them; what failed, per worker.
+  std::vector<std::string> RunOnWorkers(bool take_writes);
   void WaitForWorkers();
   // Destroys the retired address handles no posted WR can name any more.
   void BuryRetiredHandles();
@@ -252,6 +256,10 @@ class Server {
   absl::Mutex replication_mutex_;
   std::unique_ptr<Attachment> primary_;  // written under replication_mutex_ (replication thread)
   bool promoting_ ABSL_GUARDED_BY(replication_mutex_) = false;
+  // A primary attached once (this backup's data is its): no other attaches, promotion may.
+  bool ever_attached_ ABSL_GUARDED_BY(replication_mutex_) = false;
+  // Its primary dropped it (kReplicaDropped): GETs answer BACKUP_BUSY, promotion is refused.
+  std::atomic<bool> stale_{false};
   std::atomic<bool> primary_attached_{false}, promoted_{false};
 };
 

@@ -19,8 +19,17 @@ namespace {
 
 using util::Take;
 
-// A primary's replication hello must arrive this soon after it connects.
-constexpr absl::Duration kReplicaHandshakeTimeout = absl::Seconds(10);
+// A primary's replication hello must arrive this soon after it connects (a primary sends it at
+// once; a connector that sends nothing holds the replication thread no longer than this).
+constexpr absl::Duration kReplicaHandshakeTimeout = absl::Seconds(2);
+// TCP keepalive on replication channels: a peer whose machine died (no FIN ever comes) counts as
+// gone after about idle + interval x probes.
+constexpr absl::Duration kKeepaliveIdle = absl::Seconds(1);
+constexpr absl::Duration kKeepaliveInterval = absl::Seconds(1);
+constexpr int kKeepaliveProbes = 3;
+// At promotion each partition's version clock jumps this far: past every version the dead
+// primary may have handed out beyond what the backup holds (at most a few batches in flight).
+constexpr uint64_t kPromotionVersionGap = uint64_t{1} << 32;
 // How often the backup's replication thread looks for a new primary, or for its primary's
 // departure.
 constexpr absl::Duration kReplicationPollInterval = absl::Milliseconds(20);
@@ -119,6 +128,11 @@ absl::Status Server::AttachToBackups() {
       links[w].push_back(
           BackupLink{qps[w], p.region_addr, p.region_rkey, p.redo_addr, p.redo_rkey});
     }
+    if (absl::Status s =
+            channel->EnableKeepalive(kKeepaliveIdle, kKeepaliveInterval, kKeepaliveProbes);
+        !s.ok()) {
+      LOG(WARNING) << "replication channel keepalive: " << s;
+    }
     LOG(INFO) << "replicating to backup " << address << " (" << c.workers << " partitions)";
     backup_channels_.push_back(std::make_unique<transport::control::Channel>(*std::move(channel)));
   }
@@ -137,11 +151,25 @@ absl::Status Server::AttachToBackups() {
 
 void Server::WatchBackups() {
   for (size_t b = 0; b < backup_channels_.size(); ++b) {
-    if (backup_lost_[b] || !backup_channels_[b]->PeerClosed()) continue;
+    if (backup_lost_[b]) continue;
+    if (backup_channels_[b]->PeerClosed()) {
+      backup_lost_[b] = true;
+      LOG(WARNING) << "backup " << options_.replication.backups[b]
+                   << " closed its control connection: dropped; serving degraded";
+      for (WorkerResources& r : workers_) r.gate->RequestDrop(b);
+      continue;
+    }
+    bool dropped = false;
+    for (const WorkerResources& r : workers_) dropped = dropped || r.gate->dropped(b);
+    if (!dropped) continue;
+    // A gate dropped it (an error, a stall, an oversize batch) and goes on without it: its copy
+    // misses acknowledged writes from now on. Told so, it answers no more reads and refuses a
+    // promotion; every gate drops it, and the connection closes.
     backup_lost_[b] = true;
-    LOG(WARNING) << "backup " << options_.replication.backups[b]
-                 << " closed its control connection: dropped; serving degraded";
+    LOG(WARNING) << "backup " << options_.replication.backups[b] << " dropped; serving degraded";
     for (WorkerResources& r : workers_) r.gate->RequestDrop(b);
+    (void)backup_channels_[b]->Send(kReplicaDropped, {});
+    backup_channels_[b] = std::make_unique<transport::control::Channel>(-1);  // closes it
   }
 }
 
@@ -153,7 +181,7 @@ absl::Status Server::PrepareReplica() {
     if (!redo.ok()) return redo.status();
     r.redo = std::make_unique<transport::SharedMemory>(*std::move(redo));
     std::memset(r.redo->data(), 0, kRedoCommitLineBytes);  // nothing committed, nothing landing
-    r.reader = std::make_unique<ReplicaReader>(r.partition.get(), r.redo->data());
+    r.reader = std::make_unique<ReplicaReader>(r.partition.get(), r.redo->data(), &stale_);
   }
   absl::StatusOr<transport::control::Listener> listener =
       transport::control::Listener::Listen(ro.listen_address, ro.port);
@@ -164,10 +192,22 @@ absl::Status Server::PrepareReplica() {
 
 void Server::ServeReplication() {
   while (!stop_.load()) {
-    if (primary_ != nullptr && primary_->channel->PeerClosed()) {
-      LOG(WARNING) << "the primary (" << primary_->channel->peer_name()
-                   << ") left: this backup keeps its last state and serves reads";
-      DetachPrimary();
+    if (primary_ != nullptr) {
+      // The primary's only message: it dropped this backup (it went on without it, so this
+      // copy misses acknowledged writes from then on): stale for good.
+      absl::StatusOr<transport::control::Message> message =
+          primary_->channel->Receive(absl::ZeroDuration());
+      if (message.ok() && message->type == kReplicaDropped) {
+        LOG(ERROR) << "the primary dropped this backup: its copy is stale from now on (GETs "
+                      "answer BACKUP_BUSY, promotion is refused)";
+        stale_.store(true);
+      }
+      if (primary_->channel->PeerClosed()) {
+        LOG(WARNING) << "the primary (" << primary_->channel->peer_name() << ") left"
+                     << (stale_.load() ? ""
+                                       : ": this backup keeps its last state and serves reads");
+        DetachPrimary();
+      }
     }
     absl::StatusOr<transport::control::Channel> channel =
         replication_listener_->Accept(kReplicationPollInterval);
@@ -186,6 +226,10 @@ void Server::ServeReplication() {
 
 absl::Status Server::AttachPrimary(transport::control::Channel& channel) {
   const Config& c = options_.config;
+  // The hello first, without the lock: a connector that sends nothing must not hold up a
+  // promotion (which takes the lock on the clients' control thread).
+  absl::StatusOr<transport::control::Message> message = channel.Receive(kReplicaHandshakeTimeout);
+  if (!message.ok()) return message.status();
   absl::MutexLock lock(&replication_mutex_);
   if (promoting_) {
     return absl::FailedPreconditionError(
@@ -195,8 +239,14 @@ absl::Status Server::AttachPrimary(transport::control::Channel& channel) {
     return absl::AlreadyExistsError(absl::StrFormat(
         "primary %s is attached; a backup follows one primary", primary_->channel->peer_name()));
   }
-  absl::StatusOr<transport::control::Message> message = channel.Receive(kReplicaHandshakeTimeout);
-  if (!message.ok()) return message.status();
+  if (ever_attached_) {
+    // It followed an earlier primary and holds its data (possibly a half-landed first chain,
+    // before any header says so): a new primary would mirror only what it changes from now on.
+    // State transfer is not implemented: start the backup empty.
+    return absl::FailedPreconditionError(
+        "this backup holds data written by an earlier primary; a new primary needs an empty "
+        "backup (state transfer to a joining backup is not implemented yet): restart it");
+  }
   if (message->type != kReplicaHello) {
     return absl::InvalidArgumentError(
         absl::StrFormat("control message %d where a replica hello was expected", message->type));
@@ -217,15 +267,6 @@ absl::Status Server::AttachPrimary(transport::control::Channel& channel) {
   for (uint32_t w = 0; w < c.workers; ++w) {
     const mica::Partition& partition = workers_[w].worker->partition();
     if (absl::Status s = CheckSameLayout(hello->layout, LayoutOf(partition)); !s.ok()) return s;
-    // A backup that followed an earlier primary holds its data: a new primary would mirror only
-    // what it changes from now on over it. State transfer is not implemented: start it empty.
-    const auto* header = reinterpret_cast<const mica::PartitionHeader*>(partition.region().base());
-    if (std::atomic_ref<uint64_t>(const_cast<uint64_t&>(header->version_clock))
-            .load(std::memory_order_acquire) != 0) {
-      return absl::FailedPreconditionError(
-          "this backup holds data written by an earlier primary; a new primary needs an empty "
-          "backup (state transfer to a joining backup is not implemented yet): restart it");
-    }
   }
   auto attachment = std::make_unique<Attachment>();
   if (absl::Status s = Take(device_->AllocatePd(), &attachment->pd); !s.ok()) return s;
@@ -270,6 +311,12 @@ absl::Status Server::AttachPrimary(transport::control::Channel& channel) {
     attachment->mrs.push_back(std::move(redo_mr));
   }
   if (absl::Status s = channel.Send(kReplicaWelcome, Encode(welcome)); !s.ok()) return s;
+  if (absl::Status s =
+          channel.EnableKeepalive(kKeepaliveIdle, kKeepaliveInterval, kKeepaliveProbes);
+      !s.ok()) {
+    LOG(WARNING) << "replication channel keepalive: " << s;
+  }
+  ever_attached_ = true;
   attachment->channel = std::make_unique<transport::control::Channel>(std::move(channel));
   primary_ = std::move(attachment);
   primary_attached_.store(true);
@@ -283,6 +330,55 @@ void Server::DetachPrimary() {
   for (auto& qp : primary_->qps) qp->SetError();
   primary_.reset();
   primary_attached_.store(false);
+  // Nothing lands any more: a chain the primary left cut is finished now (replayed from its
+  // committed record) and the commit line cleared, so reads are confirmed at once again instead
+  // of answering BACKUP_BUSY until a promotion. (A later promotion replays nothing more.)
+  const std::vector<std::string> failures = RunOnWorkers(/*take_writes=*/false);
+  if (!failures.empty()) {
+    LOG(ERROR) << "settling the replica after its primary left: " << absl::StrJoin(failures, "; ");
+  }
+}
+
+std::vector<std::string> Server::RunOnWorkers(bool take_writes) {
+  std::vector<std::unique_ptr<ReplicaTask>> tasks;
+  for (WorkerResources& r : workers_) {
+    auto task = std::make_unique<ReplicaTask>();
+    task->take_writes = take_writes;
+    transport::SharedMemory* redo = r.redo.get();
+    task->apply = [redo, take_writes](mica::Partition& partition) -> absl::Status {
+      const mica::MirroredRegion& region = partition.region();
+      if (absl::Status s = ReplayLastBatch(absl::MakeConstSpan(redo->data(), redo->size()),
+                                           absl::MakeSpan(region.base(), region.mapped_bytes()));
+          !s.ok()) {
+        return s;
+      }
+      std::memset(redo->data(), 0, kRedoCommitLineBytes);
+      if (!take_writes) return absl::OkStatus();
+      if (absl::Status s = partition.ResumeFromRegion(); !s.ok()) return s;
+      // Versions the dead primary handed out for writes no backup received (answers held, or
+      // read by a GET) are never handed out again: the clock jumps past any of them.
+      partition.AdvanceVersionClock(kPromotionVersionGap);
+      return absl::OkStatus();
+    };
+    r.worker->RequestTask(task.get());
+    tasks.push_back(std::move(task));
+  }
+  std::vector<std::string> failures;
+  for (size_t w = 0; w < tasks.size(); ++w) {
+    ReplicaTask* task = tasks[w].get();
+    while (!task->done.load(std::memory_order_acquire)) {
+      // Stopping: the worker may exit its loop before it claims the task; take it back (if it
+      // claimed it already, it finishes it).
+      if (stop_.load() && workers_[w].worker->CancelTask(task)) break;
+      std::this_thread::yield();
+    }
+    if (!task->done.load(std::memory_order_acquire)) {
+      failures.push_back(absl::StrFormat("worker %d: the server stopped first", w));
+    } else if (!task->status.ok()) {
+      failures.push_back(absl::StrFormat("worker %d: %s", w, task->status.ToString()));
+    }
+  }
+  return failures;
 }
 
 absl::StatusOr<std::string> Server::Promote() {
@@ -292,49 +388,29 @@ absl::StatusOr<std::string> Server::Promote() {
   }
   {
     absl::MutexLock lock(&replication_mutex_);
-    if (promoting_) {
-      if (promoted_.load()) return std::string("{\"promoted\":true,\"already\":true}");
+    if (promoted_.load()) return std::string("{\"promoted\":true,\"already\":true}");
+    if (promoting_)
       return absl::FailedPreconditionError("an earlier promotion of this backup failed");
-    }
     if (primary_ != nullptr) {
-      // Two primaries would diverge: the old one must be gone (its connection closed) first.
+      // Two primaries would diverge: the old one must be gone (its connection closed, or its
+      // keepalive expired) first.
       return absl::FailedPreconditionError(absl::StrFormat(
           "its primary %s is still attached: promote a backup only once its primary is gone",
           primary_->channel->peer_name()));
     }
+    if (!ever_attached_) {
+      return absl::FailedPreconditionError(
+          "this backup never had a primary: there is nothing to take over");
+    }
+    if (stale_.load()) {
+      return absl::FailedPreconditionError(
+          "its primary dropped this backup (it went on acknowledging writes without it): its "
+          "copy misses acknowledged writes; promote another backup");
+    }
     promoting_ = true;  // no primary attaches from now on
   }
   const absl::Time start = absl::Now();
-  std::vector<std::unique_ptr<Promotion>> promotions;
-  for (WorkerResources& r : workers_) {
-    auto promotion = std::make_unique<Promotion>();
-    transport::SharedMemory* redo = r.redo.get();
-    promotion->apply = [redo](mica::Partition& partition) -> absl::Status {
-      // The chain the dead primary left cut finishes here; then nothing is committed any more.
-      const mica::MirroredRegion& region = partition.region();
-      if (absl::Status s = ReplayLastBatch(absl::MakeConstSpan(redo->data(), redo->size()),
-                                           absl::MakeSpan(region.base(), region.mapped_bytes()));
-          !s.ok()) {
-        return s;
-      }
-      std::memset(redo->data(), 0, kRedoCommitLineBytes);
-      return partition.ResumeFromRegion();
-    };
-    r.worker->RequestPromotion(promotion.get());
-    promotions.push_back(std::move(promotion));
-  }
-  std::vector<std::string> failures;
-  for (size_t w = 0; w < promotions.size(); ++w) {
-    while (!promotions[w]->done.load(std::memory_order_acquire)) {
-      if (!workers_[w].worker->running()) break;  // stopping
-      std::this_thread::yield();
-    }
-    if (!promotions[w]->done.load(std::memory_order_acquire)) {
-      failures.push_back(absl::StrFormat("worker %d: stopped before it ran", w));
-    } else if (!promotions[w]->status.ok()) {
-      failures.push_back(absl::StrFormat("worker %d: %s", w, promotions[w]->status.ToString()));
-    }
-  }
+  const std::vector<std::string> failures = RunOnWorkers(/*take_writes=*/true);
   if (!failures.empty()) {
     // Workers that succeeded take writes for their partitions; the others stay replicas. Loud.
     LOG(ERROR) << "promotion failed: " << absl::StrJoin(failures, "; ");

@@ -131,18 +131,19 @@ Worker::Worker(uint32_t index, const Config& config, std::unique_ptr<mica::Parti
 
 Worker::~Worker() = default;
 
-void Worker::Promote() {
-  Promotion* promotion = promotion_.load(std::memory_order_acquire);
-  promotion->status = promotion->apply(*partition_);
-  if (promotion->status.ok()) {
+void Worker::RunTask() {
+  // Claimed by exchange: a task the control thread cancelled is never half run.
+  ReplicaTask* task = task_.exchange(nullptr, std::memory_order_acq_rel);
+  if (task == nullptr) return;
+  task->status = task->apply(*partition_);
+  if (task->status.ok() && task->take_writes) {
     replica_ = nullptr;  // from the next batch on, mutations execute here
     replica_mode_.store(false, std::memory_order_release);
     LOG(INFO) << "worker " << index_ << " promoted: it takes writes";
-  } else {
-    LOG(ERROR) << "worker " << index_ << " not promoted: " << promotion->status;
+  } else if (!task->status.ok()) {
+    LOG(ERROR) << "worker " << index_ << ": replica task failed: " << task->status;
   }
-  promotion_.store(nullptr, std::memory_order_relaxed);
-  promotion->done.store(true, std::memory_order_release);
+  task->done.store(true, std::memory_order_release);
 }
 
 absl::Status Worker::PostInitialReceives() {
@@ -166,9 +167,8 @@ void Worker::Run(const std::atomic<bool>& stop) {
   uint32_t idle = 0;
   while (!stop.load(std::memory_order_relaxed)) {
     epoch_.store(epoch_.load(std::memory_order_relaxed) + 1, std::memory_order_release);
-    if (promotion_.load(std::memory_order_relaxed) != nullptr) [[unlikely]] {
-      Promote();
-    }
+    if (task_.load(std::memory_order_relaxed) != nullptr) [[unlikely]]
+      RunTask();
     // Large PUTs first, up to their share of the batch, then small requests, then large PUTs
     // again for what is left: neither kind can starve the other.
     uint32_t count = 0;

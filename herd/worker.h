@@ -81,12 +81,13 @@ struct QueueProgress {
   std::atomic<uint64_t> retired{0};
 };
 
-// A backup worker's promotion (ReplicaReader mode off, mutations executed from then on), run
-// on the worker's own thread between two batches: `apply` makes the partition whole and takes
-// its state over (replay the last committed redo record, ResumeFromRegion). On failure the
-// worker stays a replica.
-struct Promotion {
+// Work a backup's worker runs on its own thread between two batches (its partition is its
+// alone): `apply` repairs or takes over the replica (replay the last committed redo record;
+// ResumeFromRegion); with `take_writes`, once it succeeded, replica mode ends and mutations
+// execute from the next batch on (a promotion). On failure the worker stays a replica.
+struct ReplicaTask {
   std::function<absl::Status(mica::Partition&)> apply;
+  bool take_writes = false;
   absl::Status status;
   std::atomic<bool> done{false};
 };
@@ -132,10 +133,12 @@ class Worker {
   void PublishQueue(uint16_t slot, SendQueue* queue) {
     queues_[slot].store(queue, std::memory_order_release);
   }
-  // Control thread: hands the worker `promotion` (which must outlive it) and returns at once;
-  // the worker runs it at the top of its next loop and sets promotion->done.
-  void RequestPromotion(Promotion* promotion) {
-    promotion_.store(promotion, std::memory_order_release);
+  // Control threads: hands the worker `task` and returns at once; the worker claims it at the
+  // top of its next loop, runs it and sets task->done. `task` must live until done, or until
+  // CancelTask took it back (true: the worker never claimed it and never will).
+  void RequestTask(ReplicaTask* task) { task_.store(task, std::memory_order_release); }
+  bool CancelTask(ReplicaTask* task) {
+    return task_.compare_exchange_strong(task, nullptr, std::memory_order_acq_rel);
   }
   bool replica() const { return replica_mode_.load(std::memory_order_acquire); }
   // A loop count: once it moves past a value read after unpublishing, the worker holds no
@@ -215,8 +218,8 @@ class Worker {
   // Posts the responses assigned since the last post, in assignment order.
   void PostResponses();
   void RepostReceives(uint32_t count);
-  // Runs the pending promotion (RequestPromotion).
-  void Promote();
+  // Claims and runs the pending task (RequestTask).
+  void RunTask();
   // Polls the send CQ once; applies signalled completions.
   void Reap();
 
@@ -233,7 +236,7 @@ class Worker {
   ResponseGate* const gate_;
   ReplicaReader* replica_;  // null once promoted
   std::atomic<bool> replica_mode_{false};
-  std::atomic<Promotion*> promotion_{nullptr};
+  std::atomic<ReplicaTask*> task_{nullptr};
 
   std::vector<std::atomic<const ClientRoute*>> routes_;  // by client id
   std::vector<std::atomic<SendQueue*>> queues_;          // by table slot

@@ -167,6 +167,12 @@ class Partition {
   // pool sizes) against this partition's layout and, in store mode, attaches the allocator to
   // the pool and checks the index and allocator agree (O(region)); republishes the gauges.
   absl::Status ResumeFromRegion();
+  // A promoted replica's clock jumps `gap` ahead: versions a dead primary handed out for writes
+  // this replica never received are never handed out again (a CAS naming one fails).
+  void AdvanceVersionClock(uint64_t gap) {
+    Changed(header_);
+    header_->version_clock += gap;
+  }
 
   // Store mode: walks the index and the allocator and checks that they agree (every slot names
   // a live block holding an intact item of its key's bucket and tag, no block is named twice,

@@ -178,7 +178,9 @@ TEST(ProtocolTest, EveryStatusHasANameAndAnApiErrorThatStartsWithIt) {
     }
     EXPECT_TRUE(absl::StartsWith(error.message(), std::string(name) + ": ")) << error;
   }
-  EXPECT_EQ(named, 14);
+  EXPECT_EQ(named, 16);
+  EXPECT_EQ(StatusName(Status::kBackupBusy), "BACKUP_BUSY");
+  EXPECT_EQ(StatusName(Status::kNotPrimary), "NOT_PRIMARY");
   EXPECT_EQ(StatusName(Status::kNoMemory), "NO_MEMORY");
   EXPECT_EQ(StatusName(Status::kInternal), "INTERNAL");
   Result r;

@@ -244,8 +244,9 @@ TEST(Replication, ConcurrentBackupReadsAreLinearizable) {
     const h::CheckResult result = h::Check(all);
     EXPECT_TRUE(result.ok()) << result.Summary();
     EXPECT_GT(result.values_read, 1000u) << "the readers read too little to mean anything";
-    // A live primary's chains land in microseconds: a GET given up on is rare.
-    EXPECT_LT(busy_total, uint64_t{kReaders} * kOpsPerThread / 100) << busy_total << " busy";
+    // A live primary's chains land in microseconds: a GET given up on is rare (a descheduled
+    // fabric thread on a loaded machine makes bursts: the bound is loose, the count reported).
+    EXPECT_LT(busy_total, uint64_t{kReaders} * kOpsPerThread / 20) << busy_total << " busy";
     RecordProperty(absl::StrCat("values_read_", std::string(mica::StoreModeName(mode))),
                    static_cast<int>(result.values_read));
     RecordProperty(absl::StrCat("busy_", std::string(mica::StoreModeName(mode))),
@@ -281,11 +282,69 @@ TEST(Replication, AKilledBackupIsDroppedAndThePrimaryGoesOn) {
   // when its control connection closes, or its chain stalls).
   MutateAndCheck(*client, backups, model, 200, 12);
   ExpectBackupsHold(backups, model, "after the kill");
+  // The drop itself is asynchronous (the control thread sees the connection close, the gates
+  // act within kStallCheckEvery loops): waited for, with a deadline.
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (primary->Stats().replication.links_dropped < options.config.workers &&
+         absl::Now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
   const ServerStats stats = primary->Stats();
   EXPECT_EQ(stats.live_backups, 1u);
   EXPECT_EQ(stats.replication.links_dropped, options.config.workers);
   const std::string json = StatsJson(stats, ServerStats{}, 1.0);
   EXPECT_NE(json.find("\"degraded\":true"), std::string::npos) << json;
+}
+
+// A backup whose chains stall past --replication_stall_ms is dropped; the primary tells it so,
+// and from then on it answers no GET (its copy misses acknowledged writes) and refuses a
+// promotion, even once the primary is gone.
+TEST(Replication, AStalledBackupIsDroppedToldAndNeverPromoted) {
+  const std::string fabric = absl::StrCat("repl-stall-", getpid());
+  ServerOptions options = Replicated(fabric, mica::StoreMode::kCache, ReplicationRole::kBackup);
+  options.config.workers = 1;
+  auto backup = std::make_unique<ServerProcess>(options);
+  ASSERT_TRUE(backup->ok());
+  options = Replicated(fabric, mica::StoreMode::kCache, ReplicationRole::kPrimary);
+  options.config.workers = 1;
+  options.replication.backups = {backup->replication_address()};
+  options.replication.gate.stall_timeout = absl::Milliseconds(20);
+  // Links whose WRITEs execute a whole second late: the first chain stalls.
+  options.replication.device = options.device;
+  options.replication.device->faults.delay_us = 1000000;
+  std::unique_ptr<Server> primary = StartInProcess(options);
+  ASSERT_NE(primary, nullptr);
+  auto client = Connect(absl::StrCat("127.0.0.1:", primary->port()), fabric, 0);
+  ASSERT_NE(client, nullptr);
+  // Acknowledged once the gate gave up on the backup (degraded): the write is the primary's only.
+  absl::StatusOr<uint64_t> put = client->Put("k", "v");
+  ASSERT_TRUE(put.ok()) << put.status();
+  const ServerStats stats = primary->Stats();
+  EXPECT_EQ(stats.live_backups, 0u);
+  EXPECT_GE(stats.replication.stalls, 1u);
+  // The backup learns it was dropped: reads answer BACKUP_BUSY (never "not found" for "k").
+  auto reader = Connect(backup->address(), fabric, 0);
+  ASSERT_NE(reader, nullptr);
+  absl::Status got = reader->Get("k").status();
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (!absl::IsUnavailable(got) && absl::Now() < deadline) {
+    EXPECT_FALSE(got.ok()) << "the backup has a value it was never sent";
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));  // polls for the notice
+    got = reader->Get("k").status();
+  }
+  EXPECT_TRUE(absl::IsUnavailable(got)) << got;
+  // The primary goes; the dropped backup refuses to take over.
+  client.reset();
+  primary.reset();
+  absl::StatusOr<std::string> promoted = RequestPromotion(backup->address(), absl::Seconds(10));
+  for (int i = 0; i < 500 && !promoted.ok() &&
+                  promoted.status().message().find("still attached") != std::string::npos;
+       ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));  // polls for the detach
+    promoted = RequestPromotion(backup->address(), absl::Seconds(10));
+  }
+  EXPECT_FALSE(promoted.ok());
+  EXPECT_NE(promoted.status().message().find("dropped"), std::string::npos) << promoted.status();
 }
 
 // The kill-and-promote test's backup links execute each WRITE this late.
@@ -441,6 +500,8 @@ TEST(Replication, KillThePrimaryPromoteABackupLoseNoAcknowledgedWrite) {
       e.complete_ns = h::MonotonicNowNs();
       ASSERT_TRUE(put.ok()) << "the new primary takes writes: " << put.status();
       e.version = *put;
+      // The promoted clock jumped past every version the dead primary could have handed out.
+      EXPECT_GT(*put, uint64_t{1} << 32);
       reads.push_back(std::move(e));
     }
     std::vector<h::Event> all;
@@ -502,6 +563,11 @@ TEST(Replication, ABackupRefusesWhatIsNotItsPrimary) {
     EXPECT_EQ(reply->type, kError);
   }
   // The right primary attaches, a second one is refused.
+  // Nothing to promote on a backup that never had a primary.
+  const absl::StatusOr<std::string> orphan =
+      RequestPromotion(absl::StrCat("127.0.0.1:", backup->port()), absl::Seconds(10));
+  EXPECT_TRUE(!orphan.ok() && orphan.status().message().find("never had") != std::string::npos)
+      << orphan.status();
   std::unique_ptr<Server> primary = StartInProcess(primary_options);
   ASSERT_NE(primary, nullptr);
   EXPECT_NE(refusal(primary_options).find("attached"), std::string::npos);

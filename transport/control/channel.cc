@@ -15,6 +15,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "transport/control/frame.h"
+#include "util/errno_status.h"
 
 namespace transport::control {
 
@@ -149,6 +150,19 @@ bool Channel::PeerClosed() const {
   // matter: a peer that sends and then leaves has left.
   pollfd p{fd_, POLLRDHUP, 0};
   return poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) != 0;
+}
+
+absl::Status Channel::EnableKeepalive(absl::Duration idle, absl::Duration interval, int probes) {
+  const int on = 1;
+  const int idle_s = static_cast<int>(std::max<int64_t>(1, absl::ToInt64Seconds(idle)));
+  const int interval_s = static_cast<int>(std::max<int64_t>(1, absl::ToInt64Seconds(interval)));
+  if (setsockopt(fd_, SOL_SOCKET, SO_KEEPALIVE, &on, sizeof(on)) != 0 ||
+      setsockopt(fd_, IPPROTO_TCP, TCP_KEEPIDLE, &idle_s, sizeof(idle_s)) != 0 ||
+      setsockopt(fd_, IPPROTO_TCP, TCP_KEEPINTVL, &interval_s, sizeof(interval_s)) != 0 ||
+      setsockopt(fd_, IPPROTO_TCP, TCP_KEEPCNT, &probes, sizeof(probes)) != 0) {
+    return util::ErrnoStatus(absl::StatusCode::kInternal, "setsockopt(keepalive)");
+  }
+  return absl::OkStatus();
 }
 
 std::string Channel::peer_name() const {

@@ -49,6 +49,10 @@ class Channel : public MessageChannel {
   // open (they stay readable): a peer that sends and leaves has left.
   bool PeerClosed() const override;
 
+  // TCP keepalive: a peer whose machine died or was cut off (no FIN, no RST ever comes) makes
+  // PeerClosed() true after about idle + interval x probes of silence.
+  absl::Status EnableKeepalive(absl::Duration idle, absl::Duration interval, int probes);
+
   int fd() const { return fd_; }
   std::string peer_name() const override;
 
@@ -69,6 +73,10 @@ class Listener {
   ~Listener();
 
   uint16_t port() const { return port_; }
+  // TCP keepalive: a peer whose machine died or was cut off (no FIN, no RST ever comes) makes
+  // PeerClosed() true after about idle + interval x probes of silence.
+  absl::Status EnableKeepalive(absl::Duration idle, absl::Duration interval, int probes);
+
   int fd() const { return fd_; }
   // Waits up to `timeout` for a connection; kDeadlineExceeded when none came.
   absl::StatusOr<Channel> Accept(absl::Duration timeout);
