@@ -6,10 +6,13 @@
 #include <array>
 #include <atomic>
 #include <cstdio>
+#include <memory>
+#include <string>
 #include <thread>
 
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "bench/histogram.h"
 #include "bench/keys.h"
 #include "bench/machine.h"
@@ -39,6 +42,13 @@ DEFINE_uint32(max_retry_timeout_us, 1000000, "Ceiling of the adaptive retransmis
 DEFINE_bool(batch_doorbells, true,
             "Post each loop's requests to a QP with one doorbell (HERD's client batching); false: "
             "one doorbell per request");
+DEFINE_string(read_from, "primary",
+              "Where GETs go when --backups is given: primary, backups (thread t reads backup "
+              "t mod B) or any (thread t reads member t mod (B+1), the primary first); writes "
+              "always go to --server");
+DEFINE_string(
+    backups, "",
+    "The backups' client ports (HOST:PORT,...) of a replicated --server, for --read_from");
 DEFINE_string(client_cores, "auto",
               "Cores the client threads are pinned to (hwloc): auto (the last cores of the NIC's "
               "NUMA node, clear of a local server's workers), none, or a list like 1,3-4");
@@ -52,12 +62,39 @@ struct ThreadResult {
   // GETs answered, and those answered NOT_FOUND: with every key preloaded, what a lossy cache
   // (--store_mode=cache) forgot, or what the workload deleted; writes answered NO_MEMORY.
   uint64_t gets = 0, get_misses = 0, no_memory = 0;
-  uint32_t workers = 0;                                  // the server's
+  uint64_t backup_busy = 0;  // GETs a backup answered BACKUP_BUSY (--read_from)
+  std::string read_server;   // where this thread's GETs went
+  uint32_t workers = 0;      // the server's
   std::array<uint64_t, herd::kMaxWorkers> worker_ops{};  // answered by each worker
   bench::Histogram latency;
   herd::ClientStats stats;
+  herd::ClientStats reader_stats;  // its connection to the server its GETs went to, if not --server
   absl::Status status;
 };
+
+// The server thread `t`'s GETs go to ("" for --server itself).
+std::string ReadServerOf(uint32_t t, const std::vector<std::string>& backups) {
+  if (backups.empty() || FLAGS_read_from == "primary") return "";
+  if (FLAGS_read_from == "backups") return backups[t % backups.size()];
+  const size_t member = t % (backups.size() + 1);  // "any": the primary, then each backup
+  return member == 0 ? "" : backups[member - 1];
+}
+
+// Adds b's counters into a (the JSON's totals).
+void AddStats(const herd::ClientStats& b, herd::ClientStats* a) {
+  a->submitted += b.submitted;
+  a->retransmissions += b.retransmissions;
+  a->timed_out += b.timed_out;
+  a->send_failed += b.send_failed;
+  a->stray += b.stray;
+  a->torn += b.torn;
+  a->large_puts += b.large_puts;
+  a->out_of_line_gets += b.out_of_line_gets;
+  a->item_rereads += b.item_rereads;
+  a->copied_gets += b.copied_gets;
+  a->retry_timeout = std::max(a->retry_timeout, b.retry_timeout);
+  a->fabric.Add(b.fabric);
+}
 
 struct Shared {
   std::atomic<bool> measuring{false}, stop{false};
@@ -80,7 +117,8 @@ herd::Op ToOp(bench::Operation op) {
 }
 
 void RunThread(uint32_t t, const herd::ClientOptions& options, const bench::WorkloadConfig& w,
-               const herd::Topology& topology, int core, Shared& shared, ThreadResult* out) {
+               const herd::Topology& topology, int core, const std::string& read_server,
+               Shared& shared, ThreadResult* out) {
   if (core >= 0) {
     if (absl::Status s = topology.PinCurrentThread(core); !s.ok()) {
       out->status = s;
@@ -96,6 +134,21 @@ void RunThread(uint32_t t, const herd::ClientOptions& options, const bench::Work
   }
   herd::Client& client = **connected;
   out->workers = client.config().workers;
+  // --read_from: GETs on a connection of their own to a backup (the same logical clients).
+  std::unique_ptr<herd::Client> reader_connection;
+  if (!read_server.empty()) {
+    herd::ClientOptions reader_options = options;
+    reader_options.server = read_server;
+    absl::StatusOr<std::unique_ptr<herd::Client>> reader = herd::Client::Connect(reader_options);
+    if (!reader.ok()) {
+      out->status = reader.status();
+      shared.stop = true;
+      return;
+    }
+    reader_connection = *std::move(reader);
+  }
+  herd::Client& reader = reader_connection ? *reader_connection : client;
+  out->read_server = read_server.empty() ? options.server : read_server;
   std::vector<herd::Result> results(256);
   std::string key(w.key_bytes, '\0'), value(w.value_bytes, '\0');
   const uint32_t threads = FLAGS_threads;
@@ -134,13 +187,14 @@ void RunThread(uint32_t t, const herd::ClientOptions& options, const bench::Work
   std::vector<Next> pending(client.clients());
   for (auto& p : pending) p = Next{workload.NextKey(), ToOp(workload.NextOp())};
   uint64_t stamp = 1;
-  herd::ClientStats at_start, at_end;
+  herd::ClientStats at_start, at_end, reader_at_start, reader_at_end;
   bool window_started = false, window_ended = false;
   while (!shared.stop.load(std::memory_order_relaxed)) {
     for (uint32_t c = 0; c < client.clients(); ++c) {
       Next& p = pending[c];
       bench::MakeKey(p.index, w.key_bytes, key.data());
-      if (!client.CanSubmit(c, mica::KeyHash(key), herd::CarriesValue(p.op) ? value.size() : 0)) {
+      herd::Client& to = p.op == herd::Op::kGet ? reader : client;
+      if (!to.CanSubmit(c, mica::KeyHash(key), herd::CarriesValue(p.op) ? value.size() : 0)) {
         continue;
       }
       if (p.op == herd::Op::kPut || p.op == herd::Op::kCas) {
@@ -148,16 +202,20 @@ void RunThread(uint32_t t, const herd::ClientOptions& options, const bench::Work
       }
       // CAS expects version 0, so it fails (CAS_FAILED or NOT_FOUND) but still costs a full
       // lookup: the benchmark measures the operation's cost, not its success rate.
-      if (absl::Status s = client.Submit(c, p.op, key, value, 0, p.index); !s.ok()) {
+      if (absl::Status s = to.Submit(c, p.op, key, value, 0, p.index); !s.ok()) {
         out->status = s;  // as in the preload: not a full window (CanSubmit), so final
         shared.stop = true;
         break;
       }
       p = Next{workload.NextKey(), ToOp(workload.NextOp())};
     }
-    const size_t got = client.Poll(absl::MakeSpan(results));
-    if (!client.health().ok()) {
-      out->status = client.health();
+    size_t got = client.Poll(absl::MakeSpan(results));
+    if (reader_connection) {
+      got += reader.Poll(absl::MakeSpan(results).subspan(got));
+      if (!reader.health().ok()) out->status = reader.health();
+    }
+    if (!client.health().ok()) out->status = client.health();
+    if (!out->status.ok()) {
       shared.stop = true;
       break;
     }
@@ -165,9 +223,11 @@ void RunThread(uint32_t t, const herd::ClientOptions& options, const bench::Work
     const bool measuring = shared.measuring.load(std::memory_order_relaxed);
     if (measuring && !window_started) {
       at_start = client.stats();
+      reader_at_start = reader.stats();
       window_started = true;
     } else if (!measuring && window_started && !window_ended) {
       at_end = client.stats();
+      reader_at_end = reader.stats();
       window_ended = true;
     }
     if (got == 0) continue;
@@ -182,6 +242,7 @@ void RunThread(uint32_t t, const herd::ClientOptions& options, const bench::Work
         if (results[i].op == herd::Op::kGet) {
           ++out->gets;
           if (status == herd::Status::kNotFound) ++out->get_misses;
+          if (status == herd::Status::kBackupBusy) ++out->backup_busy;
         } else if (status == herd::Status::kNoMemory) {
           ++out->no_memory;
         }
@@ -190,7 +251,18 @@ void RunThread(uint32_t t, const herd::ClientOptions& options, const bench::Work
     }
     shared.progress[t].fetch_add(got, std::memory_order_relaxed);
   }
-  if (!window_ended) at_end = client.stats();
+  if (!window_ended) {
+    at_end = client.stats();
+    reader_at_end = reader.stats();
+  }
+  if (reader_connection) {
+    out->reader_stats = reader_at_end;
+    out->reader_stats.fabric = reader_at_end.fabric.Since(reader_at_start.fabric);
+    out->reader_stats.large_puts -= reader_at_start.large_puts;
+    out->reader_stats.out_of_line_gets -= reader_at_start.out_of_line_gets;
+    out->reader_stats.item_rereads -= reader_at_start.item_rereads;
+    out->reader_stats.copied_gets -= reader_at_start.copied_gets;
+  }
   out->stats = at_end;
   out->stats.fabric = at_end.fabric.Since(at_start.fabric);
   out->stats.large_puts -= at_start.large_puts;
@@ -240,13 +312,24 @@ int main(int argc, char** argv) {
     return 1;
   }
 
+  const std::vector<std::string> backups = absl::StrSplit(FLAGS_backups, ',', absl::SkipEmpty());
+  if (FLAGS_read_from != "primary" && FLAGS_read_from != "backups" && FLAGS_read_from != "any") {
+    fprintf(stderr, "herd_client: --read_from=%s: expected primary, backups or any\n",
+            FLAGS_read_from.c_str());
+    return 1;
+  }
+  if (FLAGS_read_from != "primary" && backups.empty()) {
+    fprintf(stderr, "herd_client: --read_from=%s needs --backups=HOST:PORT,...\n",
+            FLAGS_read_from.c_str());
+    return 1;
+  }
   Shared shared(FLAGS_threads);
   std::vector<ThreadResult> results(FLAGS_threads);
   std::vector<std::thread> threads;
   for (uint32_t t = 0; t < FLAGS_threads; ++t) {
     const int core = cores->empty() ? -1 : (*cores)[t];
     threads.emplace_back(RunThread, t, options, *workload, std::cref(**topology), core,
-                         std::ref(shared), &results[t]);
+                         ReadServerOf(t, backups), std::ref(shared), &results[t]);
   }
   // Warm-up starts when every thread has finished its preload (made its first progress).
   auto total_progress = [&] {
@@ -286,7 +369,7 @@ int main(int argc, char** argv) {
 
   bench::Histogram latency;
   herd::ClientStats total;
-  uint64_t ops = 0, errors = 0, gets = 0, get_misses = 0, no_memory = 0;
+  uint64_t ops = 0, errors = 0, gets = 0, get_misses = 0, no_memory = 0, backup_busy = 0;
   std::vector<std::string> per_thread;
   for (ThreadResult& r : results) {
     if (!r.status.ok()) {
@@ -298,20 +381,11 @@ int main(int argc, char** argv) {
     errors += r.errors;
     gets += r.gets;
     get_misses += r.get_misses;
+    backup_busy += r.backup_busy;
+    AddStats(r.reader_stats, &total);
     no_memory += r.no_memory;
     per_thread.push_back(absl::StrFormat("%.4f", r.ops / seconds / 1e6));
-    total.submitted += r.stats.submitted;
-    total.retransmissions += r.stats.retransmissions;
-    total.timed_out += r.stats.timed_out;
-    total.send_failed += r.stats.send_failed;
-    total.stray += r.stats.stray;
-    total.torn += r.stats.torn;
-    total.large_puts += r.stats.large_puts;
-    total.out_of_line_gets += r.stats.out_of_line_gets;
-    total.item_rereads += r.stats.item_rereads;
-    total.copied_gets += r.stats.copied_gets;
-    total.retry_timeout = std::max(total.retry_timeout, r.stats.retry_timeout);
-    total.fabric.Add(r.stats.fabric);
+    AddStats(r.stats, &total);
   }
   // On the shm fabric the server runs here too: every worker and every client thread spins, so
   // with more of them than cores they time-slice and throughput collapses (by 100x and more on
@@ -344,7 +418,7 @@ int main(int argc, char** argv) {
       "\"doorbells_per_wr\":%.3f,\"requests_per_doorbell\":%.2f,\"signaled_"
       "fraction\":%.4f,"
       "\"inline_fraction\":%.4f,\"bytes_per_wr\":%.1f,\"cpu_s\":%.3f,\"cpu_model\":\"%s\","
-      "\"cores\":%d,\"oversubscribed\":%s}",
+      "\"cores\":%d,\"oversubscribed\":%s,\"read_from\":\"%s\",\"backup_busy\":%d}",
       FLAGS_threads, FLAGS_clients_per_thread, FLAGS_threads * FLAGS_clients_per_thread,
       FLAGS_server, device->name == "shm" ? "shm" : "verbs", device->name, workload->ToJson(),
       seconds, ops, errors, gets, get_misses, no_memory, ops / seconds / 1e6,
@@ -361,7 +435,7 @@ int main(int argc, char** argv) {
           : static_cast<double>(total.fabric.wrs) / static_cast<double>(total.fabric.doorbells),
       total.fabric.signaled_wrs * per_op, total.fabric.inline_wrs * per_op,
       total.fabric.bytes * per_op, cpu_s, bench::CpuModel(), bench::OnlineCores(),
-      oversubscribed ? "true" : "false");
+      oversubscribed ? "true" : "false", FLAGS_read_from, backup_busy);
   printf("%s\n", json.c_str());
   if (ops == 0) {
     // A run that did nothing is a failure, however quietly it went.

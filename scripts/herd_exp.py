@@ -67,6 +67,9 @@ RUNNER_FLAGS = {"port", "listen_address", "server", "fabric", "device", "shm_fab
 # Knobs of the runner itself, no binary's flag: `replicas` (an axis or a server knob) starts that
 # many `herd_server --role=backup` beside the server and makes the server their primary.
 RUNNER_KNOBS = {"replicas"}
+# The runner sets these itself: the server's --backups (the backups' replication ports) and the
+# client's --backups (their client ports, for herd_client --read_from).
+RUNNER_FLAGS = RUNNER_FLAGS | {"backups"}
 # Flags both binaries define where the knob is one side's: the server's --duration_s would stop
 # it in the middle of the client's measurement; herd_client links the transport's --hugepages
 # but reads no page policy (its buffers are small), so the knob is the server's.
@@ -402,34 +405,39 @@ class Runner:
         backups = self.start_backups(server_argv, replicas, log_name) if replicas else []
         if backups:
             server_argv += ["--role=primary",
-                            "--backups=" + ",".join(address for _, address in backups)]
+                            "--backups=" + ",".join(b[1] for b in backups)]
+            self.backup_clients = ",".join(b[2] for b in backups)
+        else:
+            self.backup_clients = ""
         if self.x.server.cores is not None and "worker_cores" not in server_knobs:
             server_argv.append(f"--worker_cores={self.x.server.cores}")
         try:
             return self.run_primary(point, repetition, name, log_name, server_argv, server_knobs,
                                     client_knobs)
         finally:
-            for process, _ in backups:
+            for process, _, _ in backups:
                 self.processes.stop(process, SERVER_STOP_TIMEOUT_S)
 
     def start_backups(self, server_argv, replicas, log_name):
         """`replicas` backups with the server's knobs (unpinned: their workers only serve the
-        primary's WRITEs here); returns (process, replication address) of each."""
+        primary's WRITEs and the GETs sent to them); returns (process, replication address,
+        client address) of each."""
         backups = []
         host = "127.0.0.1" if self.x.server.local else self.x.server.address
         for index in range(replicas):
             argv = server_argv + ["--role=backup", "--replication_port=0", "--pin_workers=false"]
             log = open(self.logs / f"{log_name}.backup{index}.log", "wb")
             process = self.processes.start(self.x.server, argv, subprocess.PIPE, log)
-            backups.append((process, None))
+            backups.append((process, None, None))
             try:
                 ready = read_line_until(process, "herd_server ready", SERVER_READY_TIMEOUT_S)
             except PointFailed as error:
-                for p, _ in backups:
+                for p, _, _ in backups:
                     self.processes.stop(p, SERVER_STOP_TIMEOUT_S)
                 raise PointFailed(f"backup {index}: {error} (see logs/{log_name}.backup{index}.log)")
-            port = ready.split("replication_port=", 1)[1].split()[0]
-            backups[-1] = (process, f"{host}:{port}")
+            replication_port = ready.split("replication_port=", 1)[1].split()[0]
+            client_port = ready.split("port=", 1)[1].split()[0]
+            backups[-1] = (process, f"{host}:{replication_port}", f"{host}:{client_port}")
         return backups
 
     def run_primary(self, point, repetition, name, log_name, server_argv, server_knobs,
@@ -448,6 +456,8 @@ class Runner:
             clients = []
             for index, host in enumerate(self.x.clients):
                 argv = [str(self.bin / "bench" / "herd_client"), f"--server={address}:{port}"]
+                if self.backup_clients:
+                    argv.append(f"--backups={self.backup_clients}")
                 argv += self.fabric_flags(host, name) + flags(client_knobs)
                 if host.cores is not None and "client_cores" not in client_knobs:
                     argv.append(f"--client_cores={host.cores}")
