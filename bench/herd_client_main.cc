@@ -80,6 +80,17 @@ std::string ReadServerOf(uint32_t t, const std::vector<std::string>& backups) {
   return member == 0 ? "" : backups[member - 1];
 }
 
+// A connection's counters over the measured window (the rest are levels, as at its end).
+herd::ClientStats MeasuredWindow(const herd::ClientStats& start, const herd::ClientStats& end) {
+  herd::ClientStats window = end;
+  window.fabric = end.fabric.Since(start.fabric);
+  window.large_puts -= start.large_puts;
+  window.out_of_line_gets -= start.out_of_line_gets;
+  window.item_rereads -= start.item_rereads;
+  window.copied_gets -= start.copied_gets;
+  return window;
+}
+
 // Adds b's counters into a (the JSON's totals).
 void AddStats(const herd::ClientStats& b, herd::ClientStats* a) {
   a->submitted += b.submitted;
@@ -255,20 +266,8 @@ void RunThread(uint32_t t, const herd::ClientOptions& options, const bench::Work
     at_end = client.stats();
     reader_at_end = reader.stats();
   }
-  if (reader_connection) {
-    out->reader_stats = reader_at_end;
-    out->reader_stats.fabric = reader_at_end.fabric.Since(reader_at_start.fabric);
-    out->reader_stats.large_puts -= reader_at_start.large_puts;
-    out->reader_stats.out_of_line_gets -= reader_at_start.out_of_line_gets;
-    out->reader_stats.item_rereads -= reader_at_start.item_rereads;
-    out->reader_stats.copied_gets -= reader_at_start.copied_gets;
-  }
-  out->stats = at_end;
-  out->stats.fabric = at_end.fabric.Since(at_start.fabric);
-  out->stats.large_puts -= at_start.large_puts;
-  out->stats.out_of_line_gets -= at_start.out_of_line_gets;
-  out->stats.item_rereads -= at_start.item_rereads;
-  out->stats.copied_gets -= at_start.copied_gets;
+  if (reader_connection) out->reader_stats = MeasuredWindow(reader_at_start, reader_at_end);
+  out->stats = MeasuredWindow(at_start, at_end);
 }
 
 }  // namespace

@@ -188,34 +188,37 @@ absl::StatusOr<std::unique_ptr<transport::control::MessageChannel>> ConnectContr
       std::make_unique<transport::control::Channel>(*std::move(channel)));
 }
 
-absl::StatusOr<std::string> FetchServerStats(std::string_view host_port, absl::Duration timeout,
-                                             transport::ConnectMode mode,
-                                             transport::Device* device) {
+namespace {
+
+// One request on a connection of its own, answered by one message carrying a JSON string.
+absl::StatusOr<std::string> AskForJson(std::string_view host_port, absl::Duration timeout,
+                                       transport::ConnectMode mode, transport::Device* device,
+                                       MessageType request, MessageType answer,
+                                       std::string_view what) {
   absl::StatusOr<std::unique_ptr<transport::control::MessageChannel>> channel =
       ConnectControl(mode, device, host_port, timeout);
   if (!channel.ok()) return channel.status();
-  if (absl::Status s = (*channel)->Send(kStatsRequest, {}); !s.ok()) return s;
-  absl::StatusOr<transport::control::Message> message = Expect(**channel, kStats, timeout);
+  if (absl::Status s = (*channel)->Send(request, {}); !s.ok()) return s;
+  absl::StatusOr<transport::control::Message> message = Expect(**channel, answer, timeout);
   if (!message.ok()) return message.status();
-  WireReader r(message->payload, "stats");
+  WireReader r(message->payload, what);
   std::string json;
   r.Bytes(&json, transport::control::kMaxControlPayload);
   if (absl::Status s = r.Finish(); !s.ok()) return s;
   return json;
 }
 
+}  // namespace
+
+absl::StatusOr<std::string> FetchServerStats(std::string_view host_port, absl::Duration timeout,
+                                             transport::ConnectMode mode,
+                                             transport::Device* device) {
+  return AskForJson(host_port, timeout, mode, device, kStatsRequest, kStats, "stats");
+}
+
 absl::StatusOr<std::string> RequestPromotion(std::string_view host_port, absl::Duration timeout) {
-  absl::StatusOr<std::unique_ptr<transport::control::MessageChannel>> channel =
-      ConnectControl(transport::ConnectMode::kTcp, nullptr, host_port, timeout);
-  if (!channel.ok()) return channel.status();
-  if (absl::Status s = (*channel)->Send(kPromoteRequest, {}); !s.ok()) return s;
-  absl::StatusOr<transport::control::Message> message = Expect(**channel, kPromoted, timeout);
-  if (!message.ok()) return message.status();
-  WireReader r(message->payload, "promoted");
-  std::string json;
-  r.Bytes(&json, transport::control::kMaxControlPayload);
-  if (absl::Status s = r.Finish(); !s.ok()) return s;
-  return json;
+  return AskForJson(host_port, timeout, transport::ConnectMode::kTcp, nullptr, kPromoteRequest,
+                    kPromoted, "promoted");
 }
 
 }  // namespace herd

@@ -43,11 +43,14 @@
 #include "mica/keyhash.h"
 #include "mica/partition.h"
 #include "mica/remote_item.h"
+#include "tests/herd/recording_qp.h"
 #include "tests/transport/fabric_fixture.h"
 #include "transport/shared_memory.h"
 
 namespace herd {
 namespace {
+
+using testing::RecordingQp;
 
 using transport::testing::ConnectPair;
 using transport::testing::kCompletionDeadline;
@@ -620,44 +623,6 @@ INSTANTIATE_TEST_SUITE_P(Modes, ReplicaReaderLiveTest,
 // 2. A dead primary: its chains cut after every WR, and inside the in-place WRs (a WRITE's bytes
 // become visible in increasing address order on the shm fabric, transport/shm/ordered_copy.h:
 // a reader of a live primary sees every such prefix too).
-
-// A link QP that executes nothing: keeps each posted chain (replication_gate_test.cc's).
-class RecordingQp : public transport::QueuePair {
- public:
-  struct Wr {
-    uint64_t from;
-    uint32_t length;
-    uint64_t to;
-  };
-  RecordingQp(transport::CompletionQueue* cq, uint32_t depth) : QueuePair(ConfigFor(cq, depth)) {}
-  absl::Status PostSend(transport::SendWr* chain, transport::SendWr** /*bad*/) override {
-    std::vector<Wr> wrs;
-    for (const transport::SendWr* wr = chain; wr != nullptr; wr = wr->next) {
-      wrs.push_back(Wr{wr->sg_list[0].addr, wr->sg_list[0].length, wr->remote_addr});
-    }
-    chains.push_back(std::move(wrs));
-    return absl::OkStatus();
-  }
-  absl::Status PostRecv(transport::RecvWr*, transport::RecvWr**) override {
-    return absl::UnimplementedError("a recording QP receives nothing");
-  }
-  absl::Status Connect(const transport::ConnectConfig&) override { return absl::OkStatus(); }
-  void SetError() override {}
-  transport::QpState state() const override { return transport::QpState::kRts; }
-  transport::QpEndpoint endpoint() const override { return {}; }
-
-  std::vector<std::vector<Wr>> chains;
-
- private:
-  static transport::QpConfig ConfigFor(transport::CompletionQueue* cq, uint32_t depth) {
-    transport::QpConfig config;
-    config.type = transport::QpType::kRc;
-    config.send_cq = cq;
-    config.recv_cq = cq;
-    config.max_send_wr = depth;
-    return config;
-  }
-};
 
 constexpr int kCutKeys = 40;
 

@@ -19,11 +19,14 @@
 #include "herd/replication_log.h"
 #include "mica/keyhash.h"
 #include "mica/partition.h"
+#include "tests/herd/recording_qp.h"
 #include "tests/transport/fabric_fixture.h"
 #include "transport/shared_memory.h"
 
 namespace herd {
 namespace {
+
+using testing::RecordingQp;
 
 using transport::testing::ConnectPair;
 using transport::testing::kCompletionDeadline;
@@ -352,45 +355,6 @@ TEST(ReplicationGate, ABrokenBackupIsDroppedAndTheRestGoOn) {
   EXPECT_EQ(r.gate().counters().links_dropped, 1u);
   EXPECT_FALSE(r.BackupIdentical(1));
 }
-
-// A link QP that executes nothing: it keeps each posted chain so that the test can apply any
-// prefix of it, as a backup whose primary died after that many WRs had landed.
-class RecordingQp : public transport::QueuePair {
- public:
-  struct Wr {
-    uint64_t from;
-    uint32_t length;
-    uint64_t to;
-  };
-  RecordingQp(transport::CompletionQueue* cq, uint32_t depth) : QueuePair(ConfigFor(cq, depth)) {}
-  absl::Status PostSend(transport::SendWr* chain, transport::SendWr** /*bad*/) override {
-    std::vector<Wr> wrs;
-    for (const transport::SendWr* wr = chain; wr != nullptr; wr = wr->next) {
-      wrs.push_back(Wr{wr->sg_list[0].addr, wr->sg_list[0].length, wr->remote_addr});
-    }
-    chains.push_back(std::move(wrs));
-    return absl::OkStatus();
-  }
-  absl::Status PostRecv(transport::RecvWr*, transport::RecvWr**) override {
-    return absl::UnimplementedError("a recording QP receives nothing");
-  }
-  absl::Status Connect(const transport::ConnectConfig&) override { return absl::OkStatus(); }
-  void SetError() override {}
-  transport::QpState state() const override { return transport::QpState::kRts; }
-  transport::QpEndpoint endpoint() const override { return {}; }
-
-  std::vector<std::vector<Wr>> chains;
-
- private:
-  static transport::QpConfig ConfigFor(transport::CompletionQueue* cq, uint32_t depth) {
-    transport::QpConfig config;
-    config.type = transport::QpType::kRc;
-    config.send_cq = cq;
-    config.recv_cq = cq;
-    config.max_send_wr = depth;
-    return config;
-  }
-};
 
 // Kills at every step: for each batch's chain and every prefix of it (the primary died after
 // that many WRs reached the backup), the backup replays its last committed redo record and then
