@@ -26,6 +26,11 @@ HERD_FAILOVER_RUNS=$runs HERD_FAILOVER_FIRST_RUN=$first \
   "$bin" --gtest_filter='Replication.KillThePrimaryPromoteABackupLoseNoAcknowledgedWrite' \
   >"$log" 2>&1 || rc=$?
 seconds=$(echo "$(date +%s.%N) - $start" | bc)
+# A filter that matched nothing (a renamed test) runs nothing and exits 0: that is a failure.
+if [ "$rc" -eq 0 ] && ! grep -q '^\[  PASSED  \] 1 test\.' "$log"; then
+  echo "failover_check: the kill-and-promote test did not run (see $log)" >&2
+  rc=1
+fi
 # The failing runs, as the test's SCOPED_TRACE names them ("run N store").
 failures=$( (grep -o 'run [0-9]* \(cache\|store\)' "$log" || true) | sort -u | sed 's/.*/"&"/' | paste -sd, -)
 passed=$([ "$rc" -eq 0 ] && echo true || echo false)
