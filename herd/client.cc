@@ -8,7 +8,9 @@
 #include <type_traits>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "glog/logging.h"
 #include "mica/keyhash.h"
 #include "util/take.h"
@@ -82,6 +84,10 @@ absl::Status Client::Handshake() {
   if (responses_mr_) {
     join.response_region_addr = reinterpret_cast<uint64_t>(responses_->data());
     join.response_region_rkey = responses_mr_->rkey();
+  }
+  if (resume_.session != 0) {
+    join.resume_first_client_id = resume_.first_client_id;
+    join.resume_session = resume_.session;
   }
   if (absl::Status s = channel_->Send(kJoin, Encode(join)); !s.ok()) return s;
   reply = Expect(*channel_, kWelcome, options_.connect_timeout);
@@ -273,13 +279,24 @@ absl::Status Client::Submit(uint32_t client, Op op, std::string_view key, std::s
   }
   if (!CarriesValue(op)) value = {};
   if (absl::Status s = CheckRequest(op, key, value); !s.ok()) return s;
-  // Over the inline limit: WRITE_WITH_IMM into a landing buffer at the worker.
-  const bool large = value.size() > config_.inline_limit();
   const uint64_t keyhash = mica::KeyHash(key);
-  const uint32_t worker = WorkerOf(keyhash);
-  uint64_t& next = next_seq_[uint64_t{client} * config_.workers + worker];
-  const auto slot = static_cast<uint32_t>(next % config_.window);
-  const uint64_t index = SlotIndex(client, worker, slot);
+  uint64_t& next = next_seq_[uint64_t{client} * config_.workers + WorkerOf(keyhash)];
+  if (absl::Status s = Stage(Staged{client, op, key, keyhash, value, expected_version, tag, next,
+                                    /*attempt=*/0, Clock::now()});
+      !s.ok()) {
+    return s;
+  }
+  ++next;
+  ++stats_.submitted;
+  return absl::OkStatus();
+}
+
+absl::Status Client::Stage(const Staged& r) {
+  // Over the inline limit: WRITE_WITH_IMM into a landing buffer at the worker.
+  const bool large = r.value.size() > config_.inline_limit();
+  const uint32_t worker = WorkerOf(r.keyhash);
+  const auto slot = static_cast<uint32_t>(r.seq % config_.window);
+  const uint64_t index = SlotIndex(r.client, worker, slot);
   Outstanding& o = slots_[index];
   if (o.active) {
     return absl::ResourceExhaustedError("the window to this key's worker is full: Poll first");
@@ -303,35 +320,32 @@ absl::Status Client::Submit(uint32_t client, Op op, std::string_view key, std::s
     }
   }
   RequestHeader header{};
-  header.keyhash = keyhash;
-  header.expected_version = op == Op::kCas ? expected_version : 0;
-  header.value_bytes = static_cast<uint32_t>(value.size());
-  header.key_bytes = static_cast<uint16_t>(key.size());
-  header.op = static_cast<uint8_t>(op);
-  header.client_id = first_client_id_ + client;
-  header.attempt = 0;
-  header.seq = next;
+  header.keyhash = r.keyhash;
+  header.expected_version = r.op == Op::kCas ? r.expected_version : 0;
+  header.value_bytes = static_cast<uint32_t>(r.value.size());
+  header.key_bytes = static_cast<uint16_t>(r.key.size());
+  header.op = static_cast<uint8_t>(r.op);
+  header.client_id = first_client_id_ + r.client;
+  header.attempt = r.attempt;
+  header.seq = r.seq;
   o.large_body = large;
   o.landing = landing;
   o.read = -1;
   o.read_state = ReadState::kNone;
   o.item_reads = 0;
-  o.worker = worker;
   o.queue = large ? large_queue_base_ + worker : (config_.request_uses_slots() ? 1 + worker : 0);
-  o.client = client;
-  o.slot = slot;
-  o.length = EncodeRequest(header, key, value, welcome_.secret, StagedBytes(o));
-  o.active = true;
-  o.op = op;
-  o.client = client;
+  o.client = r.client;
   o.worker = worker;
   o.slot = slot;
+  o.length = EncodeRequest(header, r.key, r.value, welcome_.secret, StagedBytes(o));
+  o.active = true;
+  o.op = r.op;
   o.sends = 0;
-  o.attempt = 0;
-  o.seq = next;
-  o.tag = tag;
-  o.keyhash = keyhash;
-  o.submitted = Clock::now();
+  o.attempt = r.attempt;
+  o.seq = r.seq;
+  o.tag = r.tag;
+  o.keyhash = r.keyhash;
+  o.submitted = r.submitted;
   if (absl::Status s = Send(o, /*wait_for_room=*/true); !s.ok()) {
     // Nothing was posted: the request never existed, its slot and sequence number stay free.
     o.active = false;
@@ -339,10 +353,8 @@ absl::Status Client::Submit(uint32_t client, Op op, std::string_view key, std::s
     return s;
   }
   if (large) ++stats_.large_puts;
-  o.deadline = o.submitted + TimeoutFor(1);
-  ++next;
+  o.deadline = Clock::now() + TimeoutFor(1);
   ++outstanding_;
-  ++stats_.submitted;
   return absl::OkStatus();
 }
 
@@ -684,7 +696,10 @@ void Client::Retransmit(absl::Span<Result> out, size_t* n) {
       next = std::min(next, o.deadline);
       continue;
     }
-    if (!health_.ok() || o.sends >= options_.max_attempts || now - o.submitted >= deadline) {
+    // A client with members keeps its requests for Follow() when the server is lost.
+    const bool lost = !health_.ok() && options_.members.empty();
+    if (!health_.ok() && !lost && now - o.submitted < deadline) continue;
+    if (lost || o.sends >= options_.max_attempts || now - o.submitted >= deadline) {
       if (*n == out.size()) return;  // the rest on the next Poll
       Fail(o, Status::kTimedOut, &out[(*n)++]);
       continue;
@@ -704,6 +719,92 @@ void Client::Retransmit(absl::Span<Result> out, size_t* n) {
     next = std::min(next, o.deadline);
   }
   next_retry_check_ = next;
+}
+
+absl::StatusOr<std::unique_ptr<Client>> Client::Follow(absl::Duration timeout) {
+  if (options_.members.empty()) {
+    return absl::FailedPreconditionError("no members to follow (ClientOptions::members is empty)");
+  }
+  if (health_.ok()) {
+    // Its session could still execute a request the follower resends: never applied twice only
+    // if the old session is gone.
+    return absl::FailedPreconditionError(
+        "the server is still there (health() is OK): Follow() is for a lost server");
+  }
+  const absl::Time give_up = absl::Now() + timeout;
+  std::vector<std::string> refusals;
+  while (true) {
+    refusals.clear();
+    for (const std::string& member : options_.members) {
+      ClientOptions options = options_;
+      options.server = member;
+      // A dead member refuses or never answers: it must not take the whole timeout (rounds
+      // over the members repeat until then).
+      options.connect_timeout = std::min(options_.connect_timeout, kFollowConnectTimeout);
+      std::unique_ptr<Client> follower(new Client(options));
+      follower->resume_ = Resumption{first_client_id_, welcome_.secret};
+      absl::Status s = follower->Handshake();
+      if (s.ok() && !follower->welcome_.takes_writes) {
+        s = absl::FailedPreconditionError("a backup, not (yet) promoted");
+      }
+      if (s.ok() && (follower->config_.workers != config_.workers ||
+                     follower->config_.window != config_.window)) {
+        s = absl::FailedPreconditionError(absl::StrFormat(
+            "%d workers x window %d there, %d x %d here: not the same replicated store",
+            follower->config_.workers, follower->config_.window, config_.workers, config_.window));
+      }
+      if (s.ok()) {
+        // A follower that took some of the requests and failed is not retried elsewhere: its
+        // session may execute them, under outcomes no other member would find.
+        if (absl::Status handed = HandOver(*follower); !handed.ok()) return handed;
+        LOG(INFO) << "followed the primary to " << member << " with " << follower->outstanding_
+                  << " requests outstanding";
+        return follower;
+      }
+      refusals.push_back(absl::StrCat(member, ": ", s.message()));
+    }
+    if (absl::Now() >= give_up) break;
+    // Waiting for a promotion (an operator's, or an automatic one) to happen.
+    absl::SleepFor(kFollowRetryInterval);
+  }
+  return absl::UnavailableError(absl::StrCat("no member took writes within ",
+                                             absl::FormatDuration(timeout), ": ",
+                                             absl::StrJoin(refusals, "; ")));
+}
+
+absl::Status Client::HandOver(Client& follower) {
+  follower.next_seq_ = next_seq_;  // new requests continue the sequence numbers
+  const RequestLimits limits{config_.max_key_bytes, config_.value_limit(),
+                             config_.large_values() ? config_.landing_buffers : 0};
+  // Resent in sequence order per slot (one per slot is outstanding), each as a new attempt: the
+  // new primary replays the outcome of one the old primary executed (attempt > 0 is never
+  // taken for a duplicate landing of a send it has not seen).
+  for (Outstanding& o : slots_) {
+    if (!o.active) continue;
+    auto parsed = std::make_unique<ParsedRequest>();
+    Status status = Status::kOk;
+    if (ParseRequest(StagedBytes(o), o.length, limits, welcome_.secret, parsed.get(), &status) !=
+        Parse::kRequest) {
+      return absl::InternalError("a staged request does not parse: the client's own bug");
+    }
+    const RequestHeader& h = parsed->header;
+    if (absl::Status s =
+            follower.Stage(Staged{o.client, o.op, parsed->key(), h.keyhash, parsed->value,
+                                  h.expected_version, o.tag, o.seq, o.attempt + 1, o.submitted});
+        !s.ok()) {
+      return s;
+    }
+  }
+  // Handed over: this client forgets them (nothing of its session may answer them now).
+  for (Outstanding& o : slots_) {
+    if (!o.active) continue;
+    o.active = false;
+    ReleaseLanding(o);
+    if (o.read_state != ReadState::kNone) --deferred_;
+    o.read_state = ReadState::kNone;
+    --outstanding_;
+  }
+  return follower.Flush();
 }
 
 size_t Client::Poll(absl::Span<Result> out) {

@@ -76,6 +76,10 @@ struct ClientOptions {
   // 0: always the copy (the client then reads only memory the worker wrote for it, which no
   // other client can forge: see docs/architecture.md's trust model).
   uint32_t max_item_reads = 4;
+  // A replicated store's members (host:port of each server's control plane, the primary's
+  // among them), for Follow(). With members, a lost server's requests are kept for Follow()
+  // (until request_deadline) instead of ending kTimedOut.
+  std::vector<std::string> members;
 };
 
 struct Result {
@@ -153,6 +157,19 @@ class Client {
   // request is delivered as kTimedOut and every later Submit fails with this status.
   const absl::Status& health() const { return health_; }
 
+  // After the server was lost (health() is not OK): joins the first member that takes writes
+  // (ClientOptions::members, tried in turn until `timeout`: a promotion may still be under way)
+  // and hands it every outstanding request, resent with its sequence number as a new attempt.
+  // The new primary answers a mutation the old one executed from the outcome replicated with
+  // it (herd/outcome_table.h): it is never applied twice, and no acknowledged one is lost. The
+  // follower continues this client's sequence numbers; use it from now on (results of the
+  // handed-over requests come from its Poll, with their tags and first-submit latencies).
+  absl::StatusOr<std::unique_ptr<Client>> Follow(absl::Duration timeout);
+  // Follow's pause between rounds over the members, and the most time one join attempt takes
+  // (ClientOptions::connect_timeout, if shorter).
+  static constexpr absl::Duration kFollowRetryInterval = absl::Milliseconds(20);
+  static constexpr absl::Duration kFollowConnectTimeout = absl::Seconds(1);
+
   // Synchronous wrappers on logical client 0 (for tests and examples): submit, poll until done.
   absl::StatusOr<Value> Get(std::string_view key);
   absl::StatusOr<uint64_t> Put(std::string_view key, std::string_view value);  // new version
@@ -226,8 +243,30 @@ class Client {
   };
   // What Accept made of a response.
   enum class Accepted : uint8_t { kStray, kDelivered, kDeferred };
+  // A request to stage: a new one (attempt 0), or one handed over by Follow.
+  struct Staged {
+    uint32_t client;
+    Op op;
+    std::string_view key;
+    uint64_t keyhash;
+    std::string_view value;
+    uint64_t expected_version;
+    uint64_t tag;
+    uint64_t seq;
+    uint32_t attempt;
+    Clock::time_point submitted;
+  };
+  // What a follower's Join names: the ids and session it had at the lost server.
+  struct Resumption {
+    uint32_t first_client_id = 0;
+    uint64_t session = 0;  // 0: a fresh join
+  };
   explicit Client(const ClientOptions& options);
   absl::Status Handshake();
+  // Encodes and sends a checked request in the slot its sequence number names.
+  absl::Status Stage(const Staged& request);
+  // Follow: restages every outstanding request in `follower`; this client forgets them.
+  absl::Status HandOver(Client& follower);
   absl::Status CreateResources(const Config& config);
   absl::StatusOr<Result> RunOne(Op op, std::string_view key, std::string_view value,
                                 uint64_t expected_version);
@@ -285,6 +324,7 @@ class Client {
   Config config_;
   uint32_t first_client_id_ = 0;
   Welcome welcome_;
+  Resumption resume_;
 
   // Destroyed in reverse: the QPs first (their pending WRs read the staging buffers and name the
   // address handles until they are gone), then handles and memory, then CQs, PD, device.

@@ -70,6 +70,7 @@ std::vector<uint8_t> Encode(const Join& join) {
   PutEndpoints(w, join.response_qps);
   w.U64(join.response_region_addr).U32(join.response_region_rkey);
   PutEndpoints(w, join.large_qps);
+  w.U32(join.resume_first_client_id).U64(join.resume_session);
   return w.Take();
 }
 
@@ -84,6 +85,7 @@ std::vector<uint8_t> Encode(const Welcome& welcome) {
   PutEndpoints(w, welcome.response_qps);
   PutEndpoints(w, welcome.large_qps);
   w.U64(welcome.landing_addr).U32(welcome.landing_rkey);
+  w.U8(welcome.takes_writes ? 1 : 0);
   return w.Take();
 }
 
@@ -123,7 +125,8 @@ absl::StatusOr<Join> DecodeJoin(const std::vector<uint8_t>& bytes, uint32_t work
   r.Endpoint(&join.ud) && r.U32(&join.ud_qkey) &&
       GetEndpoints(r, workers, &join.request_qps, &error) &&
       GetEndpoints(r, workers, &join.response_qps, &error) && r.U64(&join.response_region_addr) &&
-      r.U32(&join.response_region_rkey) && GetEndpoints(r, workers, &join.large_qps, &error);
+      r.U32(&join.response_region_rkey) && GetEndpoints(r, workers, &join.large_qps, &error) &&
+      r.U32(&join.resume_first_client_id) && r.U64(&join.resume_session);
   if (!error.ok()) return error;
   if (absl::Status s = r.Finish(); !s.ok()) return s;
   return join;
@@ -135,6 +138,7 @@ absl::StatusOr<Welcome> DecodeWelcome(const std::vector<uint8_t>& bytes, uint32_
   Welcome w;
   absl::Status error;
   uint32_t qpns = 0;
+  uint8_t takes_writes = 0;
   r.U32(&w.first_client_id) && r.U64(&w.region_addr) && r.U32(&w.region_rkey) && r.U64(&w.secret) &&
       GetEndpoints(r, workers, &w.worker_ud, &error) && r.U32(&qpns);
   if (!error.ok()) return error;
@@ -148,9 +152,11 @@ absl::StatusOr<Welcome> DecodeWelcome(const std::vector<uint8_t>& bytes, uint32_
   GetEndpoints(r, workers, &w.request_qps, &error) &&
       GetEndpoints(r, workers, &w.response_qps, &error) &&
       GetEndpoints(r, workers, &w.large_qps, &error) && r.U64(&w.landing_addr) &&
-      r.U32(&w.landing_rkey);
+      r.U32(&w.landing_rkey) && r.U8(&takes_writes);
   if (!error.ok()) return error;
   if (absl::Status s = r.Finish(); !s.ok()) return s;
+  if (takes_writes > 1) return absl::DataLossError("welcome: takes_writes is neither 0 nor 1");
+  w.takes_writes = takes_writes == 1;
   return w;
 }
 

@@ -56,6 +56,11 @@ struct Join {
   // Config::large_values(): per worker, the client's RC QP for WRITE_WITH_IMM (large PUTs) and
   // READ (large GETs).
   std::vector<transport::QpEndpoint> large_qps;
+  // A client following a failover (Client::Follow): the first client id and the session secret
+  // it had at the old primary, so the new one answers its retried mutations from the outcomes
+  // replicated with them (herd/outcome_table.h). resume_session 0: a fresh client.
+  uint32_t resume_first_client_id = 0;
+  uint64_t resume_session = 0;
 };
 
 struct Welcome {
@@ -74,6 +79,9 @@ struct Welcome {
   std::vector<transport::QpEndpoint> large_qps;
   uint64_t landing_addr = 0;
   uint32_t landing_rkey = 0;
+  // Whether this server executes mutations now (an unreplicated server, a primary, a promoted
+  // backup); a backup answers them NOT_PRIMARY.
+  bool takes_writes = true;
 };
 
 std::vector<uint8_t> Encode(const Hello& hello);

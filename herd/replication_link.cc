@@ -15,6 +15,8 @@ void Put(WireWriter& w, const ReplicaLayout& l) {
       .U64(l.extra_bucket_count)
       .U64(l.buckets_offset)
       .U64(l.index_bytes)
+      .U64(l.owner_area_offset)
+      .U64(l.owner_area_bytes)
       .U64(l.log_bytes)
       .U64(l.pool_bytes)
       .U64(l.max_item_bytes)
@@ -27,8 +29,9 @@ void Put(WireWriter& w, const ReplicaLayout& l) {
 
 bool Get(WireReader& r, ReplicaLayout* l) {
   return r.U32(&l->mode) && r.U64(&l->bucket_count) && r.U64(&l->extra_bucket_count) &&
-         r.U64(&l->buckets_offset) && r.U64(&l->index_bytes) && r.U64(&l->log_bytes) &&
-         r.U64(&l->pool_bytes) && r.U64(&l->max_item_bytes) && r.U32(&l->max_value_bytes) &&
+         r.U64(&l->buckets_offset) && r.U64(&l->index_bytes) && r.U64(&l->owner_area_offset) &&
+         r.U64(&l->owner_area_bytes) && r.U64(&l->log_bytes) && r.U64(&l->pool_bytes) &&
+         r.U64(&l->max_item_bytes) && r.U32(&l->max_value_bytes) &&
          r.U32(&l->checksum_from_value_bytes) && r.U64(&l->head_bytes) && r.U64(&l->ring_bytes) &&
          r.U64(&l->mapped_bytes);
 }
@@ -43,6 +46,8 @@ ReplicaLayout LayoutOf(const mica::Partition& partition) {
   l.extra_bucket_count = p.extra_bucket_count;
   l.buckets_offset = p.buckets_offset;
   l.index_bytes = p.index_bytes;
+  l.owner_area_offset = p.owner_area_offset;
+  l.owner_area_bytes = p.owner_area_bytes;
   l.log_bytes = p.log_bytes;
   l.pool_bytes = p.pool_bytes;
   l.max_item_bytes = p.max_item_bytes;
@@ -64,6 +69,9 @@ absl::Status CheckSameLayout(const ReplicaLayout& theirs, const ReplicaLayout& m
       {"extra buckets", theirs.extra_bucket_count, mine.extra_bucket_count},
       {"buckets offset", theirs.buckets_offset, mine.buckets_offset},
       {"index bytes", theirs.index_bytes, mine.index_bytes},
+      {"mutation outcome table offset", theirs.owner_area_offset, mine.owner_area_offset},
+      {"mutation outcome table bytes (max_clients, window)", theirs.owner_area_bytes,
+       mine.owner_area_bytes},
       {"log bytes", theirs.log_bytes, mine.log_bytes},
       {"pool bytes", theirs.pool_bytes, mine.pool_bytes},
       {"max item bytes", theirs.max_item_bytes, mine.max_item_bytes},

@@ -106,7 +106,12 @@ absl::Status Server::Init() {
   if (c.large_values()) store.checksum_from_value_bytes = c.inline_limit() + 1;
   // A replicated partition checksums every item: a backup hands out only what it verified whole
   // (mica::Partition::ReadReplica), and the layouts on both sides must agree.
-  if (options_.replication.role != ReplicationRole::kNone) store.checksum_from_value_bytes = 0;
+  // And it keeps its clients' mutation outcomes in the region (outcome_table.h), mirrored with
+  // the mutations: a client that follows a failover is answered, never applied twice.
+  if (options_.replication.role != ReplicationRole::kNone) {
+    store.checksum_from_value_bytes = 0;
+    store.owner_area_bytes = OutcomeTableBytes(c);
+  }
   const uint32_t response_bytes = ResponseBytes(c.slot_value_bytes());
   workers_.resize(c.workers);
   std::vector<WorkerMemory> memories;
@@ -211,6 +216,7 @@ absl::Status Server::Init() {
     pending_ = *std::move(set);
   }
   client_ids_used_.assign(c.max_clients, false);
+  ids_awaiting_resume_.assign(c.max_clients, 0);
   queue_slots_used_.assign(c.max_clients, false);
   queue_slot_generation_.assign(c.max_clients, 0);
   return absl::OkStatus();
@@ -368,19 +374,16 @@ absl::Status Server::OnJoin(uint64_t id, const transport::control::Message& mess
         "join: qkey 0x%08x has its top bit set (a controlled qkey, which a sender cannot use)",
         join->ud_qkey));
   }
+  if (join->resume_session != 0 &&
+      uint64_t{join->resume_first_client_id} + handshake.clients > c.max_clients) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "join: resuming client ids %d..%d, past --max_clients=%d", join->resume_first_client_id,
+        uint64_t{join->resume_first_client_id} + handshake.clients - 1, c.max_clients));
+  }
   // Client ids are taken only now, at the Join, so concurrent handshakes never race for them.
-  // First fit: a contiguous run of free ids.
-  uint32_t first = 0, run = 0, longest = 0;
-  for (uint32_t i = 0; i < c.max_clients && run < handshake.clients; ++i) {
-    run = client_ids_used_[i] ? 0 : run + 1;
-    if (run == 1) first = i;
-    longest = std::max(longest, run);
-  }
-  if (run < handshake.clients) {
-    return absl::ResourceExhaustedError(absl::StrFormat(
-        "%d clients asked for, but the server has room for %d in a row (of --max_clients=%d)",
-        handshake.clients, longest, c.max_clients));
-  }
+  absl::StatusOr<uint32_t> ids = TakeClientIds(handshake.clients, *join);
+  if (!ids.ok()) return ids.status();
+  const uint32_t first = *ids;
   uint16_t slot = 0;
   if (c.response_uses_slots()) {
     while (slot < c.max_clients && queue_slots_used_[slot]) ++slot;
@@ -402,6 +405,7 @@ absl::Status Server::OnJoin(uint64_t id, const transport::control::Message& mess
     welcome.region_rkey = session->region_mr->rkey();
   }
   welcome.secret = session->secret;
+  welcome.takes_writes = options_.replication.role != ReplicationRole::kBackup || promoted_.load();
   for (uint32_t w = 0; w < c.workers; ++w) {
     welcome.worker_ud.push_back(workers_[w].ud_qps[0]->endpoint());
     for (const auto& qp : workers_[w].ud_qps) welcome.worker_response_qpns.push_back(qp->qp_num());
@@ -442,6 +446,40 @@ absl::Status Server::OnJoin(uint64_t id, const transport::control::Message& mess
   sessions_.push_back(std::move(session));
   session_count_.store(static_cast<uint32_t>(sessions_.size()));
   return absl::OkStatus();
+}
+
+absl::StatusOr<uint32_t> Server::TakeClientIds(uint32_t count, const Join& join) {
+  const uint32_t max_clients = options_.config.max_clients;
+  const auto free_run_at = [&](uint32_t first, bool avoid_awaiting) {
+    for (uint32_t i = first; i < first + count; ++i) {
+      if (client_ids_used_[i] || (avoid_awaiting && ids_awaiting_resume_[i])) return false;
+    }
+    return true;
+  };
+  if (join.resume_session != 0) {
+    // Its client is back for the old ids' outcomes (the workers check the session before they
+    // take any over; this is only a preference for fresh joins). Its old ids when they are free.
+    for (uint32_t i = 0; i < count; ++i) ids_awaiting_resume_[join.resume_first_client_id + i] = 0;
+    if (free_run_at(join.resume_first_client_id, false)) return join.resume_first_client_id;
+  }
+  // First fit: a contiguous run of free ids, preferring ids whose old outcomes no resumed client
+  // took over yet (a session there records none until then: a second failover could re-apply).
+  for (const bool avoid_awaiting : {true, false}) {
+    uint32_t run = 0;
+    for (uint32_t i = 0; i < max_clients; ++i) {
+      run = client_ids_used_[i] || (avoid_awaiting && ids_awaiting_resume_[i]) ? 0 : run + 1;
+      if (run == count) return i + 1 - count;
+    }
+  }
+  uint32_t run = 0, longest = 0;
+  for (uint32_t i = 0; i < max_clients; ++i) {
+    run = client_ids_used_[i] ? 0 : run + 1;
+    longest = std::max(longest, run);
+  }
+  return absl::ResourceExhaustedError(
+      absl::StrFormat("%d clients asked for, but the server has room for %d in a row (of "
+                      "--max_clients=%d)",
+                      count, longest, max_clients));
 }
 
 absl::Status Server::BuildSession(Session& session, const Join& join) {
@@ -534,6 +572,10 @@ absl::Status Server::BuildSession(Session& session, const Join& join) {
       route.ud_qkey = join.ud_qkey;
       route.secret = session.secret;
       route.generation = session.generation;
+      if (join.resume_session != 0) {
+        route.resume_client = join.resume_first_client_id + i;
+        route.resume_session = join.resume_session;
+      }
       route.response_queue = pw.queue.table_slot;
       // The client's response region is [worker][its client][window] slots.
       route.response_addr = join.response_region_addr + (uint64_t{w} * session.clients + i) *

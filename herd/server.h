@@ -103,6 +103,9 @@ struct ServerStats {
   uint64_t replica_reads = 0, replica_torn = 0, replica_unconfirmed = 0, replica_busy = 0;
   bool primary_attached = false;
   bool promoted = false;  // a backup promoted (herd_admin promote): a primary without backups
+  // Outcomes a promoted primary took over for clients that followed it, and outcomes it could
+  // not record (their id's old outcomes still await a client).
+  uint64_t resumed_outcomes = 0, unrecorded_outcomes = 0;
   transport::CounterSnapshot fabric;  // all of the server's QPs and CQs
 };
 
@@ -172,12 +175,16 @@ class Server {
   absl::StatusOr<std::string> Promote();
   // kBackup: runs a ReplicaTask on every worker (replay the last committed batch, clear the
   // commit line; with take_writes, ResumeFromRegion, a version clock jump and writes) and waits
-  // for them; what failed, per worker.
+  // for them; what failed, per worker. With take_writes: the control thread only (it notes the
+  // ids awaiting their clients' resumption).
   std::vector<std::string> RunOnWorkers(bool take_writes);
   void WaitForWorkers();
   // Destroys the retired address handles no posted WR can name any more.
   void BuryRetiredHandles();
   static uint64_t DrawSecret();
+  // The first of `count` contiguous free client ids for a join (a resuming one's old ids when
+  // they are free), or why there are none.
+  absl::StatusOr<uint32_t> TakeClientIds(uint32_t count, const Join& join);
 
   const ServerOptions options_;
   std::unique_ptr<transport::control::Listener> listener_;  // ConnectMode::kTcp only
@@ -232,6 +239,8 @@ class Server {
   absl::flat_hash_map<uint64_t, Handshake> handshakes_;  // by pending connection id
   std::vector<std::unique_ptr<Session>> sessions_;
   std::vector<bool> client_ids_used_;
+  // After a promotion: ids whose outcomes the old primary left and no client resumed yet.
+  std::vector<uint8_t> ids_awaiting_resume_;
   std::vector<uint8_t> queue_slot_generation_;  // per session queue slot
   std::vector<bool> queue_slots_used_;
   uint32_t next_generation_ = 1;

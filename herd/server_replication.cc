@@ -376,6 +376,10 @@ std::vector<std::string> Server::RunOnWorkers(bool take_writes) {
       failures.push_back(absl::StrFormat("worker %d: the server stopped first", w));
     } else if (!task->status.ok()) {
       failures.push_back(absl::StrFormat("worker %d: %s", w, task->status.ToString()));
+    } else {
+      // A promotion (control thread): fresh joins avoid these ids while their clients may
+      // still come back for their outcomes (TakeClientIds).
+      for (uint32_t client : task->awaiting_resume) ids_awaiting_resume_[client] = 1;
     }
   }
   return failures;

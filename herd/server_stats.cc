@@ -59,7 +59,12 @@ std::string StoreJson(const ServerStats& s) {
 
 // The replication object (counters since `since`): a primary's gates, or a backup's reads.
 std::string ReplicationJson(const ServerStats& s, const ServerStats& since) {
-  if (s.promoted) return "{\"role\":\"primary\",\"promoted\":true,\"backups\":0}";
+  if (s.promoted) {
+    return absl::StrFormat(
+        "{\"role\":\"primary\",\"promoted\":true,\"backups\":0,\"resumed_outcomes\":%d,"
+        "\"unrecorded_outcomes\":%d}",
+        s.resumed_outcomes, s.unrecorded_outcomes);
+  }
   if (s.role == ReplicationRole::kPrimary) {
     const ReplicationCounters& n = s.replication;
     const ReplicationCounters& b = since.replication;
@@ -98,6 +103,8 @@ ServerStats Server::Stats() const {
     stats.rejected += k.rejected.Get();
     stats.dropped += k.dropped.Get();
     stats.internal_errors += k.internal_errors.Get();
+    stats.resumed_outcomes += k.resumed_outcomes.Get();
+    stats.unrecorded_outcomes += k.unrecorded_outcomes.Get();
     stats.out_of_line.push_back(k.out_of_line.Get());
     stats.copied_values.push_back(k.copied_values.Get());
     const mica::PartitionStats& p = r.worker->partition().stats();

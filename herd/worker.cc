@@ -116,6 +116,10 @@ Worker::Worker(uint32_t index, const Config& config, std::unique_ptr<mica::Parti
       scanner_(SlotLayout{memory.region + uint64_t{index} * config.window * config.slot_bytes,
                           config.max_clients, config.window, config.slot_bytes,
                           config.client_block_bytes()}) {
+  if (partition_->owner_area().size() >= OutcomeTableBytes(config_)) {
+    outcomes_.emplace(partition_.get(), config_);
+    awaiting_resume_.assign(config_.max_clients, 0);
+  }
   for (uint32_t q = 0; q < ud_qps_.size(); ++q) {
     SendQueue& queue = ud_queues_[q];
     queue.qp = ud_qps_[q];
@@ -137,6 +141,10 @@ void Worker::RunTask() {
   if (task == nullptr) return;
   task->status = task->apply(*partition_);
   if (task->status.ok() && task->take_writes) {
+    if (outcomes_) {
+      task->awaiting_resume = outcomes_->ClientsWithOutcomes(config_.max_clients);
+      for (uint32_t client : task->awaiting_resume) awaiting_resume_[client] = 1;
+    }
     replica_ = nullptr;  // from the next batch on, mutations execute here
     replica_mode_.store(false, std::memory_order_release);
     LOG(INFO) << "worker " << index_ << " promoted: it takes writes";
@@ -295,6 +303,42 @@ uint32_t Worker::GatherFromLanding(uint32_t count, uint32_t up_to) {
   return count;
 }
 
+void Worker::StartSession(uint32_t client, const ClientRoute& route) {
+  std::fill_n(slots_.begin() + uint64_t{client} * config_.window, config_.window, SlotState{});
+  generations_seen_[client] = route.generation;
+  // A backup's region is the primary's to write: it takes over outcomes only once promoted.
+  if (!outcomes_ || route.resume_session == 0 || replica_ != nullptr) return;
+  // Slot by slot, each entry read before it is written: the new id may be the old one.
+  bool claimed = false;
+  for (uint32_t slot = 0; slot < config_.window; ++slot) {
+    MutationOutcome outcome;
+    if (!outcomes_->Find(route.resume_client, slot, route.resume_session, &outcome)) continue;
+    if (!claimed) {
+      // Its client is back: the old id's entries (these, and any older session's, whose client
+      // left the old primary before this one took the id) may be overwritten from now on. A
+      // resumption naming a session that is not there claims nothing.
+      awaiting_resume_[route.resume_client] = 0;
+      claimed = true;
+    }
+    SlotState& state = slots_[uint64_t{client} * config_.window + slot];
+    // last_attempt 0: the follower resends with attempt >= 1, which replays this outcome.
+    state.last_seq = outcome.seq;
+    state.status = static_cast<Status>(outcome.status);
+    state.version = outcome.version;
+    outcome.session = route.secret;  // under the new id too: a second failover finds it
+    RecordOutcome(client, slot, outcome);
+    counters_.resumed_outcomes.Add();
+  }
+}
+
+void Worker::RecordOutcome(uint32_t client, uint32_t slot, const MutationOutcome& outcome) {
+  if (awaiting_resume_[client] != 0) {
+    counters_.unrecorded_outcomes.Add();  // the entry still holds an old client's outcome
+    return;
+  }
+  outcomes_->Record(client, slot, outcome);
+}
+
 Worker::Admitted Worker::Admit(uint32_t client, uint32_t slot, const uint8_t* message,
                                uint32_t length, const uint8_t* grh, uint32_t src_qp,
                                uint32_t* count) {
@@ -303,11 +347,7 @@ Worker::Admitted Worker::Admit(uint32_t client, uint32_t slot, const uint8_t* me
     counters_.dropped.Add();  // nobody to answer: the client id is not in use
     return Admitted::kConsumed;
   }
-  if (generations_seen_[client] != route->generation) {
-    // The id belongs to a new session: forget the old one's sequence numbers.
-    std::fill_n(slots_.begin() + uint64_t{client} * config_.window, config_.window, SlotState{});
-    generations_seen_[client] = route->generation;
-  }
+  if (generations_seen_[client] != route->generation) StartSession(client, *route);
   const bool from_receive = slot == kFromReceive;
   // A UD receive or a landed WRITE_WITH_IMM is whole when it completes: no grace period.
   const bool whole = from_receive || slot == kFromLanding;
@@ -490,6 +530,15 @@ void Worker::ExecuteAndRespond(uint32_t count) {
     SlotState& state = slots_[uint64_t{p.client} * config_.window + p.slot];
     state.version = r.version;
     state.status = p.status;
+    if (outcomes_) {
+      // In this batch's chain with the mutation's own bytes (outcome_table.h).
+      MutationOutcome outcome;
+      outcome.session = p.route->secret;
+      outcome.seq = p.request.header.seq;
+      outcome.version = p.version;
+      outcome.status = static_cast<uint8_t>(p.status);
+      RecordOutcome(p.client, p.slot, outcome);
+    }
     if (gate_ != nullptr &&
         gate_->Hold(ExecutedMutation{
             HeldId{p.client, p.slot, generations_seen_[p.client], p.request.header.seq}, op,

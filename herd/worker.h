@@ -11,9 +11,11 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "herd/config.h"
+#include "herd/outcome_table.h"
 #include "herd/protocol.h"
 #include "herd/replica_reader.h"
 #include "herd/response_gate.h"
@@ -47,6 +49,11 @@ struct ClientRoute {
   uint32_t landing_rkey = 0;
   uint64_t log_addr = 0;
   uint32_t log_rkey = 0;
+  // A client that followed a failover (Join::resume_*): the id it had at the old primary and
+  // that session's secret. The worker takes over its recorded outcomes (herd/outcome_table.h)
+  // when it first sees this session. 0: a fresh session.
+  uint32_t resume_client = 0;
+  uint64_t resume_session = 0;
 };
 
 // Receives a session's large-value QP keeps posted: each large PUT (WRITE_WITH_IMM) takes one
@@ -72,6 +79,9 @@ struct WorkerCounters {
   transport::Counter out_of_line;           // GETs answered with a descriptor of their item
   transport::Counter copied_values;         // ... with a copy in a landing buffer (the fallback)
   transport::Counter internal_errors;       // answered INTERNAL: the server's own inconsistency
+  transport::Counter resumed_outcomes;      // outcomes taken over from a client's old primary
+  transport::Counter unrecorded_outcomes;   // ... not recorded: the id's old outcomes await
+                                            // their client (a second failover may re-apply)
 };
 
 // A UD response queue's progress, published by the worker for the control thread: an address
@@ -89,6 +99,10 @@ struct ReplicaTask {
   std::function<absl::Status(mica::Partition&)> apply;
   bool take_writes = false;
   absl::Status status;
+  // A promotion's: the client ids whose outcomes the old primary left in this partition
+  // (outcome_table.h). They await their clients' resumption: the worker records no new outcome
+  // over theirs until then.
+  std::vector<uint32_t> awaiting_resume;
   std::atomic<bool> done{false};
 };
 
@@ -159,6 +173,12 @@ class Worker {
 
  private:
   struct Pending;  // one request of the batch being built
+  // A new session's first request: forget the id's old sequence numbers, and take over the
+  // outcomes its client had at the old primary (ClientRoute::resume_*).
+  void StartSession(uint32_t client, const ClientRoute& route);
+  // Writes (client, slot)'s outcome into the replicated table, unless an old client's outcome
+  // there still awaits its resumption.
+  void RecordOutcome(uint32_t client, uint32_t slot, const MutationOutcome& outcome);
   struct SlotState {
     uint64_t last_seq = 0;      // the newest request seen (executed or replayed)
     uint32_t last_attempt = 0;  // ... and its newest send
@@ -235,6 +255,12 @@ class Worker {
   WorkerMemory memory_;
   ResponseGate* const gate_;
   ReplicaReader* replica_;  // null once promoted
+  // A replicated partition's mutation outcomes (its owner area holds OutcomeTableBytes): set on
+  // a primary and on a backup (which writes none until promoted).
+  std::optional<OutcomeTable> outcomes_;
+  // [client id]: outcomes the old primary left that no resumed session took over yet (set at
+  // promotion); they are never overwritten (that id's own new outcomes go unrecorded until then).
+  std::vector<uint8_t> awaiting_resume_;
   std::atomic<bool> replica_mode_{false};
   std::atomic<ReplicaTask*> task_{nullptr};
 

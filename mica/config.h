@@ -62,6 +62,10 @@ struct PartitionConfig {
   // Store mode: extra buckets a full bucket chains to; 0 derives bucket_count /
   // kExtraBucketsPerBucketDivisor (at least 1).
   uint64_t extra_bucket_count = 0;
+  // Bytes the partition's owner keeps in the region's head, after the index (herd: the outcomes
+  // of its clients' last mutations, replicated with the partition so a retry after a failover
+  // is answered, not applied twice). Zero-filled at Create; changes recorded as any other.
+  uint64_t owner_area_bytes = 0;
 };
 
 std::string_view StoreModeName(StoreMode mode);

@@ -16,6 +16,9 @@ namespace {
 constexpr uint64_t kMaxLogBytes = uint64_t{1} << 46;
 // Store mode's slots hold pool offsets exactly: the same bound keeps them in 48 bits.
 constexpr uint64_t kMaxPoolBytes = kMaxLogBytes;
+// The owner's area is metadata beside the index (herd's: max_clients x window outcomes); a
+// bound keeps a mistyped size from mapping terabytes.
+constexpr uint64_t kMaxOwnerAreaBytes = uint64_t{1} << 30;
 // Extra buckets are linked by index + 1 in a 32-bit field (0 ends a chain).
 constexpr uint64_t kMaxExtraBuckets = UINT32_MAX - 1;
 
@@ -36,6 +39,10 @@ absl::Status ValidateConfig(const PartitionConfig& config) {
   if (config.log_bytes == 0 || config.log_bytes > kMaxLogBytes) {
     return absl::InvalidArgumentError(
         absl::StrFormat("log_bytes must be in 1..%d, got %d", kMaxLogBytes, config.log_bytes));
+  }
+  if (config.owner_area_bytes > kMaxOwnerAreaBytes) {
+    return absl::InvalidArgumentError(absl::StrFormat("owner_area_bytes must be at most %d, got %d",
+                                                      kMaxOwnerAreaBytes, config.owner_area_bytes));
   }
   if (config.bucket_count != 0 && !std::has_single_bit(config.bucket_count)) {
     return absl::InvalidArgumentError(
@@ -94,7 +101,7 @@ absl::StatusOr<std::unique_ptr<Partition>> Partition::Create(const PartitionConf
     // the allocator's answer (kNoMemory if not).
     layout.extra_bucket_count = ExtraBucketCount(config, layout.bucket_count);
     layout.max_item_bytes = ItemBytes(kMaxKeyBytes, config.max_value_bytes, /*checksum=*/true);
-    request.head_bytes =
+    layout.owner_area_offset =
         layout.buckets_offset + (layout.bucket_count + layout.extra_bucket_count) * sizeof(Bucket);
     request.ring_bytes = config.pool_bytes;
     request.mirror_bytes = 0;
@@ -104,10 +111,13 @@ absl::StatusOr<std::unique_ptr<Partition>> Partition::Create(const PartitionConf
     // may take the whole log (CheckWrite), never more: it would overwrite its own first bytes.
     layout.max_item_bytes = std::min(
         ItemBytes(kMaxKeyBytes, config.max_value_bytes, /*checksum=*/true), layout.log_bytes);
-    request.head_bytes = layout.buckets_offset + layout.bucket_count * sizeof(Bucket);
+    layout.owner_area_offset = layout.buckets_offset + layout.bucket_count * sizeof(Bucket);
     request.ring_bytes = layout.log_bytes;
     request.mirror_bytes = layout.max_item_bytes;
   }
+  // Buckets are cache lines, so the owner's area starts on one.
+  layout.owner_area_bytes = config.owner_area_bytes;
+  request.head_bytes = layout.owner_area_offset + layout.owner_area_bytes;
   absl::StatusOr<MirroredRegion> region = MirroredRegion::Create(request);
   if (!region.ok()) return region.status();
   // The ring is a power of two >= 4 KiB (cache mode), so page rounding kept it as is.

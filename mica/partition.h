@@ -98,6 +98,10 @@ struct PartitionLayout {
   // the extra buckets follow the main ones.
   uint64_t buckets_offset = 0;
   uint64_t index_bytes = 0;
+  // PartitionConfig::owner_area_bytes, at this offset in the head (after the buckets, cache-line
+  // aligned; index_bytes includes it).
+  uint64_t owner_area_offset = 0;
+  uint64_t owner_area_bytes = 0;
   uint64_t log_bytes = 0;       // cache mode: ring size, a power of two
   uint64_t pool_bytes = 0;      // store mode: the slab pool (the ring), header included
   uint64_t mirror_bytes = 0;    // extra mapping of the ring's start (no extra memory)
@@ -162,6 +166,17 @@ class Partition {
   // keeps the replica byte-identical (tests/mica/replication_test.cc); the caller clears it,
   // and sizes it for what it lets pile up (a PUT adds up to about 10 ranges).
   void set_change_recorder(DirtyRanges* changes);
+  // The owner's area (PartitionConfig::owner_area_bytes; empty without one). The owner writes
+  // it and reports each change with OwnerAreaChanged, so a change recorder sees it (replicas).
+  absl::Span<uint8_t> owner_area() {
+    return {region_.head() + layout_.owner_area_offset, layout_.owner_area_bytes};
+  }
+  absl::Span<const uint8_t> owner_area() const {
+    return {region_.head() + layout_.owner_area_offset, layout_.owner_area_bytes};
+  }
+  void OwnerAreaChanged(uint64_t offset, uint64_t bytes) {
+    Changed(region_.head() + layout_.owner_area_offset + offset, bytes);
+  }
   // A replica's side, before it serves a single operation of its own (a promotion): takes over
   // the state a primary left in this partition's region. Checks the header (magic, mode, extra
   // pool sizes) against this partition's layout and, in store mode, attaches the allocator to

@@ -15,9 +15,47 @@
 #include "absl/strings/str_format.h"
 #include "gtest/gtest.h"
 #include "herd/client.h"
+#include "herd/join.h"
+#include "herd/server.h"
 #include "tests/herd/model_workload.h"  // ModelEntry
+#include "tests/herd/server_fixture.h"  // SmallServer
 
 namespace herd::testing {
+
+// The staging ring the tests' gates use (per worker): their batches are a few KiB.
+inline constexpr uint64_t kTestStagingBytes = 1 << 20;
+
+// A small server of `role` on the shm fabric `fabric` (replication port picked by the kernel).
+inline ServerOptions ReplicatedServer(const std::string& fabric, mica::StoreMode mode,
+                                      ReplicationRole role) {
+  ServerOptions options = SmallServer(fabric);
+  options.store.mode = mode;
+  options.store.pool_bytes = 4 << 20;
+  options.store.try_hugepages = false;  // both sides round alike
+  options.replication.role = role;
+  options.replication.listen_address = "127.0.0.1";
+  options.replication.port = 0;
+  options.replication.gate.staging_bytes = kTestStagingBytes;
+  options.replication.connect_timeout = absl::Seconds(10);
+  return options;
+}
+
+// Polls between two promotion requests while the backup has not yet seen its primary go.
+inline constexpr absl::Duration kPromotePollInterval = absl::Milliseconds(1);
+inline constexpr int kPromoteAttempts = 5000;
+
+// Promotes the backup at `address` as `herd_admin promote` does, asking again while it still
+// sees its (dead) primary attached.
+inline absl::StatusOr<std::string> PromoteOnceDetached(const std::string& address) {
+  absl::StatusOr<std::string> promoted = RequestPromotion(address, absl::Seconds(10));
+  for (int i = 0; i < kPromoteAttempts && !promoted.ok() &&
+                  promoted.status().message().find("still attached") != std::string::npos;
+       ++i) {
+    absl::SleepFor(kPromotePollInterval);
+    promoted = RequestPromotion(address, absl::Seconds(10));
+  }
+  return promoted;
+}
 
 // A GET at a backup may find writes landing (BACKUP_BUSY): asked again this many times at most.
 inline constexpr int kBusyRetries = 100;

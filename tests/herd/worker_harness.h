@@ -22,6 +22,7 @@
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
 #include "herd/config.h"
+#include "herd/outcome_table.h"
 #include "herd/protocol.h"
 #include "herd/response_gate.h"
 #include "herd/send_queue.h"
@@ -128,7 +129,10 @@ inline T Take(absl::StatusOr<T> v) {
 class Harness {
  public:
   // `gate`, if not null, is the worker's ResponseGate (it must outlive the harness).
-  explicit Harness(const Config& config, ResponseGate* gate = nullptr) : config_(config) {
+  // `outcome_table`: the partition keeps a replicated server's outcome table
+  // (herd/outcome_table.h).
+  explicit Harness(const Config& config, ResponseGate* gate = nullptr, bool outcome_table = false)
+      : config_(config) {
     const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
     transport::DeviceOptions options;
     options.name = "shm";
@@ -185,6 +189,7 @@ class Harness {
     store.expected_items = 1024;
     store.max_value_bytes = config.slot_value_bytes();
     store.try_hugepages = false;
+    if (outcome_table) store.owner_area_bytes = OutcomeTableBytes(config);
     worker_ = std::make_unique<Worker>(kWorkerIndex, config, Take(mica::Partition::Create(store)),
                                        std::vector<transport::QueuePair*>{worker_qp_.get()},
                                        send_cq_.get(), recv_cq_.get(), memory, gate);

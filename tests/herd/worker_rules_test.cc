@@ -167,6 +167,72 @@ TEST(WorkerRulesTest, RetransmittedMutationsReplayTheirOutcomeAndGetsExecuteAgai
   EXPECT_TRUE(h.Barrier().empty());
 }
 
+// A client that followed a failover names its old id and session (ClientRoute::resume_*): the
+// worker takes over the outcomes recorded under exactly that session, and a retransmission
+// (attempt >= 1) replays them instead of applying the mutation again; a resumption naming
+// another session takes nothing over; the taken-over outcomes are recorded under the new id and
+// session, so a second failover finds them.
+TEST(WorkerRulesTest, AResumedSessionReplaysOnlyTheOutcomesOfItsOldSession) {
+  Harness h(SlotsAndUd(), nullptr, /*outcome_table=*/true);
+  const std::string key = KeyOf(kWorkerIndex, 5);
+  const Response put = h.Call(Put(0, 1, key, "v1"));
+  ASSERT_EQ(StatusOf(put), Status::kOk);
+  const Response failed = h.Call(Cas(0, 2, key, put.header.version + 7, "never"));
+  ASSERT_EQ(StatusOf(failed), Status::kCasFailed);
+  constexpr uint64_t kFollowerSecret = 0x9999AAAABBBBCCCCULL;
+  auto resumed = [&](uint32_t client, uint64_t secret, uint32_t generation, uint32_t from,
+                     uint64_t from_session) {
+    ClientRoute route = h.MakeRoute(secret, generation);
+    route.resume_client = from;
+    route.resume_session = from_session;
+    h.Publish(client, route);
+  };
+  auto resend = [](Request r, uint64_t secret) {
+    r.secret = secret;
+    r.attempt = 1;
+    return r;
+  };
+  // Client 1 resumes client 0's session: both outcomes replay.
+  resumed(1, kFollowerSecret, kGeneration + 1, 0, kSecret);
+  const Response again = h.Call(resend(Put(1, 1, key, "v1"), kFollowerSecret));
+  EXPECT_EQ(StatusOf(again), Status::kOk);
+  EXPECT_EQ(again.header.version, put.header.version);
+  const Response cas_again =
+      h.Call(resend(Cas(1, 2, key, put.header.version + 7, "never"), kFollowerSecret));
+  EXPECT_EQ(StatusOf(cas_again), Status::kCasFailed);
+  EXPECT_EQ(h.stats().inserts.Get(), 1u);
+  EXPECT_EQ(h.stats().overwrites.Get(), 0u);
+  EXPECT_EQ(h.stats().cas_failed.Get(), 1u);
+  EXPECT_EQ(h.counters().replays.Get(), 2u);
+  EXPECT_EQ(h.counters().resumed_outcomes.Get(), 2u);
+  // A new request of the follower executes.
+  Request next = Put(1, 3, key, "v3");
+  next.secret = kFollowerSecret;
+  const Response v3 = h.Call(next);
+  ASSERT_EQ(StatusOf(v3), Status::kOk);
+  EXPECT_GT(v3.header.version, put.header.version);
+  // A resumption naming a session that is not the recorded one takes nothing over: its
+  // "retransmission" executes (here: a new write of the key).
+  constexpr uint64_t kStrangerSecret = 0x1234123412341234ULL;
+  resumed(2, kStrangerSecret, kGeneration + 2, 0, kOtherSecret);
+  const Response stranger = h.Call(resend(Put(2, 1, key, "v1"), kStrangerSecret));
+  EXPECT_EQ(StatusOf(stranger), Status::kOk);
+  EXPECT_GT(stranger.header.version, v3.header.version);
+  EXPECT_EQ(h.counters().resumed_outcomes.Get(), 2u);
+  // A second failover: client 3 resumes the follower (client 1), whose outcomes now include
+  // the taken-over CAS failure and its own PUT of seq 3.
+  constexpr uint64_t kSecondSecret = 0x7777000077770000ULL;
+  resumed(3, kSecondSecret, kGeneration + 3, 1, kFollowerSecret);
+  EXPECT_EQ(
+      StatusOf(h.Call(resend(Cas(3, 2, key, put.header.version + 7, "never"), kSecondSecret))),
+      Status::kCasFailed);
+  const Response v3_again = h.Call(resend(Put(3, 3, key, "v3"), kSecondSecret));
+  EXPECT_EQ(StatusOf(v3_again), Status::kOk);
+  EXPECT_EQ(v3_again.header.version, v3.header.version);
+  EXPECT_EQ(h.stats().cas_failed.Get(), 1u);
+  EXPECT_TRUE(h.Barrier().empty());
+}
+
 // Isolation between sessions comes from per-session memory regions (a session's QPs can write
 // only its own block of slots) and per-session secrets (bytes it could not write do not check
 // out), so the sequence rules only protect a session from itself: a stale sequence number is

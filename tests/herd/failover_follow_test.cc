@@ -1,0 +1,369 @@
+// Clients that follow a promotion (issue 16): Client::Follow joins the new primary naming the
+// session it had, and hands it every outstanding request; the new primary answers a mutation the
+// old one executed from the outcome replicated with it (herd/outcome_table.h).
+//   - deterministic: a mutation executed and replicated whose answer never came (the primary's
+//     UD responses are all lost) is answered after the failover with the OLD primary's version
+//     (a re-execution would take one past the promoted clock's jump), and is not applied twice;
+//   - under load, at a random kill: every logical client cycles INSERT, CAS, DELETE over keys
+//     of its own, so any double application (EXISTS, CAS_FAILED, NOT_FOUND) or lost
+//     acknowledged write shows up in an answer or in the final state, checked against a model.
+#include <signal.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "gtest/gtest.h"
+#include "herd/join.h"
+#include "tests/herd/replication_workload.h"
+#include "tests/herd/server_fixture.h"
+
+namespace herd {
+namespace {
+
+using testing::ReplicatedServer;
+using testing::ServerProcess;
+
+// The promoted clock's jump (server_replication.cc): versions at or past it were handed out by
+// the new primary.
+constexpr uint64_t kPromotedVersions = uint64_t{1} << 32;
+
+ClientOptions Follower(const std::string& fabric, std::vector<std::string> members,
+                       uint32_t clients) {
+  ClientOptions o;
+  o.server = members.front();
+  o.members = std::move(members);
+  o.clients = clients;
+  o.device.fabric = fabric;
+  o.retry_timeout = absl::Milliseconds(5);
+  o.adaptive_retry = false;
+  o.max_attempts = 100000;  // only the deadline ends a request: a failover takes a while
+  o.request_deadline = absl::Seconds(60);
+  return o;
+}
+
+// A value from a JSON object's text: "name":N (the first occurrence), or -1.
+int64_t JsonNumber(const std::string& json, const std::string& name) {
+  const size_t at = json.find(absl::StrCat("\"", name, "\":"));
+  if (at == std::string::npos) return -1;
+  return std::strtoll(json.c_str() + at + name.size() + 3, nullptr, 10);
+}
+
+// Polls `client` until it delivers one result (or its server is lost: false).
+bool PollOne(Client& client, Result* out) {
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (std::chrono::steady_clock::now() < give_up) {
+    if (client.Poll(absl::MakeSpan(out, 1)) == 1) return true;
+    if (!client.health().ok()) return false;
+  }
+  return false;
+}
+
+TEST(FailoverFollow, AnUnansweredMutationIsAnsweredFromItsReplicatedOutcome) {
+  for (const mica::StoreMode mode : {mica::StoreMode::kCache, mica::StoreMode::kStore}) {
+    SCOPED_TRACE(std::string(mica::StoreModeName(mode)));
+    const std::string fabric =
+        absl::StrCat("follow-replay-", getpid(), "-", static_cast<int>(mode));
+    ServerProcess backup(ReplicatedServer(fabric, mode, ReplicationRole::kBackup));
+    ASSERT_TRUE(backup.ok());
+    ServerOptions options = ReplicatedServer(fabric, mode, ReplicationRole::kPrimary);
+    // Its clients never hear from it (every UD response lost); its backup link is clean.
+    options.replication.device = options.device;
+    options.device.faults.ud_loss = 1.0;
+    options.replication.backups.push_back(backup.replication_address());
+    auto primary = std::make_unique<ServerProcess>(options);
+    ASSERT_TRUE(primary->ok());
+
+    absl::StatusOr<std::unique_ptr<Client>> connected =
+        Client::Connect(Follower(fabric, {primary->address(), backup.address()}, 1));
+    ASSERT_TRUE(connected.ok()) << connected.status();
+    std::unique_ptr<Client> client = *std::move(connected);
+    const std::string value = "inserted once";
+    ASSERT_TRUE(client->Submit(0, Op::kInsert, "k", value, 0, /*tag=*/7).ok());
+    // Until the primary released it: executed, and held by its backup.
+    for (int64_t released = 0; released < 1;) {
+      ASSERT_FALSE(client->Poll({}) > 0);
+      absl::StatusOr<std::string> stats = FetchServerStats(primary->address(), absl::Seconds(5));
+      ASSERT_TRUE(stats.ok()) << stats.status();
+      released = JsonNumber(*stats, "released");
+    }
+    primary->Kill();
+    absl::StatusOr<std::string> promoted = testing::PromoteOnceDetached(backup.address());
+    ASSERT_TRUE(promoted.ok()) << promoted.status();
+
+    Result result;
+    ASSERT_FALSE(PollOne(*client, &result)) << "answered by a primary whose answers are all lost";
+    absl::StatusOr<std::unique_ptr<Client>> follower = client->Follow(absl::Seconds(30));
+    ASSERT_TRUE(follower.ok()) << follower.status();
+    client.reset();
+    ASSERT_TRUE(PollOne(**follower, &result));
+    EXPECT_EQ(result.tag, 7u);
+    ASSERT_EQ(result.status, Status::kOk) << StatusName(result.status);
+    EXPECT_GT(result.version, 0u);
+    EXPECT_LT(result.version, kPromotedVersions) << "executed again at the new primary";
+    EXPECT_GE(result.attempts, 1u);
+    // Applied once: the key holds that version, and a new INSERT finds it.
+    absl::StatusOr<Value> got = (*follower)->Get("k");
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(got->value, value);
+    EXPECT_EQ(got->version, result.version);
+    EXPECT_TRUE(absl::IsAlreadyExists((*follower)->Insert("k", "again").status()));
+    // Writes after the failover continue the sequence numbers and take new versions.
+    absl::StatusOr<uint64_t> put = (*follower)->Put("k2", "after");
+    ASSERT_TRUE(put.ok()) << put.status();
+    EXPECT_GE(*put, kPromotedVersions);
+    absl::StatusOr<std::string> stats = FetchServerStats(backup.address(), absl::Seconds(5));
+    ASSERT_TRUE(stats.ok()) << stats.status();
+    EXPECT_GE(JsonNumber(*stats, "resumed_outcomes"), 1) << *stats;
+    EXPECT_GE(JsonNumber(*stats, "replays"), 1) << *stats;
+  }
+}
+
+// Each follower takes over its own session's outcomes and no other's (the rule itself, with a
+// resumption naming a foreign session, is worker_rules_test's); requests outstanding at the loss
+// are answered by the new primary.
+TEST(FailoverFollow, EachFollowerTakesOverItsOwnOutcomes) {
+  const std::string fabric = absl::StrCat("follow-foreign-", getpid());
+  ServerProcess backup(ReplicatedServer(fabric, mica::StoreMode::kStore, ReplicationRole::kBackup));
+  ASSERT_TRUE(backup.ok());
+  ServerOptions options =
+      ReplicatedServer(fabric, mica::StoreMode::kStore, ReplicationRole::kPrimary);
+  options.replication.backups.push_back(backup.replication_address());
+  auto primary = std::make_unique<ServerProcess>(options);
+  ASSERT_TRUE(primary->ok());
+  // Two clients write (outcomes recorded at ids 0 and 1), the primary dies, one follows.
+  auto a = Client::Connect(Follower(fabric, {primary->address(), backup.address()}, 1));
+  auto b = Client::Connect(Follower(fabric, {primary->address(), backup.address()}, 1));
+  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_TRUE((*a)->Put("a", "from a").ok());
+  ASSERT_TRUE((*b)->Put("b", "from b").ok());
+  primary->Kill();
+  ASSERT_TRUE(testing::PromoteOnceDetached(backup.address()).ok());
+  // A request outstanding when the loss is noticed, handed over too.
+  ASSERT_TRUE((*a)->Submit(0, Op::kGet, "a", "", 0, /*tag=*/1).ok());
+  Result result;
+  ASSERT_FALSE(PollOne(**a, &result));
+  absl::StatusOr<std::unique_ptr<Client>> follower = (*a)->Follow(absl::Seconds(30));
+  ASSERT_TRUE(follower.ok()) << follower.status();
+  ASSERT_TRUE(PollOne(**follower, &result));
+  EXPECT_EQ(result.status, Status::kOk);
+  EXPECT_EQ(result.value, "from a");
+  // Only a's own outcome was taken over; b's awaits b.
+  absl::StatusOr<std::string> stats = FetchServerStats(backup.address(), absl::Seconds(5));
+  ASSERT_TRUE(stats.ok());
+  EXPECT_EQ(JsonNumber(*stats, "resumed_outcomes"), 1) << *stats;
+  ASSERT_TRUE((*b)->Submit(0, Op::kGet, "b", "", 0, /*tag=*/2).ok());
+  ASSERT_FALSE(PollOne(**b, &result));
+  absl::StatusOr<std::unique_ptr<Client>> b_follower = (*b)->Follow(absl::Seconds(30));
+  ASSERT_TRUE(b_follower.ok()) << b_follower.status();
+  ASSERT_TRUE(PollOne(**b_follower, &result));
+  EXPECT_EQ(result.value, "from b");
+  stats = FetchServerStats(backup.address(), absl::Seconds(5));
+  ASSERT_TRUE(stats.ok());
+  EXPECT_EQ(JsonNumber(*stats, "resumed_outcomes"), 2) << *stats;
+}
+
+int Runs() {
+  const char* runs = getenv("HERD_FAILOVER_RUNS");
+  return runs != nullptr ? std::max(1, atoi(runs)) : 2;
+}
+int FirstRun() {
+  const char* first = getenv("HERD_FAILOVER_FIRST_RUN");
+  return first != nullptr ? std::max(0, atoi(first)) : 0;
+}
+
+// One logical client's keys and where each stands: absent, or present at a version with its
+// last value; each key cycles INSERT -> CAS -> DELETE.
+struct KeyModel {
+  bool present = false;
+  uint64_t version = 0;
+  std::string value;
+  int cas_done = 0;
+};
+constexpr int kKeysPerClient = 2;
+constexpr uint32_t kClientsPerThread = 4;
+constexpr int kThreads = 2;
+// Operations each logical client runs after its thread followed the promotion.
+constexpr int kOpsAfterFollow = 30;
+
+std::string KeyOf(int thread, uint32_t client, int k) {
+  return absl::StrFormat("x%d-%d-%d", thread, client, k);
+}
+
+TEST(FailoverFollow, UnderLoadEveryMutationIsAppliedExactlyOnce) {
+  const int first = FirstRun();
+  for (int run = first; run < first + Runs(); ++run) {
+    std::mt19937_64 rng(7000 + run);
+    const mica::StoreMode mode = run % 2 == 0 ? mica::StoreMode::kStore : mica::StoreMode::kCache;
+    SCOPED_TRACE(absl::StrCat("run ", run, " ", std::string(mica::StoreModeName(mode))));
+    const std::string fabric = absl::StrCat("follow-load-", getpid(), "-", run);
+    const uint32_t delay_us = run % 4 < 2 ? 100 : 0;
+    std::vector<std::unique_ptr<ServerProcess>> backups;
+    ServerOptions options = ReplicatedServer(fabric, mode, ReplicationRole::kBackup);
+    options.device.faults.delay_us = delay_us;
+    for (int b = 0; b < 2; ++b) {
+      backups.push_back(std::make_unique<ServerProcess>(options));
+      ASSERT_TRUE(backups.back()->ok());
+    }
+    options = ReplicatedServer(fabric, mode, ReplicationRole::kPrimary);
+    options.device.faults.delay_us = delay_us;
+    // Links slower than the clients' fabric: many mutations are executed, in flight to the
+    // backups, and unanswered when the primary dies.
+    options.replication.device = options.device;
+    options.replication.device->faults.delay_us = 2000;
+    for (const auto& b : backups) options.replication.backups.push_back(b->replication_address());
+    auto primary = std::make_unique<ServerProcess>(options);
+    ASSERT_TRUE(primary->ok());
+    const std::vector<std::string> members = {primary->address(), backups[0]->address(),
+                                              backups[1]->address()};
+    const uint64_t kill_after = 50 + rng() % 351;
+    std::atomic<uint64_t> acknowledged{0};
+    std::atomic<bool> killed{false};
+    std::vector<std::vector<std::vector<KeyModel>>> models(
+        kThreads, std::vector<std::vector<KeyModel>>(kClientsPerThread,
+                                                     std::vector<KeyModel>(kKeysPerClient)));
+    std::vector<std::string> errors(kThreads);
+    std::vector<std::thread> threads;
+    for (int t = 0; t < kThreads; ++t) {
+      threads.emplace_back([&, t] {
+        auto connected = Client::Connect(Follower(fabric, members, kClientsPerThread));
+        if (!connected.ok()) {
+          errors[t] = connected.status().ToString();
+          return;
+        }
+        std::unique_ptr<Client> client = *std::move(connected);
+        std::vector<std::vector<KeyModel>>& model = models[t];
+        std::vector<bool> busy(kClientsPerThread, false);
+        std::vector<int> next_key(kClientsPerThread, 0), key_of(kClientsPerThread, 0);
+        std::vector<int> after_follow(kClientsPerThread, 0);
+        std::vector<Op> op_of(kClientsPerThread, Op::kGet);
+        std::vector<std::string> value_of(kClientsPerThread);
+        uint64_t op_number = 0;
+        bool followed = false;
+        Result results[8];
+        while (true) {
+          bool all_done = followed;
+          for (uint32_t c = 0; c < kClientsPerThread; ++c) {
+            if (followed && after_follow[c] < kOpsAfterFollow) all_done = false;
+            if (busy[c] || (followed && after_follow[c] >= kOpsAfterFollow)) continue;
+            if (!client->health().ok()) break;
+            const int k = next_key[c];
+            KeyModel& m = model[c][k];
+            const Op op = !m.present ? Op::kInsert : m.cas_done < 2 ? Op::kCas : Op::kDelete;
+            const std::string value = absl::StrCat("t", t, "c", c, "k", k, "#", ++op_number);
+            const absl::Status s =
+                client->Submit(c, op, KeyOf(t, c, k), value, m.version, /*tag=*/c);
+            if (absl::IsUnavailable(s)) break;  // lost: follow below
+            if (!s.ok()) {
+              errors[t] = absl::StrCat("submit: ", s.ToString());
+              return;
+            }
+            busy[c] = true;
+            key_of[c] = k;
+            op_of[c] = op;
+            value_of[c] = value;
+          }
+          if (all_done) break;
+          const size_t n = client->Poll(absl::MakeSpan(results));
+          for (size_t i = 0; i < n; ++i) {
+            const Result& r = results[i];
+            const auto c = static_cast<uint32_t>(r.tag);
+            busy[c] = false;
+            KeyModel& m = model[c][key_of[c]];
+            if (r.status != Status::kOk) {
+              // EXISTS / CAS_FAILED / NOT_FOUND: applied twice, or an acknowledged write lost.
+              errors[t] = absl::StrFormat("%s of %s answered %s (model: %s v%d)", OpName(op_of[c]),
+                                          KeyOf(t, c, key_of[c]), StatusName(r.status),
+                                          m.present ? "present" : "absent", m.version);
+              return;
+            }
+            if (r.version <= m.version) {
+              errors[t] = absl::StrFormat("%s of %s: version %d not past %d", OpName(op_of[c]),
+                                          KeyOf(t, c, key_of[c]), r.version, m.version);
+              return;
+            }
+            m.version = r.version;
+            if (op_of[c] == Op::kInsert) {
+              m.present = true;
+              m.cas_done = 0;
+              m.value = value_of[c];
+            } else if (op_of[c] == Op::kCas) {
+              ++m.cas_done;
+              m.value = value_of[c];
+            } else {
+              m.present = false;
+              next_key[c] = (next_key[c] + 1) % kKeysPerClient;
+            }
+            if (followed) ++after_follow[c];
+            if (acknowledged.fetch_add(1) + 1 == kill_after) {
+              kill(primary->pid(), SIGKILL);
+              killed.store(true);
+            }
+          }
+          if (!client->health().ok()) {
+            if (followed) {
+              errors[t] = "lost the new primary too";
+              return;
+            }
+            absl::StatusOr<std::unique_ptr<Client>> follower = client->Follow(absl::Seconds(60));
+            if (!follower.ok()) {
+              errors[t] = absl::StrCat("follow: ", follower.status().ToString());
+              return;
+            }
+            client = *std::move(follower);
+            followed = true;
+          }
+        }
+      });
+    }
+    // The operator: once the primary is dead, promote one backup.
+    while (!killed.load() && acknowledged.load() < kill_after) std::this_thread::yield();
+    primary->Kill();
+    const size_t chosen = rng() % backups.size();
+    absl::StatusOr<std::string> promoted = testing::PromoteOnceDetached(backups[chosen]->address());
+    for (std::thread& t : threads) t.join();
+    ASSERT_TRUE(promoted.ok()) << promoted.status();
+    for (int t = 0; t < kThreads; ++t)
+      ASSERT_TRUE(errors[t].empty()) << "thread " << t << ": " << errors[t];
+    // The new primary holds exactly the model.
+    ClientOptions o;
+    o.server = backups[chosen]->address();
+    o.device.fabric = fabric;
+    auto reader = Client::Connect(o);
+    ASSERT_TRUE(reader.ok()) << reader.status();
+    for (int t = 0; t < kThreads; ++t) {
+      for (uint32_t c = 0; c < kClientsPerThread; ++c) {
+        for (int k = 0; k < kKeysPerClient; ++k) {
+          const KeyModel& m = models[t][c][k];
+          const absl::StatusOr<Value> got = (*reader)->Get(KeyOf(t, c, k));
+          if (m.present) {
+            ASSERT_TRUE(got.ok()) << KeyOf(t, c, k) << ": " << got.status();
+            EXPECT_EQ(got->value, m.value) << KeyOf(t, c, k);
+            EXPECT_EQ(got->version, m.version) << KeyOf(t, c, k);
+          } else {
+            EXPECT_TRUE(absl::IsNotFound(got.status())) << KeyOf(t, c, k) << ": " << got.status();
+          }
+        }
+      }
+    }
+    absl::StatusOr<std::string> stats =
+        FetchServerStats(backups[chosen]->address(), absl::Seconds(5));
+    ASSERT_TRUE(stats.ok());
+    // One line per run for scripts/failover_check.sh.
+    printf(
+        "FOLLOW_RUN {\"run\":%d,\"acknowledged\":%llu,\"resumed_outcomes\":%lld,"
+        "\"replays\":%lld}\n",
+        run, static_cast<unsigned long long>(acknowledged.load()),
+        static_cast<long long>(JsonNumber(*stats, "resumed_outcomes")),
+        static_cast<long long>(JsonNumber(*stats, "replays")));
+  }
+}
+
+}  // namespace
+}  // namespace herd
