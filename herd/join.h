@@ -40,6 +40,9 @@ enum MessageType : uint16_t {
   kPromoted = 11,
   // Primary to backup, on the replication channel: it dropped the backup and goes on without it.
   kReplicaDropped = 12,
+  // Primary to a joining backup, on the replication channel: the state transfer is complete and
+  // every later write reaches it before it is acknowledged; it serves reads from now on.
+  kReplicaSynced = 13,
 };
 
 struct Hello {

@@ -11,9 +11,16 @@
 namespace herd {
 namespace {
 
-// A completion's wr_id: the link's index above, the batch below.
-constexpr int kLinkShift = 48;
-constexpr uint64_t kBatchMask = (uint64_t{1} << kLinkShift) - 1;
+// A completion's wr_id: the link's index, then its epoch (the adoptions of its slot: a flushed
+// completion of a dropped link's old QP names an older one), then a batch, or a transfer chunk.
+constexpr int kLinkShift = 56;
+constexpr int kEpochShift = 48;
+constexpr uint64_t kEpochMask = 0xff;
+constexpr uint64_t kChunkFlag = uint64_t{1} << 47;
+constexpr uint64_t kBatchMask = kChunkFlag - 1;
+uint64_t WrIdOf(size_t link, uint64_t epoch, uint64_t low) {
+  return (uint64_t{link} << kLinkShift) | ((epoch & kEpochMask) << kEpochShift) | low;
+}
 // Completions taken per poll.
 constexpr size_t kPollBatch = 32;
 // A chain's WRs: the redo record, the commit words, the ranges from kFirstRangeWr on, the done
@@ -69,10 +76,11 @@ absl::StatusOr<std::unique_ptr<ReplicationGate>> ReplicationGate::Create(
       pd->RegisterMemory(staging->data(), options.staging_bytes, transport::kLocalWrite);
   if (!mr.ok()) return mr.status();
   return std::unique_ptr<ReplicationGate>(new ReplicationGate(
-      partition, *std::move(staging), *std::move(mr), cq, std::move(links), options));
+      partition, pd, *std::move(staging), *std::move(mr), cq, std::move(links), options));
 }
 
-ReplicationGate::ReplicationGate(mica::Partition* partition, transport::SharedMemory staging,
+ReplicationGate::ReplicationGate(mica::Partition* partition, transport::ProtectionDomain* pd,
+                                 transport::SharedMemory staging,
                                  std::unique_ptr<transport::MemoryRegion> staging_mr,
                                  transport::CompletionQueue* cq, std::vector<BackupLink> links,
                                  const ReplicationOptions& options)
@@ -81,6 +89,8 @@ ReplicationGate::ReplicationGate(mica::Partition* partition, transport::SharedMe
       ring_offset_(partition->region().head_bytes()),
       staging_(std::move(staging)),
       staging_mr_(std::move(staging_mr)),
+      pd_(pd),
+      region_copy_bytes_(partition->region().head_bytes() + partition->region().ring_bytes()),
       snapshots_(options.max_batches_in_flight),
       cq_(cq),
       options_(options),
@@ -90,7 +100,11 @@ ReplicationGate::ReplicationGate(mica::Partition* partition, transport::SharedMe
       sges_(wrs_.size()),
       completions_(kPollBatch),
       held_ring_(std::max<uint32_t>(options.held_reserve, 1)) {
-  for (BackupLink& backup : links) links_.push_back(Link{backup});
+  for (BackupLink& backup : links) {
+    Link link;
+    link.backup = backup;
+    links_.push_back(std::move(link));
+  }
   live_ = static_cast<uint32_t>(links_.size());
   counters_.live_backups.Set(live_);
   // The chain, prepared once: WRITEs from the staging ring, one SGE each, linked; per batch only
@@ -145,12 +159,13 @@ void ReplicationGate::OrderRanges() {
 }
 
 bool ReplicationGate::PostPending() {
-  if (!changes_.ranges().empty() && live_ > 0) {
+  const bool anyone = live_ > 0 || joining_;
+  if (!changes_.ranges().empty() && anyone) {
     // A full window first (cheap, and a deferred batch is retried on every worker loop): the
     // ranges are ordered and sized only when they can go.
     if (snapshots_count_ == snapshots_.size()) return false;
     for (const Link& link : links_) {
-      if (link.live &&
+      if (link.sends() &&
           link.posted_through - link.completed_through >= options_.max_batches_in_flight) {
         return false;  // that backup's window is full: keep accumulating
       }
@@ -163,7 +178,7 @@ bool ReplicationGate::PostPending() {
   for (const mica::ByteRange& r : ranges) padded += RedoPadded(r.bytes);
   const uint64_t record_bytes = RedoRecordBytes(n, padded);
   const uint64_t bytes = record_bytes + kCommitSourceBytes;  // the staging the batch needs
-  if (n > 0 && live_ > 0 && bytes > options_.staging_bytes / kMaxRecordShare) {
+  if (n > 0 && anyone && bytes > options_.staging_bytes / kMaxRecordShare) {
     // More than a record may take (merged past the recorder's capacity, or values too large
     // for the ring): it could wait for room forever beside the record the ring protects. Never
     // truncated, never sent from live memory, never left waiting: every backup is dropped.
@@ -173,7 +188,7 @@ bool ReplicationGate::PostPending() {
     counters_.overflowed.Add(changes_.overflowed());
     for (Link& link : links_) DropLink(link);
   }
-  if (n == 0 || live_ == 0) {
+  if (n == 0 || !(live_ > 0 || joining_)) {
     // Nothing to write, or nobody to write to: what is held goes with the last batch posted
     // (its answer may name a version still in flight there).
     changes_.Clear();
@@ -232,10 +247,10 @@ bool ReplicationGate::PostPending() {
   const uint64_t wire_bytes = record_bytes + kCommitSourceBytes + padded;
   for (size_t l = 0; l < links_.size(); ++l) {
     Link& link = links_[l];
-    if (!link.live) continue;
+    if (!link.sends()) continue;
     // Every WR names its link: a failed QP flushes the unsignaled ones with error completions
     // too, and each must blame its own link.
-    const uint64_t wr_id = (uint64_t{l} << kLinkShift) | batch;
+    const uint64_t wr_id = WrIdOf(l, link.epoch, batch);
     wrs_[0].remote_addr = link.backup.redo_addr + kRedoCommitLineBytes + start % capacity;
     wrs_[0].rkey = link.backup.redo_rkey;
     wrs_[1].remote_addr = link.backup.redo_addr;
@@ -276,13 +291,124 @@ void ReplicationGate::AssignUnposted(uint64_t batch) {
 }
 
 void ReplicationGate::DropLink(Link& link) {
-  if (!link.live) return;
+  if (!link.sends()) return;
+  if (link.live) --live_;
   link.live = false;
+  link.joining = false;
+  link.synced->store(false, std::memory_order_release);
   link.dropped->store(true, std::memory_order_release);
   link.backup.qp->SetError();  // fenced: nothing of a later chain reaches a dropped backup
-  --live_;
   counters_.live_backups.Set(live_);
   counters_.links_dropped.Add();
+}
+
+uint64_t ReplicationGate::CompletedByEveryLink() const {
+  uint64_t through = last_posted_;
+  for (const Link& link : links_) {
+    if (link.sends()) through = std::min(through, link.completed_through);
+  }
+  return through;
+}
+
+bool ReplicationGate::OfferLink(size_t index, const BackupLink& backup) {
+  if (index >= links_.size() || backup.qp == nullptr || backup.qp->config().send_cq != cq_ ||
+      backup.qp->config().max_send_wr < LinkSendQueueDepth(options_)) {
+    return false;
+  }
+  Link& link = links_[index];
+  if (!link.dropped->load(std::memory_order_acquire) ||
+      link.offered->load(std::memory_order_acquire)) {
+    return false;
+  }
+  if (region_mr_ == nullptr) {
+    // The transfer's WRITEs read the live region (the worker is between batches when it posts
+    // them; a later change reaches the backup in a later chain, after them).
+    absl::StatusOr<std::unique_ptr<transport::MemoryRegion>> mr = pd_->RegisterMemory(
+        const_cast<uint8_t*>(region_base_), region_copy_bytes_, transport::kLocalWrite);
+    if (!mr.ok()) {
+      LOG(ERROR) << "replication: the partition region cannot be a transfer source: "
+                 << mr.status();
+      return false;
+    }
+    region_mr_ = *std::move(mr);
+  }
+  link.offer = backup;
+  link.offered->store(true, std::memory_order_release);
+  joins_offered_.store(true, std::memory_order_release);
+  return true;
+}
+
+void ReplicationGate::AdvanceJoins() {
+  if (joins_offered_.exchange(false, std::memory_order_acq_rel)) {
+    for (Link& link : links_) {
+      if (!link.offered->load(std::memory_order_acquire)) continue;
+      link.backup = link.offer;
+      ++link.epoch;
+      link.live = false;
+      link.joining = true;
+      link.posted_through = link.completed_through = last_posted_;
+      link.copy_next = 0;
+      link.chunks_in_flight = 0;
+      link.copied = false;
+      link.drop_requested->store(false, std::memory_order_release);
+      link.dropped->store(false, std::memory_order_release);
+      link.offered->store(false, std::memory_order_release);
+      joining_ = true;
+      LOG(INFO) << "replication: a backup joins; transferring " << region_copy_bytes_
+                << " bytes of the partition";
+    }
+  }
+  if (!joining_) return;
+  joining_ = false;
+  for (size_t l = 0; l < links_.size(); ++l) {
+    Link& link = links_[l];
+    if (!link.joining) continue;
+    PostChunks(l, link);
+    if (!link.joining) continue;  // dropped by a failed post
+    if (!link.copied && link.copy_next == region_copy_bytes_ && link.chunks_in_flight == 0) {
+      // The NIC read the region at some moment before the last chunk completed, maybe in the
+      // middle of a batch: every batch executed by now must land after it (the one whose
+      // changes are still accumulating included) before the copy is whole.
+      link.copied = true;
+      link.sync_through = last_posted_ + (changes_.ranges().empty() ? 0 : 1);
+    }
+    if (link.copied && link.completed_through >= link.sync_through) {
+      link.joining = false;
+      link.live = true;
+      ++live_;
+      link.synced->store(true, std::memory_order_release);
+      counters_.live_backups.Set(live_);
+      counters_.joined.Add();
+      LOG(INFO) << "replication: backup " << l << " is up to date and live again";
+      continue;
+    }
+    joining_ = true;
+  }
+}
+
+void ReplicationGate::PostChunks(size_t index, Link& link) {
+  while (link.chunks_in_flight < kTransferChunksInFlight && link.copy_next < region_copy_bytes_) {
+    const uint64_t bytes = std::min(kTransferChunkBytes, region_copy_bytes_ - link.copy_next);
+    transport::Sge sge{reinterpret_cast<uint64_t>(region_base_ + link.copy_next),
+                       static_cast<uint32_t>(bytes), region_mr_->lkey()};
+    transport::SendWr wr;
+    wr.opcode = transport::Opcode::kWrite;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    wr.flags = transport::kSignaled;
+    wr.remote_addr = link.backup.region_addr + link.copy_next;
+    wr.rkey = link.backup.rkey;
+    wr.wr_id = WrIdOf(index, link.epoch, kChunkFlag | (link.copy_next / kTransferChunkBytes));
+    transport::SendWr* bad = nullptr;
+    if (absl::Status s = link.backup.qp->PostSend(&wr, &bad); !s.ok()) {
+      LOG(WARNING) << "replication: dropping joining backup " << index << ": " << s;
+      DropLink(link);
+      return;
+    }
+    link.copy_next += bytes;
+    ++link.chunks_in_flight;
+    counters_.transfer_bytes.Add(bytes);
+  }
 }
 
 uint64_t ReplicationGate::ReleasableThrough() const {
@@ -317,6 +443,8 @@ ReplicationCounters ReplicationGate::counters() const {
   c.stalls = counters_.stalls.Get();
   c.released = counters_.released.Get();
   c.live_backups = counters_.live_backups.Get();
+  c.joined = counters_.joined.Get();
+  c.transfer_bytes = counters_.transfer_bytes.Get();
   return c;
 }
 
@@ -326,7 +454,7 @@ void ReplicationGate::DropStalledOrRequested() {
   const int64_t timeout_ns = absl::ToInt64Nanoseconds(options_.stall_timeout);
   for (size_t l = 0; l < links_.size(); ++l) {
     Link& link = links_[l];
-    if (!link.live) continue;
+    if (!link.sends()) continue;
     if (link.drop_requested->load(std::memory_order_acquire)) {
       LOG(WARNING) << "replication: dropping backup " << l << ": its control connection closed";
       DropLink(link);
@@ -357,8 +485,14 @@ uint32_t ReplicationGate::Release(absl::Span<HeldId> released) {
       const uint64_t l = c.wr_id >> kLinkShift;
       if (l >= links_.size()) continue;
       Link& link = links_[l];
+      // A flushed WR of the QP this link slot had before its last adoption: not this link's.
+      if (((c.wr_id >> kEpochShift) & kEpochMask) != (link.epoch & kEpochMask)) continue;
+      if ((c.wr_id & kChunkFlag) != 0 && c.status == transport::CompletionStatus::kSuccess) {
+        if (link.chunks_in_flight > 0) --link.chunks_in_flight;
+        continue;
+      }
       if (c.status != transport::CompletionStatus::kSuccess) {
-        if (link.live) {
+        if (link.sends()) {
           LOG(WARNING) << "replication: dropping backup " << l << ": a WRITE completed with status "
                        << static_cast<int>(c.status);
         }
@@ -370,11 +504,12 @@ uint32_t ReplicationGate::Release(absl::Span<HeldId> released) {
     }
     if (got < completions_.size()) break;
   }
-  FreeSnapshots(ReleasableThrough());
+  if (joining_ || joins_offered_.load(std::memory_order_relaxed)) AdvanceJoins();
+  FreeSnapshots(CompletedByEveryLink());
   // A deferred batch goes as soon as there is room (counted once, by the EndBatch it missed).
   if (!changes_.ranges().empty()) PostPending();
   const uint64_t through = ReleasableThrough();
-  FreeSnapshots(through);
+  FreeSnapshots(CompletedByEveryLink());
   uint32_t n = 0;
   while (n < released.size() && held_count_ > 0) {
     const Held& h = held_ring_[held_head_];

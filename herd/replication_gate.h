@@ -69,6 +69,12 @@ struct BackupLink {
 
 // WRs of a chain besides its ranges: the redo record, the commit words, the done word.
 inline constexpr uint32_t kChainFrameWrs = 3;
+// State transfer to a joining backup (OfferLink): the partition region is copied in WRITEs of
+// this many bytes, at most kTransferChunksInFlight of them posted at once per joining link
+// (between two of the worker's batches, on the link's QP, so every chain posted later lands
+// after them).
+inline constexpr uint64_t kTransferChunkBytes = uint64_t{256} << 10;
+inline constexpr uint32_t kTransferChunksInFlight = 4;
 // WRs a recorded range may take: one, or two when it spans the index's end and the ring's start
 // (split so that the ring's part lands first).
 inline constexpr uint32_t kWrsPerRange = 2;
@@ -95,7 +101,8 @@ struct ReplicationOptions {
 // The send queue depth a backup link's QP needs: a full window of full chains.
 inline uint64_t LinkSendQueueDepth(const ReplicationOptions& options) {
   return (uint64_t{options.max_ranges_per_batch} * kWrsPerRange + kChainFrameWrs) *
-         options.max_batches_in_flight;
+             options.max_batches_in_flight +
+         kTransferChunksInFlight;
 }
 
 // A snapshot of a gate's counters (any thread may take one: counters()).
@@ -108,7 +115,9 @@ struct ReplicationCounters {
   uint64_t links_dropped = 0;
   uint64_t stalls = 0;  // ... of them for a chain not completed within stall_timeout
   uint64_t released = 0;
-  uint64_t live_backups = 0;  // a level, not a count
+  uint64_t live_backups = 0;    // a level, not a count
+  uint64_t joined = 0;          // backups brought up to date by state transfer
+  uint64_t transfer_bytes = 0;  // ... the bytes their transfers copied
 };
 
 class ReplicationGate : public ResponseGate {
@@ -133,8 +142,23 @@ class ReplicationGate : public ResponseGate {
   // backup `link` (its index in Create's list) within kStallCheckEvery Release calls.
   void RequestDrop(size_t link);
   // Any thread: whether the gate dropped backup `link` (for any reason) and goes on without it.
+  // A dropped link with a new one offered (OfferLink) and not yet adopted counts as not dropped.
   bool dropped(size_t link) const {
-    return link < links_.size() && links_[link].dropped->load(std::memory_order_acquire);
+    return link < links_.size() && links_[link].dropped->load(std::memory_order_acquire) &&
+           !links_[link].offered->load(std::memory_order_acquire);
+  }
+  // Any thread (the control thread, once a restarted backup attached again): hands the gate a
+  // new link for dropped backup `index`, on the gate's CQ, its send queue LinkSendQueueDepth
+  // deep, to a backup whose partition region is fresh. At its next Release the worker adopts it
+  // and starts a state transfer: every later batch's chain goes to it, and the partition region
+  // is copied to it in kTransferChunkBytes WRITEs between batches. Its answers are not waited
+  // for meanwhile. Once the copy and every chain that could have seen the region change under
+  // the copy completed, the backup is live again (synced()). False (nothing taken) if `index`
+  // is not dropped, or an offer is still pending.
+  bool OfferLink(size_t index, const BackupLink& link);
+  // Any thread: whether backup `index` holds every released batch and counts for releases.
+  bool synced(size_t index) const {
+    return index < links_.size() && links_[index].synced->load(std::memory_order_acquire);
   }
   // Nothing held, in flight or waiting to be posted (Release() frees what completed).
   bool quiescent() const {
@@ -145,11 +169,24 @@ class ReplicationGate : public ResponseGate {
  private:
   struct Link {
     BackupLink backup;
-    bool live = true;
+    bool live = true;      // synced: counts for releases
+    bool joining = false;  // receives chains and the transfer; counts for nothing yet
     std::unique_ptr<std::atomic<bool>> drop_requested = std::make_unique<std::atomic<bool>>(false);
     std::unique_ptr<std::atomic<bool>> dropped = std::make_unique<std::atomic<bool>>(false);
+    std::unique_ptr<std::atomic<bool>> synced = std::make_unique<std::atomic<bool>>(true);
+    // OfferLink's mailbox (the control thread fills it, the worker adopts it).
+    std::unique_ptr<std::atomic<bool>> offered = std::make_unique<std::atomic<bool>>(false);
+    BackupLink offer;
+    uint64_t epoch = 0;              // adoptions so far: completions of an older QP name another
     uint64_t posted_through = 0;     // the last batch posted to it
     uint64_t completed_through = 0;  // the last batch whose chain completed
+    // A joining link's transfer: the next region byte to copy, chunks posted and not completed,
+    // and (once every chunk completed) the batch whose completion makes it live.
+    uint64_t copy_next = 0;
+    uint32_t chunks_in_flight = 0;
+    bool copied = false;
+    uint64_t sync_through = 0;
+    bool sends() const { return live || joining; }
   };
   struct Held {
     HeldId id;
@@ -167,7 +204,8 @@ class ReplicationGate : public ResponseGate {
   static constexpr uint32_t kStallCheckEvery = 1024;
   static constexpr uint64_t kUnposted = UINT64_MAX;
 
-  ReplicationGate(mica::Partition* partition, transport::SharedMemory staging,
+  ReplicationGate(mica::Partition* partition, transport::ProtectionDomain* pd,
+                  transport::SharedMemory staging,
                   std::unique_ptr<transport::MemoryRegion> staging_mr,
                   transport::CompletionQueue* cq, std::vector<BackupLink> links,
                   const ReplicationOptions& options);
@@ -185,12 +223,25 @@ class ReplicationGate : public ResponseGate {
   void DropStalledOrRequested();
   // Gives back the staging bytes of batches every live link completed.
   void FreeSnapshots(uint64_t through);
+  // The last batch every link that is sent to (live or joining) completed.
+  uint64_t CompletedByEveryLink() const;
+  // Adopts offered links; posts transfer chunks; makes joining links whose transfer is done
+  // live.
+  void AdvanceJoins();
+  void PostChunks(size_t index, Link& link);
 
   mica::Partition* const partition_;
   const uint8_t* const region_base_;
   const uint64_t ring_offset_;  // where the ring (log or pool) starts in the region
   transport::SharedMemory staging_;
   std::unique_ptr<transport::MemoryRegion> staging_mr_;
+  // The partition region's bytes (head and ring, not the mirror's alias) as a WRITE source for
+  // state transfers; registered at the first offer.
+  transport::ProtectionDomain* const pd_;
+  std::unique_ptr<transport::MemoryRegion> region_mr_;
+  const uint64_t region_copy_bytes_;
+  std::atomic<bool> joins_offered_{false};  // some link has an offer to adopt
+  bool joining_ = false;                    // some link is joining
   // Running offsets into the staging ring: bytes handed out, and where the bytes not free start:
   // the newest record every live backup completed stays (its commit word may be a backup's
   // last), everything before it is free. Snapshots of posted batches, oldest first.
@@ -215,7 +266,7 @@ class ReplicationGate : public ResponseGate {
   uint32_t releases_ = 0;       // Release calls, for kStallCheckEvery
   struct Counters {
     util::Counter batches_posted, writes_posted, bytes_posted, deferred, overflowed, links_dropped,
-        stalls, released;
+        stalls, released, joined, transfer_bytes;
     util::Gauge live_backups;
   } counters_;
 };

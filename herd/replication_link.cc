@@ -96,7 +96,7 @@ absl::Status CheckSameLayout(const ReplicaLayout& theirs, const ReplicaLayout& m
 
 std::vector<uint8_t> Encode(const ReplicaHello& hello) {
   WireWriter w;
-  w.U32(hello.workers).U64(hello.staging_bytes);
+  w.U32(hello.workers).U64(hello.staging_bytes).U8(hello.transfer ? 1 : 0);
   Put(w, hello.layout);
   w.U32(static_cast<uint32_t>(hello.link_qps.size()));
   for (const transport::QpEndpoint& e : hello.link_qps) w.Endpoint(e);
@@ -117,7 +117,9 @@ absl::StatusOr<ReplicaHello> DecodeReplicaHello(const std::vector<uint8_t>& byte
   WireReader r(bytes, "replica hello");
   ReplicaHello hello;
   uint32_t n = 0;
-  if (r.U32(&hello.workers) && r.U64(&hello.staging_bytes) && Get(r, &hello.layout) && r.U32(&n)) {
+  uint8_t transfer = 0;
+  if (r.U32(&hello.workers) && r.U64(&hello.staging_bytes) && r.U8(&transfer) &&
+      Get(r, &hello.layout) && r.U32(&n)) {
     if (n != hello.workers || n > max_workers) {
       return absl::InvalidArgumentError(
           absl::StrFormat("replica hello: %d link QPs for %d workers (this backup has %d)", n,
@@ -129,6 +131,8 @@ absl::StatusOr<ReplicaHello> DecodeReplicaHello(const std::vector<uint8_t>& byte
     }
   }
   if (absl::Status s = r.Finish(); !s.ok()) return s;
+  if (transfer > 1) return absl::InvalidArgumentError("replica hello: transfer is neither 0 nor 1");
+  hello.transfer = transfer == 1;
   return hello;
 }
 

@@ -45,6 +45,9 @@ struct ReplicaHello {
   uint32_t workers = 0;
   uint64_t staging_bytes = 0;  // the gates' staging rings: each redo area holds one
   ReplicaLayout layout;        // every worker's partition has it
+  // The primary runs and will transfer its partitions' state to this backup (a backup that
+  // joins or rejoins): it serves no read and refuses promotion until told kReplicaSynced.
+  bool transfer = false;
   std::vector<transport::QpEndpoint> link_qps;  // per worker
 };
 

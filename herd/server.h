@@ -102,6 +102,7 @@ struct ServerStats {
   ReplicationCounters replication;
   uint64_t replica_reads = 0, replica_torn = 0, replica_unconfirmed = 0, replica_busy = 0;
   bool primary_attached = false;
+  bool syncing = false;   // a backup's state transfer is under way
   bool promoted = false;  // a backup promoted (herd_admin promote): a primary without backups
   // Outcomes a promoted primary took over for clients that followed it, and outcomes it could
   // not record (their id's old outcomes still await a client).
@@ -169,6 +170,14 @@ class Server {
   void DetachPrimary();
   // kPrimary, control thread: a backup whose control connection closed is dropped by every gate.
   void WatchBackups();
+  // kPrimary: attaches to backup `address` (the hello says whether a state transfer follows):
+  // one RC QP per worker, kept in workers_[w].backup_qps; the links in `links` (per worker).
+  absl::StatusOr<transport::control::Channel> ConnectBackup(const std::string& address,
+                                                            bool transfer, absl::Duration timeout,
+                                                            std::vector<BackupLink>* links);
+  // kPrimary, control thread: tries to attach lost backup `b` again (a restarted, empty one)
+  // and offers the new links to the gates, which bring it up to date (OfferLink).
+  void Rejoin(size_t b);
   // kBackup, control thread (a kPromoteRequest): once no primary is attached, every worker
   // replays its last committed batch, takes the partition's state over and takes writes; no
   // primary attaches afterwards. A JSON summary, or why not.
@@ -249,7 +258,13 @@ class Server {
   // kPrimary: each backup's control connection (its closing drops the backup), and whether
   // that was seen. (The links' PD is declared before workers_, whose QPs and gates use it.)
   std::vector<std::unique_ptr<transport::control::Channel>> backup_channels_;
-  std::vector<bool> backup_lost_;
+  enum class BackupState : uint8_t {
+    kLive,     // in sync: its gates count it
+    kJoining,  // rejoined: its state transfer runs; told kReplicaSynced once every gate synced
+    kLost,     // dropped; tried again every kRejoinInterval
+  };
+  std::vector<BackupState> backup_states_;
+  std::vector<absl::Time> next_rejoin_;
   // kBackup: the replication port, its thread, and the attached primary (replication thread
   // only), whose QPs alone can write the partitions and redo areas (its own PD).
   std::unique_ptr<transport::control::Listener> replication_listener_;
@@ -269,6 +284,10 @@ class Server {
   bool ever_attached_ ABSL_GUARDED_BY(replication_mutex_) = false;
   // Its primary dropped it (kReplicaDropped): GETs answer BACKUP_BUSY, promotion is refused.
   std::atomic<bool> stale_{false};
+  // A state transfer to it is under way (ReplicaHello::transfer): no reads, no promotion.
+  std::atomic<bool> syncing_{false};
+  // stale_ or syncing_: every GET answers BACKUP_BUSY (the replica readers watch it).
+  std::atomic<bool> reads_refused_{false};
   std::atomic<bool> primary_attached_{false}, promoted_{false};
 };
 

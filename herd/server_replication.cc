@@ -33,6 +33,10 @@ constexpr uint64_t kPromotionVersionGap = uint64_t{1} << 32;
 // How often the backup's replication thread looks for a new primary, or for its primary's
 // departure.
 constexpr absl::Duration kReplicationPollInterval = absl::Milliseconds(20);
+// How often a primary tries to attach a lost backup again, and how long one try may take (the
+// control thread waits for it).
+constexpr absl::Duration kRejoinInterval = absl::Seconds(1);
+constexpr absl::Duration kRejoinConnectTimeout = absl::Milliseconds(200);
 // Completion queue entries beyond a full window of every link: error completions at teardown.
 constexpr uint32_t kReplicationCqSlack = 64;
 // A backup's end of a link receives nothing and sends nothing.
@@ -83,60 +87,18 @@ absl::Status Server::AttachToBackups() {
     const auto cq_depth = static_cast<uint32_t>(depth * ro.backups.size() + kReplicationCqSlack);
     if (absl::Status s = Take(device->CreateCq(cq_depth), &r.replication_cq); !s.ok()) return s;
   }
-  const ReplicaLayout layout = LayoutOf(*workers_[0].partition);
   std::vector<std::vector<BackupLink>> links(c.workers);
   for (const std::string& address : ro.backups) {
+    std::vector<BackupLink> per_worker;
     absl::StatusOr<transport::control::Channel> channel =
-        transport::control::Channel::Connect(address, ro.connect_timeout);
-    if (!channel.ok()) {
-      return absl::UnavailableError(
-          absl::StrFormat("backup %s: %s", address, channel.status().ToString()));
-    }
-    ReplicaHello hello;
-    hello.workers = c.workers;
-    hello.staging_bytes = ro.gate.staging_bytes;
-    hello.layout = layout;
-    std::vector<transport::QueuePair*> qps;
-    for (WorkerResources& r : workers_) {
-      transport::QpConfig qc;
-      qc.type = transport::QpType::kRc;
-      qc.send_cq = r.replication_cq.get();
-      qc.recv_cq = r.replication_cq.get();  // receives nothing
-      qc.max_send_wr = static_cast<uint32_t>(depth);
-      qc.max_recv_wr = 1;
-      qc.max_inline_data = 0;
-      std::unique_ptr<transport::QueuePair> qp;
-      if (absl::Status s = Take(replication_pd_->CreateQp(qc), &qp); !s.ok()) return s;
-      hello.link_qps.push_back(qp->endpoint());
-      qps.push_back(qp.get());
-      r.backup_qps.push_back(std::move(qp));
-    }
-    if (absl::Status s = channel->Send(kReplicaHello, Encode(hello)); !s.ok()) return s;
-    absl::StatusOr<transport::control::Message> reply =
-        Expect(*channel, kReplicaWelcome, ro.connect_timeout);
-    if (!reply.ok()) {
-      return absl::FailedPreconditionError(
-          absl::StrFormat("backup %s refused this primary: %s", address, reply.status().message()));
-    }
-    absl::StatusOr<ReplicaWelcome> welcome = DecodeReplicaWelcome(reply->payload, c.workers);
-    if (!welcome.ok()) return welcome.status();
-    for (uint32_t w = 0; w < c.workers; ++w) {
-      const ReplicaPartition& p = welcome->partitions[w];
-      transport::ConnectConfig connect;
-      connect.remote = p.qp;
-      if (absl::Status s = qps[w]->Connect(connect); !s.ok()) return s;
-      links[w].push_back(
-          BackupLink{qps[w], p.region_addr, p.region_rkey, p.redo_addr, p.redo_rkey});
-    }
-    if (absl::Status s =
-            channel->EnableKeepalive(kKeepaliveIdle, kKeepaliveInterval, kKeepaliveProbes);
-        !s.ok()) {
-      LOG(WARNING) << "replication channel keepalive: " << s;
-    }
+        ConnectBackup(address, /*transfer=*/false, ro.connect_timeout, &per_worker);
+    if (!channel.ok()) return channel.status();
+    for (uint32_t w = 0; w < c.workers; ++w) links[w].push_back(per_worker[w]);
     LOG(INFO) << "replicating to backup " << address << " (" << c.workers << " partitions)";
     backup_channels_.push_back(std::make_unique<transport::control::Channel>(*std::move(channel)));
   }
-  backup_lost_.assign(backup_channels_.size(), false);
+  backup_states_.assign(backup_channels_.size(), BackupState::kLive);
+  next_rejoin_.assign(backup_channels_.size(), absl::InfinitePast());
   for (uint32_t w = 0; w < c.workers; ++w) {
     WorkerResources& r = workers_[w];
     if (absl::Status s = Take(ReplicationGate::Create(r.partition.get(), replication_pd_.get(),
@@ -149,28 +111,131 @@ absl::Status Server::AttachToBackups() {
   return absl::OkStatus();
 }
 
+absl::StatusOr<transport::control::Channel> Server::ConnectBackup(const std::string& address,
+                                                                  bool transfer,
+                                                                  absl::Duration timeout,
+                                                                  std::vector<BackupLink>* links) {
+  const Config& c = options_.config;
+  const ReplicationServerOptions& ro = options_.replication;
+  absl::StatusOr<transport::control::Channel> channel =
+      transport::control::Channel::Connect(address, timeout);
+  if (!channel.ok()) {
+    return absl::UnavailableError(
+        absl::StrFormat("backup %s: %s", address, channel.status().ToString()));
+  }
+  ReplicaHello hello;
+  hello.workers = c.workers;
+  hello.staging_bytes = ro.gate.staging_bytes;
+  hello.layout =
+      LayoutOf(workers_[0].worker ? workers_[0].worker->partition() : *workers_[0].partition);
+  hello.transfer = transfer;
+  std::vector<std::unique_ptr<transport::QueuePair>> qps;
+  for (WorkerResources& r : workers_) {
+    transport::QpConfig qc;
+    qc.type = transport::QpType::kRc;
+    qc.send_cq = r.replication_cq.get();
+    qc.recv_cq = r.replication_cq.get();  // receives nothing
+    qc.max_send_wr = static_cast<uint32_t>(LinkSendQueueDepth(ro.gate));
+    qc.max_recv_wr = 1;
+    qc.max_inline_data = 0;
+    std::unique_ptr<transport::QueuePair> qp;
+    if (absl::Status s = Take(replication_pd_->CreateQp(qc), &qp); !s.ok()) return s;
+    hello.link_qps.push_back(qp->endpoint());
+    qps.push_back(std::move(qp));
+  }
+  if (absl::Status s = channel->Send(kReplicaHello, Encode(hello)); !s.ok()) return s;
+  absl::StatusOr<transport::control::Message> reply = Expect(*channel, kReplicaWelcome, timeout);
+  if (!reply.ok()) {
+    return absl::FailedPreconditionError(
+        absl::StrFormat("backup %s refused this primary: %s", address, reply.status().message()));
+  }
+  absl::StatusOr<ReplicaWelcome> welcome = DecodeReplicaWelcome(reply->payload, c.workers);
+  if (!welcome.ok()) return welcome.status();
+  links->clear();
+  for (uint32_t w = 0; w < c.workers; ++w) {
+    const ReplicaPartition& p = welcome->partitions[w];
+    transport::ConnectConfig connect;
+    connect.remote = p.qp;
+    if (absl::Status s = qps[w]->Connect(connect); !s.ok()) return s;
+    links->push_back(
+        BackupLink{qps[w].get(), p.region_addr, p.region_rkey, p.redo_addr, p.redo_rkey});
+  }
+  if (absl::Status s =
+          channel->EnableKeepalive(kKeepaliveIdle, kKeepaliveInterval, kKeepaliveProbes);
+      !s.ok()) {
+    LOG(WARNING) << "replication channel keepalive: " << s;
+  }
+  // Kept for the server's life: a dropped link's QP may still be named by its gate until the
+  // worker adopts a rejoined one (a few QPs per rejoin).
+  for (uint32_t w = 0; w < c.workers; ++w) workers_[w].backup_qps.push_back(std::move(qps[w]));
+  return channel;
+}
+
 void Server::WatchBackups() {
+  const absl::Time now = absl::Now();
   for (size_t b = 0; b < backup_channels_.size(); ++b) {
-    if (backup_lost_[b]) continue;
-    if (backup_channels_[b]->PeerClosed()) {
-      backup_lost_[b] = true;
-      LOG(WARNING) << "backup " << options_.replication.backups[b]
-                   << " closed its control connection: dropped; serving degraded";
-      for (WorkerResources& r : workers_) r.gate->RequestDrop(b);
+    const std::string& address = options_.replication.backups[b];
+    if (backup_states_[b] == BackupState::kLost) {
+      if (now >= next_rejoin_[b]) {
+        next_rejoin_[b] = now + kRejoinInterval;
+        Rejoin(b);
+      }
       continue;
     }
+    const bool closed = backup_channels_[b]->PeerClosed();
     bool dropped = false;
     for (const WorkerResources& r : workers_) dropped = dropped || r.gate->dropped(b);
-    if (!dropped) continue;
-    // A gate dropped it (an error, a stall, an oversize batch) and goes on without it: its copy
-    // misses acknowledged writes from now on. Told so, it answers no more reads and refuses a
-    // promotion; every gate drops it, and the connection closes.
-    backup_lost_[b] = true;
-    LOG(WARNING) << "backup " << options_.replication.backups[b] << " dropped; serving degraded";
-    for (WorkerResources& r : workers_) r.gate->RequestDrop(b);
-    (void)backup_channels_[b]->Send(kReplicaDropped, {});
-    backup_channels_[b] = std::make_unique<transport::control::Channel>(-1);  // closes it
+    if (closed || dropped) {
+      // Closed: it died or restarted. Dropped by a gate (an error, a stall, an oversize batch):
+      // its copy misses acknowledged writes from now on; told so, it answers no more reads and
+      // refuses a promotion. Every gate drops it, and the connection closes. It may come back
+      // (Rejoin) as an empty backup, brought up to date by state transfer.
+      LOG(WARNING) << "backup " << address
+                   << (closed ? " closed its control connection" : " dropped")
+                   << ": serving degraded";
+      for (WorkerResources& r : workers_) r.gate->RequestDrop(b);
+      if (!closed) (void)backup_channels_[b]->Send(kReplicaDropped, {});
+      backup_channels_[b] = std::make_unique<transport::control::Channel>(-1);  // closes it
+      backup_states_[b] = BackupState::kLost;
+      next_rejoin_[b] = now + kRejoinInterval;
+      continue;
+    }
+    if (backup_states_[b] == BackupState::kJoining) {
+      bool synced = true;
+      for (const WorkerResources& r : workers_) synced = synced && r.gate->synced(b);
+      if (!synced) continue;
+      (void)backup_channels_[b]->Send(kReplicaSynced, {});
+      backup_states_[b] = BackupState::kLive;
+      LOG(INFO) << "backup " << address << " is up to date: replicating to it again";
+    }
   }
+}
+
+void Server::Rejoin(size_t b) {
+  const std::string& address = options_.replication.backups[b];
+  // Every gate must have let go of the old link first (RequestDrop takes up to
+  // kStallCheckEvery of a worker's loops).
+  for (const WorkerResources& r : workers_) {
+    if (!r.gate->dropped(b)) return;
+  }
+  std::vector<BackupLink> links;
+  absl::StatusOr<transport::control::Channel> channel =
+      ConnectBackup(address, /*transfer=*/true, kRejoinConnectTimeout, &links);
+  if (!channel.ok()) {
+    VLOG(1) << "backup " << address << " not back yet: " << channel.status();
+    return;
+  }
+  for (uint32_t w = 0; w < workers_.size(); ++w) {
+    if (!workers_[w].gate->OfferLink(b, links[w])) {
+      // Only a gate that took an earlier offer could refuse: never left half-joined.
+      LOG(ERROR) << "backup " << address << ": worker " << w << " refused the new link";
+      for (WorkerResources& r : workers_) r.gate->RequestDrop(b);
+      return;  // the channel closes: the backup sees its primary leave while syncing
+    }
+  }
+  LOG(INFO) << "backup " << address << " rejoined: transferring the partitions' state";
+  backup_channels_[b] = std::make_unique<transport::control::Channel>(*std::move(channel));
+  backup_states_[b] = BackupState::kJoining;
 }
 
 absl::Status Server::PrepareReplica() {
@@ -181,7 +246,7 @@ absl::Status Server::PrepareReplica() {
     if (!redo.ok()) return redo.status();
     r.redo = std::make_unique<transport::SharedMemory>(*std::move(redo));
     std::memset(r.redo->data(), 0, kRedoCommitLineBytes);  // nothing committed, nothing landing
-    r.reader = std::make_unique<ReplicaReader>(r.partition.get(), r.redo->data(), &stale_);
+    r.reader = std::make_unique<ReplicaReader>(r.partition.get(), r.redo->data(), &reads_refused_);
   }
   absl::StatusOr<transport::control::Listener> listener =
       transport::control::Listener::Listen(ro.listen_address, ro.port);
@@ -201,8 +266,21 @@ void Server::ServeReplication() {
         LOG(ERROR) << "the primary dropped this backup: its copy is stale from now on (GETs "
                       "answer BACKUP_BUSY, promotion is refused)";
         stale_.store(true);
+        reads_refused_.store(true);
+      }
+      if (message.ok() && message->type == kReplicaSynced && syncing_.load()) {
+        LOG(INFO) << "the state transfer is complete: serving reads";
+        syncing_.store(false);
+        reads_refused_.store(stale_.load());
       }
       if (primary_->channel->PeerClosed()) {
+        if (syncing_.load()) {
+          // Half a state transfer is no copy of anything: never read, never promoted.
+          LOG(ERROR) << "the primary left during the state transfer: this backup's copy is "
+                        "incomplete (restart it empty)";
+          stale_.store(true);
+          reads_refused_.store(true);
+        }
         LOG(WARNING) << "the primary (" << primary_->channel->peer_name() << ") left"
                      << (stale_.load() ? ""
                                        : ": this backup keeps its last state and serves reads");
@@ -317,6 +395,12 @@ absl::Status Server::AttachPrimary(transport::control::Channel& channel) {
     LOG(WARNING) << "replication channel keepalive: " << s;
   }
   ever_attached_ = true;
+  if (hello->transfer) {
+    // Its partitions are copied while the primary runs: nothing here is a state until the
+    // primary says the transfer is complete.
+    syncing_.store(true);
+    reads_refused_.store(true);
+  }
   attachment->channel = std::make_unique<transport::control::Channel>(std::move(channel));
   primary_ = std::move(attachment);
   primary_attached_.store(true);
@@ -405,6 +489,11 @@ absl::StatusOr<std::string> Server::Promote() {
     if (!ever_attached_) {
       return absl::FailedPreconditionError(
           "this backup never had a primary: there is nothing to take over");
+    }
+    if (syncing_.load()) {
+      return absl::FailedPreconditionError(
+          "this backup's state transfer has not completed (or its primary left during it): its "
+          "copy is incomplete; promote another");
     }
     if (stale_.load()) {
       return absl::FailedPreconditionError(

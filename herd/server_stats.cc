@@ -72,21 +72,22 @@ std::string ReplicationJson(const ServerStats& s, const ServerStats& since) {
     return absl::StrFormat(
         "{\"role\":\"primary\",\"backups\":%d,\"live_backups\":%d,\"degraded\":%s,"
         "\"batches\":%d,\"writes\":%d,\"bytes\":%d,\"writes_per_batch\":%.2f,"
-        "\"deferred\":%d,\"overflowed\":%d,\"dropped\":%d,\"stalls\":%d,\"released\":%d}",
+        "\"deferred\":%d,\"overflowed\":%d,\"dropped\":%d,\"stalls\":%d,\"released\":%d,"
+        "\"joined\":%d,\"transfer_bytes\":%d}",
         s.backups, s.live_backups, s.live_backups < s.backups ? "true" : "false", batches,
         n.writes_posted - b.writes_posted, n.bytes_posted - b.bytes_posted,
         batches == 0
             ? 0.0
             : static_cast<double>(n.writes_posted - b.writes_posted) / static_cast<double>(batches),
         n.deferred - b.deferred, n.overflowed - b.overflowed, n.links_dropped, n.stalls,
-        n.released - b.released);
+        n.released - b.released, n.joined, n.transfer_bytes);
   }
   return absl::StrFormat(
-      "{\"role\":\"backup\",\"primary_attached\":%s,\"reads\":%d,\"torn\":%d,"
-      "\"unconfirmed\":%d,\"busy\":%d}",
-      s.primary_attached ? "true" : "false", s.replica_reads - since.replica_reads,
-      s.replica_torn - since.replica_torn, s.replica_unconfirmed - since.replica_unconfirmed,
-      s.replica_busy - since.replica_busy);
+      "{\"role\":\"backup\",\"primary_attached\":%s,\"syncing\":%s,\"reads\":%d,"
+      "\"torn\":%d,\"unconfirmed\":%d,\"busy\":%d}",
+      s.primary_attached ? "true" : "false", s.syncing ? "true" : "false",
+      s.replica_reads - since.replica_reads, s.replica_torn - since.replica_torn,
+      s.replica_unconfirmed - since.replica_unconfirmed, s.replica_busy - since.replica_busy);
 }
 
 }  // namespace
@@ -132,8 +133,11 @@ ServerStats Server::Stats() const {
       t.links_dropped += g.links_dropped;
       t.stalls += g.stalls;
       t.released += g.released;
+      t.joined += g.joined;
+      t.transfer_bytes += g.transfer_bytes;
     }
   } else if (stats.role == ReplicationRole::kBackup) {
+    stats.syncing = syncing_.load();
     for (const WorkerResources& r : workers_) {
       const ReplicaReadCounters& k = r.reader->counters();
       stats.replica_reads += k.reads.Get();
