@@ -244,7 +244,7 @@ void Table::Recover() {
     const char* key = reinterpret_cast<const char*>(b + kKeyOffset);
     const std::string_view k(key, strnlen(key, kKeyBytes));
     bool named = false;
-    if (ValidateKey(k).ok()) {
+    if (ValidateKey(k).ok() && std::memcmp(PadKey(k).data(), key, kKeyBytes) == 0) {
       const uint64_t home = HomeOf(k);
       named =
           home <= j && j - home < kNeighbourhood && ((HopOf(Bucket(home)) >> (j - home)) & 1u) != 0;
@@ -270,6 +270,12 @@ void Table::Recover() {
       }
     }
     if (hop != HopOf(b)) StoreWord(b, 0, WithHop(LoadWord(b, 0), hop));
+  }
+  for (uint64_t j = home_buckets_; j < total; ++j) {  // tail buckets are nobody's home
+    uint8_t* b = Bucket(j);
+    if (HopOf(b) == 0) continue;
+    stats_.recovered_dangling += std::popcount(HopOf(b));
+    StoreWord(b, 0, WithHop(LoadWord(b, 0), 0));
   }
   LOG_IF(WARNING, stats_.recovered_busy + stats_.recovered_orphans + stats_.recovered_dangling)
       << path_ << ": repaired after an unclean shutdown: " << stats_.recovered_busy
