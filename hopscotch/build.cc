@@ -1,0 +1,86 @@
+#include "hopscotch/build.h"
+
+#include <bit>
+#include <chrono>
+#include <cmath>
+
+#include "absl/strings/str_format.h"
+#include "hopscotch/table.h"
+#include "hopscotch/ycsb_trace.h"
+
+namespace hopscotch {
+namespace {
+
+// INSERT lines across the traces: an upper bound on distinct keys.
+absl::StatusOr<uint64_t> CountInserts(const std::vector<std::string>& paths) {
+  uint64_t inserts = 0;
+  for (const std::string& path : paths) {
+    absl::StatusOr<TraceFile> file = TraceFile::Open(path);
+    if (!file.ok()) return file.status();
+    TraceRecord record;
+    for (;;) {
+      absl::StatusOr<bool> more = file->Next(&record);
+      if (!more.ok()) return more.status();
+      if (!*more) break;
+      if (record.op == TraceOp::kInsert) ++inserts;
+    }
+  }
+  return inserts;
+}
+
+}  // namespace
+
+absl::StatusOr<BuildSummary> BuildTable(const BuildOptions& o) {
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point start = Clock::now();
+  if (o.traces.empty()) return absl::InvalidArgumentError("no trace file");
+  if (!(o.target_load > 0 && o.target_load <= 1)) {
+    return absl::InvalidArgumentError("target load must be in (0, 1]");
+  }
+  BuildSummary summary;
+  summary.home_buckets = o.home_buckets;
+  if (summary.home_buckets == 0) {
+    absl::StatusOr<uint64_t> inserts = CountInserts(o.traces);
+    if (!inserts.ok()) return inserts.status();
+    const auto wanted =
+        static_cast<uint64_t>(std::ceil(static_cast<double>(*inserts) / o.target_load));
+    summary.home_buckets = std::bit_ceil(std::max<uint64_t>(wanted, 1));
+  }
+  absl::StatusOr<Table> table = Table::Create(o.out, summary.home_buckets, o.seed);
+  if (!table.ok()) return table.status();
+  for (const std::string& path : o.traces) {
+    absl::StatusOr<TraceFile> file = TraceFile::Open(path);
+    if (!file.ok()) return file.status();
+    TraceRecord record;
+    for (;;) {
+      absl::StatusOr<bool> more = file->Next(&record);
+      if (!more.ok()) return more.status();
+      if (!*more) break;
+      if (record.op != TraceOp::kInsert) continue;
+      absl::Status s = table->Insert(record.key, ValueFor(record));
+      if (absl::IsResourceExhausted(s)) {
+        const double load =
+            static_cast<double>(table->items()) / static_cast<double>(summary.home_buckets);
+        return absl::ResourceExhaustedError(
+            absl::StrFormat("%s:%u: %s; %u keys in %u home buckets (load %.3f): try --buckets %u",
+                            path, file->line(), s.message(), table->items(), summary.home_buckets,
+                            load, summary.home_buckets * 2));
+      }
+      if (!s.ok()) return s;
+    }
+    summary.lines += file->line();
+    summary.skipped_lines += file->skipped();
+  }
+  summary.keys = table->items();
+  summary.load = static_cast<double>(summary.keys) / static_cast<double>(summary.home_buckets);
+  summary.max_displacement = table->stats().max_distance;
+  summary.moves = table->stats().moves;
+  summary.updates = table->stats().updates;
+  summary.bytes = table->file_bytes();
+  summary.map_sync = table->map_sync();
+  if (absl::Status s = table->Close(); !s.ok()) return s;
+  summary.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  return summary;
+}
+
+}  // namespace hopscotch

@@ -1,0 +1,333 @@
+// Table: creating, validating, mapping, repairing and closing table files. Insert and Lookup are
+// in insert.cc.
+#include "hopscotch/table.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <bit>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_format.h"
+#include "glog/logging.h"
+#include "hopscotch/hash.h"
+#include "hopscotch/line.h"
+#include "util/errno_status.h"
+#include "util/word_checksum.h"
+
+namespace hopscotch {
+namespace {
+
+absl::Status WithPath(const std::string& path, const absl::Status& status) {
+  return absl::Status(status.code(), absl::StrFormat("%s: %s", path, status.message()));
+}
+
+bool ValidHomeBuckets(uint64_t n) {
+  return n >= 1 && n <= kMaxHomeBuckets && std::has_single_bit(n);
+}
+
+Header NewHeader(uint64_t home_buckets, uint64_t seed) {
+  Header h;
+  std::memset(&h, 0, sizeof(h));
+  std::memcpy(h.magic, kMagic, sizeof(kMagic));
+  h.format_version = kFormatVersion;
+  h.header_bytes = kHeaderBytes;
+  h.home_buckets = home_buckets;
+  h.neighbourhood = kNeighbourhood;
+  h.bucket_bytes = kBucketBytes;
+  h.key_bytes = kKeyBytes;
+  h.value_bytes = kValueBytes;
+  h.hash_seed = seed;
+  h.total_buckets = home_buckets + kNeighbourhood - 1;
+  h.checksum = HeaderChecksum(h);
+  h.state = kStateDirty;
+  h.item_count = 0;
+  return h;
+}
+
+}  // namespace
+
+uint64_t HeaderChecksum(const Header& header) {
+  util::WordChecksum sum(kHeaderChecksumSeed, kChecksummedHeaderBytes);
+  sum.AbsorbWords(reinterpret_cast<const uint8_t*>(&header),
+                  kChecksummedHeaderBytes / sizeof(uint64_t));
+  return sum.Finish();
+}
+
+absl::Status ValidateHeader(const Header& h, uint64_t file_bytes) {
+  if (std::memcmp(h.magic, kMagic, sizeof(kMagic)) != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("not a hopscotch table (magic %s, want HERDHOP)",
+                        absl::CHexEscape(absl::string_view(h.magic, sizeof(h.magic)))));
+  }
+  if (h.format_version != kFormatVersion) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "table format version %u, this build reads version %u", h.format_version, kFormatVersion));
+  }
+  const uint64_t sum = HeaderChecksum(h);
+  if (sum != h.checksum) {
+    return absl::DataLossError(
+        absl::StrFormat("header checksum mismatch (stored %016x, computed %016x): damaged header",
+                        h.checksum, sum));
+  }
+  if (h.header_bytes != kHeaderBytes || h.neighbourhood != kNeighbourhood ||
+      h.bucket_bytes != kBucketBytes || h.key_bytes != kKeyBytes || h.value_bytes != kValueBytes) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "geometry header=%u H=%u bucket=%u key=%u value=%u, this build uses %u/%u/%u/%u/%u",
+        h.header_bytes, h.neighbourhood, h.bucket_bytes, h.key_bytes, h.value_bytes, kHeaderBytes,
+        kNeighbourhood, kBucketBytes, kKeyBytes, kValueBytes));
+  }
+  if (!ValidHomeBuckets(h.home_buckets)) {
+    return absl::DataLossError(
+        absl::StrFormat("bucket count %u is not a power of two in 1..2^32", h.home_buckets));
+  }
+  if (h.total_buckets != h.home_buckets + kNeighbourhood - 1) {
+    return absl::DataLossError(absl::StrFormat("total buckets %u, want %u home + %u tail",
+                                               h.total_buckets, h.home_buckets,
+                                               kNeighbourhood - 1));
+  }
+  if (file_bytes != FileBytes(h.home_buckets)) {
+    return absl::DataLossError(absl::StrFormat(
+        "file is %u bytes, a table of %u home buckets is %u bytes (truncated or extended?)",
+        file_bytes, h.home_buckets, FileBytes(h.home_buckets)));
+  }
+  if (h.state != kStateClean && h.state != kStateDirty) {
+    return absl::DataLossError(
+        absl::StrFormat("state %u is neither clean (0) nor dirty (1)", h.state));
+  }
+  if (h.state == kStateClean && h.item_count > h.total_buckets) {
+    return absl::DataLossError(
+        absl::StrFormat("item count %u exceeds the %u buckets", h.item_count, h.total_buckets));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Table> Table::Map(const std::string& path, int fd, uint64_t bytes, bool writable) {
+  Table t;
+  t.path_ = path;
+  t.fd_ = fd;
+  t.writable_ = writable;
+  void* p = MAP_FAILED;
+  const int prot = writable ? PROT_READ | PROT_WRITE : PROT_READ;
+#ifdef MAP_SYNC
+  // MAP_SYNC (stores reach the DAX media without msync) exists only on DAX file systems; any
+  // other file answers EOPNOTSUPP (EINVAL on kernels without MAP_SHARED_VALIDATE).
+  if (writable && fd >= 0) {
+    p = mmap(nullptr, bytes, prot, MAP_SHARED_VALIDATE | MAP_SYNC, fd, 0);
+    t.map_sync_ = p != MAP_FAILED;
+  }
+#endif
+  if (p == MAP_FAILED) {
+    p = fd >= 0 ? mmap(nullptr, bytes, prot, MAP_SHARED, fd, 0)
+                : mmap(nullptr, bytes, prot, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  }
+  if (p == MAP_FAILED) {
+    t.fd_ = -1;  // the caller closes it
+    return util::ErrnoStatus(absl::StatusCode::kInternal,
+                             absl::StrFormat("%s: mmap of %u bytes", path, bytes));
+  }
+  t.base_ = static_cast<uint8_t*>(p);
+  t.mapped_bytes_ = bytes;
+  return t;
+}
+
+absl::StatusOr<Table> Table::Create(const std::string& path, uint64_t home_buckets, uint64_t seed) {
+  if (!ValidHomeBuckets(home_buckets)) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s: %u home buckets: want a power of two in 1..2^32", path, home_buckets));
+  }
+  const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return util::ErrnoStatus(absl::StatusCode::kInternal, path + ": create");
+  const uint64_t bytes = FileBytes(home_buckets);
+  if (ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+    absl::Status s = util::ErrnoStatus(absl::StatusCode::kInternal,
+                                       absl::StrFormat("%s: size to %u bytes", path, bytes));
+    close(fd);
+    return s;
+  }
+  absl::StatusOr<Table> t = Map(path, fd, bytes, /*writable=*/true);
+  if (!t.ok()) {
+    close(fd);
+    return t.status();
+  }
+  const Header h = NewHeader(home_buckets, seed);
+  std::memcpy(t->base_, &h, sizeof(h));
+  t->home_buckets_ = home_buckets;
+  t->seed_ = seed;
+  return t;
+}
+
+absl::StatusOr<Table> Table::CreateInMemory(uint64_t home_buckets, uint64_t seed) {
+  if (!ValidHomeBuckets(home_buckets)) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%u home buckets: want a power of two in 1..2^32", home_buckets));
+  }
+  absl::StatusOr<Table> t = Map("(memory)", -1, FileBytes(home_buckets), /*writable=*/true);
+  if (!t.ok()) return t.status();
+  const Header h = NewHeader(home_buckets, seed);
+  std::memcpy(t->base_, &h, sizeof(h));
+  t->home_buckets_ = home_buckets;
+  t->seed_ = seed;
+  return t;
+}
+
+absl::StatusOr<Table> Table::Open(const std::string& path, bool writable) {
+  const int fd = open(path.c_str(), (writable ? O_RDWR : O_RDONLY) | O_CLOEXEC);
+  if (fd < 0) return util::ErrnoStatus(absl::StatusCode::kNotFound, path + ": open");
+  auto fail = [&](absl::Status s) {
+    close(fd);
+    return WithPath(path, s);
+  };
+  struct stat st;
+  if (fstat(fd, &st) != 0) {
+    return fail(util::ErrnoStatus(absl::StatusCode::kInternal, "fstat"));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    return fail(absl::FailedPreconditionError(
+        "not a regular file (device-DAX tables are not supported yet)"));
+  }
+  const auto size = static_cast<uint64_t>(st.st_size);
+  if (size < kHeaderBytes) {
+    return fail(absl::DataLossError(absl::StrFormat(
+        "%u bytes, shorter than the %u-byte header: empty or truncated, not a table", size,
+        kHeaderBytes)));
+  }
+  Header h;
+  if (pread(fd, &h, sizeof(h), 0) != static_cast<ssize_t>(sizeof(h))) {
+    return fail(util::ErrnoStatus(absl::StatusCode::kInternal, "read header"));
+  }
+  if (absl::Status s = ValidateHeader(h, size); !s.ok()) return fail(s);
+  absl::StatusOr<Table> t = Map(path, fd, size, writable);
+  if (!t.ok()) {
+    close(fd);
+    return t.status();
+  }
+  t->home_buckets_ = h.home_buckets;
+  t->seed_ = h.hash_seed;
+  if (h.state == kStateClean) {
+    t->items_ = h.item_count;
+  } else if (writable) {
+    t->Recover();  // its writer died: repair what a cut-short store sequence leaves
+  } else {
+    for (uint64_t j = 0; j < t->total_buckets(); ++j) {
+      const uint8_t info = InfoOf(t->Bucket(j));
+      if (IsOccupied(info) && !IsBusy(info)) ++t->items_;
+    }
+  }
+  if (writable) {
+    reinterpret_cast<Header*>(t->base_)->state = kStateDirty;  // until Close
+  }
+  return t;
+}
+
+void Table::Recover() {
+  const uint64_t total = total_buckets();
+  for (uint64_t j = 0; j < total; ++j) {  // 1. lines whose rewrite was cut short
+    uint8_t* b = Bucket(j);
+    const uint64_t w0 = LoadWord(b, 0);
+    const uint8_t info = WordInfo(w0);
+    if (!IsBusy(info)) continue;
+    // An occupied busy line was an in-place update: its key is intact, keep it. An empty one
+    // was a fill that never became visible.
+    const uint8_t version = static_cast<uint8_t>((info + 1) & kVersionMask);
+    StoreWord(b, 0, WithInfo(w0, static_cast<uint8_t>((info & kOccupied) | version)));
+    ++stats_.recovered_busy;
+  }
+  for (uint64_t j = 0; j < total; ++j) {  // 2. occupied lines no hop bit names
+    uint8_t* b = Bucket(j);
+    const uint64_t w0 = LoadWord(b, 0);
+    if (!IsOccupied(WordInfo(w0))) continue;
+    const char* key = reinterpret_cast<const char*>(b + kKeyOffset);
+    const std::string_view k(key, strnlen(key, kKeyBytes));
+    bool named = false;
+    if (ValidateKey(k).ok() && std::memcmp(PadKey(k).data(), key, kKeyBytes) == 0) {
+      const uint64_t home = HomeOf(k);
+      named =
+          home <= j && j - home < kNeighbourhood && ((HopOf(Bucket(home)) >> (j - home)) & 1u) != 0;
+    }
+    if (named) {
+      ++items_;
+    } else {
+      StoreWord(b, 0, WithInfo(w0, static_cast<uint8_t>((WordInfo(w0) + 2) & kVersionMask)));
+      ++stats_.recovered_orphans;
+    }
+  }
+  for (uint64_t home = 0; home < home_buckets_; ++home) {  // 3. hop bits naming no key of theirs
+    uint8_t* b = Bucket(home);
+    uint32_t hop = HopOf(b);
+    for (uint32_t bits = hop; bits != 0; bits &= bits - 1) {
+      const int i = std::countr_zero(bits);
+      const uint8_t* t = Bucket(home + i);
+      const char* key = reinterpret_cast<const char*>(t + kKeyOffset);
+      const std::string_view k(key, strnlen(key, kKeyBytes));
+      if (!IsOccupied(InfoOf(t)) || HomeOf(k) != home) {
+        hop &= ~(1u << i);
+        ++stats_.recovered_dangling;
+      }
+    }
+    if (hop != HopOf(b)) StoreWord(b, 0, WithHop(LoadWord(b, 0), hop));
+  }
+  for (uint64_t j = home_buckets_; j < total; ++j) {  // tail buckets are nobody's home
+    uint8_t* b = Bucket(j);
+    if (HopOf(b) == 0) continue;
+    stats_.recovered_dangling += std::popcount(HopOf(b));
+    StoreWord(b, 0, WithHop(LoadWord(b, 0), 0));
+  }
+  LOG_IF(WARNING, stats_.recovered_busy + stats_.recovered_orphans + stats_.recovered_dangling)
+      << path_ << ": repaired after an unclean shutdown: " << stats_.recovered_busy
+      << " busy lines, " << stats_.recovered_orphans << " unnamed copies, "
+      << stats_.recovered_dangling << " dangling hop bits";
+}
+
+absl::Status Table::Close() {
+  if (base_ == nullptr) return absl::OkStatus();
+  absl::Status status;
+  if (writable_ && fd_ >= 0) {
+    auto* h = reinterpret_cast<Header*>(base_);
+    h->item_count = items_;
+    h->state = kStateClean;
+    if (msync(base_, mapped_bytes_, MS_SYNC) != 0) {
+      status = util::ErrnoStatus(absl::StatusCode::kInternal, path_ + ": msync");
+    }
+  }
+  Release();
+  return status;
+}
+
+void Table::Release() {
+  if (base_ != nullptr) munmap(base_, mapped_bytes_);
+  if (fd_ >= 0) close(fd_);
+  base_ = nullptr;
+  fd_ = -1;
+}
+
+Table::Table(Table&& o) noexcept { *this = std::move(o); }
+
+Table& Table::operator=(Table&& o) noexcept {
+  if (this != &o) {
+    if (absl::Status s = Close(); !s.ok()) LOG(ERROR) << s;
+    path_ = std::move(o.path_);
+    fd_ = std::exchange(o.fd_, -1);
+    base_ = std::exchange(o.base_, nullptr);
+    mapped_bytes_ = o.mapped_bytes_;
+    writable_ = o.writable_;
+    map_sync_ = o.map_sync_;
+    home_buckets_ = o.home_buckets_;
+    seed_ = o.seed_;
+    items_ = o.items_;
+    stats_ = o.stats_;
+  }
+  return *this;
+}
+
+Table::~Table() {
+  if (absl::Status s = Close(); !s.ok()) LOG(ERROR) << s;
+}
+
+uint64_t Table::HomeOf(std::string_view key) const { return HomeBucket(key, seed_, home_buckets_); }
+
+}  // namespace hopscotch

@@ -1,0 +1,138 @@
+// A hopscotch table in one file (format.h), mapped MAP_SHARED: one writer inserts and updates
+// while one-sided readers copy neighbourhoods (neighbourhood.h).
+//
+// Writer ordering (one writer thread; every store to the mapping is a 64-bit atomic store, word 0
+// of a line with release order; on x86 these are plain stores in program order):
+//   fill(e, key, value)   word 0 := info {empty, version+1 (odd: busy)}; release fence;
+//                         words 1..7 (key, value); word 0 := info {occupied, version+2}
+//   insert new key k      find a free bucket e (linear probe from home h); while e - h >= H,
+//                         move an item from below e into e (displacement, below) and take its
+//                         old bucket as e; then fill(e, k, v); then set hop bit e - h in h's
+//                         word 0: that store is the insert's linearization point
+//   move x: s -> e, home g (s < e < g + H: items only ever move to HIGHER buckets)
+//                         fill(e, x); ONE store of g's word 0 setting bit e - g and clearing
+//                         bit s - g; then word 0 of s := {empty, version+2}
+//   update k at p, home h if a free bucket f in (p, h + H) exists: move k to f with the new value
+//                         (fill, switch, clear: never torn, crash-atomic); otherwise in place:
+//                         word 0 := {occupied, odd}; words 4..7; word 0 := {occupied, even}
+// Why a snapshot never gives a wrong value: a line is copied at one instant (model (1)); a clean
+// occupied line is a complete fill or a complete update, so its key and value belong together.
+// Why no false miss for a key x present before the copy began: x occupies buckets
+// p0 < p1 < ... (it only moves up), sitting at p_i from a_i to c_i with a_(i+1) < c_i (copy
+// before clear). Lines are copied in ascending order (model (2)) at t_q. If t_(p0) >= c_0 then
+// t_(p1) > t_(p0) >= c_0 > a_1, so either x is seen at p1 or t_(p1) >= c_1, and so on; the last
+// position is never cleared, so some clean line shows x, or the line holding x is busy (an
+// in-place update) and the reader reports torn. The reader scans all 32 lines when the hop bits
+// do not lead to the key, so a stale hop bit cannot hide x.
+//
+// Durability (kill -9; the page cache of a MAP_SHARED file outlives the process): the file is
+// the memory image at an instruction boundary of the writer, i.e. any prefix of the stores
+// above. Every prefix reopens consistent: a busy empty line (fill cut short) holds no key yet;
+// an occupied line no hop bit names is an unfinished insert (absent: never acknowledged) or
+// the left-behind source or destination of a move (the other copy is named); the hop switch is
+// one store. Open(writable) of a dirty file repairs exactly these (busy -> clean, unnamed
+// occupied -> empty) and recounts; an in-place update cut short keeps its key but may leave a
+// mix of old and new value bytes (not acknowledged; the only non-atomic case). Power failure
+// needs cache-line flushes on top (MAP_SYNC makes them sufficient on DAX): not done yet.
+#ifndef HERD_HOPSCOTCH_TABLE_H_
+#define HERD_HOPSCOTCH_TABLE_H_
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "hopscotch/format.h"
+#include "hopscotch/neighbourhood.h"
+
+namespace hopscotch {
+
+// The header's checksum (bytes 0..55) and its validation against a file of `file_bytes`; the
+// error says what is wrong, without the path (Open adds it).
+uint64_t HeaderChecksum(const Header& header);
+absl::Status ValidateHeader(const Header& header, uint64_t file_bytes);
+
+// How far an insert probes for a free bucket before it calls the table full.
+inline constexpr uint64_t kMaxProbe = 1024;
+
+struct TableStats {
+  uint64_t inserts = 0;           // new keys
+  uint64_t updates = 0;           // existing keys rewritten
+  uint64_t updates_in_place = 0;  // of which without a free bucket above: rewritten in place
+  uint64_t moves = 0;             // displacements
+  uint32_t max_distance = 0;      // the largest bucket - home of any key placed by this writer
+  // Set by Open of a dirty file (the writer died): what the repair found.
+  uint64_t recovered_busy = 0;
+  uint64_t recovered_orphans = 0;
+  uint64_t recovered_dangling = 0;  // hop bits naming no key of theirs (corruption, not a kill)
+};
+
+class Table {
+ public:
+  // A new file of `home_buckets` (a power of two, 1..2^32) empty home buckets; an existing
+  // file is replaced. Writable.
+  static absl::StatusOr<Table> Create(const std::string& path, uint64_t home_buckets,
+                                      uint64_t seed = 0);
+  // The same in anonymous memory (tests).
+  static absl::StatusOr<Table> CreateInMemory(uint64_t home_buckets, uint64_t seed = 0);
+  // Maps and validates an existing table file; errors name the file and what is wrong.
+  // Writable: marks it dirty until Close, and repairs it first if its writer died.
+  static absl::StatusOr<Table> Open(const std::string& path, bool writable);
+
+  Table(Table&& other) noexcept;
+  Table& operator=(Table&& other) noexcept;
+  Table(const Table&) = delete;
+  Table& operator=(const Table&) = delete;
+  ~Table();  // Close(), errors logged
+
+  // Inserts `key` or rewrites its value. InvalidArgument for a key ValidateKey rejects,
+  // ResourceExhausted when no free bucket can be brought into its neighbourhood (the moves
+  // already made stay: each one is a valid state).
+  absl::Status Insert(std::string_view key, const Value& value);
+  // A local one-sided lookup: copies the neighbourhood (CopyLines) and reads it again while torn
+  // (up to `max_reads` copies; rereads counts the extra ones).
+  LookupResult Lookup(std::string_view key, int max_reads = 1000) const;
+  // Every occupied bucket is clean, well formed, within H - 1 of its home, named by its home's
+  // hop info; every hop bit names such a bucket; no key twice; the count matches.
+  absl::Status CheckInvariants() const;
+  // Writes the item count, marks the file clean, msyncs and unmaps. Idempotent.
+  absl::Status Close();
+
+  uint64_t home_buckets() const { return home_buckets_; }
+  uint64_t total_buckets() const { return home_buckets_ + kNeighbourhood - 1; }
+  uint64_t seed() const { return seed_; }
+  uint64_t items() const { return items_; }
+  uint64_t file_bytes() const { return FileBytes(home_buckets_); }
+  bool map_sync() const { return map_sync_; }
+  const TableStats& stats() const { return stats_; }
+  uint64_t HomeOf(std::string_view key) const;
+  // The neighbourhood of home bucket `home`: what a client READs (file offset
+  // kHeaderBytes + home * kBucketBytes, kNeighbourhoodBytes long).
+  const uint8_t* NeighbourhoodOf(uint64_t home) const { return Bucket(home); }
+
+ private:
+  Table() = default;
+  static absl::StatusOr<Table> Map(const std::string& path, int fd, uint64_t bytes, bool writable);
+  uint8_t* Bucket(uint64_t i) const { return base_ + kHeaderBytes + i * kBucketBytes; }
+  void Fill(uint64_t e, const uint8_t* image);
+  void Move(uint64_t s, uint64_t e, uint64_t home);
+  void Recover();
+  void Release();
+
+  std::string path_;
+  int fd_ = -1;
+  uint8_t* base_ = nullptr;
+  uint64_t mapped_bytes_ = 0;
+  bool writable_ = false;
+  bool map_sync_ = false;
+  uint64_t home_buckets_ = 0;
+  uint64_t seed_ = 0;
+  uint64_t items_ = 0;
+  TableStats stats_;
+};
+
+}  // namespace hopscotch
+
+#endif  // HERD_HOPSCOTCH_TABLE_H_
