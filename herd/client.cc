@@ -346,6 +346,7 @@ absl::Status Client::Stage(const Staged& r) {
   o.tag = r.tag;
   o.keyhash = r.keyhash;
   o.submitted = r.submitted;
+  o.handed_over = r.attempt > 0;
   if (absl::Status s = Send(o, /*wait_for_room=*/true); !s.ok()) {
     // Nothing was posted: the request never existed, its slot and sequence number stay free.
     o.active = false;
@@ -518,7 +519,8 @@ Client::Accepted Client::Accept(const ParsedResponse& response, Result* out) {
   // low, and a timeout below the real round trip retransmits everything slower (measured:
   // window 1024, 0.4-1.2M retransmissions and 4x lower throughput). Timing from the first send
   // errs high only for requests that were really lost, which are rare.
-  SampleRoundTrip(Clock::now() - o.submitted);
+  // A request handed over by Follow was first sent before the failover: not a round trip.
+  if (!o.handed_over) SampleRoundTrip(Clock::now() - o.submitted);
   if ((h.flags & kResponseOutOfLine) != 0) {
     return DeferOutOfLine(o, h, response.value) ? Accepted::kDeferred : Accepted::kStray;
   }
@@ -634,6 +636,11 @@ void Client::Fail(Outstanding& o, Status status, Result* r) {
   r->op = o.op;
   r->status = status;
   r->attempts = o.sends;
+  Forget(o);
+  ++(status == Status::kSendFailed ? stats_.send_failed : stats_.timed_out);
+}
+
+void Client::Forget(Outstanding& o) {
   o.active = false;
   ReleaseLanding(o);
   if (o.read >= 0) {
@@ -645,7 +652,6 @@ void Client::Fail(Outstanding& o, Status status, Result* r) {
   if (o.read_state != ReadState::kNone) --deferred_;
   o.read_state = ReadState::kNone;
   --outstanding_;
-  ++(status == Status::kSendFailed ? stats_.send_failed : stats_.timed_out);
 }
 
 void Client::SampleRoundTrip(std::chrono::nanoseconds rtt) {
@@ -697,7 +703,7 @@ void Client::Retransmit(absl::Span<Result> out, size_t* n) {
       continue;
     }
     // A client with members keeps its requests for Follow() when the server is lost.
-    const bool lost = !health_.ok() && options_.members.empty();
+    const bool lost = !health_.ok() && (options_.members.empty() || followed_);
     if (!health_.ok() && !lost && now - o.submitted < deadline) continue;
     if (lost || o.sends >= options_.max_attempts || now - o.submitted >= deadline) {
       if (*n == out.size()) return;  // the rest on the next Poll
@@ -731,6 +737,10 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Follow(absl::Duration timeout) {
     return absl::FailedPreconditionError(
         "the server is still there (health() is OK): Follow() is for a lost server");
   }
+  if (followed_) {
+    return absl::FailedPreconditionError(
+        "this client followed (or tried to) already: use the follower; its requests went there");
+  }
   const absl::Time give_up = absl::Now() + timeout;
   std::vector<std::string> refusals;
   while (true) {
@@ -747,15 +757,21 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Follow(absl::Duration timeout) {
       if (s.ok() && !follower->welcome_.takes_writes) {
         s = absl::FailedPreconditionError("a backup, not (yet) promoted");
       }
-      if (s.ok() && (follower->config_.workers != config_.workers ||
-                     follower->config_.window != config_.window)) {
-        s = absl::FailedPreconditionError(absl::StrFormat(
-            "%d workers x window %d there, %d x %d here: not the same replicated store",
-            follower->config_.workers, follower->config_.window, config_.workers, config_.window));
+      if (s.ok() && !follower->welcome_.resumed) {
+        // Only a promoted backup holds the lost session's outcomes (an unreplicated server, a
+        // primary that still runs the old session, a restarted one: re-applied, or acknowledged
+        // before its backups hold it).
+        s = absl::FailedPreconditionError("not a promoted backup of the lost primary");
+      }
+      if (s.ok() && Encode(follower->config_) != Encode(config_)) {
+        // Every request fits the follower exactly as it fit here (slots, landing buffers).
+        s = absl::FailedPreconditionError("its configuration differs from the lost server's");
       }
       if (s.ok()) {
-        // A follower that took some of the requests and failed is not retried elsewhere: its
-        // session may execute them, under outcomes no other member would find.
+        // A follower that took some of the requests and failed is not retried, elsewhere or
+        // here: its session may execute them, and the outcomes it took over now carry its
+        // secret. What is left ends as TIMED_OUT (outcome unknown).
+        followed_ = true;
         if (absl::Status handed = HandOver(*follower); !handed.ok()) return handed;
         LOG(INFO) << "followed the primary to " << member << " with " << follower->outstanding_
                   << " requests outstanding";
@@ -797,14 +813,11 @@ absl::Status Client::HandOver(Client& follower) {
   }
   // Handed over: this client forgets them (nothing of its session may answer them now).
   for (Outstanding& o : slots_) {
-    if (!o.active) continue;
-    o.active = false;
-    ReleaseLanding(o);
-    if (o.read_state != ReadState::kNone) --deferred_;
-    o.read_state = ReadState::kNone;
-    --outstanding_;
+    if (o.active) Forget(o);
   }
-  return follower.Flush();
+  // A post that fails leaves them to the follower's retransmission, as any failed post.
+  if (absl::Status s = follower.Flush(); !s.ok()) LOG(WARNING) << "follow: " << s;
+  return absl::OkStatus();
 }
 
 size_t Client::Poll(absl::Span<Result> out) {

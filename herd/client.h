@@ -157,9 +157,11 @@ class Client {
   // request is delivered as kTimedOut and every later Submit fails with this status.
   const absl::Status& health() const { return health_; }
 
-  // After the server was lost (health() is not OK): joins the first member that takes writes
-  // (ClientOptions::members, tried in turn until `timeout`: a promotion may still be under way)
-  // and hands it every outstanding request, resent with its sequence number as a new attempt.
+  // After the server was lost (health() is not OK): joins the first member that is a promoted
+  // backup of it with the same configuration (ClientOptions::members, tried in turn until
+  // `timeout`: a promotion may still be under way) and hands it every outstanding request,
+  // resent with its sequence number as a new attempt. Once: a hand-over that fails ends what it
+  // could not hand over as TIMED_OUT (outcome unknown), and Follow refuses from then on.
   // The new primary answers a mutation the old one executed from the outcome replicated with
   // it (herd/outcome_table.h): it is never applied twice, and no acknowledged one is lost. The
   // follower continues this client's sequence numbers; use it from now on (results of the
@@ -240,6 +242,7 @@ class Client {
     uint64_t version = 0;          // ... and the version it answered
     bool copied = false;           // ... a bare value in the landing buffer (kResponseCopied)
     uint32_t item_reads = 0;       // READs of the item that failed their check
+    bool handed_over = false;      // by Follow: first sent before the failover (no RTT sample)
   };
   // What Accept made of a response.
   enum class Accepted : uint8_t { kStray, kDelivered, kDeferred };
@@ -315,6 +318,8 @@ class Client {
   void Retransmit(absl::Span<Result> out, size_t* n);
   // Ends `o` with a client-side status (kTimedOut, kSendFailed) into *r.
   void Fail(Outstanding& o, Status status, Result* r);
+  // Ends `o` without a result (its buffers freed or orphaned).
+  void Forget(Outstanding& o);
   void SampleRoundTrip(std::chrono::nanoseconds rtt);
   std::chrono::nanoseconds TimeoutFor(uint32_t sends) const;
   void RepostReceives();
@@ -325,6 +330,7 @@ class Client {
   uint32_t first_client_id_ = 0;
   Welcome welcome_;
   Resumption resume_;
+  bool followed_ = false;  // Follow took (or tried to take) the outstanding requests
 
   // Destroyed in reverse: the QPs first (their pending WRs read the staging buffers and name the
   // address handles until they are gone), then handles and memory, then CQs, PD, device.

@@ -85,7 +85,7 @@ std::vector<uint8_t> Encode(const Welcome& welcome) {
   PutEndpoints(w, welcome.response_qps);
   PutEndpoints(w, welcome.large_qps);
   w.U64(welcome.landing_addr).U32(welcome.landing_rkey);
-  w.U8(welcome.takes_writes ? 1 : 0);
+  w.U8(welcome.takes_writes ? 1 : 0).U8(welcome.resumed ? 1 : 0);
   return w.Take();
 }
 
@@ -138,7 +138,7 @@ absl::StatusOr<Welcome> DecodeWelcome(const std::vector<uint8_t>& bytes, uint32_
   Welcome w;
   absl::Status error;
   uint32_t qpns = 0;
-  uint8_t takes_writes = 0;
+  uint8_t takes_writes = 0, resumed = 0;
   r.U32(&w.first_client_id) && r.U64(&w.region_addr) && r.U32(&w.region_rkey) && r.U64(&w.secret) &&
       GetEndpoints(r, workers, &w.worker_ud, &error) && r.U32(&qpns);
   if (!error.ok()) return error;
@@ -152,11 +152,14 @@ absl::StatusOr<Welcome> DecodeWelcome(const std::vector<uint8_t>& bytes, uint32_
   GetEndpoints(r, workers, &w.request_qps, &error) &&
       GetEndpoints(r, workers, &w.response_qps, &error) &&
       GetEndpoints(r, workers, &w.large_qps, &error) && r.U64(&w.landing_addr) &&
-      r.U32(&w.landing_rkey) && r.U8(&takes_writes);
+      r.U32(&w.landing_rkey) && r.U8(&takes_writes) && r.U8(&resumed);
   if (!error.ok()) return error;
   if (absl::Status s = r.Finish(); !s.ok()) return s;
-  if (takes_writes > 1) return absl::DataLossError("welcome: takes_writes is neither 0 nor 1");
+  if (takes_writes > 1 || resumed > 1) {
+    return absl::DataLossError("welcome: takes_writes or resumed is neither 0 nor 1");
+  }
   w.takes_writes = takes_writes == 1;
+  w.resumed = resumed == 1;
   return w;
 }
 

@@ -85,6 +85,9 @@ struct Welcome {
   // Whether this server executes mutations now (an unreplicated server, a primary, a promoted
   // backup); a backup answers them NOT_PRIMARY.
   bool takes_writes = true;
+  // The join named a lost session (Join::resume_session) and this server takes its outcomes
+  // over: only a promoted backup, which holds what its dead primary replicated.
+  bool resumed = false;
 };
 
 std::vector<uint8_t> Encode(const Hello& hello);

@@ -38,7 +38,7 @@ bool OutcomeTable::Find(uint32_t client, uint32_t slot, uint64_t session,
   // One copy first: a promoted backup's entries are stable, but read them once all the same.
   std::memcpy(outcome, At(client, slot), sizeof(MutationOutcome));
   return session != 0 && outcome->session == session && outcome->seq != 0 &&
-         IsExecutedOutcome(outcome->status);
+         outcome->seq % window_ == slot && IsExecutedOutcome(outcome->status);
 }
 
 std::vector<uint32_t> OutcomeTable::ClientsWithOutcomes(uint32_t max_clients) const {

@@ -97,6 +97,7 @@ absl::Status CheckSameLayout(const ReplicaLayout& theirs, const ReplicaLayout& m
 std::vector<uint8_t> Encode(const ReplicaHello& hello) {
   WireWriter w;
   w.U32(hello.workers).U64(hello.staging_bytes).U8(hello.transfer ? 1 : 0);
+  w.U32(hello.max_clients).U32(hello.window);
   Put(w, hello.layout);
   w.U32(static_cast<uint32_t>(hello.link_qps.size()));
   for (const transport::QpEndpoint& e : hello.link_qps) w.Endpoint(e);
@@ -119,7 +120,7 @@ absl::StatusOr<ReplicaHello> DecodeReplicaHello(const std::vector<uint8_t>& byte
   uint32_t n = 0;
   uint8_t transfer = 0;
   if (r.U32(&hello.workers) && r.U64(&hello.staging_bytes) && r.U8(&transfer) &&
-      Get(r, &hello.layout) && r.U32(&n)) {
+      r.U32(&hello.max_clients) && r.U32(&hello.window) && Get(r, &hello.layout) && r.U32(&n)) {
     if (n != hello.workers || n > max_workers) {
       return absl::InvalidArgumentError(
           absl::StrFormat("replica hello: %d link QPs for %d workers (this backup has %d)", n,

@@ -48,6 +48,10 @@ struct ReplicaHello {
   // The primary runs and will transfer its partitions' state to this backup (a backup that
   // joins or rejoins): it serves no read and refuses promotion until told kReplicaSynced.
   bool transfer = false;
+  // What indexes the outcome table in the owner area (herd/outcome_table.h): its size alone
+  // would let 64 x 8 pass for 128 x 4.
+  uint32_t max_clients = 0;
+  uint32_t window = 0;
   std::vector<transport::QpEndpoint> link_qps;  // per worker
 };
 

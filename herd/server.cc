@@ -374,6 +374,10 @@ absl::Status Server::OnJoin(uint64_t id, const transport::control::Message& mess
         "join: qkey 0x%08x has its top bit set (a controlled qkey, which a sender cannot use)",
         join->ud_qkey));
   }
+  // Only a promoted backup holds a lost primary's outcomes; anywhere else a resumption would
+  // take over nothing, or (on a primary still running the old session) outcomes its backups may
+  // not hold yet. Ignored there; the Welcome says so and the client refuses to follow.
+  if (!promoted_.load()) join->resume_session = 0;
   if (join->resume_session != 0 &&
       uint64_t{join->resume_first_client_id} + handshake.clients > c.max_clients) {
     return absl::InvalidArgumentError(absl::StrFormat(
@@ -406,6 +410,7 @@ absl::Status Server::OnJoin(uint64_t id, const transport::control::Message& mess
   }
   welcome.secret = session->secret;
   welcome.takes_writes = options_.replication.role != ReplicationRole::kBackup || promoted_.load();
+  welcome.resumed = join->resume_session != 0;
   for (uint32_t w = 0; w < c.workers; ++w) {
     welcome.worker_ud.push_back(workers_[w].ud_qps[0]->endpoint());
     for (const auto& qp : workers_[w].ud_qps) welcome.worker_response_qpns.push_back(qp->qp_num());

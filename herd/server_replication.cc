@@ -129,6 +129,8 @@ absl::StatusOr<transport::control::Channel> Server::ConnectBackup(const std::str
   hello.layout =
       LayoutOf(workers_[0].worker ? workers_[0].worker->partition() : *workers_[0].partition);
   hello.transfer = transfer;
+  hello.max_clients = c.max_clients;
+  hello.window = c.window;
   std::vector<std::unique_ptr<transport::QueuePair>> qps;
   for (WorkerResources& r : workers_) {
     transport::QpConfig qc;
@@ -335,6 +337,12 @@ absl::Status Server::AttachPrimary(transport::control::Channel& channel) {
     return absl::FailedPreconditionError(
         absl::StrFormat("the primary has %d workers, this backup %d (--workers must match)",
                         hello->workers, c.workers));
+  }
+  if (hello->max_clients != c.max_clients || hello->window != c.window) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "the primary has --max_clients=%d --window=%d, this backup %d and %d (they index the "
+        "replicated mutation outcomes: they must match)",
+        hello->max_clients, hello->window, c.max_clients, c.window));
   }
   if (hello->staging_bytes != options_.replication.gate.staging_bytes) {
     return absl::FailedPreconditionError(

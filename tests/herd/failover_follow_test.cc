@@ -169,6 +169,36 @@ TEST(FailoverFollow, EachFollowerTakesOverItsOwnOutcomes) {
   EXPECT_EQ(JsonNumber(*stats, "resumed_outcomes"), 2) << *stats;
 }
 
+// Follow goes only to a promoted backup of the lost primary: an unreplicated server (or a
+// primary that never lost anything) holds none of the lost session's outcomes, and resending
+// there could apply a mutation twice. The requests then end TIMED_OUT (outcome unknown).
+TEST(FailoverFollow, FollowRefusesAServerThatIsNotAPromotedBackup) {
+  const std::string fabric = absl::StrCat("follow-refuse-", getpid());
+  auto lost = std::make_unique<ServerProcess>(testing::SmallServer(fabric));
+  ServerProcess other(testing::SmallServer(fabric));
+  ASSERT_TRUE(lost->ok() && other.ok());
+  ClientOptions o = Follower(fabric, {lost->address(), other.address()}, 1);
+  o.request_deadline = absl::Seconds(5);
+  auto client = Client::Connect(o);
+  ASSERT_TRUE(client.ok()) << client.status();
+  ASSERT_TRUE((*client)->Put("k", "v").ok());
+  lost->Kill();
+  ASSERT_TRUE((*client)->Submit(0, Op::kPut, "k", "again", 0, /*tag=*/3).ok());
+  Result result;
+  ASSERT_FALSE(PollOne(**client, &result));
+  absl::StatusOr<std::unique_ptr<Client>> follower = (*client)->Follow(absl::Milliseconds(300));
+  ASSERT_FALSE(follower.ok());
+  EXPECT_NE(follower.status().message().find("not a promoted backup"), std::string::npos)
+      << follower.status();
+  // Not followed, its request ends at its deadline with an unknown outcome.
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while ((*client)->Poll(absl::MakeSpan(&result, 1)) == 0) {
+    ASSERT_LT(std::chrono::steady_clock::now(), give_up);
+  }
+  EXPECT_EQ(result.status, Status::kTimedOut);
+  EXPECT_EQ(result.tag, 3u);
+}
+
 int Runs() {
   const char* runs = getenv("HERD_FAILOVER_RUNS");
   return runs != nullptr ? std::max(1, atoi(runs)) : 2;
@@ -355,6 +385,8 @@ TEST(FailoverFollow, UnderLoadEveryMutationIsAppliedExactlyOnce) {
     absl::StatusOr<std::string> stats =
         FetchServerStats(backups[chosen]->address(), absl::Seconds(5));
     ASSERT_TRUE(stats.ok());
+    // The takeover ran: every logical client's mutations left outcomes at the new primary.
+    EXPECT_GT(JsonNumber(*stats, "resumed_outcomes"), 0) << *stats;
     // One line per run for scripts/failover_check.sh.
     printf(
         "FOLLOW_RUN {\"run\":%d,\"acknowledged\":%llu,\"resumed_outcomes\":%lld,"

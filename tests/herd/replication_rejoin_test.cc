@@ -209,6 +209,8 @@ TEST(ReplicationRejoin, ABackupWhosePrimaryLeavesMidTransferIsNeverPromoted) {
   hello.staging_bytes = options.replication.gate.staging_bytes;
   hello.layout = LayoutOf(**partition);
   hello.transfer = true;
+  hello.max_clients = options.config.max_clients;
+  hello.window = options.config.window;
   transport::DeviceOptions device = options.device;
   auto opened = transport::OpenDevice(device);
   ASSERT_TRUE(opened.ok());
