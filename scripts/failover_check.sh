@@ -36,9 +36,11 @@ done
 bazel build --config=opt //tests/herd:replication_e2e_test //tests/herd:failover_follow_test >&2
 bin="$(bazel info --config=opt bazel-bin 2>/dev/null)/tests/herd"
 log=$(mktemp /tmp/herd-failover-XXXXXX.log)
+report="$log.runs"  # the tests' one line per run, appended whole (the log interleaves servers')
+: >"$report"
 start=$(date +%s.%N)
 rc=0
-export HERD_FAILOVER_RUNS=$runs HERD_FAILOVER_FIRST_RUN=$first
+export HERD_FAILOVER_RUNS=$runs HERD_FAILOVER_FIRST_RUN=$first HERD_FAILOVER_REPORT=$report
 "$bin/replication_e2e_test" \
   --gtest_filter='Replication.KillThePrimaryPromoteABackupLoseNoAcknowledgedWrite' \
   >"$log" 2>&1 || rc=$?
@@ -49,12 +51,13 @@ if [ "$(grep -c '^\[  PASSED  \] 1 test\.' "$log")" -ne 2 ]; then
   echo "failover_check: a test did not run or failed (see $log)" >&2
   rc=1
 fi
-/usr/bin/python3 - "$log" "$runs" "$first" "$rc" "$seconds" <<'PY'
+/usr/bin/python3 - "$log" "$runs" "$first" "$rc" "$seconds" "$report" <<'PY'
 import json, re, statistics, sys
 log, runs, first, rc, seconds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5])
 text = open(log, errors="replace").read()
-kills = [json.loads(m) for m in re.findall(r"^FAILOVER_RUN (\{.*\})$", text, re.M)]
-follows = [json.loads(m) for m in re.findall(r"^FOLLOW_RUN (\{.*\})$", text, re.M)]
+lines = open(sys.argv[6], errors="replace").read()
+kills = [json.loads(m) for m in re.findall(r"^FAILOVER_RUN (\{.*\})$", lines, re.M)]
+follows = [json.loads(m) for m in re.findall(r"^FOLLOW_RUN (\{.*\})$", lines, re.M)]
 ms = sorted(k["promotion_ms"] for k in kills)
 failures = sorted(set(re.findall(r"run \d+ (?:cache|store)", text)))
 double = len(re.findall(r"answered (?:EXISTS|CAS_FAILED|NOT_FOUND) \(model", text))

@@ -388,12 +388,10 @@ TEST(FailoverFollow, UnderLoadEveryMutationIsAppliedExactlyOnce) {
     // The takeover ran: every logical client's mutations left outcomes at the new primary.
     EXPECT_GT(JsonNumber(*stats, "resumed_outcomes"), 0) << *stats;
     // One line per run for scripts/failover_check.sh.
-    printf(
-        "FOLLOW_RUN {\"run\":%d,\"acknowledged\":%llu,\"resumed_outcomes\":%lld,"
-        "\"replays\":%lld}\n",
-        run, static_cast<unsigned long long>(acknowledged.load()),
-        static_cast<long long>(JsonNumber(*stats, "resumed_outcomes")),
-        static_cast<long long>(JsonNumber(*stats, "replays")));
+    testing::ReportRun(absl::StrFormat(
+        "FOLLOW_RUN {\"run\":%d,\"acknowledged\":%d,\"resumed_outcomes\":%d,\"replays\":%d}", run,
+        acknowledged.load(), JsonNumber(*stats, "resumed_outcomes"),
+        JsonNumber(*stats, "replays")));
   }
 }
 

@@ -499,12 +499,11 @@ TEST(Replication, KillThePrimaryPromoteABackupLoseNoAcknowledgedWrite) {
     for (int t = 0; t < kWriters; ++t) {
       for (const h::Event& e : events[t]) acked_writes += e.unknown() ? 0 : 1;
     }
-    printf(
-        "FAILOVER_RUN {\"run\":%d,\"acked_writes\":%llu,\"lost\":%zu,\"stale_reads\":%zu,"
-        "\"violations\":%zu,\"promotion_ms\":%.3f}\n",
-        run, static_cast<unsigned long long>(acked_writes), result.Count(h::Rule::kLostWrite),
-        result.Count(h::Rule::kStaleRead), result.violations.size(), promotion_ms);
-    fflush(stdout);
+    testing::ReportRun(absl::StrFormat(
+        "FAILOVER_RUN {\"run\":%d,\"acked_writes\":%d,\"lost\":%d,\"stale_reads\":%d,"
+        "\"violations\":%d,\"promotion_ms\":%.3f}",
+        run, acked_writes, result.Count(h::Rule::kLostWrite), result.Count(h::Rule::kStaleRead),
+        result.violations.size(), promotion_ms));
     ASSERT_TRUE(result.ok()) << result.Summary();
     // Promoting it again changes nothing.
     absl::StatusOr<std::string> again =

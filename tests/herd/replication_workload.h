@@ -4,7 +4,12 @@
 #ifndef HERD_TESTS_HERD_REPLICATION_WORKLOAD_H_
 #define HERD_TESTS_HERD_REPLICATION_WORKLOAD_H_
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <random>
 #include <string>
@@ -55,6 +60,21 @@ inline absl::StatusOr<std::string> PromoteOnceDetached(const std::string& addres
     promoted = RequestPromotion(address, absl::Seconds(10));
   }
   return promoted;
+}
+
+// One machine-readable line of a failover run (scripts/failover_check.sh): on stdout, and
+// appended with one write() to $HERD_FAILOVER_REPORT if set (the forked servers' logs share
+// stdout and stderr, and can land in the middle of a line there).
+inline void ReportRun(const std::string& line) {
+  printf("%s\n", line.c_str());
+  fflush(stdout);
+  const char* path = getenv("HERD_FAILOVER_REPORT");
+  if (path == nullptr) return;
+  const std::string whole = line + "\n";
+  const int fd = open(path, O_WRONLY | O_APPEND | O_CREAT, 0644);
+  if (fd < 0) return;
+  (void)!write(fd, whole.data(), whole.size());
+  close(fd);
 }
 
 // A GET at a backup may find writes landing (BACKUP_BUSY): asked again this many times at most.
