@@ -126,8 +126,8 @@ TEST(FailoverFollow, AnUnansweredMutationIsAnsweredFromItsReplicatedOutcome) {
 }
 
 // Each follower takes over its own session's outcomes and no other's (the rule itself, with a
-// resumption naming a foreign session, is worker_rules_test's); requests outstanding at the loss
-// are answered by the new primary.
+// resumption naming a foreign session, is worker_rules_test's); a fresh client meanwhile gets
+// ids nobody's outcomes await; requests outstanding at the loss are answered by the new primary.
 TEST(FailoverFollow, EachFollowerTakesOverItsOwnOutcomes) {
   const std::string fabric = absl::StrCat("follow-foreign-", getpid());
   ServerProcess backup(ReplicatedServer(fabric, mica::StoreMode::kStore, ReplicationRole::kBackup));
@@ -145,6 +145,15 @@ TEST(FailoverFollow, EachFollowerTakesOverItsOwnOutcomes) {
   ASSERT_TRUE((*b)->Put("b", "from b").ok());
   primary->Kill();
   ASSERT_TRUE(testing::PromoteOnceDetached(backup.address()).ok());
+  // A fresh client joining the promoted backup before a and b came back gets ids whose old
+  // outcomes nobody awaits: theirs (0 and 1) are kept for them, unwritten.
+  ClientOptions fresh_options;
+  fresh_options.server = backup.address();
+  fresh_options.device.fabric = fabric;
+  auto fresh = Client::Connect(fresh_options);
+  ASSERT_TRUE(fresh.ok()) << fresh.status();
+  EXPECT_GE((*fresh)->first_client_id(), 2u);
+  ASSERT_TRUE((*fresh)->Put("fresh", "writes").ok());
   // A request outstanding when the loss is noticed, handed over too.
   ASSERT_TRUE((*a)->Submit(0, Op::kGet, "a", "", 0, /*tag=*/1).ok());
   Result result;
