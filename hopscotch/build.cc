@@ -11,9 +11,10 @@
 namespace hopscotch {
 namespace {
 
-// INSERT lines across the traces: an upper bound on distinct keys.
-absl::StatusOr<uint64_t> CountInserts(const std::vector<std::string>& paths) {
-  uint64_t inserts = 0;
+// Calls visit(path, file, record) for every INSERT line of every trace, in order, until it
+// returns an error; then visited(path, file) once each file is done.
+template <typename Visit, typename Visited>
+absl::Status ForEachInsert(const std::vector<std::string>& paths, Visit visit, Visited visited) {
   for (const std::string& path : paths) {
     absl::StatusOr<TraceFile> file = TraceFile::Open(path);
     if (!file.ok()) return file.status();
@@ -22,9 +23,25 @@ absl::StatusOr<uint64_t> CountInserts(const std::vector<std::string>& paths) {
       absl::StatusOr<bool> more = file->Next(&record);
       if (!more.ok()) return more.status();
       if (!*more) break;
-      if (record.op == TraceOp::kInsert) ++inserts;
+      if (record.op != TraceOp::kInsert) continue;
+      if (absl::Status s = visit(path, *file, record); !s.ok()) return s;
     }
+    visited(*file);
   }
+  return absl::OkStatus();
+}
+
+// INSERT lines across the traces: an upper bound on distinct keys.
+absl::StatusOr<uint64_t> CountInserts(const std::vector<std::string>& paths) {
+  uint64_t inserts = 0;
+  absl::Status s = ForEachInsert(
+      paths,
+      [&](const std::string&, const TraceFile&, const TraceRecord&) {
+        ++inserts;
+        return absl::OkStatus();
+      },
+      [](const TraceFile&) {});
+  if (!s.ok()) return s;
   return inserts;
 }
 
@@ -48,29 +65,25 @@ absl::StatusOr<BuildSummary> BuildTable(const BuildOptions& o) {
   }
   absl::StatusOr<Table> table = Table::Create(o.out, summary.home_buckets, o.seed);
   if (!table.ok()) return table.status();
-  for (const std::string& path : o.traces) {
-    absl::StatusOr<TraceFile> file = TraceFile::Open(path);
-    if (!file.ok()) return file.status();
-    TraceRecord record;
-    for (;;) {
-      absl::StatusOr<bool> more = file->Next(&record);
-      if (!more.ok()) return more.status();
-      if (!*more) break;
-      if (record.op != TraceOp::kInsert) continue;
-      absl::Status s = table->Insert(record.key, ValueFor(record));
-      if (absl::IsResourceExhausted(s)) {
-        const double load =
-            static_cast<double>(table->items()) / static_cast<double>(summary.home_buckets);
-        return absl::ResourceExhaustedError(
-            absl::StrFormat("%s:%u: %s; %u keys in %u home buckets (load %.3f): try --buckets %u",
-                            path, file->line(), s.message(), table->items(), summary.home_buckets,
-                            load, summary.home_buckets * 2));
-      }
-      if (!s.ok()) return s;
-    }
-    summary.lines += file->line();
-    summary.skipped_lines += file->skipped();
-  }
+  absl::Status built = ForEachInsert(
+      o.traces,
+      [&](const std::string& path, const TraceFile& file, const TraceRecord& record) {
+        absl::Status s = table->Insert(record.key, ValueFor(record));
+        if (absl::IsResourceExhausted(s)) {
+          const double load =
+              static_cast<double>(table->items()) / static_cast<double>(summary.home_buckets);
+          return absl::ResourceExhaustedError(
+              absl::StrFormat("%s:%u: %s; %u keys in %u home buckets (load %.3f): try --buckets %u",
+                              path, file.line(), s.message(), table->items(), summary.home_buckets,
+                              load, summary.home_buckets * 2));
+        }
+        return s;
+      },
+      [&](const TraceFile& file) {
+        summary.lines += file.line();
+        summary.skipped_lines += file.skipped();
+      });
+  if (!built.ok()) return built;
   summary.keys = table->items();
   summary.load = static_cast<double>(summary.keys) / static_cast<double>(summary.home_buckets);
   summary.max_displacement = table->stats().max_distance;

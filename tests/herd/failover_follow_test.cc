@@ -27,6 +27,7 @@
 namespace herd {
 namespace {
 
+using testing::JsonNumber;
 using testing::ReplicatedServer;
 using testing::ServerProcess;
 
@@ -46,13 +47,6 @@ ClientOptions Follower(const std::string& fabric, std::vector<std::string> membe
   o.max_attempts = 100000;  // only the deadline ends a request: a failover takes a while
   o.request_deadline = absl::Seconds(60);
   return o;
-}
-
-// A value from a JSON object's text: "name":N (the first occurrence), or -1.
-int64_t JsonNumber(const std::string& json, const std::string& name) {
-  const size_t at = json.find(absl::StrCat("\"", name, "\":"));
-  if (at == std::string::npos) return -1;
-  return std::strtoll(json.c_str() + at + name.size() + 3, nullptr, 10);
 }
 
 // Polls `client` until it delivers one result (or its server is lost: false).

@@ -24,6 +24,7 @@ namespace herd {
 namespace {
 
 using testing::BackupGet;
+using testing::JsonNumber;
 using testing::ReplicatedServer;
 using testing::ServerProcess;
 
@@ -34,13 +35,6 @@ constexpr uint64_t kWritesBeforeKill = 200;
 constexpr uint64_t kWritesAfterRejoin = 200;
 // How long the primary may take to notice, reattach and transfer (generous: 2 cores, ASan).
 constexpr absl::Duration kRejoinDeadline = absl::Seconds(60);
-
-// A value from a JSON object's text: "name":N (the first occurrence), or -1.
-int64_t JsonNumber(const std::string& json, const std::string& name) {
-  const size_t at = json.find(absl::StrCat("\"", name, "\":"));
-  if (at == std::string::npos) return -1;
-  return std::strtoll(json.c_str() + at + name.size() + 3, nullptr, 10);
-}
 
 // Polls the server at `address` until `done(stats)` holds; the last stats, or an error.
 template <typename Done>

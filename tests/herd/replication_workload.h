@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "gtest/gtest.h"
 #include "herd/client.h"
@@ -60,6 +61,13 @@ inline absl::StatusOr<std::string> PromoteOnceDetached(const std::string& addres
     promoted = RequestPromotion(address, absl::Seconds(10));
   }
   return promoted;
+}
+
+// A number in a stats JSON text: "name":N (the first occurrence), or -1 if absent.
+inline int64_t JsonNumber(const std::string& json, const std::string& name) {
+  const size_t at = json.find(absl::StrCat("\"", name, "\":"));
+  if (at == std::string::npos) return -1;
+  return std::strtoll(json.c_str() + at + name.size() + 3, nullptr, 10);
 }
 
 // One machine-readable line of a failover run (scripts/failover_check.sh): on stdout, and
