@@ -37,6 +37,12 @@ constexpr uint64_t kMaxRecordShare = 3;
 
 }  // namespace
 
+uint64_t MaxRecordBytes(uint64_t staging_bytes) {
+  const uint64_t share = staging_bytes / kMaxRecordShare;
+  const uint64_t frame = sizeof(RedoHeader) + kCommitSourceBytes;
+  return share > frame ? share - frame : 0;
+}
+
 absl::StatusOr<std::unique_ptr<ReplicationGate>> ReplicationGate::Create(
     mica::Partition* partition, transport::ProtectionDomain* pd, transport::CompletionQueue* cq,
     std::vector<BackupLink> links, const ReplicationOptions& options) {

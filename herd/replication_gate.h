@@ -69,6 +69,13 @@ struct BackupLink {
 
 // WRs of a chain besides its ranges: the redo record, the commit words, the done word.
 inline constexpr uint32_t kChainFrameWrs = 3;
+// What one mutation's record takes besides its item's bytes: up to about 12 ranges (bucket
+// lines, the header, store mode's allocator words, its outcome), each a 16 B table entry, up to
+// a 64 B line and 8 B of padding. The worker's per-batch budget for large writes counts it.
+inline constexpr uint64_t kRecordBytesPerWrite = 12 * (16 + 64 + 8);
+// The most bytes one batch's record may take: a third of the staging ring, less the record's
+// header and the commit words (replication_gate.cc: kMaxRecordShare).
+uint64_t MaxRecordBytes(uint64_t staging_bytes);
 // State transfer to a joining backup (OfferLink): the partition region is copied in WRITEs of
 // this many bytes, at most kTransferChunksInFlight of them posted at once per joining link
 // (between two of the worker's batches, on the link's QP, so every chain posted later lands
@@ -136,6 +143,11 @@ class ReplicationGate : public ResponseGate {
   bool Hold(const ExecutedMutation& mutation) override;
   void EndBatch() override;
   uint32_t Release(absl::Span<HeldId> released) override;
+  // MaxRecordBytes, or 0 while a deferred batch's changes wait to be posted (more would pile
+  // up past what one record may take and drop every backup).
+  uint64_t WriteBytesBudget() const override {
+    return changes_.ranges().empty() ? MaxRecordBytes(options_.staging_bytes) : 0;
+  }
 
   uint32_t live_backups() const { return live_; }
   // Any thread (the control thread, when a backup's control connection closes): the gate drops

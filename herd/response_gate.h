@@ -58,6 +58,9 @@ class ResponseGate {
   // Once per worker loop: fills `released` with held responses that may go now; returns how
   // many (at most released.size()).
   virtual uint32_t Release(absl::Span<HeldId> released) = 0;
+  // The bytes the next batch's changes may take (the worker admits large writes only while
+  // they fit; 0: the gate is backlogged and the batch should add none). Unbounded by default.
+  virtual uint64_t WriteBytesBudget() const { return UINT64_MAX; }
 };
 
 }  // namespace herd

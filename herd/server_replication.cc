@@ -71,6 +71,17 @@ absl::Status Server::AttachToBackups() {
   if (ro.backups.empty()) {
     return absl::InvalidArgumentError("--role=primary needs --backups=HOST:PORT[,HOST:PORT...]");
   }
+  // One batch's record must hold a batch of small writes and, with large values, one large
+  // write: the worker admits large writes only while they fit (LargeWritesAllowed).
+  const uint64_t needed =
+      SmallBatchRecordBytes(c) + (c.large_values() ? LargeWriteRecordBytes(c) : 0);
+  if (MaxRecordBytes(ro.gate.staging_bytes) < needed) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--replication_staging_bytes=%d is too small: one batch's record (a third of the ring) "
+        "must hold %d bytes (--postlist small writes%s); use at least %d",
+        ro.gate.staging_bytes, needed, c.large_values() ? " and one largest value" : "",
+        3 * (needed + sizeof(RedoHeader) + 64)));
+  }
   const uint64_t depth = LinkSendQueueDepth(ro.gate);
   if (depth > UINT32_MAX / ro.backups.size()) {
     return absl::InvalidArgumentError("replication: the links' queues are too deep");

@@ -180,10 +180,16 @@ void Worker::Run(const std::atomic<bool>& stop) {
     // Large PUTs first, up to their share of the batch, then small requests, then large PUTs
     // again for what is left: neither kind can starve the other.
     uint32_t count = 0;
-    if (memory_.imm_cq != nullptr) count = GatherFromLanding(count, landing_share_);
+    // A replicating worker takes no more large writes than one record holds (none while its
+    // gate is backlogged): a record past a third of the staging ring would drop every backup.
+    uint32_t large_left = memory_.imm_cq != nullptr ? LargeWritesAllowed() : 0;
+    if (large_left > 0) {
+      count = GatherFromLanding(count, std::min(landing_share_, large_left));
+      large_left -= count;
+    }
     count = config_.request_uses_slots() ? GatherFromSlots(count) : GatherFromReceives(count);
-    if (memory_.imm_cq != nullptr && count < config_.postlist) {
-      count = GatherFromLanding(count, config_.postlist);
+    if (large_left > 0 && count < config_.postlist) {
+      count = GatherFromLanding(count, std::min(config_.postlist, count + large_left));
     }
     if (count > 0) ExecuteAndRespond(count);
     if (gate_ != nullptr) AnswerReleased();
@@ -251,6 +257,16 @@ uint32_t Worker::GatherFromReceives(uint32_t count) {
   }
   reposts_ = got;
   return count;
+}
+
+uint32_t Worker::LargeWritesAllowed() const {
+  if (gate_ == nullptr) return config_.postlist;
+  const uint64_t budget = gate_->WriteBytesBudget();
+  if (budget == UINT64_MAX) return config_.postlist;
+  const uint64_t reserve = SmallBatchRecordBytes(config_);
+  if (budget <= reserve) return 0;
+  return static_cast<uint32_t>(
+      std::min<uint64_t>(config_.postlist, (budget - reserve) / LargeWriteRecordBytes(config_)));
 }
 
 uint32_t Worker::GatherFromLanding(uint32_t count, uint32_t up_to) {

@@ -18,6 +18,7 @@
 #include "herd/outcome_table.h"
 #include "herd/protocol.h"
 #include "herd/replica_reader.h"
+#include "herd/replication_gate.h"
 #include "herd/response_gate.h"
 #include "herd/send_chains.h"
 #include "herd/send_queue.h"
@@ -61,6 +62,15 @@ struct ClientRoute {
 // session). The client has at most landing_buffers in flight per worker; retransmissions of them
 // and slack for the worker's reposting lag make up the rest.
 inline uint32_t LargeReceiveDepth(const Config& c) { return 4 * c.landing_buffers + 8; }
+
+// The most a batch of small requests adds to a replication record (each a slot's worth of item
+// and kRecordBytesPerWrite), and what one large write adds (a landing buffer's worth).
+inline uint64_t SmallBatchRecordBytes(const Config& c) {
+  return uint64_t{c.postlist} * (c.slot_bytes + kRecordBytesPerWrite);
+}
+inline uint64_t LargeWriteRecordBytes(const Config& c) {
+  return c.landing_bytes() + kRecordBytesPerWrite;
+}
 
 // What the worker counts (single writer; the progress printer reads them relaxed).
 struct WorkerCounters {
@@ -205,6 +215,9 @@ class Worker {
   uint32_t GatherFromReceives(uint32_t count);
   // Large PUTs that landed (WRITE_WITH_IMM completions), until the batch holds `up_to`.
   uint32_t GatherFromLanding(uint32_t count, uint32_t up_to);
+  // Large writes the next batch may take: postlist, or what the gate's WriteBytesBudget leaves
+  // after a batch of small requests (SmallBatchRecordBytes), in LargeWriteRecordBytes each.
+  uint32_t LargeWritesAllowed() const;
   // Of each batch, postlist / kLandingShareDivisor (at least 1) is open to large PUTs before
   // small requests are gathered: a large PUT copies up to a MiB into the store, so small
   // requests wait behind at most that many of them, and a steady stream of small requests (which

@@ -22,6 +22,7 @@
 #include "absl/strings/str_format.h"
 #include "gtest/gtest.h"
 #include "herd/join.h"
+#include "herd/replication_gate.h"
 #include "herd/replication_link.h"
 #include "tests/herd/history.h"
 #include "tests/herd/replication_workload.h"
@@ -242,6 +243,91 @@ TEST(Replication, ConcurrentBackupReadsAreLinearizable) {
     RecordProperty(absl::StrCat("busy_", std::string(mica::StoreModeName(mode))),
                    static_cast<int>(busy_total));
   }
+}
+
+// Large values under replication: many large PUTs land at once, more than one batch's record
+// (a third of the staging ring) could hold. The worker admits only as many per batch as fit, and
+// none while the gate is backlogged, so no batch overflows and no backup is dropped (before,
+// two large PUTs in one batch dropped every backup). Every value is then on the backup.
+TEST(Replication, LargeWritesNeverOverflowARecordAndDropTheBackups) {
+  constexpr uint32_t kLargeValue = 200 << 10;  // two of them exceed a 1 MiB ring's record
+  constexpr uint32_t kClients = 4;
+  constexpr int kRounds = 6;
+  const std::string fabric = absl::StrCat("repl-large-", getpid());
+  auto large = [&](ReplicationRole role) {
+    ServerOptions o = Replicated(fabric, mica::StoreMode::kStore, role);
+    o.config.max_value_bytes = 256 << 10;
+    o.store.max_value_bytes = 256 << 10;
+    o.config.landing_buffers = kClients;
+    o.store.pool_bytes = 16 << 20;
+    return o;
+  };
+  ServerProcess backup_server(large(ReplicationRole::kBackup));
+  ASSERT_TRUE(backup_server.ok());
+  ServerOptions options = large(ReplicationRole::kPrimary);
+  ASSERT_GT(2 * uint64_t{kLargeValue}, MaxRecordBytes(options.replication.gate.staging_bytes));
+  options.replication.backups.push_back(backup_server.replication_address());
+  std::unique_ptr<Server> primary = StartInProcess(options);
+  ASSERT_NE(primary, nullptr);
+  ClientOptions co;
+  co.server = absl::StrCat("127.0.0.1:", primary->port());
+  co.device.fabric = fabric;
+  co.clients = kClients;
+  auto client = Client::Connect(co);
+  ASSERT_TRUE(client.ok()) << client.status();
+  ASSERT_GT(kLargeValue, (*client)->config().inline_limit());
+  std::vector<std::string> expected(kClients);
+  for (int round = 0; round < kRounds; ++round) {
+    // Every logical client's large PUT in flight at once, to keys of one worker where possible.
+    for (uint32_t c = 0; c < kClients; ++c) {
+      expected[c] = std::string(kLargeValue, static_cast<char>('a' + (round * kClients + c) % 26));
+      ASSERT_TRUE((*client)->Submit(c, Op::kPut, absl::StrCat("big", c), expected[c], 0, c).ok());
+    }
+    uint32_t done = 0;
+    Result results[kClients];
+    const absl::Time deadline = absl::Now() + absl::Seconds(30);
+    while (done < kClients && absl::Now() < deadline) {
+      const size_t n = (*client)->Poll(absl::MakeSpan(results));
+      for (size_t i = 0; i < n; ++i) {
+        EXPECT_EQ(results[i].status, Status::kOk) << StatusName(results[i].status);
+      }
+      done += static_cast<uint32_t>(n);
+    }
+    ASSERT_EQ(done, kClients);
+  }
+  const ServerStats stats = primary->Stats();
+  EXPECT_EQ(stats.replication.links_dropped, 0u);
+  EXPECT_EQ(stats.live_backups, 1u);
+  // Every value, on the backup.
+  ClientOptions bo = co;
+  bo.server = backup_server.address();
+  bo.clients = 1;
+  auto backup = Client::Connect(bo);
+  ASSERT_TRUE(backup.ok()) << backup.status();
+  for (uint32_t c = 0; c < kClients; ++c) {
+    const absl::StatusOr<Value> got = testing::BackupGet(**backup, absl::StrCat("big", c));
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(got->value, expected[c]);
+  }
+}
+
+// A staging ring whose record share cannot hold one batch of small writes and one largest value
+// is refused at start, naming the size that works (no backup is contacted).
+TEST(Replication, AStagingRingTooSmallForTheLargestValueIsRefusedAtStart) {
+  ServerOptions options = Replicated(absl::StrCat("repl-small-ring-", getpid()),
+                                     mica::StoreMode::kStore, ReplicationRole::kPrimary);
+  options.config.max_value_bytes = 256 << 10;
+  options.store.max_value_bytes = 256 << 10;
+  options.replication.gate.staging_bytes = 256 << 10;
+  options.replication.backups = {"127.0.0.1:1"};
+  options.port = 0;
+  options.listen_address = "127.0.0.1";
+  absl::StatusOr<std::unique_ptr<Server>> server = Server::Create(options);
+  absl::Status status = server.ok() ? (*server)->Start() : server.status();
+  ASSERT_FALSE(status.ok());
+  EXPECT_NE(status.message().find("--replication_staging_bytes=262144 is too small"),
+            std::string::npos)
+      << status;
 }
 
 // A backup killed with SIGKILL: its control connection closes, the primary drops it and goes
