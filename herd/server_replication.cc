@@ -407,19 +407,24 @@ absl::Status Server::AttachPrimary(transport::control::Channel& channel) {
     attachment->mrs.push_back(std::move(region_mr));
     attachment->mrs.push_back(std::move(redo_mr));
   }
-  if (absl::Status s = channel.Send(kReplicaWelcome, Encode(welcome)); !s.ok()) return s;
+  if (hello->transfer) {
+    // Its partitions are copied while the primary runs: nothing here (not even this empty
+    // region's misses) is a state until the primary says the transfer is complete. Before the
+    // welcome: the transfer starts once the primary has it.
+    syncing_.store(true);
+    reads_refused_.store(true);
+  }
+  if (absl::Status s = channel.Send(kReplicaWelcome, Encode(welcome)); !s.ok()) {
+    syncing_.store(false);  // never attached: nothing will land
+    reads_refused_.store(stale_.load());
+    return s;
+  }
   if (absl::Status s =
           channel.EnableKeepalive(kKeepaliveIdle, kKeepaliveInterval, kKeepaliveProbes);
       !s.ok()) {
     LOG(WARNING) << "replication channel keepalive: " << s;
   }
   ever_attached_ = true;
-  if (hello->transfer) {
-    // Its partitions are copied while the primary runs: nothing here is a state until the
-    // primary says the transfer is complete.
-    syncing_.store(true);
-    reads_refused_.store(true);
-  }
   attachment->channel = std::make_unique<transport::control::Channel>(std::move(channel));
   primary_ = std::move(attachment);
   primary_attached_.store(true);
