@@ -339,6 +339,9 @@ bool ReplicationGate::OfferLink(size_t index, const BackupLink& backup) {
     region_mr_ = *std::move(mr);
   }
   link.offer = backup;
+  // A drop asked for after this offer (the backup died again) must stand: cleared here, never
+  // at adoption.
+  link.drop_requested->store(false, std::memory_order_release);
   link.offered->store(true, std::memory_order_release);
   joins_offered_.store(true, std::memory_order_release);
   return true;
@@ -356,7 +359,6 @@ void ReplicationGate::AdvanceJoins() {
       link.copy_next = 0;
       link.chunks_in_flight = 0;
       link.copied = false;
-      link.drop_requested->store(false, std::memory_order_release);
       link.dropped->store(false, std::memory_order_release);
       link.offered->store(false, std::memory_order_release);
       joining_ = true;
@@ -378,7 +380,9 @@ void ReplicationGate::AdvanceJoins() {
       link.copied = true;
       link.sync_through = last_posted_ + (changes_.ranges().empty() ? 0 : 1);
     }
-    if (link.copied && link.completed_through >= link.sync_through) {
+    // Live only once it also holds every batch already released (the other live links may have
+    // completed batches past sync_through; with none live, everything posted is released).
+    if (link.copied && link.completed_through >= std::max(link.sync_through, ReleasableThrough())) {
       link.joining = false;
       link.live = true;
       ++live_;

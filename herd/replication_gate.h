@@ -156,8 +156,10 @@ class ReplicationGate : public ResponseGate {
   // Any thread: whether the gate dropped backup `link` (for any reason) and goes on without it.
   // A dropped link with a new one offered (OfferLink) and not yet adopted counts as not dropped.
   bool dropped(size_t link) const {
-    return link < links_.size() && links_[link].dropped->load(std::memory_order_acquire) &&
-           !links_[link].offered->load(std::memory_order_acquire);
+    // offered first: adoption clears dropped before offered, so this order never sees an adopted
+    // link as dropped.
+    return link < links_.size() && !links_[link].offered->load(std::memory_order_acquire) &&
+           links_[link].dropped->load(std::memory_order_acquire);
   }
   // Any thread (the control thread, once a restarted backup attached again): hands the gate a
   // new link for dropped backup `index`, on the gate's CQ, its send queue LinkSendQueueDepth

@@ -174,6 +174,7 @@ class Server {
   // one RC QP per worker, kept in workers_[w].backup_qps; the links in `links` (per worker).
   absl::StatusOr<transport::control::Channel> ConnectBackup(const std::string& address,
                                                             bool transfer, absl::Duration timeout,
+                                                            absl::Duration welcome_timeout,
                                                             std::vector<BackupLink>* links);
   // kPrimary, control thread: tries to attach lost backup `b` again (a restarted, empty one)
   // and offers the new links to the gates, which bring it up to date (OfferLink).
@@ -286,8 +287,9 @@ class Server {
   std::atomic<bool> stale_{false};
   // A state transfer to it is under way (ReplicaHello::transfer): no reads, no promotion.
   std::atomic<bool> syncing_{false};
-  // stale_ or syncing_: every GET answers BACKUP_BUSY (the replica readers watch it).
-  std::atomic<bool> reads_refused_{false};
+  // stale_ or syncing_, or no primary attached yet (a restarted backup's empty region is no
+  // copy of anything): every GET answers BACKUP_BUSY (the replica readers watch it).
+  std::atomic<bool> reads_refused_{true};
   std::atomic<bool> primary_attached_{false}, promoted_{false};
 };
 

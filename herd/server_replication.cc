@@ -37,6 +37,9 @@ constexpr absl::Duration kReplicationPollInterval = absl::Milliseconds(20);
 // control thread waits for it).
 constexpr absl::Duration kRejoinInterval = absl::Seconds(1);
 constexpr absl::Duration kRejoinConnectTimeout = absl::Milliseconds(200);
+// ... and how long its welcome may take once connected: the backup registers its partitions
+// first (seconds for large ones; the control thread waits, a known cost of rejoining).
+constexpr absl::Duration kRejoinWelcomeTimeout = absl::Seconds(10);
 // Completion queue entries beyond a full window of every link: error completions at teardown.
 constexpr uint32_t kReplicationCqSlack = 64;
 // A backup's end of a link receives nothing and sends nothing.
@@ -101,8 +104,8 @@ absl::Status Server::AttachToBackups() {
   std::vector<std::vector<BackupLink>> links(c.workers);
   for (const std::string& address : ro.backups) {
     std::vector<BackupLink> per_worker;
-    absl::StatusOr<transport::control::Channel> channel =
-        ConnectBackup(address, /*transfer=*/false, ro.connect_timeout, &per_worker);
+    absl::StatusOr<transport::control::Channel> channel = ConnectBackup(
+        address, /*transfer=*/false, ro.connect_timeout, ro.connect_timeout, &per_worker);
     if (!channel.ok()) return channel.status();
     for (uint32_t w = 0; w < c.workers; ++w) links[w].push_back(per_worker[w]);
     LOG(INFO) << "replicating to backup " << address << " (" << c.workers << " partitions)";
@@ -125,6 +128,7 @@ absl::Status Server::AttachToBackups() {
 absl::StatusOr<transport::control::Channel> Server::ConnectBackup(const std::string& address,
                                                                   bool transfer,
                                                                   absl::Duration timeout,
+                                                                  absl::Duration welcome_timeout,
                                                                   std::vector<BackupLink>* links) {
   const Config& c = options_.config;
   const ReplicationServerOptions& ro = options_.replication;
@@ -157,7 +161,8 @@ absl::StatusOr<transport::control::Channel> Server::ConnectBackup(const std::str
     qps.push_back(std::move(qp));
   }
   if (absl::Status s = channel->Send(kReplicaHello, Encode(hello)); !s.ok()) return s;
-  absl::StatusOr<transport::control::Message> reply = Expect(*channel, kReplicaWelcome, timeout);
+  absl::StatusOr<transport::control::Message> reply =
+      Expect(*channel, kReplicaWelcome, welcome_timeout);
   if (!reply.ok()) {
     return absl::FailedPreconditionError(
         absl::StrFormat("backup %s refused this primary: %s", address, reply.status().message()));
@@ -232,8 +237,8 @@ void Server::Rejoin(size_t b) {
     if (!r.gate->dropped(b)) return;
   }
   std::vector<BackupLink> links;
-  absl::StatusOr<transport::control::Channel> channel =
-      ConnectBackup(address, /*transfer=*/true, kRejoinConnectTimeout, &links);
+  absl::StatusOr<transport::control::Channel> channel = ConnectBackup(
+      address, /*transfer=*/true, kRejoinConnectTimeout, kRejoinWelcomeTimeout, &links);
   if (!channel.ok()) {
     VLOG(1) << "backup " << address << " not back yet: " << channel.status();
     return;
@@ -282,9 +287,11 @@ void Server::ServeReplication() {
         reads_refused_.store(true);
       }
       if (message.ok() && message->type == kReplicaSynced && syncing_.load()) {
+        // The whole state was copied over whatever this backup held: not stale any more.
         LOG(INFO) << "the state transfer is complete: serving reads";
+        stale_.store(false);
         syncing_.store(false);
-        reads_refused_.store(stale_.load());
+        reads_refused_.store(false);
       }
       if (primary_->channel->PeerClosed()) {
         if (syncing_.load()) {
@@ -330,13 +337,16 @@ absl::Status Server::AttachPrimary(transport::control::Channel& channel) {
     return absl::AlreadyExistsError(absl::StrFormat(
         "primary %s is attached; a backup follows one primary", primary_->channel->peer_name()));
   }
-  if (ever_attached_) {
+  absl::StatusOr<ReplicaHello> early = message->type == kReplicaHello
+                                           ? DecodeReplicaHello(message->payload, c.workers)
+                                           : absl::InvalidArgumentError("not a hello");
+  if (ever_attached_ && !(early.ok() && early->transfer)) {
     // It followed an earlier primary and holds its data (possibly a half-landed first chain,
-    // before any header says so): a new primary would mirror only what it changes from now on.
-    // State transfer is not implemented: start the backup empty.
+    // before any header says so): a new primary mirroring only what it changes from now on
+    // would leave it a mix. A primary that transfers its whole state may take it over.
     return absl::FailedPreconditionError(
-        "this backup holds data written by an earlier primary; a new primary needs an empty "
-        "backup (state transfer to a joining backup is not implemented yet): restart it");
+        "this backup holds data written by an earlier primary; only a primary that transfers "
+        "its state to it (a rejoin) may attach");
   }
   if (message->type != kReplicaHello) {
     return absl::InvalidArgumentError(
@@ -407,6 +417,7 @@ absl::Status Server::AttachPrimary(transport::control::Channel& channel) {
     attachment->mrs.push_back(std::move(region_mr));
     attachment->mrs.push_back(std::move(redo_mr));
   }
+  const bool refused_before = reads_refused_.load();
   if (hello->transfer) {
     // Its partitions are copied while the primary runs: nothing here (not even this empty
     // region's misses) is a state until the primary says the transfer is complete. Before the
@@ -416,9 +427,11 @@ absl::Status Server::AttachPrimary(transport::control::Channel& channel) {
   }
   if (absl::Status s = channel.Send(kReplicaWelcome, Encode(welcome)); !s.ok()) {
     syncing_.store(false);  // never attached: nothing will land
-    reads_refused_.store(stale_.load());
+    reads_refused_.store(refused_before);
     return s;
   }
+  // A first primary that transfers nothing starts from the same empty state as this backup.
+  if (!hello->transfer) reads_refused_.store(stale_.load());
   if (absl::Status s =
           channel.EnableKeepalive(kKeepaliveIdle, kKeepaliveInterval, kKeepaliveProbes);
       !s.ok()) {

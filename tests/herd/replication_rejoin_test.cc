@@ -65,6 +65,19 @@ TEST(ReplicationRejoin, AKilledBackupRestartedEmptyIsBroughtUpToDateUnderLoad) {
     auto primary = std::make_unique<ServerProcess>(options);
     ASSERT_TRUE(primary->ok());
 
+    // Cold keys: written once before anything else and never again, so only the state transfer
+    // can bring them to the restarted backup.
+    constexpr int kColdKeys = 16;
+    {
+      ClientOptions o;
+      o.server = primary->address();
+      o.device.fabric = fabric;
+      auto loader = Client::Connect(o);
+      ASSERT_TRUE(loader.ok()) << loader.status();
+      for (int i = 0; i < kColdKeys; ++i) {
+        ASSERT_TRUE((*loader)->Put(absl::StrCat("cold", i), absl::StrCat("cold value ", i)).ok());
+      }
+    }
     std::atomic<uint64_t> acknowledged{0};
     std::atomic<bool> stop{false};
     std::vector<std::vector<testing::ModelEntry>> models(
@@ -127,6 +140,20 @@ TEST(ReplicationRejoin, AKilledBackupRestartedEmptyIsBroughtUpToDateUnderLoad) {
     restarted_options.replication.port = static_cast<uint16_t>(replication_port);
     auto restarted = std::make_unique<ServerProcess>(restarted_options);
     ASSERT_TRUE(restarted->ok());
+    {
+      // Before (or while) the primary brings it up to date, its empty region answers nothing:
+      // never NOT_FOUND for a key the primary holds.
+      ClientOptions o;
+      o.server = restarted->address();
+      o.device.fabric = fabric;
+      auto early = Client::Connect(o);
+      ASSERT_TRUE(early.ok()) << early.status();
+      const absl::StatusOr<Value> got = (*early)->Get("cold0");
+      EXPECT_FALSE(absl::IsNotFound(got.status())) << "an empty restarted backup answered a miss";
+      if (got.ok()) {
+        EXPECT_EQ(got->value, "cold value 0");
+      }
+    }
     stats = AwaitStats(primary->address(), [](const std::string& s) {
       return JsonNumber(s, "live_backups") == 2 && JsonNumber(s, "joined") >= 1;
     });
@@ -148,6 +175,11 @@ TEST(ReplicationRejoin, AKilledBackupRestartedEmptyIsBroughtUpToDateUnderLoad) {
     auto reader = Client::Connect(o);
     ASSERT_TRUE(reader.ok()) << reader.status();
     auto expect_holds = [&](Client& client, const std::string& who) {
+      for (int i = 0; i < kColdKeys; ++i) {
+        const absl::StatusOr<Value> got = BackupGet(client, absl::StrCat("cold", i));
+        ASSERT_TRUE(got.ok()) << who << " cold" << i << ": " << got.status();
+        EXPECT_EQ(got->value, absl::StrCat("cold value ", i)) << who;
+      }
       for (int t = 0; t < kWriters; ++t) {
         for (uint32_t k = 0; k < kKeysPerWriter; ++k) {
           const testing::ModelEntry& m = models[t][k];
