@@ -795,9 +795,9 @@ absl::Status Client::HandOver(Client& follower) {
   // Resent in sequence order per slot (one per slot is outstanding), each as a new attempt: the
   // new primary replays the outcome of one the old primary executed (attempt > 0 is never
   // taken for a duplicate landing of a send it has not seen).
+  auto parsed = std::make_unique<ParsedRequest>();  // large (a key copy): off the stack, once
   for (Outstanding& o : slots_) {
     if (!o.active) continue;
-    auto parsed = std::make_unique<ParsedRequest>();
     Status status = Status::kOk;
     if (ParseRequest(StagedBytes(o), o.length, limits, welcome_.secret, parsed.get(), &status) !=
         Parse::kRequest) {

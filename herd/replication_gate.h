@@ -49,6 +49,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "herd/config.h"
 #include "herd/response_gate.h"
 #include "mica/partition.h"
 #include "transport/fabric.h"
@@ -76,6 +77,15 @@ inline constexpr uint64_t kRecordBytesPerWrite = 12 * (16 + 64 + 8);
 // The most bytes one batch's record may take: a third of the staging ring, less the record's
 // header and the commit words (replication_gate.cc: kMaxRecordShare).
 uint64_t MaxRecordBytes(uint64_t staging_bytes);
+// The most a batch of small requests adds to a replication record (each a slot's worth of item
+// and kRecordBytesPerWrite), and what one large write adds (a landing buffer's worth).
+inline uint64_t SmallBatchRecordBytes(const Config& c) {
+  return uint64_t{c.postlist} * (c.slot_bytes + kRecordBytesPerWrite);
+}
+inline uint64_t LargeWriteRecordBytes(const Config& c) {
+  return c.landing_bytes() + kRecordBytesPerWrite;
+}
+
 // State transfer to a joining backup (OfferLink): the partition region is copied in WRITEs of
 // this many bytes, at most kTransferChunksInFlight of them posted at once per joining link
 // (between two of the worker's batches, on the link's QP, so every chain posted later lands

@@ -7,6 +7,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "glog/logging.h"
+#include "herd/replication_gate.h"
 #include "herd/slot_scanner.h"
 #include "mica/item.h"
 #include "mica/keyhash.h"

@@ -18,7 +18,6 @@
 #include "herd/outcome_table.h"
 #include "herd/protocol.h"
 #include "herd/replica_reader.h"
-#include "herd/replication_gate.h"
 #include "herd/response_gate.h"
 #include "herd/send_chains.h"
 #include "herd/send_queue.h"
@@ -62,15 +61,6 @@ struct ClientRoute {
 // session). The client has at most landing_buffers in flight per worker; retransmissions of them
 // and slack for the worker's reposting lag make up the rest.
 inline uint32_t LargeReceiveDepth(const Config& c) { return 4 * c.landing_buffers + 8; }
-
-// The most a batch of small requests adds to a replication record (each a slot's worth of item
-// and kRecordBytesPerWrite), and what one large write adds (a landing buffer's worth).
-inline uint64_t SmallBatchRecordBytes(const Config& c) {
-  return uint64_t{c.postlist} * (c.slot_bytes + kRecordBytesPerWrite);
-}
-inline uint64_t LargeWriteRecordBytes(const Config& c) {
-  return c.landing_bytes() + kRecordBytesPerWrite;
-}
 
 // What the worker counts (single writer; the progress printer reads them relaxed).
 struct WorkerCounters {

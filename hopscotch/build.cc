@@ -3,6 +3,7 @@
 #include <bit>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 
 #include "absl/strings/str_format.h"
 #include "hopscotch/table.h"
@@ -84,6 +85,13 @@ absl::StatusOr<BuildSummary> BuildTable(const BuildOptions& o) {
         summary.skipped_lines += file.skipped();
       });
   if (!built.ok()) return built;
+  if (table->items() == 0) {
+    // A run that built nothing is an error, not an empty table reported as a success.
+    (void)table->Close();
+    std::remove(o.out.c_str());
+    return absl::InvalidArgumentError(
+        "no INSERT line in the trace(s): nothing to build (is the load phase missing?)");
+  }
   summary.keys = table->items();
   summary.load = static_cast<double>(summary.keys) / static_cast<double>(summary.home_buckets);
   summary.max_displacement = table->stats().max_distance;

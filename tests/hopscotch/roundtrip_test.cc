@@ -147,6 +147,18 @@ TEST(RoundTrip, BuildErrorsNameTheirCause) {
       << bad.status();
   build.traces = {TmpPath("missing.txt")};
   EXPECT_FALSE(BuildTable(build).ok());
+  // A trace with no INSERT line builds nothing: an error, and no table file left behind.
+  const std::string reads_only = TmpPath("reads_only.txt");
+  {
+    std::ofstream out(reads_only);
+    out << "READ usertable user1 [ ]\n";
+  }
+  build.traces = {reads_only};
+  build.out = TmpPath("empty.hop");
+  absl::StatusOr<BuildSummary> empty = BuildTable(build);
+  ASSERT_TRUE(absl::IsInvalidArgument(empty.status())) << empty.status();
+  EXPECT_NE(empty.status().message().find("no INSERT line"), std::string::npos);
+  EXPECT_FALSE(std::ifstream(build.out).good());
 }
 
 }  // namespace
