@@ -27,6 +27,16 @@
 //     pending ring; the progress thread executes it later (and sleeps there, never in PostSend).
 //   - Poll never blocks on either backend.
 // Control-path calls (open, create, connect, destroy, counters()) may allocate, lock and block.
+//
+// What a READ returns while the responder's CPU writes the memory it reads (one-sided readers
+// depend on it: hopscotch/neighbourhood.h):
+//   - shm: each 64-byte line of the responder's addresses as of one instant, lines in ascending
+//     order, each at its own instant. Exact for lines whose words never return to an earlier
+//     value while the READ copies them (a line with a version word); a line written without
+//     such a word may, in principle, show an A-B-A mix (transport/shm/ordered_copy.h).
+//   - verbs: what the NIC's DMA reads. Hardware NICs read whole cache lines coherently in
+//     practice (FaRM relies on it; no specification promises it, nor the ascending order); rxe
+//     copies with the kernel's memcpy and promises neither.
 #ifndef HERD_TRANSPORT_FABRIC_H_
 #define HERD_TRANSPORT_FABRIC_H_
 
@@ -295,7 +305,7 @@ class Device {
 // FaultOptions::write_disorder): long enough for a poller to consume the first copy.
 inline constexpr uint32_t kDefaultDisorderPauseUs = 20;
 
-// FaultOptions::slow_read_us: the pieces a slow READ is copied in.
+// FaultOptions::slow_read_us: the pieces a slow READ is copied in (whole 64-byte lines each).
 inline constexpr uint32_t kSlowReadChunks = 16;
 
 struct FaultOptions {

@@ -889,6 +889,64 @@ TEST_P(Conformance, WriteMakesItsLastEightBytesVisibleLast) {
   EXPECT_FALSE(torn);
 }
 
+// fabric.h's READ promise on shm: each 64-byte line as of one instant. A writer thread stores a
+// round number into every word of two lines, word by word in ascending order, round after
+// round; at any instant a line therefore holds round r + 1 in a prefix of its words and r in
+// the rest. A READ racing it must return only such lines: a line whose words are not
+// non-increasing, or span more than one round, was copied across two instants. The reader runs
+// with slow READs (pauses inside the copy, where the writer gets ahead) and without.
+TEST_P(Conformance, ReadReturnsEachVersionedLineAsOfOneInstant) {
+  if (!IsShmBackend(GetParam())) {
+    GTEST_SKIP() << "a NIC's READ of a line is the NIC's business (fabric.h); rxe promises none";
+  }
+  constexpr uint32_t kLines = 2;
+  constexpr uint32_t kWordsPerLine = 8;
+  constexpr int kReads = 400;
+  auto* words = reinterpret_cast<uint64_t*>(b_->bytes());
+  std::atomic<bool> stop{false};
+  std::atomic<uint64_t> rounds{0};
+  std::thread writer([&] {
+    for (uint64_t round = 1; !stop.load(std::memory_order_relaxed); ++round) {
+      for (uint32_t w = 0; w < kLines * kWordsPerLine; ++w) {
+        std::atomic_ref<uint64_t>(words[w]).store(round, std::memory_order_release);
+      }
+      rounds.store(round, std::memory_order_relaxed);
+    }
+  });
+  for (const uint32_t slow_read_us : {0u, 20u}) {
+    auto reader =
+        MakeNode(GetParam(), kAllAccess, 4096, "test", FaultOptions{.slow_read_us = slow_read_us});
+    ASSERT_NE(reader, nullptr);
+    auto qa = MakeQp(*reader, QpType::kRc);
+    auto qb = MakeQp(*b_, QpType::kRc);
+    ConnectPair(*qa, *qb);
+    int torn_lines = 0;
+    Sge sge = reader->sge(0, kLines * kWordsPerLine * 8);
+    for (int i = 0; i < kReads && torn_lines == 0; ++i) {
+      SendWr read;
+      read.sg_list = &sge;
+      read.num_sge = 1;
+      read.opcode = Opcode::kRead;
+      read.flags = kSignaled;
+      read.remote_addr = b_->addr(0);
+      read.rkey = b_->mr->rkey();
+      ASSERT_TRUE(Post(*qa, read).ok());
+      ASSERT_EQ(PollN(*reader->send_cq, 1).at(0).status, CompletionStatus::kSuccess);
+      const auto* got = reinterpret_cast<const uint64_t*>(reader->bytes());
+      for (uint32_t line = 0; line < kLines; ++line) {
+        const uint64_t* l = got + line * kWordsPerLine;
+        bool prefix_shaped = l[0] - l[kWordsPerLine - 1] <= 1;
+        for (uint32_t w = 1; w < kWordsPerLine; ++w) prefix_shaped &= l[w] <= l[w - 1];
+        if (!prefix_shaped) ++torn_lines;
+      }
+    }
+    EXPECT_EQ(torn_lines, 0) << "slow_read_us " << slow_read_us;
+  }
+  stop = true;
+  writer.join();
+  EXPECT_GT(rounds.load(), 1u);  // the writer really raced the READs
+}
+
 // What a poller of one WRITE's slot saw (see ProbeWriteDisorder).
 struct DisorderSeen {
   bool last_word_before_another = false;  // the last word landed while another had not

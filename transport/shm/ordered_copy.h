@@ -27,6 +27,27 @@ inline void OrderedCopy(uint8_t* dst, const uint8_t* src, size_t n) {
   for (; n > 0; --n) std::atomic_ref<uint8_t>(*dst++).store(*src++, std::memory_order_release);
 }
 
+// The copy behind every shm READ: the source is taken one 64-byte line at a time (lines of the
+// SOURCE's addresses, in ascending order), each line copied until two consecutive copies agree.
+// For a line whose words never return to an earlier value between the two copies (a versioned
+// line: a seqlock word, a counter), agreement proves that the copy is the line's content at one
+// instant (each word held its value from its first load to its second, and every first load
+// precedes every second one), as a NIC's DMA read of a cache line is in practice. A line a
+// writer keeps changing is retried until it holds still, as DMA waits for the line's owner.
+inline constexpr uint64_t kLineBytes = 64;
+
+// Copies [src, src + n), which lies within one source line, to dst, as of one instant.
+inline void StableLineCopy(uint8_t* dst, const uint8_t* src, size_t n) {
+  std::memcpy(dst, src, n);
+  // Every load of the first copy happens before any load of the comparison (x86 keeps loads in
+  // order; the fence keeps the compiler from merging or reordering the two passes).
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  while (std::memcmp(dst, src, n) != 0) {
+    std::memcpy(dst, src, n);
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+  }
+}
+
 }  // namespace transport::shm
 
 #endif  // HERD_TRANSPORT_SHM_ORDERED_COPY_H_

@@ -594,21 +594,26 @@ CompletionStatus ShmQp::RdmaRead(Peer& peer, const QpEntry& responder, const Sen
   const uint8_t* src = peer.Resolve(wr.rkey, wr.remote_addr, length, kRemoteRead, responder.pd);
   if (src == nullptr) return CompletionStatus::kRemoteAccessError;
   const uint32_t pause_us = device_->faults().slow_read_us;
-  // Slow READs: a pause after every chunk of this many bytes (at least one word).
-  const uint64_t chunk =
-      pause_us == 0 ? UINT64_MAX
-                    : std::max<uint64_t>((length + kSlowReadChunks - 1) / kSlowReadChunks, 8);
+  // Slow READs: a pause after every chunk of this many bytes, whole lines, so a pause never
+  // splits a line's copy (StableLineCopy).
+  const uint64_t chunk = pause_us == 0
+                             ? UINT64_MAX
+                             : std::max<uint64_t>((length + kSlowReadChunks * kLineBytes - 1) /
+                                                      (kSlowReadChunks * kLineBytes) * kLineBytes,
+                                                  kLineBytes);
   uint64_t since_pause = 0;
   for (uint32_t i = 0; i < wr.num_sge; ++i) {
     uint8_t* dst = LocalBuffer(wr.sg_list[i], kLocalWrite);
     if (dst == nullptr) return CompletionStatus::kLocalProtectionError;
     for (uint64_t done = 0; done < wr.sg_list[i].length;) {
-      const uint64_t n = std::min<uint64_t>(wr.sg_list[i].length - done, chunk - since_pause);
-      std::memcpy(dst + done, src, n);
+      // Up to the end of the source's current line.
+      const uint64_t to_line_end = kLineBytes - reinterpret_cast<uintptr_t>(src) % kLineBytes;
+      const uint64_t n = std::min<uint64_t>(wr.sg_list[i].length - done, to_line_end);
+      StableLineCopy(dst + done, src, n);
       src += n;
       done += n;
       since_pause += n;
-      if (since_pause == chunk) {
+      if (since_pause >= chunk && n == to_line_end) {
         since_pause = 0;
         std::this_thread::sleep_for(std::chrono::microseconds(pause_us));
       }
