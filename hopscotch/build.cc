@@ -15,7 +15,8 @@ namespace {
 // Calls visit(path, file, record) for every INSERT line of every trace, in order, until it
 // returns an error; then visited(path, file) once each file is done.
 template <typename Visit, typename Visited>
-absl::Status ForEachInsert(const std::vector<std::string>& paths, Visit visit, Visited visited) {
+absl::Status ForEachInsert(const std::vector<std::string>& paths, const Sharding& sharding,
+                           Visit visit, Visited visited) {
   for (const std::string& path : paths) {
     absl::StatusOr<TraceFile> file = TraceFile::Open(path);
     if (!file.ok()) return file.status();
@@ -24,7 +25,7 @@ absl::Status ForEachInsert(const std::vector<std::string>& paths, Visit visit, V
       absl::StatusOr<bool> more = file->Next(&record);
       if (!more.ok()) return more.status();
       if (!*more) break;
-      if (record.op != TraceOp::kInsert) continue;
+      if (record.op != TraceOp::kInsert || !sharding.Holds(record.key)) continue;
       if (absl::Status s = visit(path, *file, record); !s.ok()) return s;
     }
     visited(*file);
@@ -33,10 +34,11 @@ absl::Status ForEachInsert(const std::vector<std::string>& paths, Visit visit, V
 }
 
 // INSERT lines across the traces: an upper bound on distinct keys.
-absl::StatusOr<uint64_t> CountInserts(const std::vector<std::string>& paths) {
+absl::StatusOr<uint64_t> CountInserts(const std::vector<std::string>& paths,
+                                      const Sharding& sharding) {
   uint64_t inserts = 0;
   absl::Status s = ForEachInsert(
-      paths,
+      paths, sharding,
       [&](const std::string&, const TraceFile&, const TraceRecord&) {
         ++inserts;
         return absl::OkStatus();
@@ -55,19 +57,20 @@ absl::StatusOr<BuildSummary> BuildTable(const BuildOptions& o) {
   if (!(o.target_load > 0 && o.target_load <= 1)) {
     return absl::InvalidArgumentError("target load must be in (0, 1]");
   }
+  const Sharding sharding{o.shard, o.shards};
   BuildSummary summary;
   summary.home_buckets = o.home_buckets;
   if (summary.home_buckets == 0) {
-    absl::StatusOr<uint64_t> inserts = CountInserts(o.traces);
+    absl::StatusOr<uint64_t> inserts = CountInserts(o.traces, sharding);
     if (!inserts.ok()) return inserts.status();
     const auto wanted =
         static_cast<uint64_t>(std::ceil(static_cast<double>(*inserts) / o.target_load));
     summary.home_buckets = std::bit_ceil(std::max<uint64_t>(wanted, 1));
   }
-  absl::StatusOr<Table> table = Table::Create(o.out, summary.home_buckets, o.seed);
+  absl::StatusOr<Table> table = Table::Create(o.out, summary.home_buckets, o.seed, sharding);
   if (!table.ok()) return table.status();
   absl::Status built = ForEachInsert(
-      o.traces,
+      o.traces, sharding,
       [&](const std::string& path, const TraceFile& file, const TraceRecord& record) {
         absl::Status s = table->Insert(record.key, ValueFor(record));
         if (absl::IsResourceExhausted(s)) {

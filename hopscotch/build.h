@@ -18,6 +18,10 @@ struct BuildOptions {
   uint64_t home_buckets = 0;  // 0: the smallest power of two with inserts / buckets <= load
   double target_load = 0.8;
   uint64_t seed = 0;
+  // Keys sharded over `shards` servers: only the INSERT lines of keys this shard holds
+  // (ServerOf) are built into the table.
+  uint32_t shard = 0;
+  uint32_t shards = 1;
 };
 
 struct BuildSummary {

@@ -3,7 +3,7 @@
 //
 //   file:  [ header: 4096 B ][ bucket 0 .. bucket home_buckets + H - 2: 64 B each ]
 //
-// Header (little-endian; only the first 80 bytes are used, the rest of the page is zero):
+// Header (little-endian; only the first 88 bytes are used, the rest of the page is zero):
 //   off size field
 //     0    8 magic            "HERDHOP\0"
 //     8    4 format_version   kFormatVersion (1)
@@ -21,7 +21,10 @@
 //    64    8 state            0 = clean (closed by its writer), 1 = dirty (open for writing, or
 //                             its writer died): not checksummed, so flipping it is one store
 //    72    8 item_count       exact when clean; recounted by Open when dirty
-//    80 4016 reserved         zero
+//    80    4 shard            which of `shards` servers this table serves: it holds exactly the
+//                             keys k with ServerOf(k, shards) == shard (hash.h)
+//    84    4 shards           1..kMaxShards; 0 in a file written without sharding: read as 1
+//    88 4008 reserved         zero
 //
 // Bucket (64 B, one cache line):
 //   off size field
@@ -61,7 +64,9 @@ inline constexpr uint32_t kBucketBytes = 64;
 inline constexpr uint32_t kKeyBytes = 32;
 inline constexpr uint32_t kValueBytes = 27;
 inline constexpr uint64_t kNeighbourhoodBytes = uint64_t{kNeighbourhood} * kBucketBytes;
-inline constexpr uint64_t kMaxHomeBuckets = uint64_t{1} << 32;          // the home hash is 32 bits
+inline constexpr uint64_t kMaxHomeBuckets = uint64_t{1} << 32;  // the home hash is 32 bits
+// The most servers one key space is sharded over (a sanity bound on a header field).
+inline constexpr uint32_t kMaxShards = 1 << 16;
 inline constexpr uint64_t kHeaderChecksumSeed = 0x68657264686f7031ULL;  // "herdhop1"
 
 // Bucket byte offsets.
@@ -95,7 +100,9 @@ struct Header {
   uint64_t checksum;
   uint64_t state;
   uint64_t item_count;
-  uint8_t reserved[kHeaderBytes - 80];
+  uint32_t shard;
+  uint32_t shards;
+  uint8_t reserved[kHeaderBytes - 88];
 };
 static_assert(sizeof(Header) == kHeaderBytes);
 static_assert(offsetof(Header, format_version) == 8 && offsetof(Header, header_bytes) == 12);
@@ -104,6 +111,7 @@ static_assert(offsetof(Header, bucket_bytes) == 28 && offsetof(Header, key_bytes
 static_assert(offsetof(Header, value_bytes) == 36 && offsetof(Header, hash_seed) == 40);
 static_assert(offsetof(Header, total_buckets) == 48 && offsetof(Header, checksum) == 56);
 static_assert(offsetof(Header, state) == 64 && offsetof(Header, item_count) == 72);
+static_assert(offsetof(Header, shard) == 80 && offsetof(Header, shards) == 84);
 inline constexpr size_t kChecksummedHeaderBytes = offsetof(Header, checksum);
 
 using Value = std::array<uint8_t, kValueBytes>;

@@ -23,9 +23,12 @@ DEFINE_string(out, "", "Table file to write (replaced if it exists).");
 DEFINE_uint64(buckets, 0, "Home buckets (a power of two); 0: derived from the key count.");
 DEFINE_double(target_load, 0.8, "Largest keys / home buckets when --buckets is derived.");
 DEFINE_uint64(seed, 0, "Seed of the home-bucket hash, stored in the table header.");
+DEFINE_uint32(shards, 1, "Servers the key space is sharded over (keys routed by ServerOf).");
+DEFINE_uint32(shard, 0, "Which shard this table is: only its keys are inserted (0..shards-1).");
 
 int main(int argc, char** argv) {
-  gflags::SetUsageMessage("hop_build --trace FILE[,FILE] --out PATH [--buckets N]");
+  gflags::SetUsageMessage(
+      "hop_build --trace FILE[,FILE] --out PATH [--buckets N] [--shard I --shards N]");
   gflags::ParseCommandLineFlags(&argc, &argv, true);
   google::InitGoogleLogging(argv[0]);
   if (FLAGS_trace.empty() || FLAGS_out.empty()) {
@@ -38,6 +41,8 @@ int main(int argc, char** argv) {
   options.home_buckets = FLAGS_buckets;
   options.target_load = FLAGS_target_load;
   options.seed = FLAGS_seed;
+  options.shard = FLAGS_shard;
+  options.shards = FLAGS_shards;
   absl::StatusOr<hopscotch::BuildSummary> s = hopscotch::BuildTable(options);
   if (!s.ok()) {
     std::fprintf(stderr, "hop_build: %s\n", std::string(s.status().message()).c_str());
@@ -46,8 +51,9 @@ int main(int argc, char** argv) {
   std::printf(
       "{\"keys\":%lu,\"buckets\":%lu,\"load\":%.4f,\"max_displacement\":%u,\"moves\":%lu,"
       "\"updates\":%lu,\"bytes\":%lu,\"seconds\":%.3f,\"lines\":%lu,\"skipped_lines\":%lu,"
-      "\"map_sync\":%s}\n",
+      "\"shard\":%u,\"shards\":%u,\"map_sync\":%s}\n",
       s->keys, s->home_buckets, s->load, s->max_displacement, s->moves, s->updates, s->bytes,
-      s->seconds, s->lines, s->skipped_lines, s->map_sync ? "true" : "false");
+      s->seconds, s->lines, s->skipped_lines, FLAGS_shard, FLAGS_shards,
+      s->map_sync ? "true" : "false");
   return 0;
 }

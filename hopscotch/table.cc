@@ -30,7 +30,7 @@ bool ValidHomeBuckets(uint64_t n) {
   return n >= 1 && n <= kMaxHomeBuckets && std::has_single_bit(n);
 }
 
-Header NewHeader(uint64_t home_buckets, uint64_t seed) {
+Header NewHeader(uint64_t home_buckets, uint64_t seed, const Sharding& sharding) {
   Header h;
   std::memset(&h, 0, sizeof(h));
   std::memcpy(h.magic, kMagic, sizeof(kMagic));
@@ -46,10 +46,22 @@ Header NewHeader(uint64_t home_buckets, uint64_t seed) {
   h.checksum = HeaderChecksum(h);
   h.state = kStateDirty;
   h.item_count = 0;
+  h.shard = sharding.shard;
+  h.shards = sharding.shards;
   return h;
 }
 
+absl::Status ValidateSharding(uint32_t shard, uint32_t shards) {
+  if (shards < 1 || shards > kMaxShards || shard >= shards) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "shard %u of %u: want 1..%u shards and shard < shards", shard, shards, kMaxShards));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
+
+bool Sharding::Holds(std::string_view key) const { return ServerOf(key, shards) == shard; }
 
 uint64_t HeaderChecksum(const Header& header) {
   util::WordChecksum sum(kHeaderChecksumSeed, kChecksummedHeaderBytes);
@@ -99,6 +111,9 @@ absl::Status ValidateHeader(const Header& h, uint64_t file_bytes) {
     return absl::DataLossError(
         absl::StrFormat("state %u is neither clean (0) nor dirty (1)", h.state));
   }
+  if (absl::Status s = ValidateSharding(h.shard, h.shards == 0 ? 1 : h.shards); !s.ok()) {
+    return absl::DataLossError(s.message());
+  }
   if (h.state == kStateClean && h.item_count > h.total_buckets) {
     return absl::DataLossError(
         absl::StrFormat("item count %u exceeds the %u buckets", h.item_count, h.total_buckets));
@@ -135,10 +150,14 @@ absl::StatusOr<Table> Table::Map(const std::string& path, int fd, uint64_t bytes
   return t;
 }
 
-absl::StatusOr<Table> Table::Create(const std::string& path, uint64_t home_buckets, uint64_t seed) {
+absl::StatusOr<Table> Table::Create(const std::string& path, uint64_t home_buckets, uint64_t seed,
+                                    Sharding sharding) {
   if (!ValidHomeBuckets(home_buckets)) {
     return absl::InvalidArgumentError(
         absl::StrFormat("%s: %u home buckets: want a power of two in 1..2^32", path, home_buckets));
+  }
+  if (absl::Status s = ValidateSharding(sharding.shard, sharding.shards); !s.ok()) {
+    return WithPath(path, s);
   }
   const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return util::ErrnoStatus(absl::StatusCode::kInternal, path + ": create");
@@ -154,10 +173,11 @@ absl::StatusOr<Table> Table::Create(const std::string& path, uint64_t home_bucke
     close(fd);
     return t.status();
   }
-  const Header h = NewHeader(home_buckets, seed);
+  const Header h = NewHeader(home_buckets, seed, sharding);
   std::memcpy(t->base_, &h, sizeof(h));
   t->home_buckets_ = home_buckets;
   t->seed_ = seed;
+  t->sharding_ = sharding;
   return t;
 }
 
@@ -168,7 +188,7 @@ absl::StatusOr<Table> Table::CreateInMemory(uint64_t home_buckets, uint64_t seed
   }
   absl::StatusOr<Table> t = Map("(memory)", -1, FileBytes(home_buckets), /*writable=*/true);
   if (!t.ok()) return t.status();
-  const Header h = NewHeader(home_buckets, seed);
+  const Header h = NewHeader(home_buckets, seed, Sharding{});
   std::memcpy(t->base_, &h, sizeof(h));
   t->home_buckets_ = home_buckets;
   t->seed_ = seed;
@@ -208,6 +228,7 @@ absl::StatusOr<Table> Table::Open(const std::string& path, bool writable) {
   }
   t->home_buckets_ = h.home_buckets;
   t->seed_ = h.hash_seed;
+  t->sharding_ = Sharding{h.shard, h.shards == 0 ? 1 : h.shards};
   if (h.state == kStateClean) {
     t->items_ = h.item_count;
   } else if (writable) {
@@ -318,6 +339,7 @@ Table& Table::operator=(Table&& o) noexcept {
     map_sync_ = o.map_sync_;
     home_buckets_ = o.home_buckets_;
     seed_ = o.seed_;
+    sharding_ = o.sharding_;
     items_ = o.items_;
     stats_ = o.stats_;
   }

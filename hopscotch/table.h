@@ -69,12 +69,19 @@ struct TableStats {
   uint64_t recovered_dangling = 0;  // hop bits naming no key of theirs (corruption, not a kill)
 };
 
+// Which part of a sharded key space a table holds (format.h: shard, shards).
+struct Sharding {
+  uint32_t shard = 0;
+  uint32_t shards = 1;
+  bool Holds(std::string_view key) const;
+};
+
 class Table {
  public:
   // A new file of `home_buckets` (a power of two, 1..2^32) empty home buckets; an existing
   // file is replaced. Writable.
   static absl::StatusOr<Table> Create(const std::string& path, uint64_t home_buckets,
-                                      uint64_t seed = 0);
+                                      uint64_t seed = 0, Sharding sharding = {});
   // The same in anonymous memory (tests).
   static absl::StatusOr<Table> CreateInMemory(uint64_t home_buckets, uint64_t seed = 0);
   // Maps and validates an existing table file; errors name the file and what is wrong.
@@ -103,6 +110,7 @@ class Table {
   uint64_t home_buckets() const { return home_buckets_; }
   uint64_t total_buckets() const { return home_buckets_ + kNeighbourhood - 1; }
   uint64_t seed() const { return seed_; }
+  const Sharding& sharding() const { return sharding_; }
   uint64_t items() const { return items_; }
   uint64_t file_bytes() const { return FileBytes(home_buckets_); }
   bool map_sync() const { return map_sync_; }
@@ -129,6 +137,7 @@ class Table {
   bool map_sync_ = false;
   uint64_t home_buckets_ = 0;
   uint64_t seed_ = 0;
+  Sharding sharding_;
   uint64_t items_ = 0;
   TableStats stats_;
 };

@@ -134,6 +134,21 @@ TEST(Open, BadGeometryWithAValidChecksum) {
   h.item_count = 1000;
   WriteHeader(path, h, true);
   ExpectRejected(path, "item count 1000 exceeds");
+  h = good;
+  h.shard = 3;
+  h.shards = 3;
+  WriteHeader(path, h, true);
+  ExpectRejected(path, "shard 3 of 3");
+  h = good;
+  h.shards = kMaxShards + 1;
+  WriteHeader(path, h, true);
+  ExpectRejected(path, "shards and shard < shards");
+  h = good;
+  h.shards = 0;  // a file written before sharding: one shard
+  WriteHeader(path, h, true);
+  absl::StatusOr<Table> unsharded = Table::Open(path, false);
+  ASSERT_TRUE(unsharded.ok()) << unsharded.status();
+  EXPECT_EQ(unsharded->sharding().shards, 1u);
 }
 
 TEST(Open, RandomGarbageIsNotATable) {

@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_format.h"
 #include "bench/ycsb_trace_gen.h"
@@ -76,6 +77,59 @@ TEST(RoundTrip, GeneratedTraceBuildsAndEveryKeyIsFound) {
       EXPECT_EQ(ReadLike(*table, absl::StrFormat("user%d", i)).kind, Kind::kMiss);
     }
   }
+}
+
+// Sharded builds: each of three tables holds exactly the keys ServerOf routes to it, together
+// every key once, and says which shard it is.
+TEST(RoundTrip, ShardedBuildsPartitionTheKeys) {
+  const std::string trace = TmpPath("sharded.txt");
+  bench::TraceOptions options;
+  options.records = 6000;
+  options.operations = 0;
+  bench::TraceCounts counts;
+  {
+    std::ofstream out(trace);
+    ASSERT_TRUE(bench::WriteTrace(options, out, &counts).ok());
+  }
+  constexpr uint32_t kShards = 3;
+  std::vector<Table> tables;
+  uint64_t keys = 0;
+  for (uint32_t shard = 0; shard < kShards; ++shard) {
+    BuildOptions build;
+    build.traces = {trace};
+    build.out = TmpPath(absl::StrFormat("shard%u.hop", shard));
+    build.shard = shard;
+    build.shards = kShards;
+    absl::StatusOr<BuildSummary> summary = BuildTable(build);
+    ASSERT_TRUE(summary.ok()) << summary.status();
+    EXPECT_GT(summary->keys, counts.inserts / kShards * 8 / 10);  // a fair share each
+    keys += summary->keys;
+    absl::StatusOr<Table> table = Table::Open(build.out, /*writable=*/false);
+    ASSERT_TRUE(table.ok()) << table.status();
+    EXPECT_EQ(table->sharding().shard, shard);
+    EXPECT_EQ(table->sharding().shards, kShards);
+    tables.push_back(*std::move(table));
+  }
+  EXPECT_EQ(keys, counts.inserts);
+  absl::StatusOr<TraceFile> file = TraceFile::Open(trace);
+  ASSERT_TRUE(file.ok());
+  TraceRecord record;
+  while (*file->Next(&record)) {
+    const uint32_t owner = ServerOf(record.key, kShards);
+    for (uint32_t shard = 0; shard < kShards; ++shard) {
+      EXPECT_EQ(ReadLike(tables[shard], record.key).kind,
+                shard == owner ? Kind::kFound : Kind::kMiss)
+          << record.key << " shard " << shard;
+    }
+  }
+  BuildOptions bad;
+  bad.traces = {trace};
+  bad.out = TmpPath("badshard.hop");
+  bad.shard = 2;
+  bad.shards = 2;
+  absl::StatusOr<BuildSummary> refused = BuildTable(bad);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("shard 2 of 2"), std::string::npos) << refused.status();
 }
 
 // YCSB's own output: banner and status lines, ten 100-byte fields, a repeated key, and two
