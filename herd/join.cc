@@ -180,23 +180,6 @@ absl::StatusOr<transport::control::Message> Expect(transport::control::MessageCh
   return message;
 }
 
-absl::StatusOr<std::unique_ptr<transport::control::MessageChannel>> ConnectControl(
-    transport::ConnectMode mode, transport::Device* device, std::string_view host_port,
-    absl::Duration timeout) {
-  if (mode == transport::ConnectMode::kCm) {
-    if (device == nullptr) return absl::InvalidArgumentError("RDMA-CM joins need a device");
-    absl::StatusOr<std::unique_ptr<transport::CmChannel>> channel =
-        transport::CmChannel::Connect(*device, host_port, timeout);
-    if (!channel.ok()) return channel.status();
-    return std::unique_ptr<transport::control::MessageChannel>(*std::move(channel));
-  }
-  absl::StatusOr<transport::control::Channel> channel =
-      transport::control::Channel::Connect(host_port, timeout);
-  if (!channel.ok()) return channel.status();
-  return std::unique_ptr<transport::control::MessageChannel>(
-      std::make_unique<transport::control::Channel>(*std::move(channel)));
-}
-
 namespace {
 
 // One request on a connection of its own, answered by one message carrying a JSON string.

@@ -16,6 +16,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "herd/config.h"
+#include "transport/cm_channel.h"
 #include "transport/control/message_channel.h"
 #include "transport/fabric.h"
 #include "transport/types.h"
@@ -100,11 +101,7 @@ absl::StatusOr<Join> DecodeJoin(const std::vector<uint8_t>& bytes, uint32_t work
 absl::StatusOr<Welcome> DecodeWelcome(const std::vector<uint8_t>& bytes, uint32_t workers,
                                       uint32_t ud_qps_per_worker);
 
-// Opens a control link to the server at `host_port`: a TCP connection (ConnectMode::kTcp), or an
-// RDMA-CM connection from `device` (kCm; a verbs device, which must outlive the link).
-absl::StatusOr<std::unique_ptr<transport::control::MessageChannel>> ConnectControl(
-    transport::ConnectMode mode, transport::Device* device, std::string_view host_port,
-    absl::Duration timeout);
+using transport::ConnectControl;  // transport/cm_channel.h
 
 // Asks the server at `host_port` for its counters (kStatsRequest on a connection of its own, no
 // session): one JSON object with "uptime_s", "config" and "stats". `device`: for kCm only.

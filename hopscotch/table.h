@@ -113,6 +113,8 @@ class Table {
   const Sharding& sharding() const { return sharding_; }
   uint64_t items() const { return items_; }
   uint64_t file_bytes() const { return FileBytes(home_buckets_); }
+  // The mapping's first byte (the header): what a server registers for remote READ.
+  const uint8_t* data() const { return base_; }
   bool map_sync() const { return map_sync_; }
   const TableStats& stats() const { return stats_; }
   uint64_t HomeOf(std::string_view key) const;

@@ -433,4 +433,21 @@ void CmHandshakes::Close(uint64_t id) {
   closing_.emplace_back(absl::Now() + kCloseLinger, std::move(channel));
 }
 
+absl::StatusOr<std::unique_ptr<control::MessageChannel>> ConnectControl(ConnectMode mode,
+                                                                        Device* device,
+                                                                        std::string_view host_port,
+                                                                        absl::Duration timeout) {
+  if (mode == ConnectMode::kCm) {
+    if (device == nullptr) return absl::InvalidArgumentError("RDMA-CM joins need a device");
+    absl::StatusOr<std::unique_ptr<CmChannel>> channel =
+        CmChannel::Connect(*device, host_port, timeout);
+    if (!channel.ok()) return channel.status();
+    return std::unique_ptr<control::MessageChannel>(*std::move(channel));
+  }
+  absl::StatusOr<control::Channel> channel = control::Channel::Connect(host_port, timeout);
+  if (!channel.ok()) return channel.status();
+  return std::unique_ptr<control::MessageChannel>(
+      std::make_unique<control::Channel>(*std::move(channel)));
+}
+
 }  // namespace transport

@@ -135,6 +135,13 @@ class CmHandshakes : public control::HandshakeSet {
   std::deque<std::pair<absl::Time, std::unique_ptr<CmChannel>>> closing_;
 };
 
+// Opens a control link to the server at `host_port`: a TCP connection (ConnectMode::kTcp), or an
+// RDMA-CM connection from `device` (kCm; a verbs device, which must outlive the link).
+absl::StatusOr<std::unique_ptr<control::MessageChannel>> ConnectControl(ConnectMode mode,
+                                                                        Device* device,
+                                                                        std::string_view host_port,
+                                                                        absl::Duration timeout);
+
 }  // namespace transport
 
 #endif  // HERD_TRANSPORT_CM_CHANNEL_H_

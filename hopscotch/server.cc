@@ -1,0 +1,210 @@
+#include "hopscotch/server.h"
+
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_format.h"
+#include "glog/logging.h"
+#include "hopscotch/hash.h"
+#include "transport/cm_channel.h"
+#include "transport/control/pending_connections.h"
+
+namespace hopscotch {
+
+using transport::control::HandshakeEvent;
+using transport::control::Message;
+
+namespace {
+
+// An upsert message is ~70 B a pair; a hello a few dozen bytes.
+constexpr uint32_t kMaxRequestBytes = kMaxUpsertsPerMessage * 96 + 64;
+
+std::vector<uint8_t> Text(std::string_view text) {
+  return std::vector<uint8_t>(text.begin(), text.end());
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Server>> Server::Create(const ServerOptions& options) {
+  if (options.max_clients == 0) return absl::InvalidArgumentError("max_clients must be >= 1");
+  absl::StatusOr<Table> table = Table::Open(options.table, /*writable=*/!options.read_only);
+  if (!table.ok()) return table.status();
+  std::unique_ptr<Server> server(new Server(options, *std::move(table)));
+  if (absl::Status s = server->Open(); !s.ok()) return s;
+  return server;
+}
+
+absl::Status Server::Open() {
+  absl::StatusOr<std::unique_ptr<transport::Device>> device =
+      transport::OpenDevice(options_.device);
+  if (!device.ok()) return device.status();
+  device_ = *std::move(device);
+  absl::StatusOr<std::unique_ptr<transport::ProtectionDomain>> pd = device_->AllocatePd();
+  if (!pd.ok()) return pd.status();
+  pd_ = *std::move(pd);
+  absl::StatusOr<std::unique_ptr<transport::CompletionQueue>> cq = device_->CreateCq(1);
+  if (!cq.ok()) return cq.status();
+  cq_ = *std::move(cq);
+  // Remote READ only: no client can write a byte of the table (the conformance suite checks
+  // that a WRITE into a READ-only region fails on both backends).
+  absl::StatusOr<std::unique_ptr<transport::MemoryRegion>> mr = pd_->RegisterMemory(
+      const_cast<uint8_t*>(table_.data()), table_.file_bytes(), transport::kRemoteRead);
+  if (!mr.ok()) {
+    return absl::Status(mr.status().code(), absl::StrFormat("register %s for remote READ: %s",
+                                                            options_.table, mr.status().message()));
+  }
+  mr_ = *std::move(mr);
+  transport::control::PendingOptions pending;
+  pending.max_pending = options_.max_clients;
+  pending.max_payload = kMaxRequestBytes;
+  pending.first_message_timeout = kHelloTimeout;
+  if (options_.connect == transport::ConnectMode::kCm) {
+    absl::StatusOr<std::unique_ptr<transport::CmHandshakes>> set =
+        transport::CmHandshakes::Create(*device_, options_.listen_address, options_.port, pending);
+    if (!set.ok()) return set.status();
+    connections_ = *std::move(set);
+  } else {
+    absl::StatusOr<transport::control::Listener> listener =
+        transport::control::Listener::Listen(options_.listen_address, options_.port);
+    if (!listener.ok()) return listener.status();
+    listener_ = std::make_unique<transport::control::Listener>(*std::move(listener));
+    absl::StatusOr<std::unique_ptr<transport::control::PendingConnections>> set =
+        transport::control::PendingConnections::Create(listener_.get(), pending);
+    if (!set.ok()) return set.status();
+    connections_ = *std::move(set);
+  }
+  return absl::OkStatus();
+}
+
+Server::~Server() {
+  sessions_.clear();  // QPs before the CQ, PD and device
+  connections_.reset();
+}
+
+void Server::Run(const std::atomic<bool>& stop) {
+  while (!stop.load(std::memory_order_relaxed)) Step(absl::Milliseconds(50));
+}
+
+void Server::Step(absl::Duration timeout) {
+  std::vector<HandshakeEvent> events;
+  connections_->Wait(timeout, &events);
+  for (HandshakeEvent& e : events) {
+    if (e.kind != HandshakeEvent::Kind::kMessage) {
+      // The set already closed and forgot the connection: the client left (or never joined).
+      if (sessions_.erase(e.id) > 0) {
+        ++counters_.left;
+        VLOG(1) << "client " << e.peer << " left: " << e.status;
+      }
+      continue;
+    }
+    const bool joined = sessions_.contains(e.id);
+    switch (e.message.type) {
+      case kHopHello:
+        if (joined) {
+          Refuse(e.id, absl::FailedPreconditionError("a second hello on one connection"));
+        } else {
+          OnHello(e.id, e.message);
+        }
+        break;
+      case kHopUpsert:
+        if (!joined) {
+          Refuse(e.id, absl::FailedPreconditionError("an upsert before the hello"));
+        } else {
+          OnUpsert(e.id, e.message);
+        }
+        break;
+      case kHopStatsRequest:
+        if (absl::Status s = connections_->Send(e.id, kHopStats, Text(StatsJson())); !s.ok()) {
+          sessions_.erase(e.id);  // the set closed it
+        }
+        break;
+      default:
+        Refuse(e.id, absl::InvalidArgumentError(
+                         absl::StrFormat("unknown message type %u", e.message.type)));
+    }
+  }
+}
+
+void Server::Refuse(uint64_t id, const absl::Status& why) {
+  ++counters_.refused;
+  LOG(WARNING) << "refusing a hop client: " << why;
+  (void)connections_->Send(id, kHopError, Text(why.ToString()));
+  connections_->Close(id);
+  if (sessions_.erase(id) > 0) ++counters_.left;
+}
+
+void Server::OnHello(uint64_t id, const Message& message) {
+  absl::StatusOr<HopHello> hello = DecodeHello(message.payload);
+  if (!hello.ok()) return Refuse(id, hello.status());
+  transport::QpConfig config;
+  config.type = transport::QpType::kRc;
+  config.send_cq = cq_.get();
+  config.recv_cq = cq_.get();
+  config.max_send_wr = 1;  // the server posts nothing: READs are served by the device alone
+  config.max_recv_wr = 1;
+  absl::StatusOr<std::unique_ptr<transport::QueuePair>> qp = pd_->CreateQp(config);
+  if (!qp.ok()) return Refuse(id, qp.status());
+  transport::ConnectConfig connect;
+  connect.remote = hello->qp;
+  if (absl::Status s = (*qp)->Connect(connect); !s.ok()) return Refuse(id, s);
+  HopWelcome welcome;
+  welcome.qp = (*qp)->endpoint();
+  welcome.table_addr = reinterpret_cast<uint64_t>(table_.data());
+  welcome.table_rkey = mr_->rkey();
+  welcome.table_bytes = table_.file_bytes();
+  welcome.home_buckets = table_.home_buckets();
+  welcome.hash_seed = table_.seed();
+  welcome.shard = table_.sharding().shard;
+  welcome.shards = table_.sharding().shards;
+  if (absl::Status s = connections_->Send(id, kHopWelcome, Encode(welcome)); !s.ok()) {
+    ++counters_.refused;
+    return;  // the set closed the connection
+  }
+  // Welcomed: the connection stays in the set for the client's whole stay.
+  (void)connections_->SetDeadline(id, absl::InfiniteFuture());
+  sessions_[id] = Session{*std::move(qp)};
+  ++counters_.joins;
+}
+
+void Server::OnUpsert(uint64_t id, const Message& message) {
+  absl::StatusOr<std::vector<HopUpsert>> upserts = DecodeUpserts(message.payload);
+  if (!upserts.ok()) return Refuse(id, upserts.status());
+  HopUpserted answer;
+  answer.codes.reserve(upserts->size());
+  for (const HopUpsert& u : *upserts) {
+    absl::Status s;
+    if (options_.read_only) {
+      s = absl::FailedPreconditionError("read-only server");
+    } else if (s = ValidateKey(u.key); s.ok() && !table_.sharding().Holds(u.key)) {
+      s = absl::InvalidArgumentError("the key belongs to another shard");
+    }
+    // Applied before the answer: once acknowledged, the insert is in the file's pages (it
+    // survives kill -9 of this process; table.h says what a power failure needs on top).
+    if (s.ok()) s = table_.Insert(u.key, u.value);
+    if (s.ok()) {
+      ++counters_.upserts;
+    } else {
+      ++counters_.upserts_refused;
+    }
+    answer.codes.push_back(static_cast<uint32_t>(s.code()));
+  }
+  if (!connections_->Send(id, kHopUpserted, Encode(answer)).ok() && sessions_.erase(id) > 0) {
+    ++counters_.left;
+  }
+}
+
+std::string Server::StatsJson() const {
+  const TableStats& t = table_.stats();
+  return absl::StrFormat(
+      "{\"uptime_s\":%.3f,\"home_buckets\":%u,\"items\":%u,\"shard\":%u,"
+      "\"shards\":%u,\"map_sync\":%s,\"read_only\":%s,\"clients\":%u,\"joins\":%u,"
+      "\"refused\":%u,\"left\":%u,\"upserts\":%u,\"upserts_refused\":%u,\"inserts\":%u,"
+      "\"updates\":%u,\"updates_in_place\":%u,\"moves\":%u,\"fabric\":%s}",
+      absl::ToDoubleSeconds(absl::Now() - started_), table_.home_buckets(), table_.items(),
+      table_.sharding().shard, table_.sharding().shards, table_.map_sync() ? "true" : "false",
+      options_.read_only ? "true" : "false", sessions_.size(), counters_.joins, counters_.refused,
+      counters_.left, counters_.upserts, counters_.upserts_refused, t.inserts, t.updates,
+      t.updates_in_place, t.moves, device_->counters().ToJson());
+}
+
+}  // namespace hopscotch
