@@ -39,6 +39,25 @@ Host fields: address (localhost/127.0.0.1 = run directly, unless ssh_port is giv
 cores (server: --worker_cores; client: --client_cores), device and gid_index (verbs), ssh_user, ssh_port, ssh_key,
 ssh_options (a list of -o options), repo (the checkout's path there, default this one's; it must
 hold the same build).
+
+Runner knobs (no binary's flag; an axis, or a key of `server` or `client`):
+  replicas: N   starts N `herd_server --role=backup` beside the server, its primary.
+  system: S     which system serves the point's GETs (default herd, the binaries as configured):
+    herd       herd_server/herd_client with UC WRITE requests and UD SEND responses;
+    herd_rc    the same with RC WRITE responses (--response_verb=rc_write);
+    hopscotch  one-sided lookups: each GET is one 2 KiB RDMA READ of a hopscotch table, no server
+               CPU. The runner makes, once per results directory (DIR/hopscotch/), a YCSB trace of
+               READs of the herd client's `keys` (ycsb_trace; `distribution`, `seed`) and a table
+               of it (hop_build), starts `hop_server --read_only` on the server host and runs
+               `hop_client` on the client hosts (all local: the files are made here) with herd's
+               `threads` and as many lookups in flight per thread as herd's logical clients
+               can have requests outstanding (clients x window x workers); `duration_s` is its
+               duration (it has no warm-up: its window includes joining). Only GETs (workload C).
+Every point also records its server process's CPU: utime+stime from /proc/PID/stat (local
+servers) sampled as the clients start and as they exit, as cores busy (server_cores) and per
+operation (server_cpu_us_per_op = cores / Mops), and the per-operation figures of both sides:
+total_wrs_per_op (client + server WRs), wire_bytes_per_op (payload bytes both ways, headers not
+counted), round_trips_per_op. run and plot write DIR/per_get.md: those per series (plot line).
 """
 import argparse
 import csv
@@ -66,7 +85,17 @@ RUNNER_FLAGS = {"port", "listen_address", "server", "fabric", "device", "shm_fab
                 "gid_index", "ib_port"}
 # Knobs of the runner itself, no binary's flag: `replicas` (an axis or a server knob) starts that
 # many `herd_server --role=backup` beside the server and makes the server their primary.
-RUNNER_KNOBS = {"replicas"}
+RUNNER_KNOBS = {"replicas", "system"}
+# `system`: which knobs each herd variant sets (over the experiment's fixed knobs; a sweep axis of
+# the same knob wins), and hopscotch (None): the one-sided hop_server/hop_client pair instead.
+SYSTEMS = {"herd": {"request_verb": "uc_write", "response_verb": "ud_send"},
+           "herd_rc": {"request_verb": "uc_write", "response_verb": "rc_write"},
+           "hopscotch": None}
+SYSTEM_LABELS = {"herd": "herd (UC WRITE requests, UD SEND responses)",
+                 "herd_rc": "herd (UC WRITE requests, RC WRITE responses)",
+                 "hopscotch": "hopscotch (one 2 KiB RDMA READ per GET)"}
+# hopscotch's values are fixed (hopscotch/format.h kValueBytes).
+HOP_VALUE_BYTES = 27
 # The runner sets these itself: the server's --backups (the backups' replication ports) and the
 # client's --backups (their client ports, for herd_client --read_from).
 RUNNER_FLAGS = RUNNER_FLAGS | {"backups"}
@@ -103,8 +132,8 @@ def fail(message):
 
 
 def binary_flags(path):
-    """The flags a binary defines in this project's sources, from its --helpxml (gflags prints
-    the XML and exits 1)."""
+    """The flags a binary defines in this project's sources, name -> default (as text), from its
+    --helpxml (gflags prints the XML and exits 1)."""
     import xml.etree.ElementTree as ElementTree
     try:
         out = subprocess.run([str(path), "--helpxml"], capture_output=True, text=True,
@@ -112,16 +141,33 @@ def binary_flags(path):
         root = ElementTree.fromstring(out)
     except (OSError, subprocess.TimeoutExpired, ElementTree.ParseError) as error:
         fail(f"{path}: cannot read its flags ({error}); build it first")
-    return {flag.findtext("name") for flag in root.iter("flag")
+    return {flag.findtext("name"): flag.findtext("default") for flag in root.iter("flag")
             if (flag.findtext("file") or "").startswith(PROJECT_SOURCES)}
+
+
+def parse_default(text):
+    """A flag's default as --helpxml writes it: 4 -> 4, 0.5 -> 0.5, true -> True, C -> 'C'."""
+    if text in ("true", "false"):
+        return text == "true"
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except (TypeError, ValueError):
+            pass
+    return text
 
 
 class Knobs:
     """Which binary each knob goes to, derived from the two binaries' own flags."""
 
     def __init__(self, server_flags, client_flags):
+        """Each: the flag names, or name -> default (binary_flags)."""
         server = set(server_flags) - RUNNER_FLAGS
         client = set(client_flags) - RUNNER_FLAGS
+        self.defaults = {}
+        for given in (client_flags, server_flags):  # the server's default where both define one
+            if isinstance(given, dict):
+                self.defaults.update({k: parse_default(v) for k, v in given.items()})
         self.roles = {}
         for name in server | client:
             both = name in server and name in client
@@ -143,6 +189,16 @@ class Knobs:
             fail(f"unknown knob '{name}' (server: {by_role['server']}; client: "
                  f"{by_role['client']}; both: {by_role['both']})")
         return self.roles[name], name
+
+    def value(self, name, given):
+        """A knob's value: `given`'s (keys as the experiment writes them, aliases too), else the
+        binary's default."""
+        for key, value in given.items():
+            if ALIASES.get(key, key) == name:
+                return value
+        if name not in self.defaults:
+            fail(f"knob '{name}': no value given and no default known")
+        return self.defaults[name]
 
 
 # ------------------------------------------------------------------------------ the experiment
@@ -233,7 +289,30 @@ class Experiment:
                     fail(f"{self.path}: '{knob}' is not a {role} knob")
         for axis in self.sweep:
             knobs.role(axis)
+        for system in self.systems():
+            if system not in SYSTEMS:
+                fail(f"{self.path}: system '{system}' (known: {', '.join(SYSTEMS)})")
+        if "hopscotch" in self.systems():
+            remote = [h.name for h in self.hosts if not h.local]
+            if remote:
+                fail(f"{self.path}: system hopscotch runs on local hosts only (its trace and "
+                     f"table are made on this machine); remote: {remote}")
+            workloads = {str(w) for w in self.values_of("workload")} or {"C"}
+            if workloads != {"C"}:
+                fail(f"{self.path}: system hopscotch does GETs only: workload must be C, not "
+                     f"{sorted(workloads - {'C'})}")
         self.knobs = knobs
+
+    def values_of(self, knob):
+        """Every value a knob takes in this experiment (fixed or swept); empty if never given."""
+        values = list(self.sweep.get(knob, []))
+        for fixed in self.fixed.values():
+            if knob in fixed and knob not in self.sweep:
+                values.append(fixed[knob])
+        return values
+
+    def systems(self):
+        return {str(v) for v in self.values_of("system")} or {"herd"}
 
     def points(self):
         axes = list(self.sweep)
@@ -388,15 +467,34 @@ class Runner:
             out.append(f"--gid_index={host.gid_index}")
         return out
 
+    def system_of(self, point):
+        """The point's `system` (runner knob), None where the experiment names none."""
+        return point.get("system", self.x.fixed["client"].get(
+            "system", self.x.fixed["server"].get("system")))
+
+    def merged(self, point):
+        """Every knob of the point: the fixed ones, its system's (SYSTEMS), its axes' values."""
+        bundle = SYSTEMS.get(self.system_of(point)) or {}
+        return {**self.x.fixed["server"], **self.x.fixed["client"], **bundle, **point}
+
     def knobs_for(self, role, point):
-        """The flags of `role`'s binary: its fixed knobs, fabric knobs fixed for either side, and
-        the point's values of the axes that belong to it."""
-        fixed = {**self.x.fixed["server"], **self.x.fixed["client"], **point}
-        return {k: v for k, v in fixed.items() if self.x.knobs.role(k)[0] in (role, "both")}
+        """The flags of `role`'s binary: its fixed knobs, fabric knobs fixed for either side, its
+        system's, and the point's values of the axes that belong to it."""
+        return {k: v for k, v in self.merged(point).items()
+                if self.x.knobs.role(k)[0] in (role, "both")}
 
     def run_point(self, point, repetition, name, attempt=1):
         # A retry's logs go beside the failed attempt's, which say why it failed.
         log_name = name if attempt == 1 else f"{name}.attempt{attempt}"
+        system = self.system_of(point)
+        if system == "hopscotch":
+            return self.run_hop_point(point, repetition, name, log_name)
+        record = self.run_herd_point(point, repetition, name, log_name)
+        if system is not None:
+            record["system"] = system
+        return record
+
+    def run_herd_point(self, point, repetition, name, log_name):
         server_knobs = self.knobs_for("server", point)
         client_knobs = self.knobs_for("client", point)
         server_argv = [str(self.bin / "herd" / "herd_server"), "--port=0"]
@@ -453,41 +551,124 @@ class Runner:
             address = "127.0.0.1" if self.x.server.local else self.x.server.address
             budget = (float(client_knobs.get("warmup_s", 1)) +
                       float(client_knobs.get("duration_s", 5)) + CLIENT_SLACK_S)
-            clients = []
-            for index, host in enumerate(self.x.clients):
+            argvs = []
+            for host in self.x.clients:
                 argv = [str(self.bin / "bench" / "herd_client"), f"--server={address}:{port}"]
                 if self.backup_clients:
                     argv.append(f"--backups={self.backup_clients}")
                 argv += self.fabric_flags(host, name) + flags(client_knobs)
                 if host.cores is not None and "client_cores" not in client_knobs:
                     argv.append(f"--client_cores={host.cores}")
-                log = open(self.logs / f"{log_name}.client{index}.log", "wb")
-                clients.append((host, self.processes.start(host, argv, subprocess.PIPE, log), log))
-            results = []
-            try:
-                for host, process, log in clients:
-                    try:
-                        stdout = read_to_end(process, budget)
-                    except PointFailed as error:
-                        raise PointFailed(f"client on {host.name}: {error}")
-                    finally:
-                        log.close()
-                    if process.returncode != 0:
-                        raise PointFailed(f"client on {host.name} exited {process.returncode} "
-                                          f"(see logs/{log_name}.client*.log)")
-                    results.append(last_json_line(stdout.decode(errors="replace"),
-                                                  f"client on {host.name}"))
-            finally:
-                for _, process, _ in clients:
-                    self.processes.stop(process, timeout=5)
-                # The server prints its totals as its last line when stopped.
-                self.processes.stop(server, SERVER_STOP_TIMEOUT_S)
+                argvs.append(argv)
+            results, cpu = self.run_clients(server, argvs, budget, log_name)
             server_result = last_json_line(server.stdout.read().decode(errors="replace"),
                                            "server")
         record = summarize(self.x, point, repetition, server_knobs, client_knobs, results,
                            server_result)
+        record.update(server_cpu_fields(cpu[0], cpu[1], record["mops"]))
+        # The server's WRs and bytes per request it answered over its life (its JSON gives its
+        # Mops since it started, not a count: times its life as seen here).
+        record.update(server_per_op(record["server"], record["server"].get("mops", 0) * 1e6 *
+                                    (cpu[2] - cpu[0][0])))
+        record.update(per_op_totals(record))
         # This machine's 1-minute load average as the point ended: on a shared machine, what
         # else ran (a local shm point's own server and client thread already count ~2).
+        record["loadavg_1m"] = round(os.getloadavg()[0], 2)
+        return record
+
+    def run_clients(self, server, argvs, budget, log_name):
+        """Runs argvs[i] on client host i, collects each one's JSON line, stops them and the
+        server (which prints its totals as its last line when stopped). Returns the results and
+        (server CPU sample as the clients started, as they exited, when the server had exited)."""
+        cpu_before = cpu_sample(server, self.x.server)
+        clients = []
+        for index, (host, argv) in enumerate(zip(self.x.clients, argvs)):
+            log = open(self.logs / f"{log_name}.client{index}.log", "wb")
+            clients.append((host, self.processes.start(host, argv, subprocess.PIPE, log), log))
+        results = []
+        try:
+            for host, process, log in clients:
+                try:
+                    stdout = read_to_end(process, budget)
+                except PointFailed as error:
+                    raise PointFailed(f"client on {host.name}: {error}")
+                finally:
+                    log.close()
+                if process.returncode != 0:
+                    raise PointFailed(f"client on {host.name} exited {process.returncode} "
+                                      f"(see logs/{log_name}.client*.log)")
+                results.append(last_json_line(stdout.decode(errors="replace"),
+                                              f"client on {host.name}"))
+            cpu_after = cpu_sample(server, self.x.server)
+        finally:
+            for _, process, _ in clients:
+                self.processes.stop(process, timeout=5)
+            self.processes.stop(server, SERVER_STOP_TIMEOUT_S)
+        return results, (cpu_before, cpu_after, time.monotonic())
+
+    # -------------------------------------------------------------------------- hopscotch
+    def hop_files(self, setup):
+        """The trace and table of `setup` (hop_trace_setup), made once per results directory:
+        (trace path, table path, what ycsb_trace and hop_build printed)."""
+        directory = (self.out / "hopscotch").resolve()
+        stem = (f"ycsb-{setup['records']}-{setup['operations']}-{setup['distribution']}-"
+                f"seed{setup['seed']}")
+        trace, table = directory / f"{stem}.txt", directory / f"{stem}.hop"
+        summary_path = directory / f"{stem}.json"
+        if summary_path.exists():
+            return trace, table, json.loads(summary_path.read_text())
+        directory.mkdir(parents=True, exist_ok=True)
+        summary = {}
+        trace_argv, build_argv = hop_prepare_argvs(REPO / self.bin, setup, trace, table)
+        with open(self.logs / "hopscotch.prepare.log", "ab") as log:
+            for what, argv in (("trace", trace_argv), ("table", build_argv)):
+                log.write(f"$ {' '.join(argv)}\n".encode())
+                log.flush()
+                done = subprocess.run(argv, stdout=subprocess.PIPE, stderr=log, cwd=REPO,
+                                      timeout=HOP_PREPARE_TIMEOUT_S)
+                log.write(done.stdout)
+                if done.returncode != 0:
+                    raise PointFailed(f"making the hopscotch {what} failed (exit "
+                                      f"{done.returncode}; see logs/hopscotch.prepare.log)")
+                summary[what] = last_json_line(done.stdout.decode(errors="replace"), what)
+        for path in (trace, table):  # written under .tmp names: whole or absent
+            path.with_name(path.name + ".tmp").rename(path)
+        temporary = summary_path.with_suffix(".tmp")
+        temporary.write_text(json.dumps(summary) + "\n")
+        temporary.rename(summary_path)
+        return trace, table, summary
+
+    def run_hop_point(self, point, repetition, name, log_name):
+        """One point of one-sided lookups: hop_server serving the table, hop_client(s) READing
+        it with as many lookups in flight as herd's clients would have requests."""
+        knobs, merged = self.x.knobs, self.merged(point)
+        trace, table, made = self.hop_files(hop_trace_setup(knobs, merged))
+        client_flags = hop_client_flags(knobs, merged)
+        # The transport's own knobs (the fabric's, both sides') reach the hop binaries too.
+        transport = flags({k: v for k, v in merged.items() if knobs.role(k)[0] == "both"})
+        server_argv = hop_server_argv(self.bin, table,
+                                      self.fabric_flags(self.x.server, name) + transport)
+        with open(self.logs / f"{log_name}.server.log", "wb") as server_log:
+            server = self.processes.start(self.x.server, server_argv, subprocess.PIPE, server_log)
+            try:
+                ready = read_line_until(server, "hop_server ready", SERVER_READY_TIMEOUT_S)
+            except PointFailed as error:
+                self.processes.stop(server, SERVER_STOP_TIMEOUT_S)
+                raise PointFailed(f"server: {error} (see logs/{log_name}.server.log)")
+            port = ready.split("port=", 1)[1].split()[0]
+            argvs = [hop_client_argv(self.bin, f"127.0.0.1:{port}", trace,
+                                     self.fabric_flags(host, name) + transport, client_flags)
+                     for host in self.x.clients]
+            budget = float(client_flags["duration_s"]) + CLIENT_SLACK_S
+            results, cpu = self.run_clients(server, argvs, budget, log_name)
+            server_result = last_json_line(server.stdout.read().decode(errors="replace"),
+                                           "server")
+        record = summarize_hop(self.x, point, repetition, self.knobs_for("server", point),
+                               self.knobs_for("client", point), results, server_result)
+        record["hop_flags"] = {"server": server_argv[1:], "client": client_flags}
+        record["table"] = made
+        record.update(server_cpu_fields(cpu[0], cpu[1], record["mops"]))
+        record.update(per_op_totals(record))
         record["loadavg_1m"] = round(os.getloadavg()[0], 2)
         return record
 
@@ -621,8 +802,15 @@ def build_targets(build, targets):
         fail("build failed")
 
 
+HOP_TARGETS = ["//bench:ycsb_trace", "//hopscotch:hop_build", "//hopscotch:hop_server",
+               "//bench:hop_client"]
+
+
 def build(experiment):
-    build_targets(experiment.build, ["//herd:herd_server", "//bench:herd_client"])
+    targets = ["//herd:herd_server", "//bench:herd_client"]
+    if "hopscotch" in experiment.systems():
+        targets += HOP_TARGETS
+    build_targets(experiment.build, targets)
 
 
 def command_run(args):
