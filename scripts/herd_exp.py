@@ -116,6 +116,8 @@ CLIENT_SLACK_S = 120
 SERVER_STOP_TIMEOUT_S = 20
 # Attempts per point: the first, and one retry.
 ATTEMPTS = 2
+# How long ycsb_trace and hop_build may take each (a table of millions of keys: seconds).
+HOP_PREPARE_TIMEOUT_S = 600
 
 
 class PointFailed(Exception):
@@ -164,15 +166,18 @@ class Knobs:
         """Each: the flag names, or name -> default (binary_flags)."""
         server = set(server_flags) - RUNNER_FLAGS
         client = set(client_flags) - RUNNER_FLAGS
-        self.defaults = {}
-        for given in (client_flags, server_flags):  # the server's default where both define one
-            if isinstance(given, dict):
-                self.defaults.update({k: parse_default(v) for k, v in given.items()})
         self.roles = {}
         for name in server | client:
             both = name in server and name in client
             self.roles[name] = ROLE_OVERRIDES.get(name) or (
                 "both" if both else "server" if name in server else "client")
+        # Each knob's default, from the binary it goes to (the client's duration_s, not the
+        # server's); known where the flags came with their defaults (binary_flags).
+        self.defaults = {}
+        for name, role in self.roles.items():
+            given = client_flags if role == "client" else server_flags
+            if isinstance(given, dict) and name in given:
+                self.defaults[name] = parse_default(given[name])
 
     @staticmethod
     def from_binaries(bin_dir):
@@ -579,13 +584,14 @@ class Runner:
     def run_clients(self, server, argvs, budget, log_name):
         """Runs argvs[i] on client host i, collects each one's JSON line, stops them and the
         server (which prints its totals as its last line when stopped). Returns the results and
-        (server CPU sample as the clients started, as they exited, when the server had exited)."""
+        (server CPU sample as the clients started, as they exited, when the server was told to
+        stop)."""
         cpu_before = cpu_sample(server, self.x.server)
         clients = []
         for index, (host, argv) in enumerate(zip(self.x.clients, argvs)):
             log = open(self.logs / f"{log_name}.client{index}.log", "wb")
             clients.append((host, self.processes.start(host, argv, subprocess.PIPE, log), log))
-        results = []
+        results, stopped_at = [], None
         try:
             for host, process, log in clients:
                 try:
@@ -603,8 +609,9 @@ class Runner:
         finally:
             for _, process, _ in clients:
                 self.processes.stop(process, timeout=5)
+            stopped_at = time.monotonic()  # the server's life ends (its totals' time, roughly)
             self.processes.stop(server, SERVER_STOP_TIMEOUT_S)
-        return results, (cpu_before, cpu_after, time.monotonic())
+        return results, (cpu_before, cpu_after, stopped_at)
 
     # -------------------------------------------------------------------------- hopscotch
     def hop_files(self, setup):
@@ -674,8 +681,144 @@ class Runner:
 
 
 def client_value_bytes(client):
-    """The value size a client process ran with (its JSON's workload)."""
+    """The value size a client process ran with (its JSON's workload; hopscotch's are fixed)."""
+    if client.get("system") == "hopscotch":
+        return HOP_VALUE_BYTES
     return (client.get("workload") or {}).get("value_bytes", 0)
+
+
+# ------------------------------------------------------------------------------ server CPU
+def proc_stat_cpu_seconds(text, ticks_per_s):
+    """utime + stime (fields 14 and 15) of a /proc/PID/stat line, in seconds: the process's
+    threads together. Fields are counted after the command name's last ')' (the name, field 2,
+    may hold spaces and parentheses)."""
+    fields = text[text.rindex(")") + 1:].split()  # fields[0] is field 3, the state
+    return (int(fields[11]) + int(fields[12])) / ticks_per_s
+
+
+def cpu_sample(process, host):
+    """(now, the process's CPU seconds so far); the seconds are None for a remote host's process
+    (not this machine's /proc) or one that is gone."""
+    now = time.monotonic()
+    if not host.local:
+        return now, None
+    try:
+        text = pathlib.Path(f"/proc/{process.pid}/stat").read_text()
+        return now, proc_stat_cpu_seconds(text, os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return now, None
+
+
+def server_cpu_fields(before, after, mops):
+    """The server's CPU between two cpu_samples: cores busy, and per operation at the clients'
+    measured rate (cores / Mops = us per operation): the per-GET cost where the CPU's rate holds
+    through the clients' run, as a busy-polling worker's (one core) or an idle server's (none)."""
+    (t0, cpu0), (t1, cpu1) = before, after
+    if cpu0 is None or cpu1 is None or t1 <= t0:
+        return {"server_cpu_s": None, "server_cores": None, "server_cpu_us_per_op": None}
+    cores = (cpu1 - cpu0) / (t1 - t0)
+    return {"server_cpu_s": round(cpu1 - cpu0, 3), "server_cores": round(cores, 3),
+            "server_cpu_us_per_op": round(cores / mops, 4) if mops > 0 else None}
+
+
+def server_per_op(server, operations):
+    """The server's own fabric WRs and payload bytes per operation it served (`operations`)."""
+    fabric = server.get("fabric") or {}
+    if operations <= 0 or "wrs" not in fabric:
+        return {"server_wrs_per_op": None, "server_bytes_per_op": None}
+    return {"server_wrs_per_op": round(fabric["wrs"] / operations, 3),
+            "server_bytes_per_op": round(fabric.get("bytes", 0) / operations, 1)}
+
+
+def per_op_totals(record):
+    """Both sides' WRs and payload bytes per operation (None where a side is unknown)."""
+    def total(client_field, server_field, digits):
+        a, b = record.get(client_field), record.get(server_field)
+        return None if a is None or b is None else round(a + b, digits)
+
+    return {"total_wrs_per_op": total("wrs_per_op", "server_wrs_per_op", 3),
+            "wire_bytes_per_op": total("payload_bytes_per_op", "server_bytes_per_op", 1)}
+
+
+# ------------------------------------------------------------------------------ hopscotch
+def hop_trace_setup(knobs, merged):
+    """The YCSB trace a hopscotch point replays, from the herd client's workload knobs: as many
+    records as herd's `keys` (and as many READs), the same key distribution and seed."""
+    distribution = str(knobs.value("distribution", merged))
+    traced = {"uniform": "uniform", "zipf": "zipfian"}.get(distribution)
+    if traced is None:
+        fail(f"system hopscotch: distribution '{distribution}' has no ycsb_trace equivalent")
+    keys = int(knobs.value("keys", merged))
+    return {"records": keys, "operations": keys, "distribution": traced,
+            "seed": int(knobs.value("seed", merged))}
+
+
+def hop_client_flags(knobs, merged):
+    """hop_client's flags for a point: herd's client threads, and per thread as many lookups in
+    flight as herd's logical clients can have requests outstanding (clients per thread x window
+    per worker x workers); the same measured duration."""
+    outstanding = (int(knobs.value("clients_per_thread", merged)) *
+                   int(knobs.value("window", merged)) * int(knobs.value("workers", merged)))
+    return {"threads": int(knobs.value("threads", merged)), "window": outstanding,
+            "duration_s": knobs.value("duration_s", merged)}
+
+
+def hop_prepare_argvs(bin_dir, setup, trace, table):
+    """The commands that write the trace and build its table (under .tmp names)."""
+    trace_argv = [str(bin_dir / "bench" / "ycsb_trace"), f"--records={setup['records']}",
+                  f"--operations={setup['operations']}",
+                  f"--distribution={setup['distribution']}", "--read_proportion=1",
+                  "--update_proportion=0", "--insert_proportion=0", f"--seed={setup['seed']}",
+                  f"--out={trace}.tmp"]
+    build_argv = [str(bin_dir / "hopscotch" / "hop_build"), f"--trace={trace}.tmp",
+                  f"--out={table}.tmp"]
+    return trace_argv, build_argv
+
+
+def hop_server_argv(bin_dir, table, extra):
+    """hop_server serving `table` read-only (nothing upserts; the file stays as built)."""
+    return [str(bin_dir / "hopscotch" / "hop_server"), f"--table={table}", "--port=0",
+            "--read_only"] + list(extra)
+
+
+def hop_client_argv(bin_dir, servers, trace, extra, client_flags):
+    return ([str(bin_dir / "bench" / "hop_client"), f"--servers={servers}", f"--trace={trace}"]
+            + list(extra) + flags(client_flags))
+
+
+def summarize_hop(x, point, repetition, server_knobs, client_knobs, clients, server):
+    """A hopscotch point's record, with the fields a herd point's has (per lookup = per GET).
+    server_knobs/client_knobs: the experiment's knobs as herd would have had them."""
+    lookups = max(sum(c.get("lookups", 0) for c in clients), 1)
+
+    def per_lookup(total):
+        return round(total / lookups, 3)
+
+    misses = sum(c.get("misses", 0) for c in clients)
+    fabric = server.get("fabric") or {}
+    return {
+        "experiment": x.name, "fabric": x.fabric, "point": point, "repetition": repetition,
+        "system": "hopscotch", "server_knobs": server_knobs, "client_knobs": client_knobs,
+        "mops": round(sum(c["mops"] for c in clients), 4),
+        "p50_us": max(c.get("p50_us", 0) for c in clients),
+        "p99_us": max(c.get("p99_us", 0) for c in clients), "p999_us": None,
+        "retransmissions": 0,  # RC: the NIC's business
+        # The clients' WRs (READs, re-reads of torn snapshots, miss confirmations) and the bytes
+        # they moved, per lookup; a round trip per READ (`reads` counts the re-reads and
+        # confirmations too; each waits for the READ before it).
+        "wrs_per_op": per_lookup(sum((c.get("fabric") or {}).get("wrs", 0) for c in clients)),
+        "payload_bytes_per_op": round(sum((c.get("fabric") or {}).get("bytes", 0)
+                                          for c in clients) / lookups, 1),
+        "round_trips_per_op": per_lookup(sum(c.get("reads", 0) for c in clients)),
+        "value_mb_s": round(sum(c["mops"] for c in clients) * HOP_VALUE_BYTES, 3),
+        "get_misses": misses, "get_miss_ratio": round(misses / lookups, 5), "no_memory": 0,
+        "clients": clients, "server": server,
+        "server_wrs_per_op": round(fabric.get("wrs", 0) / lookups, 3),
+        "server_bytes_per_op": round(fabric.get("bytes", 0) / lookups, 1),
+        "server_responses_per_doorbell": None, "server_signaled_fraction": None,
+        "server_batch": None, "repl_writes_per_op": 0, "repl_bytes_per_op": 0,
+        "repl_writes_per_batch": 0,
+    }
 
 
 def per_op(clients, field):
@@ -723,13 +866,20 @@ def summarize(x, point, repetition, server_knobs, client_knobs, clients, server)
     record["repl_writes_per_op"] = round(replication.get("writes", 0) / ops, 3)
     record["repl_bytes_per_op"] = round(replication.get("bytes", 0) / ops, 1)
     record["repl_writes_per_batch"] = replication.get("writes_per_batch", 0)
+    # A request and its response, plus each retransmission and each out-of-line item READ (and
+    # re-READ of a torn item).
+    record["round_trips_per_op"] = round(1 + sum(
+        c.get("retransmissions", 0) + c.get("out_of_line_gets", 0) + c.get("item_rereads", 0)
+        for c in clients) / ops, 3)
     return record
 
 
 CSV_FIELDS = ["mops", "p50_us", "p99_us", "p999_us", "retransmissions", "server_batch",
               "server_responses_per_doorbell", "server_signaled_fraction", "wrs_per_op",
               "payload_bytes_per_op", "value_mb_s", "get_miss_ratio", "no_memory",
-              "repl_writes_per_op", "repl_bytes_per_op", "repl_writes_per_batch", "loadavg_1m"]
+              "repl_writes_per_op", "repl_bytes_per_op", "repl_writes_per_batch", "loadavg_1m",
+              "server_wrs_per_op", "server_bytes_per_op", "total_wrs_per_op", "wire_bytes_per_op",
+              "round_trips_per_op", "server_cores", "server_cpu_us_per_op"]
 
 
 def write_csv(out_dir, records, axes):
@@ -776,14 +926,109 @@ def load_records(out_dir):
 
 def print_table(records, axes):
     header = " ".join(f"{a:>14}" for a in axes) + f" {'rep':>3} {'Mops':>8} {'p50 us':>8} " \
-             f"{'p99 us':>8} {'retx':>6} {'resp/db':>7} {'WRs/op':>7} {'B/op':>10}"
+             f"{'p99 us':>8} {'retx':>6} {'resp/db':>7} {'WRs/op':>7} {'B/op':>10} " \
+             f"{'srv us/op':>9}"
     print(header)
     for r in records:
         cells = " ".join(f"{str(r['point'].get(a)):>14}" for a in axes)
         print(f"{cells} {r['repetition']:>3} {r['mops']:>8.3f} {r['p50_us']:>8.2f} "
               f"{r['p99_us']:>8.2f} {r['retransmissions']:>6} "
-              f"{r['server_responses_per_doorbell']:>7} {str(r.get('wrs_per_op')):>7} "
-              f"{str(r.get('payload_bytes_per_op')):>10}")
+              f"{str(r.get('server_responses_per_doorbell')):>7} {str(r.get('wrs_per_op')):>7} "
+              f"{str(r.get('payload_bytes_per_op')):>10} "
+              f"{str(r.get('server_cpu_us_per_op')):>9}")
+
+
+# ------------------------------------------------------------------------------ grouping
+def median(rs, field):
+    """The median of `field` over a point's repetitions (NaN where none has it)."""
+    values = sorted(r[field] for r in rs if r.get(field) is not None)
+    if not values:
+        return float("nan")
+    middle = len(values) // 2
+    return values[middle] if len(values) % 2 else (values[middle - 1] + values[middle]) / 2
+
+
+def group_records(records):
+    """The plots' layout: the x axis (`clients` if swept, else the first axis), the other axes,
+    and the records grouped into lines (one per combination of the other axes) then by x value;
+    the lines in sweep order."""
+    axes = list(records[0]["point"])
+    x_axis = "clients" if "clients" in axes else (axes[0] if axes else None)
+    others = [a for a in axes if a != x_axis]
+    groups = {}
+    for r in records:
+        key = tuple((a, r["point"][a]) for a in others)
+        groups.setdefault(key, {}).setdefault(r["point"].get(x_axis, 0), []).append(r)
+    # Lines in sweep order (workload C before A as written, limits numerically).
+    order = sorted(groups, key=lambda key: [axis_value_key(v) for _, v in key])
+    return x_axis, others, groups, order
+
+
+def label_of(key):
+    """A line's legend: its axes' values; a system by what it is."""
+    parts = [SYSTEM_LABELS.get(v, f"system={v}") if a == "system" else f"{a}={v}"
+             for a, v in key]
+    return ", ".join(parts) or "herd"
+
+
+def per_get_table(records):
+    """Markdown: per line of the plots (series), its cost per operation (per GET in a GET-only
+    run) at its highest-throughput point, then its server CPU per GET at every x value."""
+    x_axis, _, groups, order = group_records(records)
+    first = records[0]
+
+    def cell(value, digits):
+        return "n/a" if value is None or value != value else f"{value:.{digits}f}"
+
+    def split(by_x, total, client, server, digits):
+        both = (median(by_x, total), median(by_x, client), median(by_x, server))
+        if any(v != v for v in both):
+            return cell(both[1], digits) + " (client only)"
+        return f"{cell(both[0], digits)} ({cell(both[1], digits)} + {cell(both[2], digits)})"
+
+    lines = [f"# Per GET: {first.get('experiment')} ({first.get('fabric')})", "",
+             "Each series at its highest-throughput point (median of repetitions). WRs: work "
+             "requests posted to send queues, client + server (UD SEND responses also take one "
+             "posted RECV at the client each, not counted). Bytes: payload both ways, client + "
+             "server, headers not counted. Round trips: herd 1 + retransmissions + out-of-line "
+             "item READs; hopscotch one per READ (re-reads and miss confirmations included). "
+             "Server CPU: the server process's utime+stime (/proc/PID/stat) over the clients' "
+             "run, in cores, and divided by the GET rate.", "",
+             f"| series | {x_axis} | Mops | p50 us | p99 us | WRs/GET (client + server) | "
+             f"round trips/GET | bytes/GET (client + server) | server CPU us/GET | "
+             f"server cores |", "|" + "---|" * 10]
+    for key in order:
+        by_x = groups[key]
+        mops = {x: median(rs, "mops") for x, rs in by_x.items()}
+        peak = max(by_x, key=lambda x: mops[x] if mops[x] == mops[x] else -1)  # NaN: last
+        rs = by_x[peak]
+        lines.append(
+            f"| {label_of(key)} | {peak} | {cell(median(rs, 'mops'), 3)} | "
+            f"{cell(median(rs, 'p50_us'), 2)} | {cell(median(rs, 'p99_us'), 2)} | "
+            f"{split(rs, 'total_wrs_per_op', 'wrs_per_op', 'server_wrs_per_op', 2)} | "
+            f"{cell(median(rs, 'round_trips_per_op'), 2)} | "
+            f"{split(rs, 'wire_bytes_per_op', 'payload_bytes_per_op', 'server_bytes_per_op', 0)}"
+            f" | {cell(median(rs, 'server_cpu_us_per_op'), 3)} | "
+            f"{cell(median(rs, 'server_cores'), 2)} |")
+    xs = sorted({x for by_x in groups.values() for x in by_x}, key=axis_value_key)
+    lines += ["", f"Server CPU us per GET by {x_axis} (a busy-polling server costs a core "
+              f"whatever the load: its cost per GET falls as throughput rises):", "",
+              "| series | " + " | ".join(str(x) for x in xs) + " |",
+              "|" + "---|" * (len(xs) + 1)]
+    for key in order:
+        by_x = groups[key]
+        lines.append(f"| {label_of(key)} | " + " | ".join(
+            cell(median(by_x[x], "server_cpu_us_per_op"), 3) if x in by_x else "" for x in xs)
+            + " |")
+    return "\n".join(lines) + "\n"
+
+
+def write_per_get_table(out_dir, records):
+    if not records:
+        return None
+    path = out_dir / "per_get.md"
+    path.write_text(per_get_table(records))
+    return path
 
 
 # ------------------------------------------------------------------------------ commands
@@ -865,8 +1110,10 @@ def command_run(args):
     records = load_records(out_dir)
     axes = list(experiment.sweep)
     write_csv(out_dir, records, axes)
+    write_per_get_table(out_dir, records)
     print_table(records, axes)
-    print(f"[herd_exp] results: {out_dir}/ (results.csv, one JSON per point)", file=sys.stderr)
+    print(f"[herd_exp] results: {out_dir}/ (results.csv, per_get.md, one JSON per point)",
+          file=sys.stderr)
     if failed:
         print(f"[herd_exp] FAILED points: {', '.join(failed)}", file=sys.stderr)
         return 1
@@ -901,37 +1148,22 @@ def command_plot(args):
     if not records:
         fail(f"no results in {out_dir}")
     axes = list(records[0]["point"])
-    x_axis = "clients" if "clients" in axes else (axes[0] if axes else None)
-    others = [a for a in axes if a != x_axis]
     # Repetitions of a point are combined by their median (this VM's runs swing by 2x).
-    groups = {}
-    for r in records:
-        key = tuple((a, r["point"][a]) for a in others)
-        x = r["point"].get(x_axis, 0)
-        groups.setdefault(key, {}).setdefault(x, []).append(r)
-    # Lines in sweep order (workload C before A as written, limits numerically).
-    group_order = sorted(groups, key=lambda key: [axis_value_key(v) for _, v in key])
+    x_axis, others, groups, group_order = group_records(records)
     fixed = {**records[0]["server_knobs"], **records[0]["client_knobs"]}
     for axis in axes:
         fixed.pop(ALIASES.get(axis, axis), None)
         fixed.pop(axis, None)
+        if axis == "system":  # what the systems set differs between lines: in their labels
+            for bundle in SYSTEMS.values():
+                for knob in bundle or {}:
+                    fixed.pop(knob, None)
     # Wrapped to the figure's width at its font size (about 95 characters of 8-point text on a
     # 7-inch figure), so no knob is cut off at the right.
     title = f"{records[0]['experiment']} ({records[0]['fabric']})\n" + textwrap.fill(
         ", ".join(f"{k}={v}" for k, v in sorted(fixed.items())), width=TITLE_WRAP_CHARS)
     x_values = sorted({r["point"][x_axis] for r in records if x_axis in r["point"]},
                       key=axis_value_key)
-
-    def median(rs, field):
-        """The median of `field` over a point's repetitions."""
-        values = sorted(r[field] for r in rs if r.get(field) is not None)
-        if not values:
-            return float("nan")
-        middle = len(values) // 2
-        return values[middle] if len(values) % 2 else (values[middle - 1] + values[middle]) / 2
-
-    def label_of(key):
-        return ", ".join(f"{a}={v}" for a, v in key) or "herd"
 
     def plot_vs_x(name, panels):
         """One figure against the x axis: a panel per (field, y label, log y), a line per group
@@ -1001,6 +1233,9 @@ def command_plot(args):
     plt.close(figure)
     drawn.append(out_dir / "latency.png")
     print(f"[herd_exp] plots: {' '.join(str(p) for p in drawn)}")
+    table = write_per_get_table(out_dir, records)
+    print(table.read_text(), end="")
+    print(f"[herd_exp] table: {table}")
     return 0
 
 

@@ -199,6 +199,259 @@ class ExperimentFilesTest(unittest.TestCase):
                 self.assertIn(f'"inline_value_limit":{limit}', done.stdout)
 
 
+# Flags as binary_flags reads them (name -> default text), a few of each binary's: enough for
+# the knob routing and the hopscotch mapping without building anything.
+SERVER_FLAGS = {"workers": "1", "window": "4", "request_verb": "uc_write",
+                "response_verb": "ud_send", "max_clients": "64", "duration_s": "0",
+                "pin_workers": "true", "mica_items": "1048576", "mica_log_bytes": "268435456",
+                "mtu": "4096", "shm_async": "false"}
+CLIENT_FLAGS = {"threads": "1", "clients_per_thread": "1", "duration_s": "5", "warmup_s": "1",
+                "keys": "100000", "key_bytes": "16", "value_bytes": "32", "workload": "C",
+                "distribution": "uniform", "seed": "1", "mtu": "4096", "shm_async": "false"}
+
+
+def synthetic_experiment(directory, sweep, hosts=None, client_extra=""):
+    """An experiment checked against SERVER_FLAGS/CLIENT_FLAGS: (herd_exp, Experiment)."""
+    herd_exp = import_herd_exp()
+    path = experiment(directory, "synthetic", sweep, hosts=hosts)
+    if client_extra:
+        path.write_text(path.read_text().replace("duration_s: 0.3", "duration_s: 0.3" +
+                                                 client_extra))
+    x = herd_exp.Experiment(str(path), [])
+    x.check_knobs(herd_exp.Knobs(SERVER_FLAGS, CLIENT_FLAGS))
+    return herd_exp, x
+
+
+class SystemKnobTest(unittest.TestCase):
+    """The runner knob `system`: herd's variants are knob bundles, hopscotch its own binaries."""
+
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="herd-exp-system-")
+
+    def tearDown(self):
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def runner(self, sweep, **kwargs):
+        herd_exp, x = synthetic_experiment(self.dir, sweep, **kwargs)
+        return herd_exp, herd_exp.Runner(x, pathlib.Path(self.dir) / "out", None)
+
+    def test_herd_rc_answers_with_rc_writes_and_herd_with_ud_sends(self):
+        herd_exp, runner = self.runner("{clients: [1], system: [herd, herd_rc, hopscotch]}")
+        self.assertEqual(herd_exp.Knobs(SERVER_FLAGS, CLIENT_FLAGS).role("system"),
+                         ("runner", "system"))
+        rc = runner.knobs_for("server", {"clients": 1, "system": "herd_rc"})
+        self.assertEqual((rc["request_verb"], rc["response_verb"]), ("uc_write", "rc_write"))
+        self.assertEqual(runner.knobs_for("server", {"clients": 1, "system": "herd"})
+                         ["response_verb"], "ud_send")
+        self.assertNotIn("system", rc)
+        self.assertNotIn("system", runner.knobs_for("client", {"clients": 1, "system": "herd"}))
+        # A sweep axis of the same knob wins over the system's bundle.
+        self.assertEqual(runner.knobs_for("server", {"system": "herd_rc",
+                                                     "response_verb": "uc_write"})
+                         ["response_verb"], "uc_write")
+
+    def test_without_a_system_herd_points_get_exactly_their_knobs(self):
+        _, runner = self.runner("{clients: [1, 2]}")
+        server = runner.knobs_for("server", {"clients": 2})
+        self.assertEqual(server, {"workers": 1, "pin_workers": False, "max_clients": 8,
+                                  "mica_items": 10000, "mica_log_bytes": 4194304})
+        self.assertIsNone(runner.system_of({"clients": 2}))
+
+    def test_unknown_systems_and_what_hopscotch_cannot_do_are_refused(self):
+        herd_exp = import_herd_exp()
+        with self.assertRaisesRegex(herd_exp.HerdExpError, "system 'pilaf'"):
+            synthetic_experiment(self.dir, "{system: [herd, pilaf]}")
+        with self.assertRaisesRegex(herd_exp.HerdExpError, "GETs only"):
+            synthetic_experiment(self.dir, "{system: [hopscotch], workload: [C, A]}")
+        remote = ["{name: server, address: localhost, role: server}",
+                  "{name: over_ssh, address: 127.0.0.1, role: client, ssh_port: 2222}"]
+        with self.assertRaisesRegex(herd_exp.HerdExpError, "local hosts only"):
+            synthetic_experiment(self.dir, "{system: [hopscotch]}", hosts=remote)
+        synthetic_experiment(self.dir, "{system: [herd]}", hosts=remote)  # herd may go remote
+
+    def test_defaults_come_from_the_binary_a_knob_goes_to(self):
+        knobs = import_herd_exp().Knobs(SERVER_FLAGS, CLIENT_FLAGS)
+        self.assertEqual(knobs.value("duration_s", {}), 5)  # the client's, not the server's 0
+        self.assertEqual(knobs.value("window", {}), 4)
+        self.assertEqual(knobs.value("clients_per_thread", {"clients": 8}), 8)  # the alias
+        self.assertIs(knobs.value("shm_async", {}), False)
+
+
+class HopscotchPointTest(unittest.TestCase):
+    """What a hopscotch point runs, built from the herd knobs of the same point."""
+
+    def setUp(self):
+        self.herd_exp = import_herd_exp()
+        self.knobs = self.herd_exp.Knobs(SERVER_FLAGS, CLIENT_FLAGS)
+
+    def test_lookups_in_flight_match_herds_outstanding_requests(self):
+        flags = self.herd_exp.hop_client_flags(
+            self.knobs, {"workers": 2, "threads": 3, "clients": 8, "duration_s": 2})
+        # 8 logical clients x window 4 (default) x 2 workers, on each of 3 threads.
+        self.assertEqual(flags, {"threads": 3, "window": 64, "duration_s": 2})
+        self.assertEqual(self.herd_exp.hop_client_flags(self.knobs, {})["window"], 4)
+
+    def test_trace_has_herds_key_count_distribution_and_seed(self):
+        setup = self.herd_exp.hop_trace_setup(self.knobs, {"keys": 5000, "distribution": "zipf",
+                                                           "seed": 7})
+        self.assertEqual(setup, {"records": 5000, "operations": 5000,
+                                 "distribution": "zipfian", "seed": 7})
+        with self.assertRaises(self.herd_exp.HerdExpError):
+            self.herd_exp.hop_trace_setup(self.knobs, {"distribution": "latest"})
+
+    def test_argv_of_trace_table_server_and_client(self):
+        bin_dir = pathlib.Path("bazel-out/k8-opt/bin")
+        trace, table = pathlib.Path("/r/hopscotch/t.txt"), pathlib.Path("/r/hopscotch/t.hop")
+        make_trace, build = self.herd_exp.hop_prepare_argvs(
+            bin_dir, {"records": 5000, "operations": 5000, "distribution": "uniform",
+                      "seed": 1}, trace, table)
+        self.assertEqual(make_trace[0], "bazel-out/k8-opt/bin/bench/ycsb_trace")
+        for flag in ("--records=5000", "--operations=5000", "--distribution=uniform",
+                     "--read_proportion=1", "--update_proportion=0", "--insert_proportion=0",
+                     "--seed=1", "--out=/r/hopscotch/t.txt.tmp"):
+            self.assertIn(flag, make_trace)
+        self.assertEqual(build, ["bazel-out/k8-opt/bin/hopscotch/hop_build",
+                                 "--trace=/r/hopscotch/t.txt.tmp", "--out=/r/hopscotch/t.hop.tmp"])
+        fabric = ["--fabric=shm", "--shm_fabric_name=exp-1-p"]
+        self.assertEqual(self.herd_exp.hop_server_argv(bin_dir, table, fabric),
+                         ["bazel-out/k8-opt/bin/hopscotch/hop_server",
+                          "--table=/r/hopscotch/t.hop", "--port=0", "--read_only"] + fabric)
+        self.assertEqual(
+            self.herd_exp.hop_client_argv(bin_dir, "127.0.0.1:4242", trace, fabric,
+                                          {"threads": 1, "window": 16, "duration_s": 2}),
+            ["bazel-out/k8-opt/bin/bench/hop_client", "--servers=127.0.0.1:4242",
+             "--trace=/r/hopscotch/t.txt"] + fabric +
+            ["--threads=1", "--window=16", "--duration_s=2"])
+
+    def test_a_hop_clients_json_becomes_a_record_like_herds(self):
+        client = {"system": "hopscotch", "lookups": 1000, "mops": 1.5, "p50_us": 3.0,
+                  "p99_us": 6.0, "misses": 10, "reads": 1010, "rereads": 0,
+                  "confirm_reads": 10,
+                  "fabric": {"wrs": 1010, "bytes": 1010 * 2048, "doorbells": 100}}
+        server = {"uptime_s": 3.0, "fabric": {"wrs": 0, "bytes": 0}}
+
+        class X:
+            name, fabric = "read_vs_rpc", "shm"
+
+        record = self.herd_exp.summarize_hop(X, {"clients": 4, "system": "hopscotch"}, 0,
+                                             {"workers": 1}, {"keys": 1000}, [client], server)
+        self.assertEqual(record["mops"], 1.5)
+        self.assertEqual(record["wrs_per_op"], 1.01)
+        self.assertEqual(record["payload_bytes_per_op"], 2068.5)
+        self.assertEqual(record["round_trips_per_op"], 1.01)  # reads counts the confirmations
+        self.assertEqual(record["server_wrs_per_op"], 0)
+        self.assertEqual(record["get_miss_ratio"], 0.01)
+        self.assertEqual(self.herd_exp.per_op_totals(record),
+                         {"total_wrs_per_op": 1.01, "wire_bytes_per_op": 2068.5})
+        self.assertEqual(self.herd_exp.client_value_bytes(client), 27)
+
+
+class ServerCpuTest(unittest.TestCase):
+    """Server CPU per GET from /proc/PID/stat."""
+
+    # A real line's shape; the command name holds a space and parentheses.
+    STAT = ("4242 (hop (srv) x) S 1 4242 4242 0 -1 4194560 873 0 0 0 250 50 0 0 20 0 3 0 "
+            "5001 12345678 900 18446744073709551615 1 1 0 0 0 0 0 0 0 0 0 0 17 1 0 0 0 0 0")
+
+    def setUp(self):
+        self.herd_exp = import_herd_exp()
+
+    def test_utime_plus_stime_after_the_command_name(self):
+        self.assertEqual(self.herd_exp.proc_stat_cpu_seconds(self.STAT, 100), 3.0)
+
+    def test_cores_and_microseconds_per_operation(self):
+        fields = self.herd_exp.server_cpu_fields((10.0, 1.0), (12.0, 3.0), 2.0)
+        # 2 CPU seconds in 2 s: one core; at 2 Mops, 0.5 us per operation.
+        self.assertEqual(fields, {"server_cpu_s": 2.0, "server_cores": 1.0,
+                                  "server_cpu_us_per_op": 0.5})
+        self.assertIsNone(self.herd_exp.server_cpu_fields((10.0, None), (12.0, 3.0), 2.0)
+                          ["server_cpu_us_per_op"])
+        self.assertIsNone(self.herd_exp.server_cpu_fields((10.0, 1.0), (12.0, 1.0), 0)
+                          ["server_cpu_us_per_op"])
+
+    def test_a_live_local_process_is_sampled_and_a_remote_one_is_not(self):
+        class Me:
+            pid = os.getpid()
+
+        local = self.herd_exp.Host({"name": "s", "address": "localhost", "role": "server"})
+        remote = self.herd_exp.Host({"name": "s", "address": "10.0.0.9", "role": "server"})
+        sum(range(300000))  # some CPU of our own
+        _, seconds = self.herd_exp.cpu_sample(Me, local)
+        self.assertGreater(seconds, 0)
+        self.assertIsNone(self.herd_exp.cpu_sample(Me, remote)[1])
+
+    def test_herds_server_figures_per_request_it_answered(self):
+        server = {"mops": 2.0, "fabric": {"wrs": 4000000, "bytes": 4000000 * 91}}
+        self.assertEqual(self.herd_exp.server_per_op(server, 2.0e6 * 2),
+                         {"server_wrs_per_op": 1.0, "server_bytes_per_op": 91.0})
+        self.assertEqual(self.herd_exp.server_per_op({"mops": 0}, 0),
+                         {"server_wrs_per_op": None, "server_bytes_per_op": None})
+
+
+class PerGetTableTest(unittest.TestCase):
+    """per_get.md and the plots of a three-system sweep, on synthetic records."""
+
+    def setUp(self):
+        self.herd_exp = import_herd_exp()
+        self.dir = pathlib.Path(tempfile.mkdtemp(prefix="herd-exp-per-get-"))
+        for clients in (1, 4):
+            for system in ("herd", "herd_rc", "hopscotch"):
+                hop = system == "hopscotch"
+                mops = clients * (2.0 if hop else 1.0) + (0.5 if system == "herd" else 0)
+                record = {"experiment": "read_vs_rpc", "fabric": "shm",
+                          "point": {"clients": clients, "system": system}, "repetition": 0,
+                          "system": system,
+                          "server_knobs": {"workers": 1, "response_verb": "rc_write"},
+                          "client_knobs": {"keys": 1000, "value_bytes": 27},
+                          "mops": mops, "p50_us": 2.0 * clients, "p99_us": 5.0 * clients,
+                          "wrs_per_op": 1.0, "server_wrs_per_op": 0.0 if hop else 1.0,
+                          "total_wrs_per_op": 1.0 if hop else 2.0,
+                          "payload_bytes_per_op": 2048.0 if hop else 88.0,
+                          "server_bytes_per_op": 0.0 if hop else 91.0,
+                          "wire_bytes_per_op": 2048.0 if hop else 179.0,
+                          "round_trips_per_op": 1.0,
+                          "server_cores": 0.0 if hop else 1.0,
+                          "server_cpu_us_per_op": 0.0 if hop else round(1.0 / mops, 4),
+                          "clients": [{"system": "hopscotch"} if hop else
+                                      {"ops": 10, "workload": {"value_bytes": 27}}]}
+                name = self.herd_exp.point_id(record["point"], 0) + ".json"
+                (self.dir / name).write_text(json.dumps(record))
+
+    def tearDown(self):
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def test_one_row_per_system_at_its_peak(self):
+        text = self.herd_exp.per_get_table(self.herd_exp.load_records(self.dir))
+        rows = [line for line in text.splitlines() if line.startswith("| herd") or
+                line.startswith("| hopscotch")]
+        self.assertEqual(len(rows), 6, text)  # 3 in each of the two tables
+        herd, herd_rc, hop = rows[:3]
+        self.assertTrue(herd.startswith("| herd (UC WRITE requests, UD SEND responses) | 4 | "
+                                        "4.500 |"), herd)
+        self.assertIn("| 2.00 (1.00 + 1.00) | 1.00 | 179 (88 + 91) | 0.222 | 1.00 |", herd)
+        self.assertIn("RC WRITE responses", herd_rc)
+        self.assertTrue(hop.startswith("| hopscotch (one 2 KiB RDMA READ per GET) | 4 | 8.000 |"))
+        self.assertIn("| 1.00 (1.00 + 0.00) | 1.00 | 2048 (2048 + 0) | 0.000 | 0.00 |", hop)
+        self.assertIn("| series | 1 | 4 |", text)
+        self.assertIn("| herd (UC WRITE requests, UD SEND responses) | 0.667 | 0.222 |", text)
+
+    def test_plot_draws_the_systems_as_lines_and_writes_the_table(self):
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            self.skipTest("no matplotlib for this interpreter (use /usr/bin/python3)")
+        import argparse
+        records = self.herd_exp.load_records(self.dir)
+        x_axis, _, groups, order = self.herd_exp.group_records(records)
+        self.assertEqual(x_axis, "clients")
+        self.assertEqual([dict(key)["system"] for key in order], ["herd", "herd_rc", "hopscotch"])
+        self.assertEqual(self.herd_exp.command_plot(argparse.Namespace(dir=str(self.dir))), 0)
+        for name in ("throughput.png", "latency.png", "per_get.md"):
+            self.assertGreater((self.dir / name).stat().st_size, 500, name)
+        # 27-byte values on both sides: no value-size plot.
+        self.assertFalse((self.dir / "value_mbps.png").exists())
+
+
 class HerdExpTest(unittest.TestCase):
     def setUp(self):
         self.dir = tempfile.mkdtemp(prefix="herd-exp-test-")
