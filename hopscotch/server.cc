@@ -114,8 +114,9 @@ void Server::Step(absl::Duration timeout) {
         }
         break;
       case kHopStatsRequest:
-        if (absl::Status s = connections_->Send(e.id, kHopStats, Text(StatsJson())); !s.ok()) {
-          sessions_.erase(e.id);  // the set closed it
+        if (absl::Status s = connections_->Send(e.id, kHopStats, Text(StatsJson()));
+            !s.ok() && sessions_.erase(e.id) > 0) {
+          ++counters_.left;  // the set closed it
         }
         break;
       default:
@@ -136,6 +137,11 @@ void Server::Refuse(uint64_t id, const absl::Status& why) {
 void Server::OnHello(uint64_t id, const Message& message) {
   absl::StatusOr<HopHello> hello = DecodeHello(message.payload);
   if (!hello.ok()) return Refuse(id, hello.status());
+  if (sessions_.size() >= options_.max_clients) {
+    return Refuse(id, absl::ResourceExhaustedError(absl::StrFormat(
+                          "%u clients joined, the most this server takes (--max_clients)",
+                          sessions_.size())));
+  }
   transport::QpConfig config;
   config.type = transport::QpType::kRc;
   config.send_cq = cq_.get();
@@ -160,8 +166,9 @@ void Server::OnHello(uint64_t id, const Message& message) {
     ++counters_.refused;
     return;  // the set closed the connection
   }
-  // Welcomed: the connection stays in the set for the client's whole stay.
-  (void)connections_->SetDeadline(id, absl::InfiniteFuture());
+  // Welcomed: the connection stays in the set for the client's whole stay, a session that new
+  // connections cannot evict.
+  (void)connections_->Establish(id);
   sessions_[id] = Session{*std::move(qp)};
   ++counters_.joins;
 }

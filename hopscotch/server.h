@@ -40,6 +40,8 @@ struct ServerOptions {
   transport::ConnectMode connect = transport::ConnectMode::kTcp;
   std::string listen_address = "0.0.0.0";
   uint16_t port = 0;  // 0: any free port
+  // Clients joined at once (each holds one QP here), and separately connections still in their
+  // handshake (a flood of those evicts the oldest of them, never a joined client).
   size_t max_clients = kDefaultMaxClients;
 };
 

@@ -345,9 +345,16 @@ bool CmHandshakes::Step(std::vector<control::HandshakeEvent>* events) {
       events->push_back(std::move(event));
       continue;  // destroying the request rejects it (when it is still unanswered)
     }
-    // Only a join that did get in displaces the oldest.
-    if (pending_.size() >= options_.max_pending) {
-      Drop(pending_.begin()->first, Kind::kEvicted,
+    // Only a join that did get in displaces the oldest (sessions served from the set neither
+    // count nor go).
+    size_t handshaking = 0;
+    auto oldest = pending_.end();
+    for (auto p = pending_.begin(); p != pending_.end(); ++p) {
+      if (p->second.established) continue;
+      if (handshaking++ == 0) oldest = p;
+    }
+    if (handshaking >= options_.max_pending) {
+      Drop(oldest->first, Kind::kEvicted,
            absl::ResourceExhaustedError(absl::StrFormat(
                "evicted: %d handshakes pending, the most allowed", options_.max_pending)),
            events);
@@ -411,6 +418,14 @@ absl::Status CmHandshakes::SetDeadline(uint64_t id, absl::Time deadline) {
   auto it = pending_.find(id);
   if (it == pending_.end()) return absl::NotFoundError(absl::StrFormat("no pending join %d", id));
   it->second.deadline = deadline;
+  return absl::OkStatus();
+}
+
+absl::Status CmHandshakes::Establish(uint64_t id) {
+  auto it = pending_.find(id);
+  if (it == pending_.end()) return absl::NotFoundError(absl::StrFormat("no pending join %d", id));
+  it->second.established = true;
+  it->second.deadline = absl::InfiniteFuture();
   return absl::OkStatus();
 }
 

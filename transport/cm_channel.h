@@ -107,6 +107,7 @@ class CmHandshakes : public control::HandshakeSet {
   absl::Status Send(uint64_t id, uint16_t type, const std::vector<uint8_t>& payload) override;
   absl::Status SetDeadline(uint64_t id, absl::Time deadline) override;
   absl::StatusOr<std::unique_ptr<control::MessageChannel>> ReleaseChannel(uint64_t id) override;
+  absl::Status Establish(uint64_t id) override;
   void Close(uint64_t id) override;
   uint16_t port() const override { return listener_->port(); }
   size_t size() const { return pending_.size(); }
@@ -115,6 +116,7 @@ class CmHandshakes : public control::HandshakeSet {
   struct Pending {
     std::unique_ptr<CmChannel> channel;
     absl::Time deadline;
+    bool established = false;  // Establish: a session, neither counted nor evicted
   };
   CmHandshakes(Device& device, std::unique_ptr<CmListener> listener,
                control::PendingOptions options)

@@ -371,6 +371,44 @@ TEST_F(PendingConnectionsTest, AtTheCapTheOldestPendingConnectionMakesRoom) {
   EXPECT_EQ(set_->Send(ids[0], kConfig, {}).code(), absl::StatusCode::kNotFound);
 }
 
+// Established sessions (served from the set for good) neither count towards the cap nor get
+// evicted: a flood of connections that never say hello displaces only its own kind, and the
+// session's next message still arrives.
+TEST_F(PendingConnectionsTest, EstablishedSessionsAreNeverEvicted) {
+  constexpr size_t kCap = 2;
+  PendingOptions options;
+  options.max_pending = kCap;
+  Start(options);
+  Channel session = Connect();
+  ASSERT_TRUE(session.Send(kHello, {}).ok());
+  std::optional<Event> hello = EventFrom(LocalName(session));
+  ASSERT_TRUE(hello.has_value());
+  ASSERT_EQ(hello->kind, Kind::kMessage) << hello->status;
+  ASSERT_TRUE(set_->Establish(hello->id).ok());
+  EXPECT_EQ(set_->Establish(hello->id + 1000).code(), absl::StatusCode::kNotFound);
+  std::vector<Channel> flood;
+  for (size_t i = 0; i < 4 * kCap; ++i) {
+    flood.push_back(Connect());
+    ASSERT_TRUE(flood.back().Send(kHello, {}).ok());  // its id, then silence
+    std::optional<Event> e = EventFrom(LocalName(flood.back()));
+    ASSERT_TRUE(e.has_value());
+    EXPECT_EQ(e->kind, Kind::kMessage);
+  }
+  // The flood's oldest were evicted, the session never.
+  for (size_t i = 0; i + kCap < flood.size(); ++i) {
+    std::optional<Event> evicted = EventFrom(LocalName(flood[i]));
+    ASSERT_TRUE(evicted.has_value()) << i;
+    EXPECT_EQ(evicted->kind, Kind::kEvicted) << i;
+  }
+  EXPECT_EQ(set_->size(), kCap + 1);
+  ASSERT_TRUE(session.Send(kJoin, {}).ok());
+  std::optional<Event> join = EventFrom(LocalName(session));
+  ASSERT_TRUE(join.has_value());
+  EXPECT_EQ(join->kind, Kind::kMessage) << join->status;
+  EXPECT_EQ(join->message.type, kJoin);
+  EXPECT_TRUE(set_->Send(hello->id, kWelcome, {}).ok());
+}
+
 // Send never blocks the thread on a peer that does not read: it fails at once and the
 // connection is dropped.
 TEST_F(PendingConnectionsTest, SendToAPeerThatDoesNotReadFailsAtOnce) {

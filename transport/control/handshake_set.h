@@ -46,6 +46,10 @@ class HandshakeSet {
   // Moves a connection's deadline (after every answered message: a passed deadline times the
   // connection out at the next Wait).
   virtual absl::Status SetDeadline(uint64_t id, absl::Time deadline) = 0;
+  // The connection becomes a long-lived session served from the set (its later messages keep
+  // arriving as events, its close as kClosed): it no longer counts towards max_pending, is never
+  // evicted to make room for a new connection, and has no deadline. kNotFound for an unknown id.
+  virtual absl::Status Establish(uint64_t id) = 0;
   // The handshake finished: the connection leaves the set as a MessageChannel, losing nothing
   // the peer sent. kNotFound for an unknown id.
   virtual absl::StatusOr<std::unique_ptr<MessageChannel>> ReleaseChannel(uint64_t id) = 0;

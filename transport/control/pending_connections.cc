@@ -127,9 +127,9 @@ void PendingConnections::AcceptReady(std::vector<Event>* events) {
       // A signal, or a connection that failed before we took it (accept() passes such network
       // errors on): take the next one.
       if (errno == EINTR || errno == ECONNABORTED || errno == EPROTO) continue;
-      if ((errno == EMFILE || errno == ENFILE) && !connections_.empty()) {
+      if ((errno == EMFILE || errno == ENFILE) && handshaking_ > 0) {
         // Out of descriptors: the oldest pending connection makes room, as at max_pending.
-        Drop(connections_.begin()->first, Event::Kind::kEvicted,
+        Drop(OldestHandshaking()->first, Event::Kind::kEvicted,
              absl::ResourceExhaustedError(
                  "out of file descriptors: the oldest pending control connection makes room "
                  "(raise RLIMIT_NOFILE)"),
@@ -144,13 +144,13 @@ void PendingConnections::AcceptReady(std::vector<Event>* events) {
       accept_paused_until_ = absl::Now() + kAcceptPause;
       return;
     }
-    if (connections_.size() >= options_.max_pending) {
-      const Connection& oldest = connections_.begin()->second;
-      Drop(connections_.begin()->first, Event::Kind::kEvicted,
+    if (handshaking_ >= options_.max_pending) {
+      const auto oldest = OldestHandshaking();
+      Drop(oldest->first, Event::Kind::kEvicted,
            absl::ResourceExhaustedError(absl::StrFormat(
                "%d control connections pending (the limit): the oldest, pending for %s, makes "
                "room for a new one",
-               connections_.size(), absl::FormatDuration(absl::Now() - oldest.accepted))),
+               handshaking_, absl::FormatDuration(absl::Now() - oldest->second.accepted))),
            events);
     }
     const int one = 1;  // replies are tiny and latency-bound
@@ -165,6 +165,7 @@ void PendingConnections::AcceptReady(std::vector<Event>* events) {
       continue;
     }
     Connection& connection = connections_[id];
+    ++handshaking_;
     connection.fd = fd;
     connection.peer = PeerName(fd);
     connection.accepted = absl::Now();
@@ -333,7 +334,28 @@ void PendingConnections::Drop(uint64_t id, Event::Kind kind, absl::Status status
   Forget(it, /*close_fd=*/true);
 }
 
+absl::Status PendingConnections::Establish(uint64_t id) {
+  auto it = connections_.find(id);
+  if (it == connections_.end()) {
+    return absl::NotFoundError(absl::StrFormat("no pending control connection %d", id));
+  }
+  if (!it->second.established) {
+    it->second.established = true;
+    --handshaking_;
+  }
+  return SetDeadline(id, absl::InfiniteFuture());
+}
+
+std::map<uint64_t, PendingConnections::Connection>::iterator
+PendingConnections::OldestHandshaking() {
+  // Sessions are typically the oldest entries: a walk past them, only when one must go.
+  auto it = connections_.begin();
+  while (it != connections_.end() && it->second.established) ++it;
+  return it;
+}
+
 void PendingConnections::Forget(std::map<uint64_t, Connection>::iterator it, bool close_fd) {
+  if (!it->second.established) --handshaking_;
   // Unregister explicitly: a released descriptor lives on, and epoll would keep reporting it.
   epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, it->second.fd, nullptr);
   if (close_fd) close(it->second.fd);

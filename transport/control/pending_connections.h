@@ -97,6 +97,8 @@ class PendingConnections : public HandshakeSet {
   // connection out at the next Wait: move it after every message you answer.
   absl::Status SetDeadline(uint64_t id, absl::Time deadline) override;
 
+  absl::Status Establish(uint64_t id) override;
+
   // The handshake finished: the connection leaves the set as a blocking Channel, on which
   // Receive, Send and PeerClosed work as on any Channel. Nothing is lost: the set never reads past
   // the message it reported, unless a later Wait already read part of a next frame, which a
@@ -123,6 +125,7 @@ class PendingConnections : public HandshakeSet {
     uint32_t payload_bytes = 0;  // valid once the header is complete
     std::vector<uint8_t> payload;
     uint64_t message_round = 0;  // the Wait call that last reported a message from it
+    bool established = false;    // Establish: a session, neither counted nor evicted
   };
 
   PendingConnections(Listener* listener, PendingOptions options, int epoll_fd);
@@ -133,12 +136,15 @@ class PendingConnections : public HandshakeSet {
   // Reports a non-message event and forgets the connection.
   void Drop(uint64_t id, Event::Kind kind, absl::Status status, std::vector<Event>* events);
   void Forget(std::map<uint64_t, Connection>::iterator it, bool close_fd);
+  // The oldest connection not established, or connections_.end().
+  std::map<uint64_t, Connection>::iterator OldestHandshaking();
 
   Listener* listener_;
   PendingOptions options_;
   int epoll_fd_ = -1;
-  uint64_t next_id_ = 1;  // 0 marks the listener in epoll
-  uint64_t round_ = 0;    // Wait calls so far
+  uint64_t next_id_ = 1;    // 0 marks the listener in epoll
+  size_t handshaking_ = 0;  // connections not established: what max_pending bounds
+  uint64_t round_ = 0;      // Wait calls so far
   // After accept() ran out of descriptors with nothing to evict: accepting resumes then, instead
   // of spinning on a listener that stays readable.
   absl::Time accept_paused_until_ = absl::InfinitePast();
