@@ -154,6 +154,7 @@ absl::Status Client::Submit(std::string_view key, uint64_t tag) {
   slot.server = shard;
   slot.key = PadKey(key);
   slot.reads = 0;
+  slot.torn_reads = 0;
   slot.misses = 0;
   slot.unposted = false;
   const uint64_t home = HomeBucket(key, server.table.hash_seed, server.table.home_buckets);
@@ -243,7 +244,8 @@ size_t Client::Poll(absl::Span<LookupDone> out) {
     }
     const auto* bytes = reinterpret_cast<const uint8_t*>(slot.sge.addr);
     LookupResult r = FindInNeighbourhood(Snapshot(bytes, kNeighbourhoodBytes), slot.key);
-    if (r.kind == LookupResult::Kind::kTorn && slot.reads <= options_.max_rereads) {
+    if (r.kind == LookupResult::Kind::kTorn && slot.torn_reads < options_.max_rereads) {
+      ++slot.torn_reads;
       ++stats_.rereads;
       Queue(static_cast<uint32_t>(&slot - slots_.data()));
       continue;
@@ -253,7 +255,7 @@ size_t Client::Poll(absl::Span<LookupDone> out) {
       Queue(static_cast<uint32_t>(&slot - slots_.data()));
       continue;
     }
-    r.rereads = static_cast<int>(slot.reads - 1);
+    r.rereads = static_cast<int>(slot.torn_reads);
     Finish(slot, absl::OkStatus(), r, &out[done++]);
   }
   Flush();  // rereads and confirmations go out now, not at the next call

@@ -107,6 +107,7 @@ class Client {
     uint32_t server = 0;
     PaddedKey key{};
     uint32_t reads = 0;
+    uint32_t torn_reads = 0;  // of which re-reads of a torn snapshot
     uint32_t misses = 0;
     bool unposted = false;  // its post failed: no completion will come
     transport::Sge sge{};

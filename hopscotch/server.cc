@@ -1,5 +1,6 @@
 #include "hopscotch/server.h"
 
+#include <algorithm>
 #include <utility>
 #include <vector>
 
@@ -16,8 +17,8 @@ using transport::control::Message;
 
 namespace {
 
-// An upsert message is ~70 B a pair; a hello a few dozen bytes.
-constexpr uint32_t kMaxRequestBytes = kMaxUpsertsPerMessage * 96 + 64;
+// The largest request is a full upsert message; a hello is a few dozen bytes.
+constexpr uint32_t kMaxRequestBytes = kMaxUpsertMessageBytes;
 
 std::vector<uint8_t> Text(std::string_view text) {
   return std::vector<uint8_t>(text.begin(), text.end());
@@ -56,6 +57,10 @@ absl::Status Server::Open() {
   mr_ = *std::move(mr);
   transport::control::PendingOptions pending;
   pending.max_pending = options_.max_clients;
+  if (options_.connect == transport::ConnectMode::kCm) {
+    // A CM handshake pins a PD, CQ, QP and buffers (cm_channel.h): fewer of them at once.
+    pending.max_pending = std::min(pending.max_pending, transport::kCmDefaultMaxPending);
+  }
   pending.max_payload = kMaxRequestBytes;
   pending.first_message_timeout = kHelloTimeout;
   if (options_.connect == transport::ConnectMode::kCm) {

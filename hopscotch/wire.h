@@ -16,6 +16,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "hopscotch/format.h"
+#include "transport/cm_channel.h"
 #include "transport/types.h"
 
 namespace hopscotch {
@@ -32,8 +33,15 @@ enum HopMessage : uint16_t {
 
 inline constexpr uint32_t kHopProtocolVersion = 1;
 // Pairs one Upsert message may carry: bounds the control thread's work per message (each pair is
-// an insert with displacement, microseconds) and the message (~70 B a pair).
-inline constexpr uint32_t kMaxUpsertsPerMessage = 1024;
+// an insert with displacement, microseconds) and the message, which must fit one RDMA-CM control
+// message too.
+inline constexpr uint32_t kMaxUpsertsPerMessage = 512;
+// The largest Upsert payload: a u32 count, then per pair a u32 length + key and a u32 length +
+// value (WireWriter::Bytes).
+inline constexpr uint32_t kMaxUpsertMessageBytes =
+    4 + kMaxUpsertsPerMessage * (4 + kKeyBytes + 4 + kValueBytes);
+static_assert(kMaxUpsertMessageBytes <= transport::kCmMaxMessageBytes - transport::kCmHeaderBytes,
+              "a full upsert message must fit one RDMA-CM control message");
 
 struct HopHello {
   uint32_t version = kHopProtocolVersion;

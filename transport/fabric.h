@@ -30,7 +30,8 @@
 //
 // What a READ returns while the responder's CPU writes the memory it reads (one-sided readers
 // depend on it: hopscotch/neighbourhood.h):
-//   - shm: each 64-byte line of the responder's addresses as of one instant, lines in ascending
+//   - shm: each 64-byte line of the responder's addresses as of one instant (a line that falls
+//     across two of the requester's SGEs: each part as of its own instant), lines in ascending
 //     order, each at its own instant. Exact for lines whose words never return to an earlier
 //     value while the READ copies them (a line with a version word); a line written without
 //     such a word may, in principle, show an A-B-A mix (transport/shm/ordered_copy.h).

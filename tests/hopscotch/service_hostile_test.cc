@@ -535,21 +535,28 @@ TEST(ServiceHostile, HostileControlMessages) {
     std::vector<uint8_t> payload;
     std::string why;
   };
-  std::vector<std::pair<std::string, std::string>> pairs_2000;
-  for (int i = 0; i < 2000; ++i) pairs_2000.emplace_back(absl::StrCat("k", i), ValueBytes("v"));
-  std::vector<std::pair<std::string, std::string>> pairs_1024;
-  for (int i = 0; i < 1024; ++i) pairs_1024.emplace_back(absl::StrCat("k", i), ValueBytes("v"));
+  // One pair more than a message may carry (short keys: the frame still fits the set's limit),
+  // and the most it may carry.
+  constexpr uint32_t kTooMany = kMaxUpsertsPerMessage + 1;
+  std::vector<std::pair<std::string, std::string>> pairs_too_many;
+  for (uint32_t i = 0; i < kTooMany; ++i) {
+    pairs_too_many.emplace_back(absl::StrCat("k", i), ValueBytes("v"));
+  }
+  std::vector<std::pair<std::string, std::string>> pairs_max(pairs_too_many.begin(),
+                                                             pairs_too_many.end() - 1);
   std::vector<uint8_t> trailing = UpsertPayload(1, {{"k", ValueBytes("v")}});
   trailing.push_back(7);
   std::vector<uint8_t> truncated = UpsertPayload(1, {{"key", ValueBytes("v")}});
-  truncated.resize(truncated.size() - 5);
+  truncated.erase(truncated.end() - 5, truncated.end());
   const std::vector<Bad> bad = {
       {"unknown type", 77, {}, "unknown message type 77"},
       {"a second hello", kHopHello, Encode(HopHello{}), "a second hello"},
       {"an empty upsert payload", kHopUpsert, {}, "truncated hop upsert"},
       {"0 pairs", kHopUpsert, UpsertPayload(0, {}), "not 0"},
-      {"2000 pairs", kHopUpsert, UpsertPayload(2000, pairs_2000), "not 2000"},
-      {"1025 pairs claimed, 1024 sent", kHopUpsert, UpsertPayload(1025, pairs_1024), "not 1025"},
+      {"too many pairs", kHopUpsert, UpsertPayload(kTooMany, pairs_too_many),
+       absl::StrCat("not ", kTooMany)},
+      {"one pair more claimed than sent", kHopUpsert, UpsertPayload(kTooMany, pairs_max),
+       absl::StrCat("not ", kTooMany)},
       {"a 5-byte value", kHopUpsert, UpsertPayload(1, {{"k", "12345"}}), "5 bytes, not 27"},
       {"a 28-byte value", kHopUpsert, UpsertPayload(1, {{"k", std::string(28, 'x')}}),
        "exceeds the limit"},
@@ -1047,6 +1054,9 @@ void Incarnation(const std::string& path, const transport::DeviceOptions& device
       std::atomic<bool> refused{false};
       std::mt19937_64 writer_rng(rng());
       const int first_round = *round;
+      // The pairs of the round last sent, kept after its acknowledgement (in_flight is cleared
+      // then: a fast server may finish the round before this thread looks).
+      std::vector<HopUpsert> last_sent;
       std::thread writer([&] {
         // `rounds` rounds, then the one the kill is for: nothing after it, so no later round can
         // overwrite what the test watches for.
@@ -1055,6 +1065,7 @@ void Incarnation(const std::string& path, const transport::DeviceOptions& device
           {
             absl::MutexLock lock(&mutex);
             in_flight = pairs;
+            last_sent = pairs;
           }
           sending.store(r);
           absl::StatusOr<std::vector<absl::Status>> statuses = (*client)->Upsert(pairs);
@@ -1082,7 +1093,7 @@ void Incarnation(const std::string& path, const transport::DeviceOptions& device
       std::vector<HopUpsert> next;
       {
         absl::MutexLock lock(&mutex);
-        next = in_flight;
+        next = last_sent;
       }
       ASSERT_EQ(next.size(), kMaxUpsertsPerMessage);
       size_t k = rng() % (next.size() / 4);  // early: the rest of the message is still to do

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cstdint>
 #include <cstring>
+#include <thread>
 
 namespace transport::shm {
 
@@ -32,9 +33,12 @@ inline void OrderedCopy(uint8_t* dst, const uint8_t* src, size_t n) {
 // For a line whose words never return to an earlier value between the two copies (a versioned
 // line: a seqlock word, a counter), agreement proves that the copy is the line's content at one
 // instant (each word held its value from its first load to its second, and every first load
-// precedes every second one), as a NIC's DMA read of a cache line is in practice. A line a
-// writer keeps changing is retried until it holds still, as DMA waits for the line's owner.
+// precedes every second one), as a NIC's DMA read of a cache line is in practice. A responder
+// that rewrites a line without pause holds the READ up (it yields after a few tries): on the shm
+// fabric a peer process shares the memory anyway, so this is no new power over the requester.
 inline constexpr uint64_t kLineBytes = 64;
+// Disagreeing copies of one line before the copier yields its core to the writer.
+inline constexpr int kStableCopyTriesBeforeYield = 64;
 
 // Copies [src, src + n), which lies within one source line, to dst, as of one instant.
 inline void StableLineCopy(uint8_t* dst, const uint8_t* src, size_t n) {
@@ -42,7 +46,8 @@ inline void StableLineCopy(uint8_t* dst, const uint8_t* src, size_t n) {
   // Every load of the first copy happens before any load of the comparison (x86 keeps loads in
   // order; the fence keeps the compiler from merging or reordering the two passes).
   std::atomic_thread_fence(std::memory_order_seq_cst);
-  while (std::memcmp(dst, src, n) != 0) {
+  for (int tries = 1; std::memcmp(dst, src, n) != 0; ++tries) {
+    if (tries % kStableCopyTriesBeforeYield == 0) std::this_thread::yield();
     std::memcpy(dst, src, n);
     std::atomic_thread_fence(std::memory_order_seq_cst);
   }
