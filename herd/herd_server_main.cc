@@ -2,7 +2,6 @@
 // per-second progress to stderr. Its first stdout line, "herd_server ready port=N", says it
 // accepts clients (scripts wait for it instead of sleeping).
 #include <signal.h>
-#include <sys/resource.h>
 
 #include <bit>
 #include <cstdio>
@@ -19,6 +18,7 @@
 #include "mica/flags.h"
 #include "mica/item.h"
 #include "transport/flags.h"
+#include "util/server_process.h"
 
 DEFINE_uint32(port, 31850,
               "Port clients join on: TCP, or RDMA-CM with --connect=cm (0 picks a free one)");
@@ -57,19 +57,8 @@ int main(int argc, char** argv) {
   google::InitGoogleLogging(argv[0]);
   FLAGS_logtostderr = true;
   // Signals are taken synchronously by this thread only (sigtimedwait), never by workers.
-  sigset_t stop_signals;
-  sigemptyset(&stop_signals);
-  sigaddset(&stop_signals, SIGINT);
-  sigaddset(&stop_signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
-
-  // Every client holds a control connection, and unfinished handshakes wait in a set that can
-  // hold thousands: the default soft limit of 1,024 descriptors would cap both. Take the hard
-  // limit.
-  if (rlimit files; getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur < files.rlim_max) {
-    files.rlim_cur = files.rlim_max;
-    if (setrlimit(RLIMIT_NOFILE, &files) != 0) PLOG(WARNING) << "raising RLIMIT_NOFILE";
-  }
+  sigset_t stop_signals = util::BlockStopSignals();
+  util::RaiseFileLimit();
 
   herd::ServerOptions options;
   absl::StatusOr<herd::Config> config = herd::ConfigFromFlags();

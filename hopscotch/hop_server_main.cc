@@ -3,7 +3,6 @@
 // Prints "hop_server ready port=P ..." once clients can join, and its stats JSON when it stops
 // (SIGINT/SIGTERM or --duration_s); the table is closed clean then.
 #include <signal.h>
-#include <sys/resource.h>
 
 #include <cstdio>
 #include <ctime>
@@ -17,6 +16,7 @@
 #include "glog/logging.h"
 #include "hopscotch/server.h"
 #include "transport/flags.h"
+#include "util/server_process.h"
 
 DEFINE_string(table, "", "The table file to serve (hop_build --out).");
 DEFINE_uint32(port, 31860, "Port clients join on (TCP, or RDMA-CM with --connect=cm); 0: any.");
@@ -42,16 +42,9 @@ int main(int argc, char** argv) {
   gflags::ParseCommandLineFlags(&argc, &argv, true);
   google::InitGoogleLogging(argv[0]);
   FLAGS_logtostderr = true;
-  sigset_t stop_signals;
-  sigemptyset(&stop_signals);
-  sigaddset(&stop_signals, SIGINT);
-  sigaddset(&stop_signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
-  // Every client holds a control connection: take the hard limit of descriptors.
-  if (rlimit files; getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur < files.rlim_max) {
-    files.rlim_cur = files.rlim_max;
-    if (setrlimit(RLIMIT_NOFILE, &files) != 0) PLOG(WARNING) << "raising RLIMIT_NOFILE";
-  }
+  // Signals are taken synchronously by this thread only (sigtimedwait), never by workers.
+  sigset_t stop_signals = util::BlockStopSignals();
+  util::RaiseFileLimit();
 
   if (FLAGS_table.empty()) return Fail(absl::InvalidArgumentError("--table is required"));
   if (FLAGS_port > 65535) return Fail(absl::InvalidArgumentError("--port must be <= 65535"));

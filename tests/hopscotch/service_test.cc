@@ -50,6 +50,11 @@ class RunningServer {
     if (thread_.joinable()) thread_.join();
   }
   bool ok() const { return server_ != nullptr; }
+  // Stops serving and destroys the server (its QPs and table registration go with it).
+  void Destroy() {
+    Stop();
+    server_.reset();
+  }
   std::string address() const { return absl::StrFormat("127.0.0.1:%u", server_->port()); }
   Server& server() { return *server_; }
 
@@ -125,6 +130,56 @@ TEST(Service, ShardedLookupsOfATraceAreAllChecked) {
   absl::StatusOr<std::string> stats = (*client)->ServerStats(0);
   ASSERT_TRUE(stats.ok()) << stats.status();
   EXPECT_NE(stats->find("\"joins\":4"), std::string::npos) << *stats;  // 3 replay threads + 1
+}
+
+// A replay whose server goes away mid-run reports failed lookups and does not pass: a run that
+// lost its server must never look like a checked one.
+TEST(Service, AReplayWhoseServerGoesAwayFailsInsteadOfPassing) {
+  const std::string trace = TmpPath("gone.txt");
+  {
+    std::ofstream out(trace);
+    bench::TraceOptions options;
+    options.records = 2000;
+    options.operations = 2000;
+    bench::TraceCounts counts;
+    ASSERT_TRUE(bench::WriteTrace(options, out, &counts).ok());
+  }
+  BuildOptions build;
+  build.traces = {trace};
+  build.out = TmpPath("gone.hop");
+  ASSERT_TRUE(BuildTable(build).ok());
+  const std::string fabric = "hop_service_gone";
+  ServerOptions server_options;
+  server_options.table = build.out;
+  server_options.device.fabric = fabric;
+  RunningServer server(server_options);
+  ASSERT_TRUE(server.ok());
+  bench::ReplayOptions replay;
+  replay.client.servers = {server.address()};
+  replay.client.device.fabric = fabric;
+  replay.traces = {trace};
+  replay.duration_s = 60;  // replays until the server is gone (long before this)
+  absl::StatusOr<bench::ReplayResult> result;
+  std::thread replaying([&] { result = bench::ReplayLookups(replay); });
+  // Destroy the server once the replay's client joined (seen by a second client's stats).
+  ClientOptions watcher_options;
+  watcher_options.servers = {server.address()};
+  watcher_options.device.fabric = fabric;
+  absl::StatusOr<std::unique_ptr<Client>> watcher = Client::Connect(watcher_options);
+  ASSERT_TRUE(watcher.ok()) << watcher.status();
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  bool joined = false;
+  while (!joined && absl::Now() < deadline) {
+    absl::StatusOr<std::string> stats = (*watcher)->ServerStats(0);
+    joined = stats.ok() && stats->find("\"joins\":2") != std::string::npos;
+  }
+  watcher->reset();
+  server.Destroy();
+  replaying.join();
+  ASSERT_TRUE(joined);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_GT(result->failed, 0u) << result->ToJson();
+  EXPECT_FALSE(result->passed()) << result->ToJson();
 }
 
 // A value that names its own key and generation, so any mix of two values is recognised.

@@ -17,19 +17,12 @@
 #include "hopscotch/client.h"
 #include "hopscotch/hash.h"
 #include "hopscotch/server.h"
+#include "tests/transport/fabric_fixture.h"
 #include "transport/cm.h"
 #include "transport/fabric.h"
 
 namespace hopscotch {
 namespace {
-
-std::string VerbsDevice() {
-  if (const char* named = std::getenv("HERD_VERBS_DEVICE"); named != nullptr) return named;
-  for (const std::string& name : transport::ListDevices()) {
-    if (name != "shm") return name;
-  }
-  return "";
-}
 
 std::string TmpPath(const std::string& name) {
   const char* dir = std::getenv("TEST_TMPDIR");
@@ -39,7 +32,7 @@ std::string TmpPath(const std::string& name) {
 class HopOverVerbs : public ::testing::TestWithParam<transport::ConnectMode> {
  protected:
   void SetUp() override {
-    device_ = VerbsDevice();
+    device_ = transport::testing::DeviceFor("verbs");  // $HERD_VERBS_DEVICE, else the first
     if (device_.empty()) {
       GTEST_SKIP() << "no verbs device on this machine (scripts/rxe_vm.sh runs this on rxe0)";
     }
