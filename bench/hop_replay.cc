@@ -62,6 +62,7 @@ absl::Status RunThread(const ReplayOptions& o, const Expectations& e, uint32_t t
                        hopscotch::ClientStats* stats) {
   absl::StatusOr<std::unique_ptr<hopscotch::Client>> client = hopscotch::Client::Connect(o.client);
   if (!client.ok()) return client.status();
+  if (o.on_joined) o.on_joined();
   const uint32_t window = o.client.window;
   std::vector<Ticket> tickets(window);
   std::vector<uint32_t> free_tickets;

@@ -9,6 +9,7 @@
 #define HERD_BENCH_HOP_REPLAY_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -24,6 +25,9 @@ struct ReplayOptions {
   uint32_t threads = 1;
   uint32_t passes = 1;    // times each thread replays its share (when duration_s is 0)
   double duration_s = 0;  // > 0: each thread replays its share again and again this long
+  // Called by each thread once its client has joined every server (tests: the moment a server
+  // may go away and the replay must count failed lookups rather than fail to connect).
+  std::function<void()> on_joined;
 };
 
 struct ReplayResult {

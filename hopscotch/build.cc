@@ -89,9 +89,11 @@ absl::StatusOr<BuildSummary> BuildTable(const BuildOptions& o) {
       });
   if (!built.ok()) return built;
   if (table->items() == 0) {
-    // A run that built nothing is an error, not an empty table reported as a success.
+    // A run that built nothing is an error, not an empty table reported as a success. Only a
+    // regular file is removed: a device-DAX output is a device node, never unlinked.
+    const bool device = table->device();
     (void)table->Close();
-    std::remove(o.out.c_str());
+    if (!device) std::remove(o.out.c_str());
     return absl::InvalidArgumentError(
         "no INSERT line in the trace(s): nothing to build (is the load phase missing?)");
   }

@@ -14,6 +14,8 @@ namespace hopscotch {
 
 struct BuildOptions {
   std::vector<std::string> traces;
+  // The table: a regular file (replaced) or a device-DAX character device (written in place;
+  // Table::Create).
   std::string out;
   uint64_t home_buckets = 0;  // 0: the smallest power of two with inserts / buckets <= load
   double target_load = 0.8;

@@ -5,6 +5,7 @@
 #include "absl/strings/str_format.h"
 #include "glog/logging.h"
 #include "hopscotch/hash.h"
+#include "transport/cm.h"
 #include "transport/cm_channel.h"
 
 namespace hopscotch {
@@ -42,7 +43,10 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
 Client::~Client() {
   // The QPs before the CQ; a READ still in flight completes into memory that stays mapped
   // until the MR and buffers go after them.
-  for (Server& s : servers_) s.qp.reset();
+  for (Server& s : servers_) {
+    s.qp.reset();
+    s.cm.reset();
+  }
 }
 
 absl::Status Client::Open() {
@@ -69,10 +73,7 @@ absl::Status Client::Open() {
   std::vector<Server> joined;
   for (const std::string& address : options_.servers) {
     Server server;
-    absl::StatusOr<std::unique_ptr<transport::control::MessageChannel>> control =
-        transport::ConnectControl(options_.connect, device_.get(), address, options_.timeout);
-    if (!control.ok()) return control.status();
-    server.control = *std::move(control);
+    server.address = address;
     transport::QpConfig config;
     config.type = transport::QpType::kRc;
     config.send_cq = cq_.get();
@@ -82,20 +83,13 @@ absl::Status Client::Open() {
     absl::StatusOr<std::unique_ptr<transport::QueuePair>> qp = pd_->CreateQp(config);
     if (!qp.ok()) return qp.status();
     server.qp = *std::move(qp);
-    HopHello hello;
-    hello.qp = server.qp->endpoint();
-    if (absl::Status s = server.control->Send(kHopHello, Encode(hello)); !s.ok()) return s;
-    absl::StatusOr<Message> m = Expect(*server.control, kHopWelcome, options_.timeout);
-    if (!m.ok()) return m.status();
-    absl::StatusOr<HopWelcome> welcome = DecodeWelcome(m->payload);
+    absl::StatusOr<HopWelcome> welcome =
+        options_.connect == transport::ConnectMode::kCm ? JoinByCm(server) : JoinByControl(server);
     if (!welcome.ok()) {
       return absl::Status(welcome.status().code(),
                           absl::StrFormat("%s: %s", address, welcome.status().message()));
     }
     server.table = *welcome;
-    transport::ConnectConfig connect;
-    connect.remote = welcome->qp;
-    if (absl::Status s = server.qp->Connect(connect); !s.ok()) return s;
     joined.push_back(std::move(server));
   }
   // Every shard exactly once, all of one sharding.
@@ -133,6 +127,60 @@ absl::Status Client::Open() {
   }
   completions_.resize(options_.window);
   return absl::OkStatus();
+}
+
+absl::StatusOr<HopWelcome> Client::JoinByControl(Server& server) {
+  absl::StatusOr<std::unique_ptr<transport::control::MessageChannel>> control =
+      transport::ConnectControl(options_.connect, device_.get(), server.address, options_.timeout);
+  if (!control.ok()) return control.status();
+  server.control = *std::move(control);
+  HopHello hello;
+  hello.qp = server.qp->endpoint();
+  if (absl::Status s = server.control->Send(kHopHello, Encode(hello)); !s.ok()) return s;
+  absl::StatusOr<Message> m = Expect(*server.control, kHopWelcome, options_.timeout);
+  if (!m.ok()) return m.status();
+  absl::StatusOr<HopWelcome> welcome = DecodeWelcome(m->payload);
+  if (!welcome.ok()) return welcome.status();
+  transport::ConnectConfig connect;
+  connect.remote = welcome->qp;
+  if (absl::Status s = server.qp->Connect(connect); !s.ok()) return s;
+  return welcome;
+}
+
+absl::StatusOr<HopWelcome> Client::JoinByCm(Server& server) {
+  std::string host;
+  uint16_t port = 0;
+  if (absl::Status s = transport::ParseCmAddress(server.address, &host, &port); !s.ok()) return s;
+  std::vector<uint8_t> reply;
+  absl::StatusOr<std::unique_ptr<transport::CmConnection>> connection = transport::CmConnect(
+      *device_, *server.qp, host, port, options_.timeout, EncodeCmHello(), &reply);
+  if (!connection.ok()) return connection.status();
+  server.cm = *std::move(connection);
+  return DecodeCmWelcome(reply);
+}
+
+absl::StatusOr<transport::control::MessageChannel*> Client::ControlOf(uint32_t shard) {
+  Server& server = servers_[shard];
+  if (server.control != nullptr) return server.control.get();
+  // Joined by the CM alone: a control connection that asks for no QP, opened on first use.
+  absl::StatusOr<std::unique_ptr<transport::control::MessageChannel>> control =
+      transport::ConnectControl(options_.connect, device_.get(), server.address, options_.timeout);
+  if (!control.ok()) return control.status();
+  HopHello hello;
+  hello.lookup_qp = false;
+  if (absl::Status s = (*control)->Send(kHopHello, Encode(hello)); !s.ok()) return s;
+  absl::StatusOr<Message> m = Expect(**control, kHopWelcome, options_.timeout);
+  if (!m.ok()) return m.status();
+  absl::StatusOr<HopWelcome> welcome = DecodeWelcome(m->payload);
+  if (!welcome.ok()) return welcome.status();
+  if (welcome->shard != shard || welcome->table_addr != server.table.table_addr) {
+    return absl::DataLossError(absl::StrFormat(
+        "%s: its control connection describes another table (shard %u, at %#x) than its lookup "
+        "connection (shard %u, at %#x)",
+        server.address, welcome->shard, welcome->table_addr, shard, server.table.table_addr));
+  }
+  server.control = *std::move(control);
+  return server.control.get();
 }
 
 absl::Status Client::Submit(std::string_view key, uint64_t tag) {
@@ -294,7 +342,9 @@ absl::StatusOr<std::vector<absl::Status>> Client::Upsert(const std::vector<HopUp
       const size_t to = std::min<size_t>(mine.size(), from + kMaxUpsertsPerMessage);
       std::vector<HopUpsert> batch;
       for (size_t j = from; j < to; ++j) batch.push_back(pairs[mine[j]]);
-      transport::control::MessageChannel& control = *servers_[shard].control;
+      absl::StatusOr<transport::control::MessageChannel*> channel = ControlOf(shard);
+      if (!channel.ok()) return channel.status();
+      transport::control::MessageChannel& control = **channel;
       if (absl::Status s = control.Send(kHopUpsert, Encode(batch)); !s.ok()) return s;
       absl::StatusOr<Message> m = Expect(control, kHopUpserted, options_.timeout);
       if (!m.ok()) return m.status();
@@ -325,7 +375,9 @@ absl::StatusOr<std::string> Client::ServerStats(uint32_t shard) {
   if (shard >= shards()) {
     return absl::InvalidArgumentError(absl::StrFormat("shard %u of %u", shard, shards()));
   }
-  transport::control::MessageChannel& control = *servers_[shard].control;
+  absl::StatusOr<transport::control::MessageChannel*> channel = ControlOf(shard);
+  if (!channel.ok()) return channel.status();
+  transport::control::MessageChannel& control = **channel;
   if (absl::Status s = control.Send(kHopStatsRequest, {}); !s.ok()) return s;
   absl::StatusOr<Message> m = Expect(control, kHopStats, options_.timeout);
   if (!m.ok()) return m.status();

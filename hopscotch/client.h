@@ -13,6 +13,11 @@
 // filled in per lookup) and reaps what completed. Upserts and stats go over the control
 // connection as small RPCs (blocking; wire.h).
 //
+// Joining: over TCP (and --connect=tcp on verbs) a control connection's hello and welcome
+// exchange the QPs and say where the table is. Over RDMA-CM the lookup QP is connected by the CM
+// alone, the table's address and rkey arriving in the REP's private data (wire.h); a control
+// connection is opened only when the client first upserts or asks for stats.
+//
 // Not thread-safe: one Client per thread (each has its own device, CQ and QPs).
 #ifndef HERD_HOPSCOTCH_CLIENT_H_
 #define HERD_HOPSCOTCH_CLIENT_H_
@@ -28,6 +33,7 @@
 #include "absl/types/span.h"
 #include "hopscotch/neighbourhood.h"
 #include "hopscotch/wire.h"
+#include "transport/cm.h"
 #include "transport/control/message_channel.h"
 #include "transport/fabric.h"
 #include "transport/shared_memory.h"
@@ -94,7 +100,10 @@ class Client {
 
  private:
   struct Server {
+    std::string address;  // host:port, as named
+    // Null over RDMA-CM until the first upsert or stats request (ControlOf).
     std::unique_ptr<transport::control::MessageChannel> control;
+    std::unique_ptr<transport::CmConnection> cm;  // the lookup QP's CM connection (RDMA-CM)
     std::unique_ptr<transport::QueuePair> qp;
     HopWelcome table;
     bool failed = false;
@@ -115,6 +124,11 @@ class Client {
   };
   explicit Client(const ClientOptions& options) : options_(options) {}
   absl::Status Open();
+  // Connects server.qp and says where its table is: by a control connection's hello and welcome,
+  // or by the CM's private data.
+  absl::StatusOr<HopWelcome> JoinByControl(Server& server);
+  absl::StatusOr<HopWelcome> JoinByCm(Server& server);
+  absl::StatusOr<transport::control::MessageChannel*> ControlOf(uint32_t shard);
   void Queue(uint32_t slot);
   void Flush();
   void Finish(Slot& slot, absl::Status status, const LookupResult& result, LookupDone* out);

@@ -10,6 +10,11 @@
 // load = keys / home buckets; max_displacement = the largest distance of a key from its home
 // bucket (< H = 32). Exit status 1 with a message on stderr on any error; a full table names
 // the load reached and a --buckets that would do.
+//
+// --out is written in place, never through a temporary file and a rename: a regular file is
+// created or replaced; a device-DAX character device (--out /dev/dax0.0) keeps its node and
+// size, the table is written from its first byte and must fit (its size and alignment come
+// from /sys/dev/char/MAJOR:MINOR/{size,align}).
 #include <cstdio>
 #include <string>
 
@@ -19,7 +24,10 @@
 #include "hopscotch/build.h"
 
 DEFINE_string(trace, "", "YCSB text trace file(s), comma-separated (load phase first).");
-DEFINE_string(out, "", "Table file to write (replaced if it exists).");
+DEFINE_string(out, "",
+              "Table to write, in place (no temporary file): a regular file (replaced if it "
+              "exists) or a device-DAX character device such as /dev/dax0.0 (the table is written "
+              "from its first byte and must fit in it).");
 DEFINE_uint64(buckets, 0, "Home buckets (a power of two); 0: derived from the key count.");
 DEFINE_double(target_load, 0.8, "Largest keys / home buckets when --buckets is derived.");
 DEFINE_uint64(seed, 0, "Seed of the home-bucket hash, stored in the table header.");

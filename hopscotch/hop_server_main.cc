@@ -22,6 +22,10 @@ DEFINE_string(table, "", "The table file to serve (hop_build --out).");
 DEFINE_uint32(port, 31860, "Port clients join on (TCP, or RDMA-CM with --connect=cm); 0: any.");
 DEFINE_string(listen_address, "0.0.0.0", "Address to listen on.");
 DEFINE_bool(read_only, false, "Map the table read-only and refuse upserts.");
+DEFINE_string(persistence, "process",
+              "What an acknowledged upsert survives: process (kill -9 of this server) or power "
+              "(a power failure: a cache-line flush, or an msync on a page-cache file, per "
+              "ordering step of each insert).");
 DEFINE_uint64(max_clients, hopscotch::kDefaultMaxClients, "Client connections at once.");
 DEFINE_double(duration_s, 0, "Stop after this many seconds (0: run until SIGINT/SIGTERM).");
 
@@ -54,6 +58,10 @@ int main(int argc, char** argv) {
   options.listen_address = FLAGS_listen_address;
   options.port = static_cast<uint16_t>(FLAGS_port);
   options.max_clients = FLAGS_max_clients;
+  absl::StatusOr<hopscotch::Persistence> persistence =
+      hopscotch::ParsePersistence(FLAGS_persistence);
+  if (!persistence.ok()) return Fail(persistence.status());
+  options.persistence = *persistence;
   absl::StatusOr<transport::DeviceOptions> device = transport::DeviceOptionsFromFlags();
   if (!device.ok()) return Fail(device.status());
   options.device = *device;
@@ -65,11 +73,12 @@ int main(int argc, char** argv) {
   const hopscotch::Table& table = (*server)->table();
   std::printf(
       "hop_server ready port=%u connect=%s device=%s home_buckets=%lu items=%lu shard=%u "
-      "shards=%u map_sync=%s read_only=%s\n",
+      "shards=%u map_sync=%s read_only=%s persistence=%s\n",
       (*server)->port(), options.connect == transport::ConnectMode::kCm ? "cm" : "tcp",
       options.device.name.c_str(), table.home_buckets(), table.items(), table.sharding().shard,
       table.sharding().shards, table.map_sync() ? "true" : "false",
-      options.read_only ? "true" : "false");
+      options.read_only ? "true" : "false",
+      std::string(hopscotch::PersistenceName(table.persistence())).c_str());
   std::fflush(stdout);
 
   const absl::Time stop_at =

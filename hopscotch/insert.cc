@@ -38,36 +38,52 @@ uint64_t ImageWord(const uint8_t* image, int w) {
   return word;
 }
 
-// Sets word 0 of `bucket` with release order: everything stored before is visible first.
-void StoreWord0(uint8_t* bucket, uint64_t w0) {
-  StoreWord(bucket, 0, w0, std::memory_order_release);
+}  // namespace
+
+void Table::Store(uint8_t* bucket, int w, uint64_t value, std::memory_order order) {
+  if (!persister_.active()) {
+    StoreWord(bucket, w, value, order);
+    return;
+  }
+  const uint64_t before = LoadWord(bucket, w);
+  StoreWord(bucket, w, value, order);
+  persister_.Stored(bucket + w * sizeof(uint64_t), before, value);
 }
 
-}  // namespace
+// Under kPowerFailure: every line stored since the last point is durable on return. Otherwise
+// nothing was recorded and this returns at once.
+absl::Status Table::Durable() {
+  absl::Status s = persister_.Persist();
+  if (!s.ok()) return absl::Status(s.code(), absl::StrFormat("%s: %s", path_, s.message()));
+  return s;
+}
 
 void Table::Fill(uint64_t e, const uint8_t* image) {
   uint8_t* b = Bucket(e);
   uint64_t w0 = LoadWord(b, 0);
   const uint8_t info = WordInfo(w0);
   w0 = (w0 & ~kKeyHeadMask) | (ImageWord(image, 0) & kKeyHeadMask);
-  StoreWord(b, 0, WithInfo(w0, NextVersion(info, 1)));  // busy, still empty
+  Store(b, 0, WithInfo(w0, NextVersion(info, 1)));      // busy, still empty
   std::atomic_thread_fence(std::memory_order_release);  // busy before any data store
-  for (int w = 1; w < kWords; ++w) StoreWord(b, w, ImageWord(image, w));
+  for (int w = 1; w < kWords; ++w) Store(b, w, ImageWord(image, w));
   StoreWord0(b, WithInfo(w0, static_cast<uint8_t>(kOccupied | NextVersion(info, 2))));
 }
 
-void Table::Move(uint64_t s, uint64_t e, uint64_t home) {
+absl::Status Table::Move(uint64_t s, uint64_t e, uint64_t home) {
   uint8_t image[kBucketBytes];
   std::memcpy(image, Bucket(s), kBucketBytes);  // the writer's own stores: no race
   Fill(e, image);
+  if (absl::Status st = Durable(); !st.ok()) return st;  // the copy before the switch names it
   uint8_t* h = Bucket(home);
   const uint32_t hop = (HopOf(h) | (1u << (e - home))) & ~(1u << (s - home));
-  StoreWord0(h, WithHop(LoadWord(h, 0), hop));  // the switch: one store
+  StoreWord0(h, WithHop(LoadWord(h, 0), hop));           // the switch: one store
+  if (absl::Status st = Durable(); !st.ok()) return st;  // the switch before the clear
   uint8_t* src = Bucket(s);
   const uint64_t w0 = LoadWord(src, 0);  // after the switch (s may be the home itself)
   StoreWord0(src, WithInfo(w0, NextVersion(WordInfo(w0), 2)));  // empty, version + 2
   ++stats_.moves;
   if (e - home > stats_.max_distance) stats_.max_distance = static_cast<uint32_t>(e - home);
+  return absl::OkStatus();
 }
 
 absl::Status Table::Insert(std::string_view key, const Value& value) {
@@ -87,25 +103,30 @@ absl::Status Table::Insert(std::string_view key, const Value& value) {
     for (uint64_t f = p + 1; f < end; ++f) {  // out of place, upwards: atomic for readers
       if (IsOccupied(InfoOf(Bucket(f)))) continue;
       Fill(f, image);
+      if (absl::Status s = Durable(); !s.ok()) return s;  // the new copy before the switch
       uint8_t* h = Bucket(home);
       const uint32_t hop = (HopOf(h) | (1u << (f - home))) & ~(1u << (p - home));
       StoreWord0(h, WithHop(LoadWord(h, 0), hop));
+      if (absl::Status s = Durable(); !s.ok()) return s;  // the switch before the clear
       uint8_t* b = Bucket(p);
       const uint64_t w0 = LoadWord(b, 0);  // after the switch (p may be the home itself)
       StoreWord0(b, WithInfo(w0, NextVersion(WordInfo(w0), 2)));
       if (f - home > stats_.max_distance) stats_.max_distance = static_cast<uint32_t>(f - home);
-      return absl::OkStatus();
+      return Durable();  // acknowledged once durable
     }
     // No free bucket above it: rewrite the value in place under the line's seqlock.
     ++stats_.updates_in_place;
     uint8_t* b = Bucket(p);
     const uint64_t w0 = LoadWord(b, 0);
     const uint8_t info = WordInfo(w0);
-    StoreWord(b, 0, WithInfo(w0, static_cast<uint8_t>(kOccupied | NextVersion(info, 1))));
+    // No ordering point inside: if power fails before the end, the media may hold any mix of
+    // old and new value words with or without the busy mark, which recovery treats alike (the
+    // key kept, the value possibly mixed, as after a kill -9 mid-update: never acknowledged).
+    Store(b, 0, WithInfo(w0, static_cast<uint8_t>(kOccupied | NextVersion(info, 1))));
     std::atomic_thread_fence(std::memory_order_release);
-    for (int w = kValueOffset / 8; w < kWords; ++w) StoreWord(b, w, ImageWord(image, w));
+    for (int w = kValueOffset / 8; w < kWords; ++w) Store(b, w, ImageWord(image, w));
     StoreWord0(b, WithInfo(w0, static_cast<uint8_t>(kOccupied | NextVersion(info, 2))));
-    return absl::OkStatus();
+    return Durable();
   }
 
   const uint64_t probe_end = std::min(home + kMaxProbe, total);
@@ -124,7 +145,7 @@ absl::Status Table::Insert(std::string_view key, const Value& value) {
       if (hop == 0) continue;
       const uint64_t s = g + std::countr_zero(hop);  // the lowest: the longest step down
       if (s >= e) continue;
-      Move(s, e, g);
+      if (absl::Status st = Move(s, e, g); !st.ok()) return st;
       e = s;
       moved = true;
     }
@@ -135,12 +156,13 @@ absl::Status Table::Insert(std::string_view key, const Value& value) {
     }
   }
   Fill(e, image);
+  if (absl::Status s = Durable(); !s.ok()) return s;  // the line before the bit naming it
   uint8_t* h = Bucket(home);
   StoreWord0(h, WithHop(LoadWord(h, 0), HopOf(h) | (1u << (e - home))));  // now it exists
   ++items_;
   ++stats_.inserts;
   if (e - home > stats_.max_distance) stats_.max_distance = static_cast<uint32_t>(e - home);
-  return absl::OkStatus();
+  return Durable();  // acknowledged once durable
 }
 
 LookupResult Table::Lookup(std::string_view key, int max_reads) const {

@@ -28,7 +28,12 @@ std::vector<uint8_t> Text(std::string_view text) {
 
 absl::StatusOr<std::unique_ptr<Server>> Server::Create(const ServerOptions& options) {
   if (options.max_clients == 0) return absl::InvalidArgumentError("max_clients must be >= 1");
-  absl::StatusOr<Table> table = Table::Open(options.table, /*writable=*/!options.read_only);
+  TableOptions table_options;
+  table_options.persistence = options.persistence;
+  // A verbs device pins the pages it registers; the shm fabric maps the file into its peers.
+  table_options.private_when_read_only = options.device.name != "shm";
+  absl::StatusOr<Table> table =
+      Table::Open(options.table, /*writable=*/!options.read_only, table_options);
   if (!table.ok()) return table.status();
   std::unique_ptr<Server> server(new Server(options, *std::move(table)));
   if (absl::Status s = server->Open(); !s.ok()) return s;
@@ -67,6 +72,10 @@ absl::Status Server::Open() {
     absl::StatusOr<std::unique_ptr<transport::CmHandshakes>> set =
         transport::CmHandshakes::Create(*device_, options_.listen_address, options_.port, pending);
     if (!set.ok()) return set.status();
+    // Lookup QPs joining by the CM alone (their REQ carries a hop hello) come here.
+    (*set)->OnOtherRequest([this](std::unique_ptr<transport::CmRequest> request) {
+      OnCmLookupRequest(std::move(request));
+    });
     connections_ = *std::move(set);
   } else {
     absl::StatusOr<transport::control::Listener> listener =
@@ -83,6 +92,7 @@ absl::Status Server::Open() {
 
 Server::~Server() {
   sessions_.clear();  // QPs before the CQ, PD and device
+  cm_lookups_.clear();
   connections_.reset();
 }
 
@@ -93,6 +103,16 @@ void Server::Run(const std::atomic<bool>& stop) {
 void Server::Step(absl::Duration timeout) {
   std::vector<HandshakeEvent> events;
   connections_->Wait(timeout, &events);
+  // Lookup QPs joined by the CM leave by disconnecting (or by dying: the kernel disconnects).
+  for (auto it = cm_lookups_.begin(); it != cm_lookups_.end();) {
+    if (it->cm->Disconnected()) {
+      VLOG(1) << "client " << it->cm->peer() << " left";
+      ++counters_.left;
+      it = cm_lookups_.erase(it);
+    } else {
+      ++it;
+    }
+  }
   for (HandshakeEvent& e : events) {
     if (e.kind != HandshakeEvent::Kind::kMessage) {
       // The set already closed and forgot the connection: the client left (or never joined).
@@ -139,27 +159,27 @@ void Server::Refuse(uint64_t id, const absl::Status& why) {
   if (sessions_.erase(id) > 0) ++counters_.left;
 }
 
-void Server::OnHello(uint64_t id, const Message& message) {
-  absl::StatusOr<HopHello> hello = DecodeHello(message.payload);
-  if (!hello.ok()) return Refuse(id, hello.status());
-  if (sessions_.size() >= options_.max_clients) {
-    return Refuse(id, absl::ResourceExhaustedError(absl::StrFormat(
-                          "%u clients joined, the most this server takes (--max_clients)",
-                          sessions_.size())));
+absl::Status Server::CheckRoom() const {
+  const size_t joined = sessions_.size() + cm_lookups_.size();
+  if (joined >= options_.max_clients) {
+    return absl::ResourceExhaustedError(
+        absl::StrFormat("%u clients joined, the most this server takes (--max_clients)", joined));
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<transport::QueuePair>> Server::NewLookupQp() {
   transport::QpConfig config;
   config.type = transport::QpType::kRc;
   config.send_cq = cq_.get();
   config.recv_cq = cq_.get();
   config.max_send_wr = 1;  // the server posts nothing: READs are served by the device alone
   config.max_recv_wr = 1;
-  absl::StatusOr<std::unique_ptr<transport::QueuePair>> qp = pd_->CreateQp(config);
-  if (!qp.ok()) return Refuse(id, qp.status());
-  transport::ConnectConfig connect;
-  connect.remote = hello->qp;
-  if (absl::Status s = (*qp)->Connect(connect); !s.ok()) return Refuse(id, s);
+  return pd_->CreateQp(config);
+}
+
+HopWelcome Server::TableWelcome() const {
   HopWelcome welcome;
-  welcome.qp = (*qp)->endpoint();
   welcome.table_addr = reinterpret_cast<uint64_t>(table_.data());
   welcome.table_rkey = mr_->rkey();
   welcome.table_bytes = table_.file_bytes();
@@ -167,6 +187,43 @@ void Server::OnHello(uint64_t id, const Message& message) {
   welcome.hash_seed = table_.seed();
   welcome.shard = table_.sharding().shard;
   welcome.shards = table_.sharding().shards;
+  return welcome;
+}
+
+void Server::OnCmLookupRequest(std::unique_ptr<transport::CmRequest> request) {
+  absl::Status s = DecodeCmHello(request->app_data());
+  if (s.ok()) s = CheckRoom();
+  absl::StatusOr<std::unique_ptr<transport::QueuePair>> qp =
+      s.ok() ? NewLookupQp() : absl::StatusOr<std::unique_ptr<transport::QueuePair>>(s);
+  absl::StatusOr<std::unique_ptr<transport::CmConnection>> cm =
+      qp.ok() ? request->Accept(*device_, **qp, EncodeCmWelcome(TableWelcome()))
+              : absl::StatusOr<std::unique_ptr<transport::CmConnection>>(qp.status());
+  if (!cm.ok()) {
+    // Destroying the request unanswered rejects it (a CM reject carries no reason: the log does).
+    ++counters_.refused;
+    LOG(WARNING) << "refusing an RDMA-CM lookup join from " << request->peer() << ": "
+                 << cm.status();
+    return;
+  }
+  cm_lookups_.push_back(CmLookup{*std::move(cm), *std::move(qp)});
+  ++counters_.joins;
+}
+
+void Server::OnHello(uint64_t id, const Message& message) {
+  absl::StatusOr<HopHello> hello = DecodeHello(message.payload);
+  if (!hello.ok()) return Refuse(id, hello.status());
+  if (absl::Status s = CheckRoom(); !s.ok()) return Refuse(id, s);
+  HopWelcome welcome = TableWelcome();
+  std::unique_ptr<transport::QueuePair> lookup_qp;
+  if (hello->lookup_qp) {
+    absl::StatusOr<std::unique_ptr<transport::QueuePair>> qp = NewLookupQp();
+    if (!qp.ok()) return Refuse(id, qp.status());
+    transport::ConnectConfig connect;
+    connect.remote = hello->qp;
+    if (absl::Status s = (*qp)->Connect(connect); !s.ok()) return Refuse(id, s);
+    welcome.qp = (*qp)->endpoint();
+    lookup_qp = *std::move(qp);
+  }
   if (absl::Status s = connections_->Send(id, kHopWelcome, Encode(welcome)); !s.ok()) {
     ++counters_.refused;
     return;  // the set closed the connection
@@ -174,7 +231,7 @@ void Server::OnHello(uint64_t id, const Message& message) {
   // Welcomed: the connection stays in the set for the client's whole stay, a session that new
   // connections cannot evict.
   (void)connections_->Establish(id);
-  sessions_[id] = Session{*std::move(qp)};
+  sessions_[id] = Session{std::move(lookup_qp)};
   ++counters_.joins;
 }
 
@@ -214,7 +271,7 @@ std::string Server::StatsJson() const {
       "\"updates\":%u,\"updates_in_place\":%u,\"moves\":%u,\"fabric\":%s}",
       absl::ToDoubleSeconds(absl::Now() - started_), table_.home_buckets(), table_.items(),
       table_.sharding().shard, table_.sharding().shards, table_.map_sync() ? "true" : "false",
-      options_.read_only ? "true" : "false", sessions_.size(), counters_.joins, counters_.refused,
+      options_.read_only ? "true" : "false", clients(), counters_.joins, counters_.refused,
       counters_.left, counters_.upserts, counters_.upserts_refused, t.inserts, t.updates,
       t.updates_in_place, t.moves, device_->counters().ToJson());
 }

@@ -6,7 +6,9 @@
 // verbs, or RDMA-CM on verbs) gets its own RC QP on the server, connected to the client's; the
 // server never posts on it: lookups cost the server no CPU at all. The connection stays open for
 // the client's whole stay and carries the small RPCs (wire.h): upserts, applied by this thread,
-// the table's only writer, with displacement while clients READ, and stats.
+// the table's only writer, with displacement while clients READ, and stats. Over RDMA-CM a
+// client's lookup QP may instead be connected by the CM alone, the table's address and rkey in
+// the REP's private data (wire.h), with no control connection unless the client wants one.
 //
 // Threading: every method runs on one thread (the control thread), Run's.
 #ifndef HERD_HOPSCOTCH_SERVER_H_
@@ -16,12 +18,14 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "hopscotch/table.h"
 #include "hopscotch/wire.h"
+#include "transport/cm.h"
 #include "transport/control/channel.h"
 #include "transport/control/handshake_set.h"
 #include "transport/fabric.h"
@@ -34,8 +38,9 @@ inline constexpr size_t kDefaultMaxClients = 1024;
 inline constexpr absl::Duration kHelloTimeout = absl::Seconds(10);
 
 struct ServerOptions {
-  std::string table;       // the table file (hop_build's output)
-  bool read_only = false;  // map it read-only and refuse upserts
+  std::string table;                                     // the table file (hop_build's output)
+  bool read_only = false;                                // map it read-only and refuse upserts
+  Persistence persistence = Persistence::kProcessCrash;  // what an acknowledged upsert survives
   transport::DeviceOptions device;
   transport::ConnectMode connect = transport::ConnectMode::kTcp;
   std::string listen_address = "0.0.0.0";
@@ -66,7 +71,8 @@ class Server {
   // Steps until `stop` is set.
   void Run(const std::atomic<bool>& stop);
 
-  size_t clients() const { return sessions_.size(); }
+  // Joined connections: control sessions (with or without a lookup QP) and CM lookup QPs.
+  size_t clients() const { return sessions_.size() + cm_lookups_.size(); }
   const ServerCounters& counters() const { return counters_; }
   const Table& table() const { return table_; }
   // The table, counters and the device's verb counters as one JSON object.
@@ -74,10 +80,19 @@ class Server {
 
  private:
   struct Session {
+    std::unique_ptr<transport::QueuePair> qp;  // null: control only (upserts, stats)
+  };
+  // A lookup QP connected by RDMA-CM with no control connection.
+  struct CmLookup {
+    std::unique_ptr<transport::CmConnection> cm;
     std::unique_ptr<transport::QueuePair> qp;
   };
   Server(const ServerOptions& options, Table table) : options_(options), table_(std::move(table)) {}
   absl::Status Open();
+  absl::Status CheckRoom() const;  // ResourceExhausted at max_clients
+  absl::StatusOr<std::unique_ptr<transport::QueuePair>> NewLookupQp();
+  HopWelcome TableWelcome() const;  // everything but the QP
+  void OnCmLookupRequest(std::unique_ptr<transport::CmRequest> request);
   void OnHello(uint64_t id, const transport::control::Message& message);
   void OnUpsert(uint64_t id, const transport::control::Message& message);
   void Refuse(uint64_t id, const absl::Status& why);
@@ -92,6 +107,7 @@ class Server {
   std::unique_ptr<transport::control::Listener> listener_;  // TCP only
   std::unique_ptr<transport::control::HandshakeSet> connections_;
   absl::flat_hash_map<uint64_t, Session> sessions_;  // by connection id
+  std::vector<CmLookup> cm_lookups_;
   ServerCounters counters_;
   absl::Time started_ = absl::Now();
 };

@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <bit>
 #include <cstring>
 #include <utility>
@@ -16,7 +17,9 @@
 #include "glog/logging.h"
 #include "hopscotch/hash.h"
 #include "hopscotch/line.h"
+#include "hopscotch/table_file.h"
 #include "util/errno_status.h"
+#include "util/round_up.h"
 #include "util/word_checksum.h"
 
 namespace hopscotch {
@@ -59,6 +62,15 @@ absl::Status ValidateSharding(uint32_t shard, uint32_t shards) {
   return absl::OkStatus();
 }
 
+// A path that exists but is neither a regular file nor a character device (a directory, a
+// FIFO...) is refused before open(2) says something vaguer; a missing one is open's to report.
+absl::Status CheckExistingPath(const std::string& path) {
+  struct stat st;
+  if (stat(path.c_str(), &st) != 0) return absl::OkStatus();
+  if (absl::Status s = CheckTableFileType(st.st_mode); !s.ok()) return WithPath(path, s);
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 bool Sharding::Holds(std::string_view key) const { return ServerOf(key, shards) == shard; }
@@ -70,7 +82,7 @@ uint64_t HeaderChecksum(const Header& header) {
   return sum.Finish();
 }
 
-absl::Status ValidateHeader(const Header& h, uint64_t file_bytes) {
+absl::Status ValidateHeader(const Header& h, uint64_t file_bytes, bool device) {
   if (std::memcmp(h.magic, kMagic, sizeof(kMagic)) != 0) {
     return absl::InvalidArgumentError(
         absl::StrFormat("not a hopscotch table (magic %s, want HERDHOP)",
@@ -102,7 +114,12 @@ absl::Status ValidateHeader(const Header& h, uint64_t file_bytes) {
                                                h.total_buckets, h.home_buckets,
                                                kNeighbourhood - 1));
   }
-  if (file_bytes != FileBytes(h.home_buckets)) {
+  if (device && FileBytes(h.home_buckets) > file_bytes) {
+    return absl::DataLossError(
+        absl::StrFormat("a table of %u home buckets is %u bytes, the device only %u",
+                        h.home_buckets, FileBytes(h.home_buckets), file_bytes));
+  }
+  if (!device && file_bytes != FileBytes(h.home_buckets)) {
     return absl::DataLossError(absl::StrFormat(
         "file is %u bytes, a table of %u home buckets is %u bytes (truncated or extended?)",
         file_bytes, h.home_buckets, FileBytes(h.home_buckets)));
@@ -121,37 +138,60 @@ absl::Status ValidateHeader(const Header& h, uint64_t file_bytes) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<Table> Table::Map(const std::string& path, int fd, uint64_t bytes, bool writable) {
+absl::StatusOr<Table> Table::Map(const std::string& path, int fd, uint64_t bytes, bool writable,
+                                 bool device, const TableOptions& options) {
   Table t;
   t.path_ = path;
   t.fd_ = fd;
   t.writable_ = writable;
+  t.device_ = device;
   void* p = MAP_FAILED;
   const int prot = writable ? PROT_READ | PROT_WRITE : PROT_READ;
 #ifdef MAP_SYNC
-  // MAP_SYNC (stores reach the DAX media without msync) exists only on DAX file systems; any
-  // other file answers EOPNOTSUPP (EINVAL on kernels without MAP_SHARED_VALIDATE).
+  // MAP_SYNC (stores reach the DAX media without msync) exists only on DAX file systems and
+  // device-DAX; any other file answers EOPNOTSUPP (EINVAL on kernels without
+  // MAP_SHARED_VALIDATE).
   if (writable && fd >= 0) {
     p = mmap(nullptr, bytes, prot, MAP_SHARED_VALIDATE | MAP_SYNC, fd, 0);
     t.map_sync_ = p != MAP_FAILED;
   }
 #endif
   if (p == MAP_FAILED) {
-    p = fd >= 0 ? mmap(nullptr, bytes, prot, MAP_SHARED, fd, 0)
+    // TableOptions::private_when_read_only: a private read-only mapping reads the same page-cache
+    // pages while nothing writes them. Device-DAX maps shared only.
+    const int share =
+        !writable && !device && options.private_when_read_only ? MAP_PRIVATE : MAP_SHARED;
+    p = fd >= 0 ? mmap(nullptr, bytes, prot, share, fd, 0)
                 : mmap(nullptr, bytes, prot, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   }
   if (p == MAP_FAILED) {
     t.fd_ = -1;  // the caller closes it
     return util::ErrnoStatus(absl::StatusCode::kInternal,
-                             absl::StrFormat("%s: mmap of %u bytes", path, bytes));
+                             absl::StrFormat("%s: mmap of %u bytes%s", path, bytes,
+                                             device ? " (a multiple of the device's align?)"
+                                                    : " (a file system without shared mappings, "
+                                                      "such as 9p?)"));
   }
   t.base_ = static_cast<uint8_t*>(p);
   t.mapped_bytes_ = bytes;
+  // A device-DAX mapping, like a MAP_SYNC one, is the persistent memory itself (no page cache,
+  // and device-DAX has no fsync: msync fails on it): its lines are flushed from the CPU caches.
+  FlushMethod method = fd < 0 ? FlushMethod::kNone : FlushMethod::kSyncPages;
+  if (fd >= 0 && (device || t.map_sync_)) {
+    if (CacheFlushSupported()) {
+      method = FlushMethod::kCacheLines;
+    } else if (device) {
+      return absl::UnimplementedError(
+          path + ": device-DAX tables need cache-line flushes, implemented on x86-64 only");
+    }
+  }
+  t.persister_ = Persister(method, options.persistence == Persistence::kPowerFailure, t.base_,
+                           options.observer);
   return t;
 }
 
 absl::StatusOr<Table> Table::Create(const std::string& path, uint64_t home_buckets, uint64_t seed,
-                                    Sharding sharding) {
+                                    Sharding sharding, const TableOptions& options) {
   if (!ValidHomeBuckets(home_buckets)) {
     return absl::InvalidArgumentError(
         absl::StrFormat("%s: %u home buckets: want a power of two in 1..2^32", path, home_buckets));
@@ -159,34 +199,72 @@ absl::StatusOr<Table> Table::Create(const std::string& path, uint64_t home_bucke
   if (absl::Status s = ValidateSharding(sharding.shard, sharding.shards); !s.ok()) {
     return WithPath(path, s);
   }
-  const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (absl::Status s = CheckExistingPath(path); !s.ok()) return s;
+  // No O_TRUNC (a regular file is truncated below, once it is known to be one); O_NONBLOCK so
+  // that a FIFO is refused instead of blocking the open.
+  const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_NONBLOCK | O_CLOEXEC, 0644);
   if (fd < 0) return util::ErrnoStatus(absl::StatusCode::kInternal, path + ": create");
-  const uint64_t bytes = FileBytes(home_buckets);
-  if (ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
-    absl::Status s = util::ErrnoStatus(absl::StatusCode::kInternal,
-                                       absl::StrFormat("%s: size to %u bytes", path, bytes));
+  auto fail = [&](absl::Status s) {
     close(fd);
-    return s;
+    return WithPath(path, s);
+  };
+  struct stat st;
+  if (fstat(fd, &st) != 0) return fail(util::ErrnoStatus(absl::StatusCode::kInternal, "fstat"));
+  if (absl::Status s = CheckTableFileType(st.st_mode); !s.ok()) return fail(s);
+  const bool device = S_ISCHR(st.st_mode);
+  const uint64_t bytes = FileBytes(home_buckets);
+  uint64_t map_bytes = bytes;
+  if (device) {  // a fixed size: the table must fit in it, mapped in whole alignment units
+    absl::StatusOr<DeviceGeometry> geometry = ReadDeviceGeometry(st, options.sysfs_root);
+    if (!geometry.ok()) return fail(geometry.status());
+    map_bytes = util::RoundUp(bytes, geometry->align);
+    if (map_bytes > geometry->bytes) {
+      return fail(absl::InvalidArgumentError(absl::StrFormat(
+          "the device is %u bytes, a table of %u home buckets needs %u (%u bytes rounded up to "
+          "the device's %u-byte alignment): use fewer buckets or a bigger device",
+          geometry->bytes, home_buckets, map_bytes, bytes, geometry->align)));
+    }
+  } else if (ftruncate(fd, 0) != 0 || ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+    return fail(
+        util::ErrnoStatus(absl::StatusCode::kInternal, absl::StrFormat("size to %u bytes", bytes)));
   }
-  absl::StatusOr<Table> t = Map(path, fd, bytes, /*writable=*/true);
+  absl::StatusOr<Table> t = Map(path, fd, map_bytes, /*writable=*/true, device, options);
   if (!t.ok()) {
     close(fd);
     return t.status();
+  }
+  if (device) {  // a device keeps what it held: unmake the old table first, then zero it
+    std::memset(t->base_, 0, kHeaderBytes);
+    if (absl::Status s = t->persister_.PersistRange(t->base_, kHeaderBytes); !s.ok()) {
+      return WithPath(path, s);
+    }
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    std::memset(t->base_ + kHeaderBytes, 0, bytes - kHeaderBytes);
   }
   const Header h = NewHeader(home_buckets, seed, sharding);
   std::memcpy(t->base_, &h, sizeof(h));
   t->home_buckets_ = home_buckets;
   t->seed_ = seed;
   t->sharding_ = sharding;
+  if (t->persister_.active()) {  // dirty from the start: any bucket state repairs
+    if (absl::Status s = t->persister_.PersistRange(t->base_, bytes); !s.ok()) {
+      return WithPath(path, s);
+    }
+    if (!device) {
+      if (absl::Status s = SyncParentDirectory(path); !s.ok()) return s;
+    }
+  }
   return t;
 }
 
-absl::StatusOr<Table> Table::CreateInMemory(uint64_t home_buckets, uint64_t seed) {
+absl::StatusOr<Table> Table::CreateInMemory(uint64_t home_buckets, uint64_t seed,
+                                            const TableOptions& options) {
   if (!ValidHomeBuckets(home_buckets)) {
     return absl::InvalidArgumentError(
         absl::StrFormat("%u home buckets: want a power of two in 1..2^32", home_buckets));
   }
-  absl::StatusOr<Table> t = Map("(memory)", -1, FileBytes(home_buckets), /*writable=*/true);
+  absl::StatusOr<Table> t =
+      Map("(memory)", -1, FileBytes(home_buckets), /*writable=*/true, /*device=*/false, options);
   if (!t.ok()) return t.status();
   const Header h = NewHeader(home_buckets, seed, Sharding{});
   std::memcpy(t->base_, &h, sizeof(h));
@@ -195,8 +273,11 @@ absl::StatusOr<Table> Table::CreateInMemory(uint64_t home_buckets, uint64_t seed
   return t;
 }
 
-absl::StatusOr<Table> Table::Open(const std::string& path, bool writable) {
-  const int fd = open(path.c_str(), (writable ? O_RDWR : O_RDONLY) | O_CLOEXEC);
+absl::StatusOr<Table> Table::Open(const std::string& path, bool writable,
+                                  const TableOptions& options) {
+  if (absl::Status s = CheckExistingPath(path); !s.ok()) return s;
+  // O_NONBLOCK: a FIFO is refused below instead of blocking the open.
+  const int fd = open(path.c_str(), (writable ? O_RDWR : O_RDONLY) | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) return util::ErrnoStatus(absl::StatusCode::kNotFound, path + ": open");
   auto fail = [&](absl::Status s) {
     close(fd);
@@ -206,22 +287,38 @@ absl::StatusOr<Table> Table::Open(const std::string& path, bool writable) {
   if (fstat(fd, &st) != 0) {
     return fail(util::ErrnoStatus(absl::StatusCode::kInternal, "fstat"));
   }
-  if (!S_ISREG(st.st_mode)) {
-    return fail(absl::FailedPreconditionError(
-        "not a regular file (device-DAX tables are not supported yet)"));
+  if (absl::Status s = CheckTableFileType(st.st_mode); !s.ok()) return fail(s);
+  const bool device = S_ISCHR(st.st_mode);
+  DeviceGeometry geometry;
+  if (device) {
+    absl::StatusOr<DeviceGeometry> g = ReadDeviceGeometry(st, options.sysfs_root);
+    if (!g.ok()) return fail(g.status());
+    geometry = *g;
   }
-  const auto size = static_cast<uint64_t>(st.st_size);
+  const uint64_t size = device ? geometry.bytes : static_cast<uint64_t>(st.st_size);
   if (size < kHeaderBytes) {
     return fail(absl::DataLossError(absl::StrFormat(
         "%u bytes, shorter than the %u-byte header: empty or truncated, not a table", size,
         kHeaderBytes)));
   }
   Header h;
-  if (pread(fd, &h, sizeof(h), 0) != static_cast<ssize_t>(sizeof(h))) {
+  if (device) {
+    absl::StatusOr<Header> header = ReadDeviceHeader(fd, geometry);
+    if (!header.ok()) return fail(header.status());
+    h = *header;
+  } else if (pread(fd, &h, sizeof(h), 0) != static_cast<ssize_t>(sizeof(h))) {
     return fail(util::ErrnoStatus(absl::StatusCode::kInternal, "read header"));
   }
-  if (absl::Status s = ValidateHeader(h, size); !s.ok()) return fail(s);
-  absl::StatusOr<Table> t = Map(path, fd, size, writable);
+  if (absl::Status s = ValidateHeader(h, size, device); !s.ok()) return fail(s);
+  const uint64_t map_bytes =
+      device ? util::RoundUp(FileBytes(h.home_buckets), geometry.align) : size;
+  if (map_bytes > size) {
+    return fail(absl::DataLossError(absl::StrFormat(
+        "a table of %u home buckets is mapped as %u bytes (the device's %u-byte alignment), the "
+        "device is only %u",
+        h.home_buckets, map_bytes, geometry.align, size)));
+  }
+  absl::StatusOr<Table> t = Map(path, fd, map_bytes, writable, device, options);
   if (!t.ok()) {
     close(fd);
     return t.status();
@@ -229,10 +326,12 @@ absl::StatusOr<Table> Table::Open(const std::string& path, bool writable) {
   t->home_buckets_ = h.home_buckets;
   t->seed_ = h.hash_seed;
   t->sharding_ = Sharding{h.shard, h.shards == 0 ? 1 : h.shards};
+  bool repaired = false;
   if (h.state == kStateClean) {
     t->items_ = h.item_count;
   } else if (writable) {
     t->Recover();  // its writer died: repair what a cut-short store sequence leaves
+    repaired = true;
   } else {
     for (uint64_t j = 0; j < t->total_buckets(); ++j) {
       const uint8_t info = InfoOf(t->Bucket(j));
@@ -241,6 +340,11 @@ absl::StatusOr<Table> Table::Open(const std::string& path, bool writable) {
   }
   if (writable) {
     reinterpret_cast<Header*>(t->base_)->state = kStateDirty;  // until Close
+    if (t->persister_.active()) {  // durable before the first bucket store (and the repair)
+      absl::Status s =
+          t->persister_.PersistRange(t->base_, repaired ? t->file_bytes() : kHeaderBytes);
+      if (!s.ok()) return WithPath(path, s);
+    }
   }
   return t;
 }
@@ -308,12 +412,16 @@ absl::Status Table::Close() {
   if (base_ == nullptr) return absl::OkStatus();
   absl::Status status;
   if (writable_ && fd_ >= 0) {
-    auto* h = reinterpret_cast<Header*>(base_);
-    h->item_count = items_;
-    h->state = kStateClean;
-    if (msync(base_, mapped_bytes_, MS_SYNC) != 0) {
-      status = util::ErrnoStatus(absl::StatusCode::kInternal, path_ + ": msync");
+    // The buckets first, then the clean mark: a clean header never describes buckets that are
+    // not on the media yet.
+    status = persister_.PersistRange(base_, file_bytes());
+    if (status.ok()) {
+      auto* h = reinterpret_cast<Header*>(base_);
+      h->item_count = items_;
+      h->state = kStateClean;
+      status = persister_.PersistRange(base_, kHeaderBytes);
     }
+    if (!status.ok()) status = WithPath(path_, status);
   }
   Release();
   return status;
@@ -337,6 +445,8 @@ Table& Table::operator=(Table&& o) noexcept {
     mapped_bytes_ = o.mapped_bytes_;
     writable_ = o.writable_;
     map_sync_ = o.map_sync_;
+    device_ = o.device_;
+    persister_ = std::move(o.persister_);
     home_buckets_ = o.home_buckets_;
     seed_ = o.seed_;
     sharding_ = o.sharding_;

@@ -32,11 +32,21 @@
 // the left-behind source or destination of a move (the other copy is named); the hop switch is
 // one store. Open(writable) of a dirty file repairs exactly these (busy -> clean, unnamed
 // occupied -> empty) and recounts; an in-place update cut short keeps its key but may leave a
-// mix of old and new value bytes (not acknowledged; the only non-atomic case). Power failure
-// needs cache-line flushes on top (MAP_SYNC makes them sufficient on DAX): not done yet.
+// mix of old and new value bytes (not acknowledged; the only non-atomic case).
+// Power failure (TableOptions::persistence = kPowerFailure; persist.h): the media may then hold
+// any subset of the unflushed 8-byte words, not a prefix, so the writer makes each step durable
+// before the step that depends on it: a fill's line before the hop bit (or hop switch) that
+// publishes it, the hop switch before the clear of the source, the dirty mark in the header
+// before the first bucket store, and all of an Insert's lines before it returns. Recovery is
+// then the same: an unpublished fill is unnamed whatever part of it reached the media, the
+// source is cleared only once the switch naming the destination is durable, and an in-place
+// update cut short is the same mixed value as above. On a MAP_SYNC mapping (DAX file) or a
+// device-DAX device each point is a cache-line write-back and SFENCE; on a page-cache file an
+// msync of the touched pages. The default, kProcessCrash, does none of this.
 #ifndef HERD_HOPSCOTCH_TABLE_H_
 #define HERD_HOPSCOTCH_TABLE_H_
 
+#include <atomic>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -46,13 +56,15 @@
 #include "absl/status/statusor.h"
 #include "hopscotch/format.h"
 #include "hopscotch/neighbourhood.h"
+#include "hopscotch/persist.h"
 
 namespace hopscotch {
 
-// The header's checksum (bytes 0..55) and its validation against a file of `file_bytes`; the
-// error says what is wrong, without the path (Open adds it).
+// The header's checksum (bytes 0..55) and its validation against a file of `file_bytes` (the
+// table must fill it exactly) or, with `device`, a device of `file_bytes` (the table must fit
+// in it); the error says what is wrong, without the path (Open adds it).
 uint64_t HeaderChecksum(const Header& header);
-absl::Status ValidateHeader(const Header& header, uint64_t file_bytes);
+absl::Status ValidateHeader(const Header& header, uint64_t file_bytes, bool device = false);
 
 // How far an insert probes for a free bucket before it calls the table full.
 inline constexpr uint64_t kMaxProbe = 1024;
@@ -76,17 +88,40 @@ struct Sharding {
   bool Holds(std::string_view key) const;
 };
 
+struct TableOptions {
+  // What an acknowledged Insert survives (persist.h). kPowerFailure costs, per ordering point of
+  // an Insert, a cache-line write-back and SFENCE (DAX) or an msync (page-cache file).
+  Persistence persistence = Persistence::kProcessCrash;
+  // Where a character device's size and alignment are read:
+  // SYSFS_ROOT/dev/char/MAJOR:MINOR/{size,align} (tests point it at fake files).
+  std::string sysfs_root = "/sys";
+  // Tests, kPowerFailure only: sees every store of the writer and every range made durable.
+  // Not owned; must outlive the table (Close reports its flushes too).
+  WriteObserver* observer = nullptr;
+  // Open(writable = false) of a regular file maps it MAP_PRIVATE instead of MAP_SHARED: what a
+  // verbs device needs to register it (Linux 6.1 refuses to pin a read-only SHARED file mapping
+  // for RDMA, ibv_reg_mr failing with EFAULT, and pins a private one); the shm fabric needs the
+  // shared mapping (its peers map the same file).
+  bool private_when_read_only = false;
+};
+
 class Table {
  public:
-  // A new file of `home_buckets` (a power of two, 1..2^32) empty home buckets; an existing
-  // file is replaced. Writable.
+  // A new table of `home_buckets` (a power of two, 1..2^32) empty home buckets. Writable. The
+  // path is a regular file (created, or replaced if it exists) or a device-DAX character device
+  // (e.g. /dev/dax0.0: its first FileBytes(home_buckets) bytes are zeroed and mapped, the
+  // mapping rounded up to the device's alignment; the rest of the device is left alone).
   static absl::StatusOr<Table> Create(const std::string& path, uint64_t home_buckets,
-                                      uint64_t seed = 0, Sharding sharding = {});
+                                      uint64_t seed = 0, Sharding sharding = {},
+                                      const TableOptions& options = {});
   // The same in anonymous memory (tests).
-  static absl::StatusOr<Table> CreateInMemory(uint64_t home_buckets, uint64_t seed = 0);
-  // Maps and validates an existing table file; errors name the file and what is wrong.
+  static absl::StatusOr<Table> CreateInMemory(uint64_t home_buckets, uint64_t seed = 0,
+                                              const TableOptions& options = {});
+  // Maps and validates an existing table (a regular file exactly the table's size, or a
+  // device-DAX character device at least that big); errors name the path and what is wrong.
   // Writable: marks it dirty until Close, and repairs it first if its writer died.
-  static absl::StatusOr<Table> Open(const std::string& path, bool writable);
+  static absl::StatusOr<Table> Open(const std::string& path, bool writable,
+                                    const TableOptions& options = {});
 
   Table(Table&& other) noexcept;
   Table& operator=(Table&& other) noexcept;
@@ -96,7 +131,8 @@ class Table {
 
   // Inserts `key` or rewrites its value. InvalidArgument for a key ValidateKey rejects,
   // ResourceExhausted when no free bucket can be brought into its neighbourhood (the moves
-  // already made stay: each one is a valid state).
+  // already made stay: each one is a valid state); under kPowerFailure, Internal when a flush
+  // (msync) fails, before any later step of the protocol is stored.
   absl::Status Insert(std::string_view key, const Value& value);
   // A local one-sided lookup: copies the neighbourhood (CopyLines) and reads it again while torn
   // (up to `max_reads` copies; rereads counts the extra ones).
@@ -104,7 +140,8 @@ class Table {
   // Every occupied bucket is clean, well formed, within H - 1 of its home, named by its home's
   // hop info; every hop bit names such a bucket; no key twice; the count matches.
   absl::Status CheckInvariants() const;
-  // Writes the item count, marks the file clean, msyncs and unmaps. Idempotent.
+  // Makes the buckets durable (msync, or cache-line flushes on a device), then writes the item
+  // count and marks the file clean (made durable in turn), and unmaps. Idempotent.
   absl::Status Close();
 
   uint64_t home_buckets() const { return home_buckets_; }
@@ -116,6 +153,11 @@ class Table {
   // The mapping's first byte (the header): what a server registers for remote READ.
   const uint8_t* data() const { return base_; }
   bool map_sync() const { return map_sync_; }
+  // A device-DAX character device rather than a regular file.
+  bool device() const { return device_; }
+  Persistence persistence() const {
+    return persister_.active() ? Persistence::kPowerFailure : Persistence::kProcessCrash;
+  }
   const TableStats& stats() const { return stats_; }
   uint64_t HomeOf(std::string_view key) const;
   // The neighbourhood of home bucket `home`: what a client READs (file offset
@@ -124,10 +166,19 @@ class Table {
 
  private:
   Table() = default;
-  static absl::StatusOr<Table> Map(const std::string& path, int fd, uint64_t bytes, bool writable);
+  // Maps `bytes` of `fd` (-1: anonymous memory); `device`: fd is a device-DAX device.
+  static absl::StatusOr<Table> Map(const std::string& path, int fd, uint64_t bytes, bool writable,
+                                   bool device, const TableOptions& options);
   uint8_t* Bucket(uint64_t i) const { return base_ + kHeaderBytes + i * kBucketBytes; }
+  // Every writer store to a bucket goes through Store (the Persister sees it under
+  // kPowerFailure); Durable is an ordering point of table.h's protocol.
+  void Store(uint8_t* bucket, int w, uint64_t value,
+             std::memory_order order = std::memory_order_relaxed);
+  // Word 0 with release order: everything stored before is visible first.
+  void StoreWord0(uint8_t* bucket, uint64_t w0) { Store(bucket, 0, w0, std::memory_order_release); }
+  absl::Status Durable();
   void Fill(uint64_t e, const uint8_t* image);
-  void Move(uint64_t s, uint64_t e, uint64_t home);
+  absl::Status Move(uint64_t s, uint64_t e, uint64_t home);
   void Recover();
   void Release();
 
@@ -137,6 +188,8 @@ class Table {
   uint64_t mapped_bytes_ = 0;
   bool writable_ = false;
   bool map_sync_ = false;
+  bool device_ = false;
+  Persister persister_;
   uint64_t home_buckets_ = 0;
   uint64_t seed_ = 0;
   Sharding sharding_;

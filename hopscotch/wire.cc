@@ -11,21 +11,93 @@ namespace hopscotch {
 using transport::control::WireReader;
 using transport::control::WireWriter;
 
-std::vector<uint8_t> Encode(const HopHello& hello) {
-  return WireWriter().U32(hello.version).Endpoint(hello.qp).Take();
-}
+namespace {
 
-std::vector<uint8_t> Encode(const HopWelcome& w) {
-  return WireWriter()
-      .Endpoint(w.qp)
-      .U64(w.table_addr)
+// Hello flags.
+constexpr uint32_t kHelloLookupQp = 1;
+
+WireWriter& WriteTable(const HopWelcome& w, WireWriter& out) {
+  return out.U64(w.table_addr)
       .U32(w.table_rkey)
       .U64(w.table_bytes)
       .U64(w.home_buckets)
       .U64(w.hash_seed)
       .U32(w.shard)
-      .U32(w.shards)
+      .U32(w.shards);
+}
+
+void ReadTable(WireReader& r, HopWelcome* w) {
+  r.U64(&w->table_addr);
+  r.U32(&w->table_rkey);
+  r.U64(&w->table_bytes);
+  r.U64(&w->home_buckets);
+  r.U64(&w->hash_seed);
+  r.U32(&w->shard);
+  r.U32(&w->shards);
+}
+
+// What a client relies on: a table of a valid geometry, an address range that does not wrap,
+// shard < shards.
+absl::Status ValidateTable(const HopWelcome& w) {
+  if (w.home_buckets == 0 || w.home_buckets > kMaxHomeBuckets ||
+      !std::has_single_bit(w.home_buckets) || w.table_bytes != FileBytes(w.home_buckets) ||
+      w.table_addr + w.table_bytes < w.table_addr || w.shards == 0 || w.shards > kMaxShards ||
+      w.shard >= w.shards) {
+    return absl::DataLossError(absl::StrFormat(
+        "hop welcome describes no valid table (%u home buckets, %u bytes at %#x, shard %u of %u)",
+        w.home_buckets, w.table_bytes, w.table_addr, w.shard, w.shards));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckVersion(uint32_t version) {
+  if (version != kHopProtocolVersion) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "hop protocol version %u, this server speaks %u", version, kHopProtocolVersion));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::vector<uint8_t> Encode(const HopHello& hello) {
+  return WireWriter()
+      .U32(hello.version)
+      .U32(hello.lookup_qp ? kHelloLookupQp : 0)
+      .Endpoint(hello.qp)
       .Take();
+}
+
+std::vector<uint8_t> Encode(const HopWelcome& w) {
+  WireWriter out;
+  out.Endpoint(w.qp);
+  return WriteTable(w, out).Take();
+}
+
+std::vector<uint8_t> EncodeCmHello() { return WireWriter().U32(kHopProtocolVersion).Take(); }
+
+absl::Status DecodeCmHello(absl::Span<const uint8_t> bytes) {
+  const std::vector<uint8_t> copy(bytes.begin(), bytes.end());
+  WireReader r(copy, "hop RDMA-CM hello");
+  uint32_t version = 0;
+  r.U32(&version);
+  if (absl::Status s = r.Finish(); !s.ok()) return s;
+  return CheckVersion(version);
+}
+
+std::vector<uint8_t> EncodeCmWelcome(const HopWelcome& welcome) {
+  WireWriter out;
+  return WriteTable(welcome, out).Take();
+}
+
+absl::StatusOr<HopWelcome> DecodeCmWelcome(absl::Span<const uint8_t> bytes) {
+  const std::vector<uint8_t> copy(bytes.begin(), bytes.end());
+  WireReader r(copy, "hop RDMA-CM welcome");
+  HopWelcome w;
+  ReadTable(r, &w);
+  if (absl::Status s = r.Finish(); !s.ok()) return s;
+  if (absl::Status s = ValidateTable(w); !s.ok()) return s;
+  return w;
 }
 
 std::vector<uint8_t> Encode(const std::vector<HopUpsert>& upserts) {
@@ -48,13 +120,16 @@ std::vector<uint8_t> Encode(const HopUpserted& upserted) {
 absl::StatusOr<HopHello> DecodeHello(const std::vector<uint8_t>& bytes) {
   WireReader r(bytes, "hop hello");
   HopHello hello;
+  uint32_t flags = 0;
   r.U32(&hello.version);
+  r.U32(&flags);
   r.Endpoint(&hello.qp);
   if (absl::Status s = r.Finish(); !s.ok()) return s;
-  if (hello.version != kHopProtocolVersion) {
-    return absl::FailedPreconditionError(absl::StrFormat(
-        "hop protocol version %u, this server speaks %u", hello.version, kHopProtocolVersion));
+  if (absl::Status s = CheckVersion(hello.version); !s.ok()) return s;
+  if ((flags & ~kHelloLookupQp) != 0) {
+    return absl::InvalidArgumentError(absl::StrFormat("hop hello flags %#x unknown", flags));
   }
+  hello.lookup_qp = (flags & kHelloLookupQp) != 0;
   return hello;
 }
 
@@ -62,22 +137,9 @@ absl::StatusOr<HopWelcome> DecodeWelcome(const std::vector<uint8_t>& bytes) {
   WireReader r(bytes, "hop welcome");
   HopWelcome w;
   r.Endpoint(&w.qp);
-  r.U64(&w.table_addr);
-  r.U32(&w.table_rkey);
-  r.U64(&w.table_bytes);
-  r.U64(&w.home_buckets);
-  r.U64(&w.hash_seed);
-  r.U32(&w.shard);
-  r.U32(&w.shards);
+  ReadTable(r, &w);
   if (absl::Status s = r.Finish(); !s.ok()) return s;
-  if (w.home_buckets == 0 || w.home_buckets > kMaxHomeBuckets ||
-      !std::has_single_bit(w.home_buckets) || w.table_bytes != FileBytes(w.home_buckets) ||
-      w.table_addr + w.table_bytes < w.table_addr || w.shards == 0 || w.shards > kMaxShards ||
-      w.shard >= w.shards) {
-    return absl::DataLossError(absl::StrFormat(
-        "hop welcome describes no valid table (%u home buckets, %u bytes at %#x, shard %u of %u)",
-        w.home_buckets, w.table_bytes, w.table_addr, w.shard, w.shards));
-  }
+  if (absl::Status s = ValidateTable(w); !s.ok()) return s;
   return w;
 }
 

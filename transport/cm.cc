@@ -18,47 +18,67 @@
 namespace transport {
 namespace {
 
-// Private data: magic, QP number, PSN, LID, GID. A CM REQ carries at most 56 bytes of it.
-constexpr uint32_t kCmMagic = 0x314d4348;  // "HCM1"
-constexpr size_t kPrivateBytes = 4 + 4 + 4 + 2 + 16;
-static_assert(kPrivateBytes <= 56);
+// Private data: magic, QP number, PSN, LID, GID, the application's length and bytes.
+constexpr uint32_t kEndpointMagic = 0x32454348;  // "HCE2" ("HCM1" had no application bytes)
+constexpr size_t kAppLengthOffset = kCmEndpointBytes - 1;
 constexpr int kListenBacklog = 16;
 constexpr uint8_t kRetryCount = 7;
 constexpr uint8_t kRnrRetryForever = 7;
 // RDMA READ/atomic depth each side grants and asks: what herd's RC paths need.
 constexpr uint8_t kReadDepth = 1;
 
+// An encoded private data block (the REP's size: a REQ sends a prefix of it).
 struct Wire {
-  uint8_t bytes[kPrivateBytes];
+  uint8_t bytes[kCmReplyPrivateBytes];
+  size_t length = 0;
 };
 
-Wire Encode(const QpEndpoint& e) {
+absl::StatusOr<Wire> Encode(const QpEndpoint& e, absl::Span<const uint8_t> app, size_t limit) {
+  if (app.size() > limit - kCmEndpointBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%d application bytes for RDMA-CM private data, at most %d fit", app.size(),
+                        limit - kCmEndpointBytes));
+  }
   Wire w{};
   uint8_t* p = w.bytes;
-  std::memcpy(p, &kCmMagic, 4);
+  std::memcpy(p, &kEndpointMagic, 4);
   std::memcpy(p + 4, &e.qp_num, 4);
   std::memcpy(p + 8, &e.psn, 4);
   std::memcpy(p + 12, &e.lid, 2);
   std::memcpy(p + 14, e.gid.data(), 16);
+  p[kAppLengthOffset] = static_cast<uint8_t>(app.size());
+  if (!app.empty()) std::memcpy(p + kCmEndpointBytes, app.data(), app.size());
+  w.length = kCmEndpointBytes + app.size();
   return w;
 }
 
-absl::StatusOr<QpEndpoint> Decode(const void* data, size_t length) {
-  if (data == nullptr || length < kPrivateBytes) {
-    return absl::DataLossError(absl::StrFormat(
-        "RDMA-CM private data of %d bytes, expected a herd endpoint of %d", length, kPrivateBytes));
+// The endpoint, and the application's bytes in `*app` (a view into `data`).
+absl::StatusOr<QpEndpoint> Decode(const std::vector<uint8_t>& data,
+                                  absl::Span<const uint8_t>* app) {
+  if (data.size() < kCmEndpointBytes) {
+    return absl::DataLossError(
+        absl::StrFormat("RDMA-CM private data of %d bytes, expected a herd endpoint of %d",
+                        data.size(), kCmEndpointBytes));
   }
-  const auto* p = static_cast<const uint8_t*>(data);
+  const uint8_t* p = data.data();
   uint32_t magic;
   std::memcpy(&magic, p, 4);
-  if (magic != kCmMagic) {
+  if (magic != kEndpointMagic) {
     return absl::DataLossError("RDMA-CM private data is not a herd endpoint (another program?)");
+  }
+  // The CM may pad private data to its fixed size: the length byte says what is the sender's.
+  const size_t app_bytes = p[kAppLengthOffset];
+  if (kCmEndpointBytes + app_bytes > data.size()) {
+    return absl::DataLossError(
+        absl::StrFormat("RDMA-CM private data claims %d application bytes, %d arrived", app_bytes,
+                        data.size() - kCmEndpointBytes));
   }
   QpEndpoint e;
   std::memcpy(&e.qp_num, p + 4, 4);
   std::memcpy(&e.psn, p + 8, 4);
   std::memcpy(&e.lid, p + 12, 2);
   std::memcpy(e.gid.data(), p + 14, 16);
+  if (app != nullptr) *app = absl::MakeConstSpan(p + kCmEndpointBytes, app_bytes);
   return e;
 }
 
@@ -158,7 +178,7 @@ absl::StatusOr<addrinfo*> Resolve(std::string_view host, uint16_t port, bool pas
 rdma_conn_param ConnParam(const Wire& wire, uint32_t qp_num) {
   rdma_conn_param param{};
   param.private_data = wire.bytes;
-  param.private_data_len = kPrivateBytes;
+  param.private_data_len = static_cast<uint8_t>(wire.length);
   param.responder_resources = kReadDepth;
   param.initiator_depth = kReadDepth;
   param.retry_count = kRetryCount;
@@ -246,7 +266,9 @@ absl::StatusOr<std::unique_ptr<Connection>> NewId() {
 class Request : public CmRequest {
  public:
   Request(rdma_cm_id* id, std::vector<uint8_t> private_data)
-      : id_(id), private_data_(std::move(private_data)) {}
+      : id_(id), private_data_(std::move(private_data)) {
+    remote_ = Decode(private_data_, &app_);
+  }
   ~Request() override {
     if (id_ != nullptr) {
       rdma_reject(id_, nullptr, 0);
@@ -254,15 +276,17 @@ class Request : public CmRequest {
     }
   }
   std::string peer() const override { return PeerOf(id_); }
+  absl::Span<const uint8_t> app_data() const override { return app_; }
 
-  absl::StatusOr<std::unique_ptr<CmConnection>> Accept(const Device& device,
-                                                       QueuePair& qp) override {
+  absl::StatusOr<std::unique_ptr<CmConnection>> Accept(const Device& device, QueuePair& qp,
+                                                       absl::Span<const uint8_t> reply) override {
     if (absl::Status s = CheckQp(device, qp); !s.ok()) return s;
     if (id_ == nullptr) return absl::FailedPreconditionError("the request was answered already");
+    absl::StatusOr<Wire> ours = Encode(qp.endpoint(), reply, kCmReplyPrivateBytes);
+    if (!ours.ok()) return ours.status();
     const std::string client = absl::StrFormat("the client at %s", PeerOf(id_));
     if (absl::Status s = CheckDevice(id_, device, client); !s.ok()) return s;
-    absl::StatusOr<QpEndpoint> remote = Decode(private_data_.data(), private_data_.size());
-    if (!remote.ok()) return remote.status();
+    if (!remote_.ok()) return remote_.status();
     // The request's id becomes the connection's: its events move to a channel of its own.
     rdma_event_channel* channel = rdma_create_event_channel();
     if (channel == nullptr) return Errno("rdma_create_event_channel");
@@ -274,13 +298,12 @@ class Request : public CmRequest {
     auto connection = std::make_unique<Connection>(channel, id_);
     id_ = nullptr;  // the connection owns it now, and disconnects or rejects through it
     ConnectConfig config;
-    config.remote = *remote;
+    config.remote = *remote_;
     if (absl::Status s = qp.Connect(config); !s.ok()) {
       rdma_reject(connection->id(), nullptr, 0);
       return s;
     }
-    const Wire ours = Encode(qp.endpoint());
-    rdma_conn_param param = ConnParam(ours, qp.qp_num());
+    rdma_conn_param param = ConnParam(*ours, qp.qp_num());
     if (rdma_accept(connection->id(), &param) != 0) return Errno("rdma_accept");
     return std::unique_ptr<CmConnection>(std::move(connection));
   }
@@ -288,6 +311,8 @@ class Request : public CmRequest {
  private:
   rdma_cm_id* id_;
   std::vector<uint8_t> private_data_;
+  absl::StatusOr<QpEndpoint> remote_;
+  absl::Span<const uint8_t> app_;  // into private_data_
 };
 
 class Listener : public CmListener {
@@ -340,6 +365,25 @@ class Listener : public CmListener {
 
 }  // namespace
 
+absl::Status ParseCmAddress(std::string_view host_port, std::string* host, uint16_t* port) {
+  const size_t colon = host_port.rfind(':');
+  uint32_t parsed = 0;
+  if (colon == std::string_view::npos ||
+      !absl::SimpleAtoi(std::string(host_port.substr(colon + 1)), &parsed) || parsed == 0 ||
+      parsed > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("\"%s\" is not host:port (an address of the server's RDMA interface)",
+                        std::string(host_port)));
+  }
+  std::string_view name = host_port.substr(0, colon);
+  if (name.size() >= 2 && name.front() == '[' && name.back() == ']') {
+    name = name.substr(1, name.size() - 2);
+  }
+  *host = std::string(name);
+  *port = static_cast<uint16_t>(parsed);
+  return absl::OkStatus();
+}
+
 std::string Ipv4OfGid(const Gid& gid) {
   constexpr int kMappedPrefixZeros = 10;  // ::ffff:a.b.c.d: ten zero bytes, then 0xffff
   for (int i = 0; i < kMappedPrefixZeros; ++i) {
@@ -368,8 +412,12 @@ absl::StatusOr<std::unique_ptr<CmListener>> CmListener::Listen(std::string_view 
 
 absl::StatusOr<std::unique_ptr<CmConnection>> CmConnect(const Device& device, QueuePair& qp,
                                                         std::string_view host, uint16_t port,
-                                                        absl::Duration timeout) {
+                                                        absl::Duration timeout,
+                                                        absl::Span<const uint8_t> request,
+                                                        std::vector<uint8_t>* reply) {
   if (absl::Status s = CheckQp(device, qp); !s.ok()) return s;
+  absl::StatusOr<Wire> ours = Encode(qp.endpoint(), request, kCmRequestPrivateBytes);
+  if (!ours.ok()) return ours.status();
   const std::string peer = absl::StrFormat("%s:%d", std::string(host), port);
   const absl::Time deadline = absl::Now() + timeout;
   absl::StatusOr<std::unique_ptr<Connection>> connection = NewId();
@@ -391,16 +439,16 @@ absl::StatusOr<std::unique_ptr<CmConnection>> CmConnect(const Device& device, Qu
   if (auto e = Expect(channel, RDMA_CM_EVENT_ROUTE_RESOLVED, deadline, peer); !e.ok()) {
     return e.status();
   }
-  const Wire ours = Encode(qp.endpoint());
-  rdma_conn_param param = ConnParam(ours, qp.qp_num());
+  rdma_conn_param param = ConnParam(*ours, qp.qp_num());
   if (rdma_connect(id, &param) != 0) return Errno("rdma_connect");
   // Our QP is not the CM's, so the reply arrives as CONNECT_RESPONSE and we finish the
   // handshake (rdma_establish) once our QP can send.
   absl::StatusOr<Event> response = Expect(channel, RDMA_CM_EVENT_CONNECT_RESPONSE, deadline, peer);
   if (!response.ok()) return response.status();
-  absl::StatusOr<QpEndpoint> remote =
-      Decode(response->private_data.data(), response->private_data.size());
+  absl::Span<const uint8_t> app;
+  absl::StatusOr<QpEndpoint> remote = Decode(response->private_data, &app);
   if (!remote.ok()) return remote.status();
+  if (reply != nullptr) reply->assign(app.begin(), app.end());
   ConnectConfig config;
   config.remote = *remote;
   if (absl::Status s = qp.Connect(config); !s.ok()) return s;

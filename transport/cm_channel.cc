@@ -23,25 +23,6 @@ constexpr uint64_t kReceiveTag = uint64_t{1} << 32;
 constexpr uint64_t kSendTag = uint64_t{2} << 32;
 constexpr uint32_t kCompletionBatch = 8;
 
-absl::Status SplitHostPort(std::string_view host_port, std::string* host, uint16_t* port) {
-  const size_t colon = host_port.rfind(':');
-  uint32_t parsed = 0;
-  if (colon == std::string_view::npos ||
-      !absl::SimpleAtoi(std::string(host_port.substr(colon + 1)), &parsed) || parsed == 0 ||
-      parsed > 65535) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("\"%s\" is not host:port (an address of the server's RDMA interface)",
-                        std::string(host_port)));
-  }
-  std::string_view name = host_port.substr(0, colon);
-  if (name.size() >= 2 && name.front() == '[' && name.back() == ']') {
-    name = name.substr(1, name.size() - 2);
-  }
-  *host = std::string(name);
-  *port = static_cast<uint16_t>(parsed);
-  return absl::OkStatus();
-}
-
 }  // namespace
 
 // Declared so that destruction (reverse order) disconnects first, then takes the QP before the
@@ -106,7 +87,7 @@ absl::StatusOr<std::unique_ptr<CmChannel>> CmChannel::Connect(Device& device,
                                                               absl::Duration timeout) {
   std::string host;
   uint16_t port = 0;
-  if (absl::Status s = SplitHostPort(host_port, &host, &port); !s.ok()) return s;
+  if (absl::Status s = ParseCmAddress(host_port, &host, &port); !s.ok()) return s;
   std::unique_ptr<CmChannel> channel(new CmChannel());
   if (absl::Status s = channel->CreateResources(device); !s.ok()) return s;
   State& s = *channel->state_;
@@ -334,6 +315,15 @@ bool CmHandshakes::Step(std::vector<control::HandshakeEvent>* events) {
     }
     if (*request == nullptr) break;
     progress = true;
+    if (!(*request)->app_data().empty()) {
+      if (other_request_) {
+        other_request_(*std::move(request));
+      } else {
+        LOG_EVERY_N(WARNING, 100) << "RDMA-CM: refusing " << (*request)->peer()
+                                  << ": its request carries bytes no control channel sends";
+      }
+      continue;  // destroying an unanswered request rejects it
+    }
     const uint64_t id = next_id_++;
     absl::StatusOr<std::unique_ptr<CmChannel>> channel = CmChannel::Accept(device_, **request);
     if (!channel.ok()) {

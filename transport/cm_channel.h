@@ -21,6 +21,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -90,7 +91,10 @@ class CmChannel : public control::MessageChannel {
 // Joins served over RDMA-CM: the HandshakeSet of a server whose clients join with
 // CmChannel::Connect. Accepts never block (a request is answered at once; a client that never
 // finishes the handshake is timed out like one that never sends), at most kCmAcceptsPerStep per
-// pass so a flood of requests cannot keep pending joins from being served. A CM connection costs
+// pass so a flood of requests cannot keep pending joins from being served. A request that carries
+// application bytes (CmRequest::app_data: a CmChannel sends none) is not a control connection:
+// it goes to the handler set by OnOtherRequest (e.g. hop_server's lookup QPs, connected by the CM
+// alone), or is rejected when none is set. A CM connection costs
 // far more than a socket (a PD, CQ, QP and pinned buffers), so a server should cap max_pending
 // well below the TCP default (kCmDefaultMaxPending).
 class CmHandshakes : public control::HandshakeSet {
@@ -111,6 +115,11 @@ class CmHandshakes : public control::HandshakeSet {
   void Close(uint64_t id) override;
   uint16_t port() const override { return listener_->port(); }
   size_t size() const { return pending_.size(); }
+
+  // Called from Wait with each request that carries application bytes; it owns the request
+  // (destroying it unanswered rejects it). Counts towards kCmAcceptsPerStep.
+  using OtherRequestHandler = std::function<void(std::unique_ptr<CmRequest>)>;
+  void OnOtherRequest(OtherRequestHandler handler) { other_request_ = std::move(handler); }
 
  private:
   struct Pending {
@@ -135,6 +144,7 @@ class CmHandshakes : public control::HandshakeSet {
   // Closed connections whose last reply may still be in flight, dropped once it completed or by
   // their deadline.
   std::deque<std::pair<absl::Time, std::unique_ptr<CmChannel>>> closing_;
+  OtherRequestHandler other_request_;
 };
 
 // Opens a control link to the server at `host_port`: a TCP connection (ConnectMode::kTcp), or an

@@ -473,7 +473,8 @@ TEST(ServiceHostile, HostileControlMessages) {
     HopHello hello;
     hello.version = kHopProtocolVersion + 1;
     hello.qp = c->qp().endpoint();
-    ExpectRefused(c->channel(), kHopHello, Encode(hello), "protocol version 2");
+    ExpectRefused(c->channel(), kHopHello, Encode(hello),
+                  absl::StrFormat("protocol version %u", kHopProtocolVersion + 1));
     ++refusals;
   }
   {
@@ -485,7 +486,7 @@ TEST(ServiceHostile, HostileControlMessages) {
   {
     std::unique_ptr<RawClient> c = RawClient::Open(device, server->address());
     ASSERT_NE(c, nullptr);
-    std::vector<uint8_t> hello = Encode(HopHello{kHopProtocolVersion, c->qp().endpoint()});
+    std::vector<uint8_t> hello = Encode(HopHello{kHopProtocolVersion, true, c->qp().endpoint()});
     hello.push_back(0);
     ExpectRefused(c->channel(), kHopHello, hello, "trailing");
     ++refusals;

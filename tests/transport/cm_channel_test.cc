@@ -283,6 +283,40 @@ TEST_F(CmChannelTest, AKilledClientIsSeenToLeave) {
   EXPECT_TRUE(EventuallyClosed(**released));
 }
 
+// A request carrying application bytes is no control channel: the set hands it to the
+// OnOtherRequest handler, or rejects it when there is none; neither becomes a pending join.
+TEST_F(CmChannelTest, RequestsWithApplicationBytesGoToTheHandlerOrAreRejected) {
+  auto set = Listen();
+  ASSERT_NE(set, nullptr);
+  const std::vector<uint8_t> hello = Bytes("app");
+  auto connect_raw = [&](absl::StatusOr<std::unique_ptr<CmConnection>>* out) {
+    auto qp = MakeQp(*client_, QpType::kRc);
+    return ServeWhile(*set, [&] {
+      *out = CmConnect(*client_->device, *qp, address_, set->port(), absl::Seconds(5), hello);
+    });
+  };
+  absl::StatusOr<std::unique_ptr<CmConnection>> rejected = absl::UnknownError("not run");
+  EXPECT_TRUE(connect_raw(&rejected).empty());
+  EXPECT_FALSE(rejected.ok());
+  EXPECT_EQ(set->size(), 0u);
+
+  std::vector<std::vector<uint8_t>> handled;
+  std::unique_ptr<QueuePair> server_qp = MakeQp(*server_, QpType::kRc);
+  std::unique_ptr<CmConnection> server_end;
+  set->OnOtherRequest([&](std::unique_ptr<CmRequest> request) {
+    handled.emplace_back(request->app_data().begin(), request->app_data().end());
+    auto accepted = request->Accept(*server_->device, *server_qp);
+    if (accepted.ok()) server_end = *std::move(accepted);
+  });
+  absl::StatusOr<std::unique_ptr<CmConnection>> accepted = absl::UnknownError("not run");
+  EXPECT_TRUE(connect_raw(&accepted).empty());
+  ASSERT_TRUE(accepted.ok()) << accepted.status();
+  ASSERT_EQ(handled.size(), 1u);
+  EXPECT_EQ(handled[0], hello);
+  EXPECT_NE(server_end, nullptr);
+  EXPECT_EQ(set->size(), 0u);
+}
+
 TEST(CmChannel, TheShmFabricIsRefusedClearly) {
   auto node = MakeNode("shm");
   ASSERT_NE(node, nullptr);

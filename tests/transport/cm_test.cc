@@ -8,6 +8,7 @@
 
 #include <cstring>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/str_format.h"
 #include "gtest/gtest.h"
@@ -74,6 +75,47 @@ TEST_F(CmTest, ConnectsTwoRcQpsThatThenCarryWritesAndSends) {
   EXPECT_EQ(received[0].status, CompletionStatus::kSuccess);
   EXPECT_EQ(received[0].byte_len, 8u);
   EXPECT_EQ(std::memcmp(a_->bytes() + 128, "cm-send!", 8), 0);
+}
+
+// Application bytes ride in the REQ and REP next to the endpoints, up to what each CM message
+// leaves (the REP's full kCmReplyAppBytes included); more is refused before anything is sent.
+TEST_F(CmTest, ApplicationBytesTravelInBothDirections) {
+  auto listener = CmListener::Listen(address_, 0);
+  ASSERT_TRUE(listener.ok()) << listener.status();
+  auto qa = MakeQp(*a_, QpType::kRc);
+  auto qb = MakeQp(*b_, QpType::kRc);
+  std::vector<uint8_t> request(kCmRequestAppBytes), reply(kCmReplyAppBytes);
+  for (size_t i = 0; i < request.size(); ++i) request[i] = static_cast<uint8_t>(i + 1);
+  for (size_t i = 0; i < reply.size(); ++i) reply[i] = static_cast<uint8_t>(255 - i);
+  std::vector<uint8_t> seen_request, seen_reply;
+  absl::StatusOr<std::unique_ptr<CmConnection>> accepted = absl::UnknownError("not run");
+  std::thread server([&] {
+    const absl::Time deadline = absl::Now() + kCmTimeout;
+    while (absl::Now() < deadline) {
+      auto next = (*listener)->NextRequest();
+      if (!next.ok()) {
+        accepted = next.status();
+        return;
+      }
+      if (*next == nullptr) continue;
+      seen_request.assign((*next)->app_data().begin(), (*next)->app_data().end());
+      accepted = (*next)->Accept(*b_->device, *qb, reply);
+      return;
+    }
+  });
+  auto connected =
+      CmConnect(*a_->device, *qa, address_, (*listener)->port(), kCmTimeout, request, &seen_reply);
+  server.join();
+  ASSERT_TRUE(accepted.ok()) << accepted.status();
+  ASSERT_TRUE(connected.ok()) << connected.status();
+  EXPECT_EQ(seen_request, request);
+  EXPECT_EQ(seen_reply, reply);
+
+  auto qc = MakeQp(*a_, QpType::kRc);
+  std::vector<uint8_t> too_long(kCmRequestAppBytes + 1);
+  auto refused = CmConnect(*a_->device, *qc, address_, (*listener)->port(), kCmTimeout, too_long);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << refused.status();
+  EXPECT_EQ(qc->state(), QpState::kReset);
 }
 
 TEST_F(CmTest, AConnectionNobodyAcceptsFailsWithinItsTimeout) {
