@@ -1,10 +1,13 @@
 #include "rmem/pool.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <utility>
 
@@ -16,8 +19,9 @@
 namespace rmem {
 namespace {
 
-constexpr uint64_t kHeaderSeed = 0x726d656d68656164;  // "rmemhead"
-constexpr uint64_t kRedoSeed = 0x726d656d7265646f;    // "rmemredo"
+constexpr uint64_t kHeaderSeed = 0x726d656d68656164;    // "rmemhead"
+constexpr uint64_t kRedoSeed = 0x726d656d7265646f;      // "rmemredo"
+constexpr uint64_t kHugePageBytes = uint64_t{2} << 20;  // x86-64's default hugetlb page
 
 uint64_t AlignUp(uint64_t value, uint64_t align) { return (value + align - 1) / align * align; }
 
@@ -81,8 +85,11 @@ absl::StatusOr<Pool> Pool::Map(const std::string& path, int fd, const Layout& la
     base = mmap(nullptr, layout.file_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   } else {
     if (hugepages) {
-      base = mmap(nullptr, layout.file_bytes, PROT_READ | PROT_WRITE,
-                  MAP_PRIVATE | MAP_ANONYMOUS | MAP_HUGETLB, -1, 0);
+      // A hugetlb mapping's length (and munmap's) is a multiple of the huge page.
+      const uint64_t huge = AlignUp(layout.file_bytes, kHugePageBytes);
+      base = mmap(nullptr, huge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_HUGETLB,
+                  -1, 0);
+      if (base != MAP_FAILED) p.mapped_bytes_ = huge;
     }
     if (base == MAP_FAILED) {
       base = mmap(nullptr, layout.file_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
@@ -96,6 +103,7 @@ absl::StatusOr<Pool> Pool::Map(const std::string& path, int fd, const Layout& la
         absl::StrFormat("%s: mmap of %u bytes", path.empty() ? "pool" : path, layout.file_bytes));
   }
   p.base_ = static_cast<uint8_t*>(base);
+  if (p.mapped_bytes_ == 0) p.mapped_bytes_ = layout.file_bytes;
   return p;
 }
 
@@ -107,8 +115,20 @@ absl::StatusOr<Pool> Pool::Create(const PoolOptions& o) {
   const Layout layout = LayoutFor(o.pool_bytes, o.max_regions, o.max_clients, o.max_ops);
   int fd = -1;
   if (!o.path.empty()) {
-    fd = open(o.path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    fd = open(o.path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
     if (fd < 0) return util::ErrnoStatus(absl::StatusCode::kNotFound, o.path);
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {  // never truncate a pool a server is using
+      const absl::Status s = util::ErrnoStatus(
+          absl::StatusCode::kFailedPrecondition,
+          absl::StrFormat("%s: another process has this pool open (flock)", o.path));
+      close(fd);
+      return s;
+    }
+    if (ftruncate(fd, 0) != 0) {
+      const absl::Status s = util::ErrnoStatus(absl::StatusCode::kInternal, o.path + ": truncate");
+      close(fd);
+      return s;
+    }
     if (ftruncate(fd, static_cast<off_t>(layout.file_bytes)) != 0) {
       const absl::Status s =
           util::ErrnoStatus(absl::StatusCode::kResourceExhausted,
@@ -124,7 +144,8 @@ absl::StatusOr<Pool> Pool::Create(const PoolOptions& o) {
   }
   Header& h = pool->header();
   // The file is zero (ftruncate, anonymous memory): every record free, the redo empty. The
-  // header goes last, so a file cut short by a crash here is "not a pool", never a bad one.
+  // header goes last: a crash before it leaves "not a pool", during it a header whose checksum
+  // does not match; Open refuses both, naming the file.
   Header fresh{};
   fresh.magic = kPoolMagic;
   fresh.version = kPoolVersion;
@@ -147,6 +168,15 @@ absl::StatusOr<Pool> Pool::Create(const PoolOptions& o) {
 absl::StatusOr<Pool> Pool::Open(const std::string& path, StepHook replay_hook) {
   const int fd = open(path.c_str(), O_RDWR | O_CLOEXEC);
   if (fd < 0) return util::ErrnoStatus(absl::StatusCode::kNotFound, path);
+  // One server per pool: a second (a restarted server beside a hung one) would write the same
+  // redo area. The lock goes with the descriptor, so with the process.
+  if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    const absl::Status s =
+        util::ErrnoStatus(absl::StatusCode::kFailedPrecondition,
+                          absl::StrFormat("%s: another process has this pool open (flock)", path));
+    close(fd);
+    return s;
+  }
   auto fail = [&](absl::Status s) {
     close(fd);
     return absl::Status(s.code(), absl::StrFormat("%s: %s", path, s.message()));
@@ -280,6 +310,7 @@ Pool& Pool::operator=(Pool&& other) noexcept {
   path_ = std::move(other.path_);
   fd_ = std::exchange(other.fd_, -1);
   base_ = std::exchange(other.base_, nullptr);
+  mapped_bytes_ = std::exchange(other.mapped_bytes_, 0);
   layout_ = other.layout_;
   pool_bytes_ = other.pool_bytes_;
   max_regions_ = other.max_regions_;
@@ -297,7 +328,7 @@ Pool& Pool::operator=(Pool&& other) noexcept {
 Pool::~Pool() { Release(); }
 
 void Pool::Release() {
-  if (base_ != nullptr) munmap(base_, layout_.file_bytes);
+  if (base_ != nullptr) munmap(base_, mapped_bytes_);
   if (fd_ >= 0) close(fd_);
   base_ = nullptr;
   fd_ = -1;
@@ -406,19 +437,34 @@ absl::Status Pool::Validate(const Txn& txn) const {
     }
   }
   // Replaying a transaction must copy the same bytes again: no destination overlaps another
-  // destination or any source of the same transaction.
-  for (size_t i = 0; i < copies.size(); ++i) {
-    for (size_t j = 0; j < copies.size(); ++j) {
-      const TxnOp& a = *copies[i];
-      const TxnOp& b = *copies[j];
-      if ((i != j && Overlap(a.dst, a.bytes, b.dst, b.bytes)) ||
-          Overlap(a.dst, a.bytes, b.src, b.bytes)) {
-        return absl::InvalidArgumentError(absl::StrFormat(
-            "copies overlap: the destination [%u, +%u) meets %s [%u, +%u) of the same "
-            "transaction (its copies must be independent, to be replayed after a crash)",
-            a.dst, a.bytes, i == j ? "its own source" : "another copy's range",
-            i == j ? b.src : b.dst, b.bytes));
-      }
+  // destination or any source of the same transaction. Sorted, so hostile op counts cost
+  // O(n log n).
+  struct Extent {
+    uint64_t start, bytes;
+    bool operator<(const Extent& o) const { return start < o.start; }
+  };
+  std::vector<Extent> dsts;
+  dsts.reserve(copies.size());
+  for (const TxnOp* c : copies) dsts.push_back({c->dst, c->bytes});
+  std::sort(dsts.begin(), dsts.end());
+  for (size_t i = 1; i < dsts.size(); ++i) {
+    if (Overlap(dsts[i - 1].start, dsts[i - 1].bytes, dsts[i].start, dsts[i].bytes)) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "copies overlap: destinations [%u, +%u) and [%u, +%u) (a transaction's copies must be "
+          "independent, to be replayed after a crash)",
+          dsts[i - 1].start, dsts[i - 1].bytes, dsts[i].start, dsts[i].bytes));
+    }
+  }
+  for (const TxnOp* c : copies) {
+    // The destinations are disjoint and sorted: only the last one starting before the source's
+    // end can reach into it.
+    auto after = std::upper_bound(dsts.begin(), dsts.end(), Extent{c->src + c->bytes - 1, 0});
+    if (after != dsts.begin() &&
+        Overlap(std::prev(after)->start, std::prev(after)->bytes, c->src, c->bytes)) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "copies overlap: the destination [%u, +%u) meets the source [%u, +%u) of the same "
+          "transaction (its copies must be independent, to be replayed after a crash)",
+          std::prev(after)->start, std::prev(after)->bytes, c->src, c->bytes));
     }
   }
   return absl::OkStatus();
@@ -431,20 +477,40 @@ ClientRecord* Pool::ClientFor(uint64_t client_id) const {
 
 absl::StatusOr<CommitResult> Pool::Commit(const Txn& txn) {
   CommitResult result;
-  if (txn.client_id != 0) {
-    if (const ClientRecord* c = ClientFor(txn.client_id);
-        c != nullptr && txn.txn_id <= c->last_txn) {
-      result.duplicate = true;  // a retry of an applied transaction: answered, not re-applied
-      ++stats_.duplicates;
-      return result;
-    }
+  if (txn.client_id == 0 || txn.txn_id == 0) {
+    return absl::InvalidArgumentError("client and transaction ids must be non-zero");
   }
-  if (absl::Status s = Validate(txn); !s.ok()) return s;
-  if (ClientFor(txn.client_id) == nullptr && client_index_.size() >= max_clients_) {
+  ClientRecord* record = ClientFor(txn.client_id);
+  if (record != nullptr && txn.txn_id < record->last_txn) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "transaction %u of client %u is older than its last one, %u: ids must increase", txn.txn_id,
+        txn.client_id, record->last_txn));
+  }
+  if (record != nullptr && txn.txn_id == record->last_txn) {
+    // A retry (its reply was lost): answered as the first time, never applied again.
+    ++stats_.duplicates;
+    if (record->last_code != 0) {
+      return absl::Status(static_cast<absl::StatusCode>(record->last_code),
+                          absl::StrFormat("transaction %u was refused (a retry is answered the "
+                                          "same)",
+                                          txn.txn_id));
+    }
+    result.duplicate = true;
+    return result;
+  }
+  if (record == nullptr && client_index_.size() >= max_clients_) {
     return absl::ResourceExhaustedError(absl::StrFormat(
         "%u clients have committed to this pool, the most it records", max_clients_));
   }
-  // 1: the ops and the txn's identity, state still empty.
+  if (absl::Status s = Validate(txn); !s.ok()) {
+    // Refused: recorded too, so a retry is answered with the same refusal and an id is never
+    // applied after a newer one was answered.
+    Record(txn.client_id, txn.txn_id, s.code());
+    return s;
+  }
+  // 1: the ops and the txn's identity, state still empty. The previous commit's clear (a
+  // release store) must not be reordered after these stores by the compiler.
+  std::atomic_signal_fence(std::memory_order_seq_cst);
   RedoHead& head = redo();
   RedoOp* ops = redo_ops();
   for (size_t i = 0; i < txn.ops.size(); ++i) {
@@ -476,6 +542,28 @@ absl::StatusOr<CommitResult> Pool::Commit(const Txn& txn) {
   return result;
 }
 
+void Pool::Record(uint64_t client_id, uint64_t txn_id, absl::StatusCode code) {
+  ClientRecord* c = ClientFor(client_id);
+  if (c == nullptr) {
+    for (uint32_t i = 0; i < max_clients_; ++i) {
+      if (clients()[i].client_id != 0) continue;
+      c = &clients()[i];
+      client_index_[client_id] = i;
+      break;
+    }
+  }
+  // Commit checked there is room; a replay always finds its record or a free one (Open checks).
+  CHECK(c != nullptr) << "no client record for a transaction";
+  // A new record's id is stored last: a kill before it leaves the record free (and the
+  // transaction's redo, if any, takes it again on replay). An existing record's two fields are
+  // not one store: a kill between them leaves the new id with the old code, which only a
+  // refused transaction (recorded outside the redo) can expose, as a stale refusal or success
+  // of a transaction the client is told to retry anyway.
+  c->last_code = static_cast<uint32_t>(code);
+  __atomic_store_n(&c->last_txn, txn_id, __ATOMIC_RELEASE);
+  __atomic_store_n(&c->client_id, client_id, __ATOMIC_RELEASE);
+}
+
 void Pool::Apply(const RedoHead& head, const RedoOp* ops) {
   // 3: copies first (a region freed by the same transaction may be a source), then frees.
   for (uint32_t i = 0; i < head.ops; ++i) {
@@ -497,22 +585,8 @@ void Pool::Apply(const RedoHead& head, const RedoOp* ops) {
     }
     Step(CommitStep::kOpApplied, i);
   }
-  // 4: the client's record (a new client takes a free one: the id is stored last).
-  ClientRecord* c = ClientFor(head.client_id);
-  if (c == nullptr) {
-    for (uint32_t i = 0; i < max_clients_; ++i) {
-      if (clients()[i].client_id != 0) continue;
-      c = &clients()[i];
-      client_index_[head.client_id] = i;
-      break;
-    }
-  }
-  // Commit checked there is room; a replay always finds its record or a free one (the record
-  // was taken by this very transaction, or not yet).
-  CHECK(c != nullptr) << "no client record for a committed transaction";
-  c->last_txn = head.txn_id;
-  c->last_code = 0;
-  __atomic_store_n(&c->client_id, head.client_id, __ATOMIC_RELEASE);
+  // 4: the client's record.
+  Record(head.client_id, head.txn_id, absl::StatusCode::kOk);
   Step(CommitStep::kRecorded);
   // 5: done.
   __atomic_store_n(&redo().state, uint64_t{0}, __ATOMIC_RELEASE);

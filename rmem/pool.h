@@ -112,7 +112,11 @@ class Pool {
 
   // Checks a transaction as Commit would, changing nothing.
   absl::Status Validate(const Txn& txn) const;
-  // Applies `txn` all-or-nothing (above), or answers a retry of an applied one.
+  // Applies `txn` all-or-nothing (above). Transaction ids must increase per client: a retry of
+  // the client's last transaction (same id) is answered as the first time, applied or refused,
+  // and never applied again; an older id is FailedPrecondition. Refused transactions are recorded
+  // too. Client records are never reclaimed (max_clients distinct clients per pool, for now), and
+  // the id is the caller's to authenticate (the server will bind it to a session).
   absl::StatusOr<CommitResult> Commit(const Txn& txn);
   void set_step_hook(StepHook hook) { hook_ = std::move(hook); }
 
@@ -144,11 +148,14 @@ class Pool {
     return reinterpret_cast<RedoOp*>(base_ + layout_.redo_offset + kRedoHeadBytes);
   }
   ClientRecord* ClientFor(uint64_t client_id) const;  // its record, or nullptr
+  // Stores a client's last transaction and its outcome (taking a free record for a new client).
+  void Record(uint64_t client_id, uint64_t txn_id, absl::StatusCode code);
   void Release();
 
   std::string path_;
   int fd_ = -1;
   uint8_t* base_ = nullptr;
+  uint64_t mapped_bytes_ = 0;  // layout_.file_bytes, rounded up to a huge page for hugetlb
   Layout layout_;
   uint64_t pool_bytes_ = 0;
   uint32_t max_regions_ = 0, max_clients_ = 0, max_ops_ = 0;

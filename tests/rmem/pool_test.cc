@@ -139,6 +139,63 @@ TEST(Pool, ACommitCopiesThenFreesAndARetryIsAnsweredNotApplied) {
   EXPECT_EQ(pool->stats().duplicates, 1u);
 }
 
+// Ids increase per client: the last one retried is answered as it was (applied or refused),
+// an older one is refused, and a refused transaction is never applied later.
+TEST(Pool, TransactionIdsAreAnsweredOnceInOrder) {
+  PoolOptions o = FileOptions("txn_ids.pool");
+  o.max_clients = 2;
+  absl::StatusOr<Pool> pool = Pool::Create(o);
+  ASSERT_TRUE(pool.ok());
+  Region a = *pool->Alloc(4096, 1), b = *pool->Alloc(4096, 2);
+  Fill(*pool, a, 1);
+  const TxnOp good{OpKind::kCopy, a.offset, b.offset, 64};
+  const TxnOp bad{OpKind::kCopy, a.offset, kPoolBytes, 64};
+  // Txn 5 is refused; its retry is refused the same, even after txn 6 was applied.
+  EXPECT_EQ(pool->Commit({9, 5, {bad}}).status().code(), absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(pool->Commit({9, 5, {good}}).status().code(), absl::StatusCode::kOutOfRange);
+  EXPECT_TRUE(AllBytes(*pool, b.offset, 64, 0));
+  ASSERT_TRUE(pool->Commit({9, 6, {good}}).ok());
+  EXPECT_TRUE(AllBytes(*pool, b.offset, 64, 1));
+  absl::StatusOr<CommitResult> older = pool->Commit({9, 5, {good}});
+  EXPECT_EQ(older.status().code(), absl::StatusCode::kFailedPrecondition) << older.status();
+  // A known client's id 0 is refused, not taken for a retry.
+  EXPECT_EQ(pool->Commit({9, 0, {good}}).status().code(), absl::StatusCode::kInvalidArgument);
+  // The records survive a restart.
+  pool = absl::UnknownError("closed");
+  pool = Pool::Open(o.path);
+  ASSERT_TRUE(pool.ok()) << pool.status();
+  absl::StatusOr<CommitResult> retry = pool->Commit({9, 6, {good}});
+  ASSERT_TRUE(retry.ok());
+  EXPECT_TRUE(retry->duplicate);
+  // Two clients fill the table: a third is refused, and a known one still commits.
+  ASSERT_TRUE(pool->Commit({10, 1, {good}}).ok());
+  EXPECT_EQ(pool->Commit({11, 1, {good}}).status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(pool->Commit({10, 2, {good}}).ok());
+  // And a second process cannot open the pool while this one has it.
+  EXPECT_EQ(Pool::Open(o.path).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(Pool::Create(o).status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+// The overlap check is sorted: the most ops a pool allows, all independent, are checked fast
+// (a quadratic check would take ~2e9 comparisons here), and one overlap among them is found.
+TEST(Pool, ManyOpsAreValidatedWithoutQuadraticWork) {
+  PoolOptions o = FileOptions("many_ops.pool");
+  o.pool_bytes = 64 << 20;
+  o.max_ops = kMaxOpsLimit;
+  absl::StatusOr<Pool> pool = Pool::Create(o);
+  ASSERT_TRUE(pool.ok()) << pool.status();
+  Txn txn{1, 1, {}};
+  for (uint64_t i = 0; i < kMaxOpsLimit; ++i) {
+    txn.ops.push_back(TxnOp{OpKind::kCopy, i * 64, (32 << 20) + i * 64, 64});
+  }
+  EXPECT_TRUE(pool->Validate(txn).ok());
+  txn.ops.back().dst = txn.ops.front().dst + 32;  // meets the first destination
+  EXPECT_EQ(pool->Validate(txn).code(), absl::StatusCode::kInvalidArgument);
+  txn.ops.back().dst = (32 << 20) - 64;
+  txn.ops.back().src = (32 << 20) + 128;  // the last source is another copy's destination
+  EXPECT_EQ(pool->Validate(txn).code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST(Pool, HostileTransactionsAreRefusedAndChangeNothing) {
   absl::StatusOr<Pool> pool = Pool::Create(FileOptions("hostile_txn.pool"));
   ASSERT_TRUE(pool.ok());
@@ -188,16 +245,20 @@ TEST(Pool, HostileTransactionsAreRefusedAndChangeNothing) {
        {1, 1, {TxnOp{static_cast<OpKind>(9), 0, 0, 64}}},
        absl::StatusCode::kInvalidArgument},
   };
+  uint64_t next_id = 0;  // each refusal is recorded: every case gets a new transaction id
   for (const Case& c : cases) {
-    absl::StatusOr<CommitResult> r = pool->Commit(c.txn);
+    Txn txn = c.txn;
+    if (txn.client_id != 0 && txn.txn_id != 0) txn.txn_id = ++next_id;
+    absl::StatusOr<CommitResult> r = pool->Commit(txn);
     EXPECT_EQ(r.status().code(), c.code) << c.what << ": " << r.status();
   }
   EXPECT_TRUE(AllBytes(*pool, a.offset, 4096, 1));
   EXPECT_TRUE(AllBytes(*pool, b.offset, 4096, 2));
   EXPECT_EQ(pool->stats().regions, 2u);
   EXPECT_EQ(pool->stats().commits, 0u);
-  // None of them took a client record or an id: txn 1 of client 1 still applies.
-  EXPECT_TRUE(pool->Commit({1, 1, {copy(a.offset, b.offset, 64)}}).ok());
+  // Refusals are recorded (a retry of txn 1 is refused again); the next id applies.
+  EXPECT_FALSE(pool->Commit({1, next_id, {copy(a.offset, b.offset, 64)}}).ok());
+  EXPECT_TRUE(pool->Commit({1, next_id + 1, {copy(a.offset, b.offset, 64)}}).ok());
   EXPECT_TRUE(AllBytes(*pool, b.offset, 64, 1));
 }
 
