@@ -30,8 +30,6 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(const ServerOptions& opti
   if (options.max_clients == 0) return absl::InvalidArgumentError("max_clients must be >= 1");
   TableOptions table_options;
   table_options.persistence = options.persistence;
-  // A verbs device pins the pages it registers; the shm fabric maps the file into its peers.
-  table_options.private_when_read_only = options.device.name != "shm";
   absl::StatusOr<Table> table =
       Table::Open(options.table, /*writable=*/!options.read_only, table_options);
   if (!table.ok()) return table.status();
@@ -55,6 +53,22 @@ absl::Status Server::Open() {
   // that a WRITE into a READ-only region fails on both backends).
   absl::StatusOr<std::unique_ptr<transport::MemoryRegion>> mr = pd_->RegisterMemory(
       const_cast<uint8_t*>(table_.data()), table_.file_bytes(), transport::kRemoteRead);
+  if (!mr.ok() && options_.read_only && options_.device.name != "shm") {
+    // Linux before 6.2 pins even a READ-only MR for writing (FOLL_FORCE), which a read-only
+    // SHARED file mapping refuses (EFAULT). A private mapping registers; pinning it copies each
+    // page into anonymous memory (the table's size again, pinned).
+    LOG(WARNING) << options_.table << ": registering the read-only shared mapping failed ("
+                 << mr.status() << "); mapping it private instead, which this kernel copies "
+                 << "into pinned memory (" << table_.file_bytes() << " bytes more)";
+    TableOptions table_options;
+    table_options.persistence = options_.persistence;
+    table_options.private_when_read_only = true;
+    absl::StatusOr<Table> table = Table::Open(options_.table, /*writable=*/false, table_options);
+    if (!table.ok()) return table.status();
+    table_ = *std::move(table);
+    mr = pd_->RegisterMemory(const_cast<uint8_t*>(table_.data()), table_.file_bytes(),
+                             transport::kRemoteRead);
+  }
   if (!mr.ok()) {
     return absl::Status(mr.status().code(), absl::StrFormat("register %s for remote READ: %s",
                                                             options_.table, mr.status().message()));
@@ -103,16 +117,7 @@ void Server::Run(const std::atomic<bool>& stop) {
 void Server::Step(absl::Duration timeout) {
   std::vector<HandshakeEvent> events;
   connections_->Wait(timeout, &events);
-  // Lookup QPs joined by the CM leave by disconnecting (or by dying: the kernel disconnects).
-  for (auto it = cm_lookups_.begin(); it != cm_lookups_.end();) {
-    if (it->cm->Disconnected()) {
-      VLOG(1) << "client " << it->cm->peer() << " left";
-      ++counters_.left;
-      it = cm_lookups_.erase(it);
-    } else {
-      ++it;
-    }
-  }
+  ReapCmLookups();
   for (HandshakeEvent& e : events) {
     if (e.kind != HandshakeEvent::Kind::kMessage) {
       // The set already closed and forgot the connection: the client left (or never joined).
@@ -190,9 +195,46 @@ HopWelcome Server::TableWelcome() const {
   return welcome;
 }
 
+void Server::ReapCmLookups() {
+  // Lookup QPs joined by the CM leave by disconnecting (or by dying: the kernel disconnects).
+  // One that never sends the handshake's last step holds a QP and a client slot until its
+  // deadline, like a control connection that never says hello.
+  const absl::Time now = absl::Now();
+  for (auto it = cm_lookups_.begin(); it != cm_lookups_.end();) {
+    if (it->cm->Disconnected()) {
+      VLOG(1) << "client " << it->cm->peer() << " left";
+      ++counters_.left;
+      it = cm_lookups_.erase(it);
+    } else if (!it->cm->Established() && now > it->deadline) {
+      LOG(WARNING) << "dropping an RDMA-CM lookup join from " << it->cm->peer()
+                   << ": its handshake did not finish in " << kHelloTimeout;
+      ++counters_.refused;
+      it = cm_lookups_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
 void Server::OnCmLookupRequest(std::unique_ptr<transport::CmRequest> request) {
   absl::Status s = DecodeCmHello(request->app_data());
-  if (s.ok()) s = CheckRoom();
+  if (s.ok()) {
+    ReapCmLookups();  // room a departed client left counts now, not after the next Wait
+    // Half-open joins are capped as control handshakes are: the oldest makes way.
+    size_t half_open = 0;
+    auto oldest = cm_lookups_.end();
+    for (auto it = cm_lookups_.begin(); it != cm_lookups_.end(); ++it) {
+      if (it->cm->Established()) continue;
+      if (half_open++ == 0) oldest = it;
+    }
+    if (half_open >= transport::kCmDefaultMaxPending) {
+      LOG(WARNING) << "evicting the oldest half-open RDMA-CM lookup join (" << half_open
+                   << " pending)";
+      ++counters_.refused;
+      cm_lookups_.erase(oldest);
+    }
+    s = CheckRoom();
+  }
   absl::StatusOr<std::unique_ptr<transport::QueuePair>> qp =
       s.ok() ? NewLookupQp() : absl::StatusOr<std::unique_ptr<transport::QueuePair>>(s);
   absl::StatusOr<std::unique_ptr<transport::CmConnection>> cm =
@@ -205,7 +247,7 @@ void Server::OnCmLookupRequest(std::unique_ptr<transport::CmRequest> request) {
                  << cm.status();
     return;
   }
-  cm_lookups_.push_back(CmLookup{*std::move(cm), *std::move(qp)});
+  cm_lookups_.push_back(CmLookup{*std::move(qp), *std::move(cm), absl::Now() + kHelloTimeout});
   ++counters_.joins;
 }
 

@@ -84,8 +84,9 @@ class Server {
   };
   // A lookup QP connected by RDMA-CM with no control connection.
   struct CmLookup {
-    std::unique_ptr<transport::CmConnection> cm;
     std::unique_ptr<transport::QueuePair> qp;
+    std::unique_ptr<transport::CmConnection> cm;  // destroyed first: disconnect, then the QP
+    absl::Time deadline;                          // to finish the CM handshake by
   };
   Server(const ServerOptions& options, Table table) : options_(options), table_(std::move(table)) {}
   absl::Status Open();
@@ -93,6 +94,8 @@ class Server {
   absl::StatusOr<std::unique_ptr<transport::QueuePair>> NewLookupQp();
   HopWelcome TableWelcome() const;  // everything but the QP
   void OnCmLookupRequest(std::unique_ptr<transport::CmRequest> request);
+  // Drops CM lookups that disconnected, or never finished their handshake by their deadline.
+  void ReapCmLookups();
   void OnHello(uint64_t id, const transport::control::Message& message);
   void OnUpsert(uint64_t id, const transport::control::Message& message);
   void Refuse(uint64_t id, const absl::Status& why);

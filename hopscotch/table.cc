@@ -157,8 +157,8 @@ absl::StatusOr<Table> Table::Map(const std::string& path, int fd, uint64_t bytes
   }
 #endif
   if (p == MAP_FAILED) {
-    // TableOptions::private_when_read_only: a private read-only mapping reads the same page-cache
-    // pages while nothing writes them. Device-DAX maps shared only.
+    // TableOptions::private_when_read_only (for old kernels' ibv_reg_mr, table.h). Device-DAX
+    // maps shared only.
     const int share =
         !writable && !device && options.private_when_read_only ? MAP_PRIVATE : MAP_SHARED;
     p = fd >= 0 ? mmap(nullptr, bytes, prot, share, fd, 0)

@@ -99,9 +99,10 @@ struct TableOptions {
   // Not owned; must outlive the table (Close reports its flushes too).
   WriteObserver* observer = nullptr;
   // Open(writable = false) of a regular file maps it MAP_PRIVATE instead of MAP_SHARED: what a
-  // verbs device needs to register it (Linux 6.1 refuses to pin a read-only SHARED file mapping
-  // for RDMA, ibv_reg_mr failing with EFAULT, and pins a private one); the shm fabric needs the
-  // shared mapping (its peers map the same file).
+  // verbs device needs to register it on Linux before 6.2 (which pins even READ-only MRs for
+  // writing: a read-only SHARED file mapping fails ibv_reg_mr with EFAULT, a private one is
+  // registered by copying its pages into pinned anonymous memory); the shm fabric needs the
+  // shared mapping (its peers map the same file). hop_server tries shared first.
   bool private_when_read_only = false;
 };
 

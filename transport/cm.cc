@@ -233,7 +233,10 @@ class Connection : public CmConnection {
         case RDMA_CM_EVENT_DEVICE_REMOVAL:
           disconnected_ = true;
           break;
-        default:  // ESTABLISHED, ADDR_CHANGE (a bonding failover), TIMEWAIT_EXIT: still there
+        case RDMA_CM_EVENT_ESTABLISHED:
+          established_ = true;
+          break;
+        default:  // ADDR_CHANGE (a bonding failover), TIMEWAIT_EXIT: still there
           break;
       }
       rdma_ack_cm_event(raw);
@@ -241,11 +244,17 @@ class Connection : public CmConnection {
     return disconnected_;
   }
   std::string peer() const override { return PeerOf(id_); }
+  bool Established() override {
+    Disconnected();  // consumes the events, ESTABLISHED among them
+    return established_;
+  }
+  void MarkEstablished() { established_ = true; }
 
  private:
   rdma_event_channel* channel_;
   rdma_cm_id* id_;
   bool disconnected_ = false;
+  bool established_ = false;
 };
 
 absl::StatusOr<std::unique_ptr<Connection>> NewId() {
@@ -269,6 +278,8 @@ class Request : public CmRequest {
       : id_(id), private_data_(std::move(private_data)) {
     remote_ = Decode(private_data_, &app_);
   }
+  Request(const Request&) = delete;  // app_ points into private_data_
+  Request& operator=(const Request&) = delete;
   ~Request() override {
     if (id_ != nullptr) {
       rdma_reject(id_, nullptr, 0);
@@ -356,6 +367,7 @@ class Listener : public CmListener {
     absl::StatusOr<Event> established =
         Expect(connection->channel(), RDMA_CM_EVENT_ESTABLISHED, deadline, "the client");
     if (!established.ok()) return established.status();
+    connection->MarkEstablished();
     return accepted;
   }
 
@@ -453,6 +465,7 @@ absl::StatusOr<std::unique_ptr<CmConnection>> CmConnect(const Device& device, Qu
   config.remote = *remote;
   if (absl::Status s = qp.Connect(config); !s.ok()) return s;
   if (rdma_establish(id) != 0) return Errno("rdma_establish");
+  (*connection)->MarkEstablished();
   return std::unique_ptr<CmConnection>(*std::move(connection));
 }
 

@@ -27,9 +27,9 @@
 
 namespace transport {
 
-// Private data the CM carries: 56 bytes in a REQ (an RC connect: 92 less librdmacm's 36-byte
-// header) and 196 in a REP (InfiniBand CM, which RoCE uses too). The endpoint takes
-// kCmEndpointBytes of each (magic, QP number, PSN, LID, GID, application length).
+// Private data the CM carries: 56 bytes in a REQ (an RC connect: the IB CM's 92 less the kernel
+// RDMA-CM's 36-byte IP header) and 196 in a REP (InfiniBand CM, which RoCE uses too). The endpoint
+// takes kCmEndpointBytes of each (magic, QP number, PSN, LID, GID, application length).
 inline constexpr size_t kCmRequestPrivateBytes = 56;
 inline constexpr size_t kCmReplyPrivateBytes = 196;
 inline constexpr size_t kCmEndpointBytes = 4 + 4 + 4 + 2 + 16 + 1;
@@ -45,6 +45,9 @@ class CmConnection {
   // The peer disconnected or the connection failed (its handshake included); never blocks.
   // Once true it stays true.
   virtual bool Disconnected() = 0;
+  // The handshake finished (an accepted connection: the requester's last step arrived; a
+  // connection CmConnect made: at once). Never blocks.
+  virtual bool Established() = 0;
   // The peer's address ("a.b.c.d:port"), for logs.
   virtual std::string peer() const = 0;
 };
