@@ -543,16 +543,21 @@ class Runner:
             backups[-1] = (process, f"{host}:{replication_port}", f"{host}:{client_port}")
         return backups
 
+    def start_server(self, argv, server_log, log_name, binary):
+        """Starts `binary` (herd_server or hop_server) on the server host and waits for its
+        readiness line; (process, the port it printed). Stops it if it never gets ready."""
+        server = self.processes.start(self.x.server, argv, subprocess.PIPE, server_log)
+        try:
+            ready = read_line_until(server, f"{binary} ready", SERVER_READY_TIMEOUT_S)
+        except PointFailed as error:
+            self.processes.stop(server, SERVER_STOP_TIMEOUT_S)
+            raise PointFailed(f"server: {error} (see logs/{log_name}.server.log)")
+        return server, ready.split("port=", 1)[1].split()[0]
+
     def run_primary(self, point, repetition, name, log_name, server_argv, server_knobs,
                     client_knobs):
         with open(self.logs / f"{log_name}.server.log", "wb") as server_log:
-            server = self.processes.start(self.x.server, server_argv, subprocess.PIPE, server_log)
-            try:
-                ready = read_line_until(server, "herd_server ready", SERVER_READY_TIMEOUT_S)
-            except PointFailed as error:
-                self.processes.stop(server, SERVER_STOP_TIMEOUT_S)
-                raise PointFailed(f"server: {error} (see logs/{log_name}.server.log)")
-            port = ready.split("port=", 1)[1].split()[0]
+            server, port = self.start_server(server_argv, server_log, log_name, "herd_server")
             address = "127.0.0.1" if self.x.server.local else self.x.server.address
             budget = (float(client_knobs.get("warmup_s", 1)) +
                       float(client_knobs.get("duration_s", 5)) + CLIENT_SLACK_S)
@@ -656,13 +661,7 @@ class Runner:
         server_argv = hop_server_argv(self.bin, table,
                                       self.fabric_flags(self.x.server, name) + transport)
         with open(self.logs / f"{log_name}.server.log", "wb") as server_log:
-            server = self.processes.start(self.x.server, server_argv, subprocess.PIPE, server_log)
-            try:
-                ready = read_line_until(server, "hop_server ready", SERVER_READY_TIMEOUT_S)
-            except PointFailed as error:
-                self.processes.stop(server, SERVER_STOP_TIMEOUT_S)
-                raise PointFailed(f"server: {error} (see logs/{log_name}.server.log)")
-            port = ready.split("port=", 1)[1].split()[0]
+            server, port = self.start_server(server_argv, server_log, log_name, "hop_server")
             argvs = [hop_client_argv(self.bin, f"127.0.0.1:{port}", trace,
                                      self.fabric_flags(host, name) + transport, client_flags)
                      for host in self.x.clients]

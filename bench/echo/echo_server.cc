@@ -25,6 +25,7 @@
 #include "transport/fabric.h"
 #include "transport/flags.h"
 #include "transport/shared_memory.h"
+#include "util/server_process.h"
 
 DEFINE_uint32(port, 31860, "TCP port of the control plane (0 picks a free one)");
 DEFINE_string(listen_address, "0.0.0.0", "Address the control plane listens on");
@@ -283,11 +284,7 @@ int Fail(const absl::Status& status) {
 }
 
 int Main() {
-  sigset_t stop_signals;
-  sigemptyset(&stop_signals);
-  sigaddset(&stop_signals, SIGINT);
-  sigaddset(&stop_signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  const sigset_t stop_signals = util::BlockStopSignals();
 
   EchoConfig config;
   config.max_clients = FLAGS_max_clients;
