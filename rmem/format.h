@@ -12,9 +12,14 @@
 //               state 0: free record; kRegionLive: the region [offset, offset + bytes) of the
 //               data area is allocated and tied to `tag` (never 0). The tag and extent are
 //               stored before the state, so a record is live only once it is complete.
-//   client      client_id(8) last_txn(8) last_code(4) zero(4) zero(8)  32 B, kClientBytes
-//               client_id 0: unused. last_txn: the newest transaction of that client applied
-//               (a retried txn_go with this id or an older one is answered, not applied again).
+//   client      client_id(8) secret(8) last_txn(8) last_code(4) zero(4) last_used(8) zero(24)
+//               64 B, kClientBytes. client_id 0: unused (the id is stored last when a record is
+//               taken, first when it is given up). secret: what a client presents to resume its
+//               identity on a new connection (random, as the id). last_txn: the newest
+//               transaction of that client answered (a retried txn_go with this id is answered
+//               as before, not applied again), last_code its outcome. last_used: the pool's use
+//               clock when the client last registered, resumed or committed (the least recently
+//               used record is the one taken over when the table is full).
 //   redo        state(8) client_id(8) txn_id(8) ops(4) zero(4) checksum(8) zero(24) | ops
 //               64-byte head, then `ops` records of 32 B: kind(4) zero(4) a(8) b(8) bytes(8)
 //               copy: a = source offset, b = destination offset (both in the data area);
@@ -33,12 +38,12 @@
 namespace rmem {
 
 inline constexpr uint64_t kPoolMagic = 0x4d454d5244524548;  // "HERDRMEM" little-endian
-inline constexpr uint32_t kPoolVersion = 1;
+inline constexpr uint32_t kPoolVersion = 2;  // 2: client records carry a secret
 inline constexpr uint64_t kHeaderBytes = 4096;
 inline constexpr uint64_t kSectionAlign = 4096;  // every section starts on a page
 inline constexpr uint64_t kChecksummedHeaderBytes = 48;
 inline constexpr uint64_t kRegionBytes = 32;
-inline constexpr uint64_t kClientBytes = 32;
+inline constexpr uint64_t kClientBytes = 64;
 inline constexpr uint64_t kRedoHeadBytes = 64;
 inline constexpr uint64_t kRedoOpBytes = 32;
 // Regions start and end on cache lines: two regions never share a line (a one-sided WRITE to
@@ -83,10 +88,12 @@ static_assert(sizeof(RegionRecord) == kRegionBytes);
 
 struct ClientRecord {
   uint64_t client_id;
+  uint64_t secret;
   uint64_t last_txn;
   uint32_t last_code;  // absl::StatusCode of that transaction's outcome
   uint32_t zero;
-  uint64_t zero2;
+  uint64_t last_used;
+  uint64_t zero2[3];
 };
 static_assert(sizeof(ClientRecord) == kClientBytes);
 

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/mman.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -22,6 +23,14 @@ namespace {
 constexpr uint64_t kHeaderSeed = 0x726d656d68656164;    // "rmemhead"
 constexpr uint64_t kRedoSeed = 0x726d656d7265646f;      // "rmemredo"
 constexpr uint64_t kHugePageBytes = uint64_t{2} << 20;  // x86-64's default hugetlb page
+
+// A random 64-bit word from the kernel (client ids and secrets: unguessable by other peers).
+uint64_t RandomWord() {
+  uint64_t word = 0;
+  CHECK_EQ(getrandom(&word, sizeof(word), 0), static_cast<ssize_t>(sizeof(word)))
+      << "getrandom failed";
+  return word;
+}
 
 uint64_t AlignUp(uint64_t value, uint64_t align) { return (value + align - 1) / align * align; }
 
@@ -84,23 +93,37 @@ absl::StatusOr<Pool> Pool::Map(const std::string& path, int fd, const Layout& la
   if (fd >= 0) {
     base = mmap(nullptr, layout.file_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   } else {
+    // In memory: a memfd (hugetlb when the machine has huge pages reserved), mapped shared, so
+    // the shm fabric can register it (it maps a registered region's file into its peers).
     if (hugepages) {
-      // A hugetlb mapping's length (and munmap's) is a multiple of the huge page.
+      // A hugetlb file's size (and its mapping's length) is a multiple of the huge page.
       const uint64_t huge = AlignUp(layout.file_bytes, kHugePageBytes);
-      base = mmap(nullptr, huge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_HUGETLB,
-                  -1, 0);
-      if (base != MAP_FAILED) p.mapped_bytes_ = huge;
+      fd = memfd_create("rmem-pool", MFD_CLOEXEC | MFD_HUGETLB);
+      if (fd >= 0 && ftruncate(fd, static_cast<off_t>(huge)) == 0) {
+        base = mmap(nullptr, huge, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+      }
+      if (base != MAP_FAILED) {
+        p.mapped_bytes_ = huge;
+      } else if (fd >= 0) {
+        close(fd);
+        fd = -1;
+      }
     }
     if (base == MAP_FAILED) {
-      base = mmap(nullptr, layout.file_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
-                  -1, 0);
+      fd = memfd_create("rmem-pool", MFD_CLOEXEC);
+      if (fd >= 0 && ftruncate(fd, static_cast<off_t>(layout.file_bytes)) == 0) {
+        base = mmap(nullptr, layout.file_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+      }
     }
+    p.fd_ = fd;  // ours: the pool closes it
   }
   if (base == MAP_FAILED) {
-    p.fd_ = -1;  // the caller closes it
-    return util::ErrnoStatus(
+    const absl::Status s = util::ErrnoStatus(
         absl::StatusCode::kResourceExhausted,
         absl::StrFormat("%s: mmap of %u bytes", path.empty() ? "pool" : path, layout.file_bytes));
+    if (path.empty() && p.fd_ >= 0) close(p.fd_);
+    p.fd_ = -1;  // a file's descriptor: the caller closes it
+    return s;
   }
   p.base_ = static_cast<uint8_t*>(base);
   if (p.mapped_bytes_ == 0) p.mapped_bytes_ = layout.file_bytes;
@@ -239,11 +262,6 @@ absl::StatusOr<Pool> Pool::Open(const std::string& path, StepHook replay_hook) {
             absl::StrFormat("%s: op %u of the committed transaction is malformed", path, i));
       }
     }
-    if (pool->ClientFor(redo.client_id) == nullptr &&
-        pool->client_index_.size() >= pool->max_clients_) {
-      return absl::DataLossError(absl::StrFormat(
-          "%s: the committed transaction's client has no record and none is free", path));
-    }
     // Finish what the dead server committed (steps 3-5), then rebuild the indexes it changed.
     pool->hook_ = std::move(replay_hook);
     pool->Apply(redo, pool->redo_ops());
@@ -293,11 +311,13 @@ absl::Status Pool::Load() {
     end = offset + r[id].bytes;
   }
   const ClientRecord* c = clients();
+  use_clock_ = 1;
   for (uint32_t i = 0; i < max_clients_; ++i) {
     if (c[i].client_id == 0) continue;
     if (!client_index_.emplace(c[i].client_id, i).second) {
       return absl::DataLossError(absl::StrFormat("client %u has two records", c[i].client_id));
     }
+    use_clock_ = std::max(use_clock_, c[i].last_used + 1);
   }
   return absl::OkStatus();
 }
@@ -320,6 +340,7 @@ Pool& Pool::operator=(Pool&& other) noexcept {
   by_offset_ = std::move(other.by_offset_);
   client_index_ = std::move(other.client_index_);
   free_records_ = std::move(other.free_records_);
+  use_clock_ = other.use_clock_;
   hook_ = std::move(other.hook_);
   stats_ = other.stats_;
   return *this;
@@ -481,12 +502,17 @@ absl::StatusOr<CommitResult> Pool::Commit(const Txn& txn) {
     return absl::InvalidArgumentError("client and transaction ids must be non-zero");
   }
   ClientRecord* record = ClientFor(txn.client_id);
-  if (record != nullptr && txn.txn_id < record->last_txn) {
+  if (record == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrFormat("client %u is not registered with this pool", txn.client_id));
+  }
+  record->last_used = use_clock_++;
+  if (txn.txn_id < record->last_txn) {
     return absl::FailedPreconditionError(absl::StrFormat(
         "transaction %u of client %u is older than its last one, %u: ids must increase", txn.txn_id,
         txn.client_id, record->last_txn));
   }
-  if (record != nullptr && txn.txn_id == record->last_txn) {
+  if (txn.txn_id == record->last_txn) {
     // A retry (its reply was lost): answered as the first time, never applied again.
     ++stats_.duplicates;
     if (record->last_code != 0) {
@@ -497,10 +523,6 @@ absl::StatusOr<CommitResult> Pool::Commit(const Txn& txn) {
     }
     result.duplicate = true;
     return result;
-  }
-  if (record == nullptr && client_index_.size() >= max_clients_) {
-    return absl::ResourceExhaustedError(absl::StrFormat(
-        "%u clients have committed to this pool, the most it records", max_clients_));
   }
   if (absl::Status s = Validate(txn); !s.ok()) {
     // Refused: recorded too, so a retry is answered with the same refusal and an id is never
@@ -543,25 +565,88 @@ absl::StatusOr<CommitResult> Pool::Commit(const Txn& txn) {
 }
 
 void Pool::Record(uint64_t client_id, uint64_t txn_id, absl::StatusCode code) {
+  // Commit found the record; records are taken over only between commits (RegisterClient), so a
+  // replay finds it too, unless the file was edited: then there is nothing to record.
   ClientRecord* c = ClientFor(client_id);
   if (c == nullptr) {
-    for (uint32_t i = 0; i < max_clients_; ++i) {
-      if (clients()[i].client_id != 0) continue;
-      c = &clients()[i];
-      client_index_[client_id] = i;
-      break;
-    }
+    LOG(WARNING) << "client " << client_id << " has no record: transaction " << txn_id
+                 << " applied but not recorded";
+    return;
   }
-  // Commit checked there is room; a replay always finds its record or a free one (Open checks).
-  CHECK(c != nullptr) << "no client record for a transaction";
-  // A new record's id is stored last: a kill before it leaves the record free (and the
-  // transaction's redo, if any, takes it again on replay). An existing record's two fields are
-  // not one store: a kill between them leaves the new id with the old code, which only a
-  // refused transaction (recorded outside the redo) can expose, as a stale refusal or success
-  // of a transaction the client is told to retry anyway.
+  // The two fields are not one store: a kill between them leaves the new id with the old code,
+  // which only a refused transaction (recorded outside the redo) can expose, as a stale refusal
+  // or success of a transaction the client is told to retry anyway.
   c->last_code = static_cast<uint32_t>(code);
   __atomic_store_n(&c->last_txn, txn_id, __ATOMIC_RELEASE);
-  __atomic_store_n(&c->client_id, client_id, __ATOMIC_RELEASE);
+}
+
+absl::StatusOr<ClientCredential> Pool::RegisterClient(
+    const std::function<bool(uint64_t client_id)>& evictable) {
+  ClientRecord* free = nullptr;
+  ClientRecord* lru = nullptr;
+  for (uint32_t i = 0; i < max_clients_ && free == nullptr; ++i) {
+    ClientRecord& c = clients()[i];
+    if (c.client_id == 0) {
+      free = &c;
+    } else if ((lru == nullptr || c.last_used < lru->last_used) && evictable(c.client_id)) {
+      lru = &c;
+    }
+  }
+  if (free == nullptr && lru == nullptr) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "%u clients are connected to this pool, the most it records", max_clients_));
+  }
+  ClientRecord* c = free;
+  if (c == nullptr) {
+    LOG(WARNING) << "client table full: client " << lru->client_id
+                 << " (least recently used, not connected) is forgotten";
+    c = lru;
+    client_index_.erase(c->client_id);
+    __atomic_store_n(&c->client_id, uint64_t{0}, __ATOMIC_RELEASE);  // given up first
+  }
+  ClientCredential credential;
+  do {
+    credential.id = RandomWord();
+  } while (credential.id == 0 || client_index_.contains(credential.id));
+  credential.secret = RandomWord();
+  c->secret = credential.secret;
+  c->last_txn = 0;
+  c->last_code = 0;
+  c->last_used = use_clock_++;
+  // Taken last: a kill before this store leaves the record free.
+  __atomic_store_n(&c->client_id, credential.id, __ATOMIC_RELEASE);
+  client_index_[credential.id] = static_cast<uint32_t>(c - clients());
+  return credential;
+}
+
+absl::StatusOr<ClientRecord*> Pool::Find(const ClientCredential& credential) const {
+  ClientRecord* c = credential.id == 0 ? nullptr : ClientFor(credential.id);
+  if (c == nullptr) {
+    return absl::UnauthenticatedError(absl::StrFormat(
+        "client %u is not known to this pool (never registered, left, or forgotten when the "
+        "client table was full)",
+        credential.id));
+  }
+  if (c->secret != credential.secret) {
+    return absl::UnauthenticatedError(
+        absl::StrFormat("client %u: the secret does not match", credential.id));
+  }
+  return c;
+}
+
+absl::Status Pool::Authenticate(const ClientCredential& credential) {
+  absl::StatusOr<ClientRecord*> c = Find(credential);
+  if (!c.ok()) return c.status();
+  (*c)->last_used = use_clock_++;
+  return absl::OkStatus();
+}
+
+absl::Status Pool::ForgetClient(const ClientCredential& credential) {
+  absl::StatusOr<ClientRecord*> c = Find(credential);
+  if (!c.ok()) return c.status();
+  client_index_.erase(credential.id);
+  __atomic_store_n(&(*c)->client_id, uint64_t{0}, __ATOMIC_RELEASE);
+  return absl::OkStatus();
 }
 
 void Pool::Apply(const RedoHead& head, const RedoOp* ops) {

@@ -38,12 +38,14 @@
 namespace rmem {
 
 struct PoolOptions {
-  std::string path;  // a file (created if missing, its contents kept across restarts); "": memory
+  // A file (created if missing, its contents kept across restarts); "": memory (a memfd, so the
+  // shm fabric can map it into peers like a file).
+  std::string path;
   uint64_t pool_bytes = 0;  // the data area; a multiple of kRegionAlign
   uint32_t max_regions = kDefaultMaxRegions;
   uint32_t max_clients = kDefaultMaxClients;
   uint32_t max_ops = kDefaultMaxOps;
-  bool hugepages = true;  // anonymous pools: try MAP_HUGETLB first (falls back quietly)
+  bool hugepages = true;  // pools in memory: try MFD_HUGETLB first (falls back quietly)
 };
 
 struct Region {
@@ -64,6 +66,13 @@ struct Txn {
   uint64_t client_id = 0;  // non-zero
   uint64_t txn_id = 0;     // increasing per client; non-zero
   std::vector<TxnOp> ops;
+};
+
+// Who a client is across connections and restarts of either side: the id names its record (the
+// last transaction answered), the secret proves the caller is that client. Both random.
+struct ClientCredential {
+  uint64_t id = 0;
+  uint64_t secret = 0;
 };
 
 struct CommitResult {
@@ -110,13 +119,25 @@ class Pool {
   std::optional<Region> FindTag(uint64_t tag) const;
   std::optional<Region> FindRegion(uint32_t id) const;
 
+  // A new client's record, with a fresh random id and secret. When the table is full, the least
+  // recently used record whose client `evictable(id)` allows (the server passes: not connected)
+  // is taken over: that client can no longer resume, and a retry of its last transaction is
+  // refused (Unauthenticated), never applied again. ResourceExhausted when none may go.
+  absl::StatusOr<ClientCredential> RegisterClient(
+      const std::function<bool(uint64_t client_id)>& evictable);
+  // OK when the credential names a live record (and marks it used); Unauthenticated otherwise
+  // (a wrong secret, a forgotten or taken-over record), saying which.
+  absl::Status Authenticate(const ClientCredential& credential);
+  // Frees a client's record (a client that leaves for good). Unauthenticated as above.
+  absl::Status ForgetClient(const ClientCredential& credential);
+
   // Checks a transaction as Commit would, changing nothing.
   absl::Status Validate(const Txn& txn) const;
   // Applies `txn` all-or-nothing (above). Transaction ids must increase per client: a retry of
   // the client's last transaction (same id) is answered as the first time, applied or refused,
   // and never applied again; an older id is FailedPrecondition. Refused transactions are recorded
-  // too. Client records are never reclaimed (max_clients distinct clients per pool, for now), and
-  // the id is the caller's to authenticate (the server will bind it to a session).
+  // too. The client must be registered (FailedPrecondition otherwise); authenticating the caller
+  // is the server's job (it binds a credential to a session).
   absl::StatusOr<CommitResult> Commit(const Txn& txn);
   void set_step_hook(StepHook hook) { hook_ = std::move(hook); }
 
@@ -124,7 +145,7 @@ class Pool {
   uint64_t data_bytes() const { return pool_bytes_; }
   uint32_t max_ops() const { return max_ops_; }
   const PoolStats& stats() const { return stats_; }
-  // The file's descriptor (-1 for memory): what the shm fabric maps into its peers.
+  // The file's descriptor (a memfd for a pool in memory): what the shm fabric maps into peers.
   int fd() const { return fd_; }
 
  private:
@@ -148,8 +169,10 @@ class Pool {
     return reinterpret_cast<RedoOp*>(base_ + layout_.redo_offset + kRedoHeadBytes);
   }
   ClientRecord* ClientFor(uint64_t client_id) const;  // its record, or nullptr
-  // Stores a client's last transaction and its outcome (taking a free record for a new client).
+  // Stores a client's last transaction and its outcome in its record (none: nothing to store).
   void Record(uint64_t client_id, uint64_t txn_id, absl::StatusCode code);
+  // The live record `credential` names, or Unauthenticated.
+  absl::StatusOr<ClientRecord*> Find(const ClientCredential& credential) const;
   void Release();
 
   std::string path_;
@@ -165,6 +188,7 @@ class Pool {
   std::map<uint64_t, uint32_t> by_offset_;
   absl::flat_hash_map<uint64_t, uint32_t> client_index_;
   std::vector<uint32_t> free_records_;
+  uint64_t use_clock_ = 1;  // the next ClientRecord::last_used (Load: past every record's)
   StepHook hook_;
   PoolStats stats_;
 };

@@ -41,6 +41,13 @@ void Fill(Pool& pool, const Region& r, uint8_t byte) {
   std::memset(pool.data() + r.offset, byte, r.bytes);
 }
 
+// A registered client's id (Commit refuses others).
+uint64_t Register(Pool& pool) {
+  absl::StatusOr<ClientCredential> c = pool.RegisterClient([](uint64_t) { return false; });
+  EXPECT_TRUE(c.ok()) << c.status();
+  return c.ok() ? c->id : 0;
+}
+
 bool AllBytes(const Pool& pool, uint64_t offset, uint64_t bytes, uint8_t byte) {
   for (uint64_t i = 0; i < bytes; ++i) {
     if (pool.data()[offset + i] != byte) return false;
@@ -94,7 +101,7 @@ TEST(Pool, AllocRefusesBadRequestsAndReusesFreedExtents) {
   ASSERT_TRUE(rest.ok());
   EXPECT_EQ(pool->Alloc(64, 3).status().code(), absl::StatusCode::kResourceExhausted);
   // Free the first half in a transaction: its extent is found again.
-  Txn txn{1, 1, {TxnOp{OpKind::kFree, 0, 0, 0, half->id, 1}}};
+  Txn txn{Register(*pool), 1, {TxnOp{OpKind::kFree, 0, 0, 0, half->id, 1}}};
   ASSERT_TRUE(pool->Commit(txn).ok());
   EXPECT_FALSE(pool->FindTag(1).has_value());
   absl::StatusOr<Region> again = pool->Alloc(4096, 3);
@@ -113,7 +120,7 @@ TEST(Pool, ACommitCopiesThenFreesAndARetryIsAnsweredNotApplied) {
   Fill(*pool, real, 0xaa);
   Fill(*pool, shadow, 0x55);
   Txn txn;
-  txn.client_id = 42;
+  txn.client_id = Register(*pool);
   txn.txn_id = 1;
   txn.ops = {TxnOp{OpKind::kCopy, shadow.offset, real.offset, 4096},
              TxnOp{OpKind::kFree, 0, 0, 0, scratch.id, scratch.tag}};
@@ -150,27 +157,49 @@ TEST(Pool, TransactionIdsAreAnsweredOnceInOrder) {
   Fill(*pool, a, 1);
   const TxnOp good{OpKind::kCopy, a.offset, b.offset, 64};
   const TxnOp bad{OpKind::kCopy, a.offset, kPoolBytes, 64};
+  const auto never = [](uint64_t) { return false; };
+  absl::StatusOr<ClientCredential> nine = pool->RegisterClient(never);
+  ASSERT_TRUE(nine.ok());
+  const uint64_t c9 = nine->id;
+  // An unregistered client commits nothing.
+  EXPECT_EQ(pool->Commit({c9 + 1, 1, {good}}).status().code(),
+            absl::StatusCode::kFailedPrecondition);
   // Txn 5 is refused; its retry is refused the same, even after txn 6 was applied.
-  EXPECT_EQ(pool->Commit({9, 5, {bad}}).status().code(), absl::StatusCode::kOutOfRange);
-  EXPECT_EQ(pool->Commit({9, 5, {good}}).status().code(), absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(pool->Commit({c9, 5, {bad}}).status().code(), absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(pool->Commit({c9, 5, {good}}).status().code(), absl::StatusCode::kOutOfRange);
   EXPECT_TRUE(AllBytes(*pool, b.offset, 64, 0));
-  ASSERT_TRUE(pool->Commit({9, 6, {good}}).ok());
+  ASSERT_TRUE(pool->Commit({c9, 6, {good}}).ok());
   EXPECT_TRUE(AllBytes(*pool, b.offset, 64, 1));
-  absl::StatusOr<CommitResult> older = pool->Commit({9, 5, {good}});
+  absl::StatusOr<CommitResult> older = pool->Commit({c9, 5, {good}});
   EXPECT_EQ(older.status().code(), absl::StatusCode::kFailedPrecondition) << older.status();
   // A known client's id 0 is refused, not taken for a retry.
-  EXPECT_EQ(pool->Commit({9, 0, {good}}).status().code(), absl::StatusCode::kInvalidArgument);
-  // The records survive a restart.
+  EXPECT_EQ(pool->Commit({c9, 0, {good}}).status().code(), absl::StatusCode::kInvalidArgument);
+  // The records survive a restart, and the credential still authenticates.
   pool = absl::UnknownError("closed");
   pool = Pool::Open(o.path);
   ASSERT_TRUE(pool.ok()) << pool.status();
-  absl::StatusOr<CommitResult> retry = pool->Commit({9, 6, {good}});
+  EXPECT_TRUE(pool->Authenticate(*nine).ok());
+  EXPECT_EQ(pool->Authenticate({c9, nine->secret ^ 1}).code(),
+            absl::StatusCode::kUnauthenticated);
+  absl::StatusOr<CommitResult> retry = pool->Commit({c9, 6, {good}});
   ASSERT_TRUE(retry.ok());
   EXPECT_TRUE(retry->duplicate);
-  // Two clients fill the table: a third is refused, and a known one still commits.
-  ASSERT_TRUE(pool->Commit({10, 1, {good}}).ok());
-  EXPECT_EQ(pool->Commit({11, 1, {good}}).status().code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_TRUE(pool->Commit({10, 2, {good}}).ok());
+  // Two clients fill the table: a third is refused while both may stay, and takes over the
+  // least recently used record when it may go; the forgotten client's retry is then refused,
+  // never applied again.
+  const uint64_t c10 = Register(*pool);
+  ASSERT_TRUE(pool->Commit({c10, 1, {good}}).ok());
+  EXPECT_EQ(pool->RegisterClient(never).status().code(), absl::StatusCode::kResourceExhausted);
+  absl::StatusOr<ClientCredential> eleven = pool->RegisterClient([](uint64_t) { return true; });
+  ASSERT_TRUE(eleven.ok()) << eleven.status();
+  EXPECT_EQ(pool->Authenticate(*nine).code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_EQ(pool->Commit({c9, 6, {good}}).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(pool->Commit({c10, 2, {good}}).ok());
+  EXPECT_TRUE(pool->Commit({eleven->id, 1, {good}}).ok());
+  // A client that leaves for good frees its record.
+  EXPECT_TRUE(pool->ForgetClient(*eleven).ok());
+  EXPECT_EQ(pool->Authenticate(*eleven).code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_TRUE(pool->RegisterClient(never).ok());
   // And a second process cannot open the pool while this one has it.
   EXPECT_EQ(Pool::Open(o.path).status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(Pool::Create(o).status().code(), absl::StatusCode::kFailedPrecondition);
@@ -213,9 +242,13 @@ TEST(Pool, HostileTransactionsAreRefusedAndChangeNothing) {
   };
   auto free_op = [](uint32_t id, uint64_t tag) { return TxnOp{OpKind::kFree, 0, 0, 0, id, tag}; };
   std::vector<TxnOp> too_many(17, copy(a.offset, b.offset, 1));
+  const uint64_t c = Register(*pool);
   const std::vector<Case> cases = {
       {"nothing queued", {1, 1, {}}, absl::StatusCode::kFailedPrecondition},
       {"client id 0", {0, 1, {copy(a.offset, b.offset, 64)}}, absl::StatusCode::kInvalidArgument},
+      {"an unregistered client",
+       {c + 1, 1, {copy(a.offset, b.offset, 64)}},
+       absl::StatusCode::kFailedPrecondition},
       {"txn id 0", {1, 0, {copy(a.offset, b.offset, 64)}}, absl::StatusCode::kInvalidArgument},
       {"too many ops", {1, 1, too_many}, absl::StatusCode::kInvalidArgument},
       {"past the pool",
@@ -246,19 +279,20 @@ TEST(Pool, HostileTransactionsAreRefusedAndChangeNothing) {
        absl::StatusCode::kInvalidArgument},
   };
   uint64_t next_id = 0;  // each refusal is recorded: every case gets a new transaction id
-  for (const Case& c : cases) {
-    Txn txn = c.txn;
-    if (txn.client_id != 0 && txn.txn_id != 0) txn.txn_id = ++next_id;
+  for (const Case& k : cases) {
+    Txn txn = k.txn;
+    if (txn.client_id == 1) txn.client_id = c;  // 1 stands for the registered client
+    if (txn.client_id == c && txn.txn_id != 0) txn.txn_id = ++next_id;
     absl::StatusOr<CommitResult> r = pool->Commit(txn);
-    EXPECT_EQ(r.status().code(), c.code) << c.what << ": " << r.status();
+    EXPECT_EQ(r.status().code(), k.code) << k.what << ": " << r.status();
   }
   EXPECT_TRUE(AllBytes(*pool, a.offset, 4096, 1));
   EXPECT_TRUE(AllBytes(*pool, b.offset, 4096, 2));
   EXPECT_EQ(pool->stats().regions, 2u);
   EXPECT_EQ(pool->stats().commits, 0u);
   // Refusals are recorded (a retry of txn 1 is refused again); the next id applies.
-  EXPECT_FALSE(pool->Commit({1, next_id, {copy(a.offset, b.offset, 64)}}).ok());
-  EXPECT_TRUE(pool->Commit({1, next_id + 1, {copy(a.offset, b.offset, 64)}}).ok());
+  EXPECT_FALSE(pool->Commit({c, next_id, {copy(a.offset, b.offset, 64)}}).ok());
+  EXPECT_TRUE(pool->Commit({c, next_id + 1, {copy(a.offset, b.offset, 64)}}).ok());
   EXPECT_TRUE(AllBytes(*pool, b.offset, 64, 1));
 }
 
@@ -285,7 +319,7 @@ KillFixture MakeKillPool(const std::string& path) {
   Fill(*pool, f.shadow0, 0x20);
   Fill(*pool, f.real1, 0x30);
   Fill(*pool, f.shadow1, 0x40);
-  f.txn.client_id = 7;
+  f.txn.client_id = Register(*pool);
   f.txn.txn_id = 1;
   f.txn.ops = {TxnOp{OpKind::kCopy, f.shadow0.offset, f.real0.offset, 4096},
                TxnOp{OpKind::kFree, 0, 0, 0, f.doomed0.id, f.doomed0.tag},
