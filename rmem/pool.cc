@@ -634,11 +634,11 @@ absl::StatusOr<ClientRecord*> Pool::Find(const ClientCredential& credential) con
   return c;
 }
 
-absl::Status Pool::Authenticate(const ClientCredential& credential) {
+absl::StatusOr<uint64_t> Pool::Authenticate(const ClientCredential& credential) {
   absl::StatusOr<ClientRecord*> c = Find(credential);
   if (!c.ok()) return c.status();
   (*c)->last_used = use_clock_++;
-  return absl::OkStatus();
+  return (*c)->last_txn;
 }
 
 absl::Status Pool::ForgetClient(const ClientCredential& credential) {

@@ -125,9 +125,10 @@ class Pool {
   // refused (Unauthenticated), never applied again. ResourceExhausted when none may go.
   absl::StatusOr<ClientCredential> RegisterClient(
       const std::function<bool(uint64_t client_id)>& evictable);
-  // OK when the credential names a live record (and marks it used); Unauthenticated otherwise
-  // (a wrong secret, a forgotten or taken-over record), saying which.
-  absl::Status Authenticate(const ClientCredential& credential);
+  // The client's last transaction id (0: none yet) when the credential names a live record (and
+  // marks it used); Unauthenticated otherwise (a wrong secret, a forgotten or taken-over
+  // record), saying which.
+  absl::StatusOr<uint64_t> Authenticate(const ClientCredential& credential);
   // Frees a client's record (a client that leaves for good). Unauthenticated as above.
   absl::Status ForgetClient(const ClientCredential& credential);
 

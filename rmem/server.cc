@@ -40,10 +40,6 @@ constexpr uint64_t WrId(uint32_t generation, uint32_t slot, bool send, uint32_t 
 }
 constexpr uint32_t kMaxSlots = 1u << 24;  // what WrId's slot field holds
 
-std::vector<uint8_t> Text(std::string_view text) {
-  return std::vector<uint8_t>(text.begin(), text.end());
-}
-
 bool FileExists(const std::string& path) {
   struct stat st {};
   return !path.empty() && stat(path.c_str(), &st) == 0;
@@ -179,7 +175,7 @@ void Server::ServeConnections(absl::Duration wait) {
 void Server::Refuse(uint64_t conn, const absl::Status& why) {
   ++counters_.refused;
   LOG(WARNING) << "refusing an rmem client: " << why;
-  (void)connections_->Send(conn, kRmemError, Text(why.ToString()));
+  (void)connections_->Send(conn, kRmemError, EncodeError(why));
   connections_->Close(conn);
   Drop(conn, why);
 }
@@ -230,12 +226,15 @@ void Server::OnHello(uint64_t conn, const Message& message) {
                             sessions_.size())));
   }
   const bool resume = hello->resume.id != 0;
+  uint64_t last_txn = 0;
   if (resume) {
     if (connected_.contains(hello->resume.id)) {
       return Refuse(conn, absl::FailedPreconditionError(absl::StrFormat(
                               "client %u is connected already", hello->resume.id)));
     }
-    if (absl::Status s = pool_.Authenticate(hello->resume); !s.ok()) return Refuse(conn, s);
+    absl::StatusOr<uint64_t> last = pool_.Authenticate(hello->resume);
+    if (!last.ok()) return Refuse(conn, last.status());
+    last_txn = *last;
   }
   const uint32_t slot = free_slots_.back();
   absl::StatusOr<std::unique_ptr<Session>> session = NewSession(slot);
@@ -259,6 +258,7 @@ void Server::OnHello(uint64_t conn, const Message& message) {
   welcome.qp = s.qp->endpoint();
   welcome.credential = s.credential;
   welcome.resumed = resume;
+  welcome.last_txn = last_txn;
   welcome.pool_bytes = pool_.data_bytes();
   welcome.max_ops = pool_.max_ops();
   if (!connections_->Send(conn, kRmemWelcome, Encode(welcome)).ok()) {

@@ -32,6 +32,7 @@ std::vector<uint8_t> Encode(const RmemWelcome& w) {
       .U64(w.credential.id)
       .U64(w.credential.secret)
       .U32(w.resumed ? kWelcomeResumed : 0)
+      .U64(w.last_txn)
       .U64(w.pool_bytes)
       .U32(w.max_ops)
       .Take();
@@ -60,6 +61,7 @@ absl::StatusOr<RmemWelcome> DecodeWelcome(const std::vector<uint8_t>& bytes) {
   r.U64(&w.credential.id);
   r.U64(&w.credential.secret);
   r.U32(&flags);
+  r.U64(&w.last_txn);
   r.U64(&w.pool_bytes);
   r.U32(&w.max_ops);
   if (absl::Status s = r.Finish(); !s.ok()) return s;
@@ -68,6 +70,26 @@ absl::StatusOr<RmemWelcome> DecodeWelcome(const std::vector<uint8_t>& bytes) {
   }
   w.resumed = (flags & kWelcomeResumed) != 0;
   return w;
+}
+
+std::vector<uint8_t> EncodeError(const absl::Status& status) {
+  return WireWriter()
+      .U32(static_cast<uint32_t>(status.code()))
+      .Bytes(std::string(status.message()).substr(0, kMaxReplyText))
+      .Take();
+}
+
+absl::Status DecodeError(const std::vector<uint8_t>& bytes) {
+  WireReader r(bytes, "rmem error");
+  uint32_t code = 0;
+  std::string text;
+  r.U32(&code);
+  r.Bytes(&text, kMaxReplyText);
+  if (absl::Status s = r.Finish(); !s.ok()) return s;
+  if (code == 0 || code > static_cast<uint32_t>(absl::StatusCode::kUnauthenticated)) {
+    return absl::DataLossError(absl::StrFormat("an rmem error with code %u", code));
+  }
+  return absl::Status(static_cast<absl::StatusCode>(code), "rmem_server refused: " + text);
 }
 
 absl::StatusOr<CommandHeader> DecodeCommand(const uint8_t* buffer, uint64_t bytes,

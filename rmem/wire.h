@@ -41,7 +41,7 @@ namespace rmem {
 enum RmemControl : uint16_t {
   kRmemHello = 1,
   kRmemWelcome = 2,
-  kRmemError = 3,  // payload: the reason (text); the server closes the connection after it
+  kRmemError = 3,  // payload: EncodeError; the server closes the connection after it
 };
 
 inline constexpr uint32_t kRmemProtocolVersion = 1;
@@ -55,7 +55,8 @@ struct RmemHello {
 struct RmemWelcome {
   transport::QpEndpoint qp;
   ClientCredential credential;
-  bool resumed = false;  // the hello's credential was accepted (else: a new identity)
+  bool resumed = false;   // the hello's credential was accepted (else: a new identity)
+  uint64_t last_txn = 0;  // the client's last transaction id answered (0: none)
   uint64_t pool_bytes = 0;
   uint32_t max_ops = 0;  // per transaction
 };
@@ -64,6 +65,9 @@ std::vector<uint8_t> Encode(const RmemHello& hello);
 std::vector<uint8_t> Encode(const RmemWelcome& welcome);
 absl::StatusOr<RmemHello> DecodeHello(const std::vector<uint8_t>& bytes);
 absl::StatusOr<RmemWelcome> DecodeWelcome(const std::vector<uint8_t>& bytes);
+// A refusal: its absl::StatusCode (u32) and its text.
+std::vector<uint8_t> EncodeError(const absl::Status& status);
+absl::Status DecodeError(const std::vector<uint8_t>& bytes);
 
 enum class CommandKind : uint16_t { kAlloc = 1, kQueue = 2, kTxnGo = 3, kForget = 4 };
 enum class WireOpKind : uint32_t { kCopy = 1, kFree = 2 };
