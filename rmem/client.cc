@@ -65,11 +65,7 @@ absl::Status Client::Open() {
   config.recv_cq = cq_.get();
   config.max_send_wr = kMaxChainedWrites + 1;  // the WRITEs chained before a command, and it
   config.max_recv_wr = kCommandSlots;
-  if (absl::Status s = util::Take(pd_->CreateQp(config), &qp_); !s.ok()) return s;
-  for (uint32_t i = 0; i < kCommandSlots; ++i) {
-    if (absl::Status s = PostReceive(i); !s.ok()) return s;
-  }
-  return absl::OkStatus();
+  return util::Take(pd_->CreateQp(config), &qp_);
 }
 
 absl::Status Client::Join() {
@@ -93,6 +89,9 @@ absl::Status Client::Join() {
   transport::ConnectConfig connect;
   connect.remote = welcome->qp;
   if (absl::Status s = qp_->Connect(connect); !s.ok()) return s;
+  for (uint32_t i = 0; i < kCommandSlots; ++i) {
+    if (absl::Status s = PostReceive(i); !s.ok()) return s;
+  }
   credential_ = welcome->credential;
   resumed_ = welcome->resumed;
   last_txn_ = welcome->last_txn;

@@ -330,15 +330,15 @@ void Server::OnCommand(Session& s, uint32_t slot, uint32_t bytes) {
   } else {
     reply.kind = header->kind;
     reply.seq = header->seq;
-    switch (static_cast<CommandKind>(header->kind)) {
+    if (s.queued.size() > pool_.max_ops()) {
+      status = absl::ResourceExhaustedError(absl::StrFormat(
+          "%u ops queued, at most %u per transaction", s.queued.size(), pool_.max_ops()));
+    }
+    switch (status.ok() ? static_cast<CommandKind>(header->kind) : CommandKind::kQueue) {
       case CommandKind::kAlloc:
         status = Alloc(s, header->a, header->b, &reply);
         break;
       case CommandKind::kQueue:
-        if (s.queued.size() > pool_.max_ops()) {
-          status = absl::ResourceExhaustedError(absl::StrFormat(
-              "%u ops queued, at most %u per transaction", s.queued.size(), pool_.max_ops()));
-        }
         reply.a = s.queued.size();
         break;
       case CommandKind::kTxnGo: {

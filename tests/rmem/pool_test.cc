@@ -178,8 +178,10 @@ TEST(Pool, TransactionIdsAreAnsweredOnceInOrder) {
   pool = absl::UnknownError("closed");
   pool = Pool::Open(o.path);
   ASSERT_TRUE(pool.ok()) << pool.status();
-  EXPECT_TRUE(pool->Authenticate(*nine).ok());
-  EXPECT_EQ(pool->Authenticate({c9, nine->secret ^ 1}).code(),
+  absl::StatusOr<uint64_t> last = pool->Authenticate(*nine);
+  ASSERT_TRUE(last.ok()) << last.status();
+  EXPECT_EQ(*last, 6u);
+  EXPECT_EQ(pool->Authenticate({c9, nine->secret ^ 1}).status().code(),
             absl::StatusCode::kUnauthenticated);
   absl::StatusOr<CommitResult> retry = pool->Commit({c9, 6, {good}});
   ASSERT_TRUE(retry.ok());
@@ -192,13 +194,13 @@ TEST(Pool, TransactionIdsAreAnsweredOnceInOrder) {
   EXPECT_EQ(pool->RegisterClient(never).status().code(), absl::StatusCode::kResourceExhausted);
   absl::StatusOr<ClientCredential> eleven = pool->RegisterClient([](uint64_t) { return true; });
   ASSERT_TRUE(eleven.ok()) << eleven.status();
-  EXPECT_EQ(pool->Authenticate(*nine).code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_EQ(pool->Authenticate(*nine).status().code(), absl::StatusCode::kUnauthenticated);
   EXPECT_EQ(pool->Commit({c9, 6, {good}}).status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_TRUE(pool->Commit({c10, 2, {good}}).ok());
   EXPECT_TRUE(pool->Commit({eleven->id, 1, {good}}).ok());
   // A client that leaves for good frees its record.
   EXPECT_TRUE(pool->ForgetClient(*eleven).ok());
-  EXPECT_EQ(pool->Authenticate(*eleven).code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_EQ(pool->Authenticate(*eleven).status().code(), absl::StatusCode::kUnauthenticated);
   EXPECT_TRUE(pool->RegisterClient(never).ok());
   // And a second process cannot open the pool while this one has it.
   EXPECT_EQ(Pool::Open(o.path).status().code(), absl::StatusCode::kFailedPrecondition);
