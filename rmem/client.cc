@@ -177,6 +177,31 @@ absl::StatusOr<uint8_t*> Client::AllocateLocal(uint64_t bytes) {
   return data;
 }
 
+absl::Status Client::ChainWrites(absl::Span<const ChainedWrite> writes, size_t extra) {
+  wrs_.assign(writes.size() + extra, transport::SendWr{});
+  sges_.assign(writes.size() + extra, transport::Sge{});
+  for (size_t i = 0; i < writes.size(); ++i) {
+    const ChainedWrite& w = writes[i];
+    const uint32_t lkey = LkeyOf(w.local, w.bytes);
+    if (lkey == 0 || w.bytes == 0 || w.bytes > kMaxTransferBytes) {
+      return absl::InvalidArgumentError(
+          "a chained WRITE's memory is not from AllocateLocal (or is empty or too long)");
+    }
+    if (absl::Status s = CheckRange(w.region, w.offset, w.bytes); !s.ok()) return s;
+    sges_[i] = transport::Sge{reinterpret_cast<uint64_t>(w.local), static_cast<uint32_t>(w.bytes),
+                              lkey};
+    transport::SendWr& wr = wrs_[i];
+    wr.wr_id = kDataWr;
+    wr.opcode = transport::Opcode::kWrite;
+    wr.remote_addr = w.region.addr + w.offset;
+    wr.rkey = w.region.rkey;
+    wr.sg_list = &sges_[i];
+    wr.num_sge = 1;
+    if (i + 1 < wrs_.size()) wr.next = &wrs_[i + 1];
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<ReplyHeader> Client::Exchange(CommandKind kind, uint64_t a, uint64_t b,
                                              absl::Span<const ChainedWrite> writes) {
   if (!broken_.ok()) return broken_;
@@ -189,22 +214,9 @@ absl::StatusOr<ReplyHeader> Client::Exchange(CommandKind kind, uint64_t a, uint6
   header.b = b;
   std::memcpy(buffers_->data(), &header, sizeof(header));
   // The WRITEs (unsignaled: an error still completes), then the command: one doorbell.
-  std::vector<transport::SendWr> wrs(writes.size() + 1);
-  std::vector<transport::Sge> sges(writes.size() + 1);
-  for (size_t i = 0; i < writes.size(); ++i) {
-    const ChainedWrite& w = writes[i];
-    const uint32_t lkey = LkeyOf(w.local, w.bytes);
-    if (lkey == 0 || w.bytes == 0 || w.bytes > kMaxTransferBytes) {
-      return absl::InvalidArgumentError("a chained WRITE's memory is not from AllocateLocal");
-    }
-    if (absl::Status s = CheckRange(w.region, w.offset, w.bytes); !s.ok()) return s;
-    sges[i] = transport::Sge{reinterpret_cast<uint64_t>(w.local), static_cast<uint32_t>(w.bytes),
-                             lkey};
-    wrs[i].wr_id = kDataWr;
-    wrs[i].opcode = transport::Opcode::kWrite;
-    wrs[i].remote_addr = w.region.addr + w.offset;
-    wrs[i].rkey = w.region.rkey;
-  }
+  if (absl::Status s = ChainWrites(writes, /*extra=*/1); !s.ok()) return s;
+  std::vector<transport::SendWr>& wrs = wrs_;
+  std::vector<transport::Sge>& sges = sges_;
   transport::SendWr& send = wrs.back();
   sges.back() = transport::Sge{reinterpret_cast<uint64_t>(buffers_->data()),
                                static_cast<uint32_t>(sizeof(header) + header.ops * sizeof(WireOp)),
@@ -212,11 +224,8 @@ absl::StatusOr<ReplyHeader> Client::Exchange(CommandKind kind, uint64_t a, uint6
   send.wr_id = kCommandWr;
   send.opcode = transport::Opcode::kSend;
   send.flags = transport::kSignaled;
-  for (size_t i = 0; i < wrs.size(); ++i) {
-    wrs[i].sg_list = &sges[i];
-    wrs[i].num_sge = 1;
-    if (i + 1 < wrs.size()) wrs[i].next = &wrs[i + 1];
-  }
+  send.sg_list = &sges.back();
+  send.num_sge = 1;
   transport::SendWr* bad = nullptr;
   if (absl::Status s = qp_->PostSend(&wrs[0], &bad); !s.ok()) return Broken(s);
   if (TakesOps(kind)) {
@@ -307,18 +316,18 @@ absl::StatusOr<TxnResult> Client::RetryTxnGo(uint64_t txn_id) {
 }
 
 absl::StatusOr<TxnResult> Client::WriteAndCommit(absl::Span<const ChainedWrite> writes) {
-  // All but the last kMaxChainedWrites go first, each group awaited by its signaled last WRITE.
+  // All but the last kMaxChainedWrites go first: a doorbell per group of kMaxChainedWrites,
+  // awaited by its signaled last WRITE (the send queue holds no more).
+  if (!broken_.ok()) return broken_;
   while (writes.size() > kMaxChainedWrites) {
     const size_t n = std::min<size_t>(writes.size() - kMaxChainedWrites, kMaxChainedWrites);
-    for (size_t i = 0; i < n; ++i) {
-      const ChainedWrite& w = writes[i];
-      const uint32_t lkey = LkeyOf(w.local, w.bytes);
-      if (lkey == 0) return absl::InvalidArgumentError("a WRITE's memory is not from AllocateLocal");
-      if (absl::Status s = Transfer(true, w.region, w.offset, const_cast<uint8_t*>(w.local), lkey,
-                                    w.bytes);
-          !s.ok()) {
-        return s;
-      }
+    if (absl::Status s = ChainWrites(writes.subspan(0, n), /*extra=*/0); !s.ok()) return s;
+    wrs_.back().flags = transport::kSignaled;
+    transport::SendWr* bad = nullptr;
+    if (absl::Status s = qp_->PostSend(&wrs_[0], &bad); !s.ok()) return Broken(s);
+    completions_.clear();
+    if (absl::Status s = Await(1, absl::Now() + options_.timeout, &completions_); !s.ok()) {
+      return s;
     }
     writes.remove_prefix(n);
   }

@@ -128,6 +128,9 @@ class Client {
   absl::StatusOr<ReplyHeader> Exchange(CommandKind kind, uint64_t a, uint64_t b,
                                        absl::Span<const ChainedWrite> writes = {});
   absl::StatusOr<TxnResult> Go(uint64_t txn_id, absl::Span<const ChainedWrite> writes);
+  // Fills wrs_/sges_ with `writes`' WRITEs (unsignaled, chained) and `extra` blank WRs after
+  // them (chained to the last WRITE); checks each WRITE first.
+  absl::Status ChainWrites(absl::Span<const ChainedWrite> writes, size_t extra);
   // One-sided READ or WRITE of [local, +bytes) (registered) at `remote` of `region`; waits.
   absl::Status Transfer(bool write, const RemoteRegion& region, uint64_t offset, uint8_t* local,
                         uint32_t lkey, uint64_t bytes);
@@ -163,6 +166,8 @@ class Client {
   absl::Status broken_;
   std::function<void()> on_txn_sent_;
   std::vector<transport::Completion> completions_;  // Await's scratch
+  std::vector<transport::SendWr> wrs_;              // ChainWrites' scratch
+  std::vector<transport::Sge> sges_;
 };
 
 }  // namespace rmem
