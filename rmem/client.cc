@@ -24,7 +24,9 @@ constexpr uint64_t kMaxTransferBytes = uint64_t{1} << 30;
 constexpr uint32_t kPollsPerCheck = 1024;
 constexpr uint32_t kCqDepth = kMaxChainedWrites + 2 * kCommandSlots + 8;
 
-bool TakesOps(CommandKind kind) { return kind == CommandKind::kQueue || kind == CommandKind::kTxnGo; }
+bool TakesOps(CommandKind kind) {
+  return kind == CommandKind::kQueue || kind == CommandKind::kTxnGo;
+}
 
 }  // namespace
 
@@ -81,8 +83,8 @@ absl::Status Client::Join() {
   if (!m.ok()) return m.status();
   if (m->type == kRmemError) return DecodeError(m->payload);
   if (m->type != kRmemWelcome) {
-    return absl::DataLossError(absl::StrFormat("rmem_server sent message type %u, expected %u",
-                                               m->type, kRmemWelcome));
+    return absl::DataLossError(
+        absl::StrFormat("rmem_server sent message type %u, expected %u", m->type, kRmemWelcome));
   }
   absl::StatusOr<RmemWelcome> welcome = DecodeWelcome(m->payload);
   if (!welcome.ok()) return welcome.status();
@@ -130,7 +132,8 @@ absl::Status Client::Await(size_t want, absl::Time deadline,
       }
       got->push_back(batch[i]);
       if ((batch[i].wr_id >> 32) == (kCommandWr >> 32) && on_txn_sent_ &&
-          static_cast<CommandKind>(reinterpret_cast<const CommandHeader*>(buffers_->data())->kind) ==
+          static_cast<CommandKind>(
+              reinterpret_cast<const CommandHeader*>(buffers_->data())->kind) ==
               CommandKind::kTxnGo) {
         on_txn_sent_();
       }
@@ -188,8 +191,8 @@ absl::Status Client::ChainWrites(absl::Span<const ChainedWrite> writes, size_t e
           "a chained WRITE's memory is not from AllocateLocal (or is empty or too long)");
     }
     if (absl::Status s = CheckRange(w.region, w.offset, w.bytes); !s.ok()) return s;
-    sges_[i] = transport::Sge{reinterpret_cast<uint64_t>(w.local), static_cast<uint32_t>(w.bytes),
-                              lkey};
+    sges_[i] =
+        transport::Sge{reinterpret_cast<uint64_t>(w.local), static_cast<uint32_t>(w.bytes), lkey};
     transport::SendWr& wr = wrs_[i];
     wr.wr_id = kDataWr;
     wr.opcode = transport::Opcode::kWrite;
@@ -241,9 +244,8 @@ absl::StatusOr<ReplyHeader> Client::Exchange(CommandKind kind, uint64_t a, uint6
   if (reply == nullptr) return Broken(absl::DataLossError("no reply among the completions"));
   const uint32_t slot = reply->wr_id & 0xffffffff;
   absl::Status refusal;
-  absl::StatusOr<ReplyHeader> h =
-      DecodeReply(buffers_->data() + kCommandBytes + uint64_t{slot} * kReplyBytes,
-                  reply->byte_len, &refusal);
+  absl::StatusOr<ReplyHeader> h = DecodeReply(
+      buffers_->data() + kCommandBytes + uint64_t{slot} * kReplyBytes, reply->byte_len, &refusal);
   if (absl::Status s = PostReceive(slot); !s.ok()) return Broken(s);
   if (!h.ok()) return Broken(h.status());
   if (h->seq != header.seq || h->kind != header.kind) {
@@ -339,12 +341,10 @@ absl::Status Client::Forget() {
   return h.status();
 }
 
-absl::Status Client::CheckRange(const RemoteRegion& region, uint64_t offset,
-                                uint64_t bytes) const {
+absl::Status Client::CheckRange(const RemoteRegion& region, uint64_t offset, uint64_t bytes) const {
   if (offset > region.bytes || bytes > region.bytes - offset) {
-    return absl::OutOfRangeError(absl::StrFormat(
-        "[%u, +%u) leaves the region of tag %u (%u bytes)", offset, bytes, region.tag,
-        region.bytes));
+    return absl::OutOfRangeError(absl::StrFormat("[%u, +%u) leaves the region of tag %u (%u bytes)",
+                                                 offset, bytes, region.tag, region.bytes));
   }
   return absl::OkStatus();
 }

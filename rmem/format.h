@@ -38,7 +38,7 @@
 namespace rmem {
 
 inline constexpr uint64_t kPoolMagic = 0x4d454d5244524548;  // "HERDRMEM" little-endian
-inline constexpr uint32_t kPoolVersion = 2;  // 2: client records carry a secret
+inline constexpr uint32_t kPoolVersion = 2;                 // 2: client records carry a secret
 inline constexpr uint64_t kHeaderBytes = 4096;
 inline constexpr uint64_t kSectionAlign = 4096;  // every section starts on a page
 inline constexpr uint64_t kChecksummedHeaderBytes = 48;

@@ -99,8 +99,7 @@ absl::Status Server::Open() {
     return s;
   }
   const uint64_t depth = uint64_t{kCompletionsPerSession} * options_.max_clients;
-  if (absl::Status s = util::Take(device_->CreateCq(static_cast<uint32_t>(depth)), &cq_);
-      !s.ok()) {
+  if (absl::Status s = util::Take(device_->CreateCq(static_cast<uint32_t>(depth)), &cq_); !s.ok()) {
     return s;
   }
   absl::StatusOr<transport::SharedMemory> buffers =
@@ -200,10 +199,9 @@ absl::StatusOr<std::unique_ptr<Server::Session>> Server::NewSession(uint32_t slo
   s->slot = slot;
   s->generation = next_generation_++;
   if (absl::Status st = util::Take(device_->AllocatePd(), &s->pd); !st.ok()) return st;
-  if (absl::Status st =
-          util::Take(s->pd->RegisterMemory(buffers_->data() + slot * kSessionBytes, kSessionBytes,
-                                           transport::kLocalWrite),
-                     &s->buffers);
+  if (absl::Status st = util::Take(s->pd->RegisterMemory(buffers_->data() + slot * kSessionBytes,
+                                                         kSessionBytes, transport::kLocalWrite),
+                                   &s->buffers);
       !st.ok()) {
     return st;
   }
@@ -229,8 +227,8 @@ void Server::OnHello(uint64_t conn, const Message& message) {
   uint64_t last_txn = 0;
   if (resume) {
     if (connected_.contains(hello->resume.id)) {
-      return Refuse(conn, absl::FailedPreconditionError(absl::StrFormat(
-                              "client %u is connected already", hello->resume.id)));
+      return Refuse(conn, absl::FailedPreconditionError(
+                              absl::StrFormat("client %u is connected already", hello->resume.id)));
     }
     absl::StatusOr<uint64_t> last = pool_.Authenticate(hello->resume);
     if (!last.ok()) return Refuse(conn, last.status());
@@ -300,8 +298,8 @@ size_t Server::PollCommands() {
     Session& s = *slots_[slot];
     if (c.status != transport::CompletionStatus::kSuccess) {
       // The client's QP broke (it died, or sent what its QP could not take): it may reconnect.
-      Drop(s.conn, absl::UnavailableError(absl::StrFormat(
-                       "its QP failed (completion status %d)", static_cast<int>(c.status))));
+      Drop(s.conn, absl::UnavailableError(absl::StrFormat("its QP failed (completion status %d)",
+                                                          static_cast<int>(c.status))));
       continue;
     }
     if (send) {

@@ -113,10 +113,10 @@ class Server {
   std::unique_ptr<transport::SharedMemory> buffers_;
   std::unique_ptr<transport::control::Listener> listener_;
   std::unique_ptr<transport::control::HandshakeSet> connections_;
-  std::vector<std::unique_ptr<Session>> slots_;  // by session slot (max_clients)
+  std::vector<std::unique_ptr<Session>> slots_;       // by session slot (max_clients)
   absl::flat_hash_map<uint64_t, uint32_t> sessions_;  // connection id -> slot
-  std::vector<uint32_t> free_slots_;                    // popped from the back: lowest first
-  absl::flat_hash_set<uint64_t> connected_;             // client ids with a session
+  std::vector<uint32_t> free_slots_;                  // popped from the back: lowest first
+  absl::flat_hash_set<uint64_t> connected_;           // client ids with a session
   uint32_t next_generation_ = 1;
   absl::Time last_command_ = absl::InfinitePast();  // when the CQ last had work
   ServerCounters counters_;

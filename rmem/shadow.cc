@@ -13,8 +13,8 @@ absl::StatusOr<ShadowMemory> ShadowMemory::Open(Client* client, const ShadowOpti
         absl::StrFormat("shadow tag %#x: want non-zero with the top bit clear", o.tag));
   }
   if (o.granule_bytes == 0 || o.granule_bytes % kRegionAlign != 0) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "granule of %u bytes: want a multiple of %u", o.granule_bytes, kRegionAlign));
+    return absl::InvalidArgumentError(absl::StrFormat("granule of %u bytes: want a multiple of %u",
+                                                      o.granule_bytes, kRegionAlign));
   }
   if (o.bytes == 0) return absl::InvalidArgumentError("a shadow buffer of 0 bytes");
   ShadowMemory m;

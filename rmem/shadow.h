@@ -29,8 +29,8 @@ namespace rmem {
 inline constexpr uint64_t kShadowTagBit = uint64_t{1} << 63;
 
 struct ShadowOptions {
-  uint64_t tag = 0;     // the real region's tag (top bit clear); the shadow's adds kShadowTagBit
-  uint64_t bytes = 0;   // the buffer's size (rounded up to a granule)
+  uint64_t tag = 0;    // the real region's tag (top bit clear); the shadow's adds kShadowTagBit
+  uint64_t bytes = 0;  // the buffer's size (rounded up to a granule)
   uint64_t granule_bytes = kRegionAlign;  // a multiple of kRegionAlign
 };
 

@@ -96,8 +96,8 @@ absl::StatusOr<CommandHeader> DecodeCommand(const uint8_t* buffer, uint64_t byte
                                             std::vector<WireOp>* ops) {
   CommandHeader h;
   if (bytes < sizeof(h) || bytes > kCommandBytes) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "a command of %u bytes: want %u..%u", bytes, sizeof(CommandHeader), kCommandBytes));
+    return absl::InvalidArgumentError(absl::StrFormat("a command of %u bytes: want %u..%u", bytes,
+                                                      sizeof(CommandHeader), kCommandBytes));
   }
   std::memcpy(&h, buffer, sizeof(h));
   const auto kind = static_cast<CommandKind>(h.kind);
@@ -122,9 +122,8 @@ absl::StatusOr<CommandHeader> DecodeCommand(const uint8_t* buffer, uint64_t byte
   for (size_t i = first; i < ops->size(); ++i) {
     const WireOp& op = (*ops)[i];
     const auto op_kind = static_cast<WireOpKind>(op.kind);
-    const bool bad_free = op_kind == WireOpKind::kFree &&
-                          (op.src_offset != 0 || op.dst_tag != 0 || op.dst_offset != 0 ||
-                           op.bytes != 0);
+    const bool bad_free = op_kind == WireOpKind::kFree && (op.src_offset != 0 || op.dst_tag != 0 ||
+                                                           op.dst_offset != 0 || op.bytes != 0);
     if ((op_kind != WireOpKind::kCopy && op_kind != WireOpKind::kFree) || op.zero != 0 ||
         bad_free) {
       ops->resize(first);
@@ -153,14 +152,14 @@ absl::StatusOr<ReplyHeader> DecodeReply(const uint8_t* buffer, uint64_t bytes,
     return absl::DataLossError(absl::StrFormat("a reply of %u bytes", bytes));
   }
   std::memcpy(&h, buffer, sizeof(h));
-  if (h.text_bytes != bytes - sizeof(h) || h.code > static_cast<uint16_t>(
-                                                         absl::StatusCode::kUnauthenticated)) {
-    return absl::DataLossError(absl::StrFormat("a reply of %u bytes claims %u bytes of text, code %u",
-                                               bytes, h.text_bytes, h.code));
+  if (h.text_bytes != bytes - sizeof(h) ||
+      h.code > static_cast<uint16_t>(absl::StatusCode::kUnauthenticated)) {
+    return absl::DataLossError(absl::StrFormat(
+        "a reply of %u bytes claims %u bytes of text, code %u", bytes, h.text_bytes, h.code));
   }
-  *refusal = absl::Status(static_cast<absl::StatusCode>(h.code),
-                          std::string(reinterpret_cast<const char*>(buffer + sizeof(h)),
-                                      h.text_bytes));
+  *refusal =
+      absl::Status(static_cast<absl::StatusCode>(h.code),
+                   std::string(reinterpret_cast<const char*>(buffer + sizeof(h)), h.text_bytes));
   return h;
 }
 

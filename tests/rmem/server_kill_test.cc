@@ -24,7 +24,9 @@ using testing::TmpPath;
 
 constexpr uint64_t kPage = 4096;
 
-std::vector<uint8_t> Filled(uint64_t bytes, uint8_t byte) { return std::vector<uint8_t>(bytes, byte); }
+std::vector<uint8_t> Filled(uint64_t bytes, uint8_t byte) {
+  return std::vector<uint8_t>(bytes, byte);
+}
 
 // Starts a server process on `options` whose pool stops it (_exit, as kill -9 would leave the
 // file) at the `kill_at`-th step of a commit. Returns its pid and port.

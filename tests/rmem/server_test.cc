@@ -2,6 +2,8 @@
 // HERD_VERBS_DEVICE): tag idempotence across client restarts, put/get of every size, commits,
 // ownership enforced by the fabric (another client's rkey, a freed region), identities resumed,
 // clients killed (kill -9 of a forked process) before and after txn_go, and the shadow layer.
+#include "rmem/server.h"
+
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -14,7 +16,6 @@
 #include "absl/strings/str_format.h"
 #include "gtest/gtest.h"
 #include "rmem/client.h"
-#include "rmem/server.h"
 #include "rmem/shadow.h"
 #include "tests/rmem/rmem_fixture.h"
 
@@ -93,7 +94,7 @@ TEST(RmemService, PutAndGetMoveEverySizeBothWays) {
   for (uint64_t bytes = 64; bytes <= (1 << 20); bytes *= 4) {
     SCOPED_TRACE(absl::StrFormat("%u bytes", bytes));
     const std::vector<uint8_t> data = Pattern(bytes, static_cast<uint8_t>(bytes));
-    const uint64_t offset = (1 << 20) - bytes;  // the region's end
+    const uint64_t offset = (1 << 20) - bytes;                    // the region's end
     ASSERT_TRUE((*c)->Put(*r, offset, data.data(), bytes).ok());  // staged
     std::vector<uint8_t> back(bytes);
     ASSERT_TRUE((*c)->Get(*r, offset, back.data(), bytes).ok());
