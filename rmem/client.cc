@@ -212,7 +212,7 @@ absl::StatusOr<ReplyHeader> Client::Exchange(CommandKind kind, uint64_t a, uint6
   CommandHeader header{};
   header.kind = static_cast<uint16_t>(kind);
   header.ops = TakesOps(kind) ? static_cast<uint16_t>(batch_ops_) : 0;
-  header.seq = ++seq_;
+  header.seq = seq_ + 1;  // seq_ moves only once the command is posted
   header.a = a;
   header.b = b;
   std::memcpy(buffers_->data(), &header, sizeof(header));
@@ -231,6 +231,7 @@ absl::StatusOr<ReplyHeader> Client::Exchange(CommandKind kind, uint64_t a, uint6
   send.num_sge = 1;
   transport::SendWr* bad = nullptr;
   if (absl::Status s = qp_->PostSend(&wrs[0], &bad); !s.ok()) return Broken(s);
+  seq_ = header.seq;
   if (TakesOps(kind)) {
     sent_ops_ += batch_ops_;
     batch_ops_ = 0;
@@ -300,7 +301,9 @@ absl::Status Client::Cp(const RemoteRegion& dst, uint64_t dst_offset, const Remo
 }
 
 absl::StatusOr<TxnResult> Client::Go(uint64_t txn_id, absl::Span<const ChainedWrite> writes) {
+  const uint64_t posted = seq_;
   absl::StatusOr<ReplyHeader> h = Exchange(CommandKind::kTxnGo, txn_id, 0, writes);
+  if (seq_ == posted) return h.status();  // refused here, before anything was sent
   sent_ops_ = 0;  // the transaction is over (or its fate is the server's to tell)
   batch_ops_ = 0;
   if (h.ok() || broken_.ok()) last_txn_ = std::max(last_txn_, txn_id);  // answered

@@ -389,6 +389,9 @@ absl::StatusOr<Region> Pool::Alloc(uint64_t bytes, uint64_t tag) {
                         stats_.allocated_bytes, pool_bytes_));
   }
   const uint32_t id = free_records_.back();
+  // A new region starts zeroed: the extent may hold a freed region's bytes, which must not reach
+  // the next owner. (A kill before the record is live leaves zeros in free space: harmless.)
+  std::memset(data() + at, 0, size);
   RegionRecord& rec = regions()[id];
   rec.tag = tag;
   rec.offset = at;
@@ -496,34 +499,46 @@ ClientRecord* Pool::ClientFor(uint64_t client_id) const {
   return it == client_index_.end() ? nullptr : &clients()[it->second];
 }
 
-absl::StatusOr<CommitResult> Pool::Commit(const Txn& txn) {
-  CommitResult result;
-  if (txn.client_id == 0 || txn.txn_id == 0) {
+std::optional<absl::StatusOr<CommitResult>> Pool::Answered(uint64_t client_id, uint64_t txn_id) {
+  if (client_id == 0 || txn_id == 0) {
     return absl::InvalidArgumentError("client and transaction ids must be non-zero");
   }
-  ClientRecord* record = ClientFor(txn.client_id);
+  ClientRecord* record = ClientFor(client_id);
   if (record == nullptr) {
     return absl::FailedPreconditionError(
-        absl::StrFormat("client %u is not registered with this pool", txn.client_id));
+        absl::StrFormat("client %u is not registered with this pool", client_id));
   }
   record->last_used = use_clock_++;
-  if (txn.txn_id < record->last_txn) {
-    return absl::FailedPreconditionError(absl::StrFormat(
-        "transaction %u of client %u is older than its last one, %u: ids must increase", txn.txn_id,
-        txn.client_id, record->last_txn));
+  if (txn_id < record->last_txn) {
+    return absl::FailedPreconditionError(
+        absl::StrFormat("transaction %u of client %u is older than its last one, %u: ids must "
+                        "increase",
+                        txn_id, client_id, record->last_txn));
   }
-  if (txn.txn_id == record->last_txn) {
-    // A retry (its reply was lost): answered as the first time, never applied again.
-    ++stats_.duplicates;
-    if (record->last_code != 0) {
-      return absl::Status(static_cast<absl::StatusCode>(record->last_code),
-                          absl::StrFormat("transaction %u was refused (a retry is answered the "
-                                          "same)",
-                                          txn.txn_id));
-    }
-    result.duplicate = true;
-    return result;
+  if (txn_id > record->last_txn) return std::nullopt;
+  // A retry (its reply was lost): answered as the first time, never applied again.
+  ++stats_.duplicates;
+  if (record->last_code != 0) {
+    return absl::Status(
+        static_cast<absl::StatusCode>(record->last_code),
+        absl::StrFormat("transaction %u was refused (a retry is answered the same)", txn_id));
   }
+  CommitResult result;
+  result.duplicate = true;
+  return result;
+}
+
+void Pool::Refuse(uint64_t client_id, uint64_t txn_id, absl::StatusCode code) {
+  if (ClientFor(client_id) != nullptr && code != absl::StatusCode::kOk) {
+    Record(client_id, txn_id, code);
+  }
+}
+
+absl::StatusOr<CommitResult> Pool::Commit(const Txn& txn) {
+  if (std::optional<absl::StatusOr<CommitResult>> answer = Answered(txn.client_id, txn.txn_id)) {
+    return *std::move(answer);
+  }
+  CommitResult result;
   if (absl::Status s = Validate(txn); !s.ok()) {
     // Refused: recorded too, so a retry is answered with the same refusal and an id is never
     // applied after a newer one was answered.
@@ -583,12 +598,19 @@ void Pool::Record(uint64_t client_id, uint64_t txn_id, absl::StatusCode code) {
 absl::StatusOr<ClientCredential> Pool::RegisterClient(
     const std::function<bool(uint64_t client_id)>& evictable) {
   ClientRecord* free = nullptr;
+  // The victim when the table is full: the least recently used record that never answered a
+  // transaction (joins that came and went: a peer churning joins takes over its own), else the
+  // least recently used of all.
   ClientRecord* lru = nullptr;
+  auto before = [](const ClientRecord& a, const ClientRecord& b) {
+    if ((a.last_txn == 0) != (b.last_txn == 0)) return a.last_txn == 0;
+    return a.last_used < b.last_used;
+  };
   for (uint32_t i = 0; i < max_clients_ && free == nullptr; ++i) {
     ClientRecord& c = clients()[i];
     if (c.client_id == 0) {
       free = &c;
-    } else if ((lru == nullptr || c.last_used < lru->last_used) && evictable(c.client_id)) {
+    } else if ((lru == nullptr || before(c, *lru)) && evictable(c.client_id)) {
       lru = &c;
     }
   }

@@ -112,17 +112,19 @@ class Pool {
   Pool& operator=(const Pool&) = delete;
   ~Pool();
 
-  // The region tied to `tag`, or a new one of `bytes` (rounded up to kRegionAlign) tied to it.
+  // The region tied to `tag`, or a new one of `bytes` (rounded up to kRegionAlign, zero-filled)
+  // tied to it.
   // InvalidArgument: tag 0, bytes 0 or past the pool; FailedPrecondition: the tag is tied to a
   // region of another size; ResourceExhausted: no room (or no free record).
   absl::StatusOr<Region> Alloc(uint64_t bytes, uint64_t tag);
   std::optional<Region> FindTag(uint64_t tag) const;
   std::optional<Region> FindRegion(uint32_t id) const;
 
-  // A new client's record, with a fresh random id and secret. When the table is full, the least
-  // recently used record whose client `evictable(id)` allows (the server passes: not connected)
-  // is taken over: that client can no longer resume, and a retry of its last transaction is
-  // refused (Unauthenticated), never applied again. ResourceExhausted when none may go.
+  // A new client's record, with a fresh random id and secret. When the table is full, a record
+  // whose client `evictable(id)` allows (the server passes: not connected) is taken over, the
+  // least recently used among those that never answered a transaction first, else among all: that
+  // client can no longer resume, and a retry of its last transaction is refused (Unauthenticated),
+  // never applied again. ResourceExhausted when none may go.
   absl::StatusOr<ClientCredential> RegisterClient(
       const std::function<bool(uint64_t client_id)>& evictable);
   // The client's last transaction id (0: none yet) when the credential names a live record (and
@@ -140,6 +142,13 @@ class Pool {
   // too. The client must be registered (FailedPrecondition otherwise); authenticating the caller
   // is the server's job (it binds a credential to a session).
   absl::StatusOr<CommitResult> Commit(const Txn& txn);
+  // Commit's first step, for a caller that checks more before committing (the server checks
+  // ownership): the answer to a transaction id already seen (a retry: as the first time; an
+  // older one: FailedPrecondition), or to bad ids or an unregistered client; nullopt for a new id.
+  std::optional<absl::StatusOr<CommitResult>> Answered(uint64_t client_id, uint64_t txn_id);
+  // Records that a new transaction id was refused before Commit saw it (a retry is then answered
+  // with `code`, and the id is never applied).
+  void Refuse(uint64_t client_id, uint64_t txn_id, absl::StatusCode code);
   void set_step_hook(StepHook hook) { hook_ = std::move(hook); }
 
   uint8_t* data() const { return base_ + layout_.data_offset; }

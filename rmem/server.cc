@@ -39,6 +39,10 @@ constexpr uint64_t WrId(uint32_t generation, uint32_t slot, bool send, uint32_t 
   return uint64_t{generation} << 32 | uint64_t{slot} << 8 | uint64_t{send} << 4 | command_slot;
 }
 constexpr uint32_t kMaxSlots = 1u << 24;  // what WrId's slot field holds
+// TCP keepalive on client connections: a silent peer is gone after about 5 s.
+constexpr absl::Duration kKeepaliveIdle = absl::Seconds(2);
+constexpr absl::Duration kKeepaliveInterval = absl::Seconds(1);
+constexpr int kKeepaliveProbes = 3;
 
 bool FileExists(const std::string& path) {
   struct stat st {};
@@ -98,8 +102,11 @@ absl::Status Server::Open() {
   if (absl::Status s = util::Take(transport::OpenDevice(options_.device), &device_); !s.ok()) {
     return s;
   }
-  const uint64_t depth = uint64_t{kCompletionsPerSession} * options_.max_clients;
-  if (absl::Status s = util::Take(device_->CreateCq(static_cast<uint32_t>(depth)), &cq_); !s.ok()) {
+  // Twice what live sessions can have in flight: room for a dropped session's flushed WRs next
+  // to its slot's new session.
+  cq_depth_ = 2 * uint64_t{kCompletionsPerSession} * options_.max_clients;
+  if (absl::Status s = util::Take(device_->CreateCq(static_cast<uint32_t>(cq_depth_)), &cq_);
+      !s.ok()) {
     return s;
   }
   absl::StatusOr<transport::SharedMemory> buffers =
@@ -114,6 +121,13 @@ absl::Status Server::Open() {
       transport::control::Listener::Listen(options_.listen_address, options_.port);
   if (!listener.ok()) return listener.status();
   listener_ = std::make_unique<transport::control::Listener>(*std::move(listener));
+  // A client whose machine died or was cut off sends no FIN: keepalive ends its session, so its
+  // queued ops go and it can resume elsewhere.
+  if (absl::Status s =
+          listener_->EnableKeepalive(kKeepaliveIdle, kKeepaliveInterval, kKeepaliveProbes);
+      !s.ok()) {
+    return s;
+  }
   transport::control::PendingOptions pending;
   pending.max_pending = options_.max_clients;
   pending.first_message_timeout = kHelloTimeout;
@@ -153,8 +167,10 @@ void Server::ServeConnections(absl::Duration wait) {
   std::vector<HandshakeEvent> events;
   connections_->Wait(std::max(wait, absl::ZeroDuration()), &events);
   // A command a client sent before it closed (say a txn_go, then kill -9) is served before its
-  // departure is: drain the CQ first.
-  while (PollCommands() > 0) {
+  // departure is: drain what the CQ holds now (at most its depth, so a stream of new commands
+  // cannot hold joins and departures back).
+  for (uint64_t drained = 0, n = 0; drained < cq_depth_ && (n = PollCommands()) > 0;) {
+    drained += n;
   }
   for (HandshakeEvent& e : events) {
     if (e.kind != HandshakeEvent::Kind::kMessage) {
@@ -199,6 +215,8 @@ absl::StatusOr<std::unique_ptr<Server::Session>> Server::NewSession(uint32_t slo
   s->slot = slot;
   s->generation = next_generation_++;
   if (absl::Status st = util::Take(device_->AllocatePd(), &s->pd); !st.ok()) return st;
+  // A slot's buffers may hold its last session's commands: none of it reaches the next one.
+  std::memset(buffers_->data() + slot * kSessionBytes, 0, kSessionBytes);
   if (absl::Status st = util::Take(s->pd->RegisterMemory(buffers_->data() + slot * kSessionBytes,
                                                          kSessionBytes, transport::kLocalWrite),
                                    &s->buffers);
@@ -226,12 +244,14 @@ void Server::OnHello(uint64_t conn, const Message& message) {
   const bool resume = hello->resume.id != 0;
   uint64_t last_txn = 0;
   if (resume) {
+    // The credential first: without the secret, a peer learns nothing (not even whether the
+    // client is connected).
+    absl::StatusOr<uint64_t> last = pool_.Authenticate(hello->resume);
+    if (!last.ok()) return Refuse(conn, last.status());
     if (connected_.contains(hello->resume.id)) {
       return Refuse(conn, absl::FailedPreconditionError(
                               absl::StrFormat("client %u is connected already", hello->resume.id)));
     }
-    absl::StatusOr<uint64_t> last = pool_.Authenticate(hello->resume);
-    if (!last.ok()) return Refuse(conn, last.status());
     last_txn = *last;
   }
   const uint32_t slot = free_slots_.back();
@@ -240,6 +260,11 @@ void Server::OnHello(uint64_t conn, const Message& message) {
   Session& s = **session;
   transport::ConnectConfig connect;
   connect.remote = hello->qp;
+  // A client keeps a receive posted for every reply it is owed (it has kCommandSlots and one
+  // command outstanding). One that does not loses its session at once: with retries, a reply
+  // would wait for its receive, on the shm fabric inside this thread's PostSend (every client
+  // stalled), on a NIC holding this session's send queue.
+  connect.rnr_retry = 0;
   if (absl::Status st = s.qp->Connect(connect); !st.ok()) return Refuse(conn, st);
   for (uint32_t i = 0; i < kCommandSlots; ++i) {
     if (absl::Status st = PostReceive(s, i); !st.ok()) return Refuse(conn, st);
@@ -302,6 +327,12 @@ size_t Server::PollCommands() {
                                                           static_cast<int>(c.status))));
       continue;
     }
+    if (!send && c.opcode != transport::CompletionOpcode::kRecv) {
+      // A WRITE_WITH_IMM (or SEND_WITH_IMM) took a receive: no command was written into its
+      // buffer, so there is nothing to serve; a client that does this breaks the protocol.
+      Drop(s.conn, absl::InvalidArgumentError("a receive consumed by a message with immediate"));
+      continue;
+    }
     if (send) {
       // The reply left: its command slot takes the next command.
       if (absl::Status st = PostReceive(s, command_slot); !st.ok()) Drop(s.conn, st);
@@ -354,6 +385,8 @@ void Server::OnCommand(Session& s, uint32_t slot, uint32_t bytes) {
       }
       case CommandKind::kForget:
         status = pool_.ForgetClient(s.credential);
+        counters_.ops_discarded += s.queued.size();
+        s.queued.clear();  // no transaction of a forgotten client can follow
         break;
     }
   }
@@ -431,8 +464,16 @@ absl::StatusOr<Txn> Server::Translate(const Session& s, uint64_t txn_id) const {
 }
 
 absl::StatusOr<CommitResult> Server::TxnGo(Session& s, uint64_t txn_id) {
+  // Ids first (a retry is answered as before, whatever is queued now), then this client's rights.
+  if (std::optional<absl::StatusOr<CommitResult>> answer =
+          pool_.Answered(s.credential.id, txn_id)) {
+    return *std::move(answer);
+  }
   absl::StatusOr<Txn> txn = Translate(s, txn_id);
-  if (!txn.ok()) return txn.status();
+  if (!txn.ok()) {
+    pool_.Refuse(s.credential.id, txn_id, txn.status().code());  // a retry gets the same answer
+    return txn.status();
+  }
   absl::StatusOr<CommitResult> done = pool_.Commit(*txn);
   if (!done.ok() || done->duplicate) return done;
   // Freed regions become unreachable before the reply: their MRs go from every client's PD.

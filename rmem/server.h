@@ -109,6 +109,7 @@ class Server {
   std::unique_ptr<transport::Device> device_;
   // One CQ for every client's QP: receives (commands) and sends (replies).
   std::unique_ptr<transport::CompletionQueue> cq_;
+  uint64_t cq_depth_ = 0;
   // Every session's message buffers, one slice per session slot (registered in its PD).
   std::unique_ptr<transport::SharedMemory> buffers_;
   std::unique_ptr<transport::control::Listener> listener_;

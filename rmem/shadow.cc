@@ -1,6 +1,8 @@
 #include "rmem/shadow.h"
 
+#include <algorithm>
 #include <cstring>
+#include <utility>
 
 #include "absl/strings/str_format.h"
 #include "util/round_up.h"
@@ -59,8 +61,8 @@ absl::Status ShadowMemory::Write(uint64_t offset, const void* src, uint64_t byte
 absl::StatusOr<CommitStats> ShadowMemory::Commit() {
   CommitStats stats;
   if (dirty_count_ == 0) return stats;
-  // Runs of dirty granules, in order: each one WRITE into the shadow and one copy onto the real.
-  writes_.clear();
+  // Runs of dirty granules, in order.
+  runs_.clear();
   const uint64_t granules = bytes_ / granule_;
   for (uint64_t g = 0; g < granules;) {
     const uint64_t word = dirty_[g / 64] >> (g % 64);
@@ -71,11 +73,37 @@ absl::StatusOr<CommitStats> ShadowMemory::Commit() {
     g += __builtin_ctzll(word);
     uint64_t end = g;
     while (end < granules && (dirty_[end / 64] >> (end % 64) & 1) != 0) ++end;
-    const uint64_t offset = g * granule_, run = (end - g) * granule_;
+    runs_.push_back({g * granule_, (end - g) * granule_});
+    g = end;
+  }
+  // A transaction holds at most max_ops copies: past that, the smallest clean gaps between runs
+  // are committed too (their bytes as the local buffer has them), so the commit still happens.
+  if (runs_.size() > client_->max_ops()) {
+    // Merge exactly the (runs - max_ops) smallest gaps (ties by position).
+    std::vector<std::pair<uint64_t, size_t>> gaps;  // (gap bytes, index of the run after it)
+    for (size_t i = 1; i < runs_.size(); ++i) {
+      gaps.push_back({runs_[i].first - (runs_[i - 1].first + runs_[i - 1].second), i});
+    }
+    const size_t merges = runs_.size() - client_->max_ops();
+    std::nth_element(gaps.begin(), gaps.begin() + (merges - 1), gaps.end());
+    std::vector<bool> merge(runs_.size(), false);
+    for (size_t k = 0; k < merges; ++k) merge[gaps[k].second] = true;
+    size_t kept = 0;
+    for (size_t i = 1; i < runs_.size(); ++i) {
+      if (merge[i]) {
+        runs_[kept].second = runs_[i].first + runs_[i].second - runs_[kept].first;
+      } else {
+        runs_[++kept] = runs_[i];
+      }
+    }
+    runs_.resize(kept + 1);
+  }
+  // Each run: one WRITE into the shadow and one copy onto the real region.
+  writes_.clear();
+  for (const auto& [offset, run] : runs_) {
     writes_.push_back(ChainedWrite{local_ + offset, run, shadow_, offset});
     if (absl::Status s = client_->Cp(real_, offset, shadow_, offset, run); !s.ok()) return s;
     stats.bytes_written += run;
-    g = end;
   }
   stats.runs = writes_.size();
   absl::StatusOr<TxnResult> txn = client_->WriteAndCommit(writes_);

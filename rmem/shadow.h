@@ -13,10 +13,15 @@
 // small changes and costs nothing for large ones, except the bitmap (one bit per granule,
 // scanned at each commit). The default is a cache line (kRegionAlign, 64 B): a 64-byte change
 // commits 64 bytes, not a 4 KiB page (bench/rmem_bench measures commits against the granule).
+// A transaction holds at most the server's max_ops copies: a commit with more runs also commits
+// the smallest clean gaps between them (as the local buffer holds them), so it needs no more.
+// For a buffer shared by tag with other writers, that could overwrite their commits in those
+// gaps: commit such buffers before they gather max_ops runs.
 #ifndef HERD_RMEM_SHADOW_H_
 #define HERD_RMEM_SHADOW_H_
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -72,7 +77,8 @@ class ShadowMemory {
   RemoteRegion real_, shadow_;
   std::vector<uint64_t> dirty_;  // one bit per granule
   uint64_t dirty_count_ = 0;
-  std::vector<ChainedWrite> writes_;  // Commit's scratch
+  std::vector<std::pair<uint64_t, uint64_t>> runs_;  // Commit's scratch: (offset, bytes)
+  std::vector<ChainedWrite> writes_;
 };
 
 }  // namespace rmem

@@ -105,7 +105,12 @@ absl::StatusOr<CommandHeader> DecodeCommand(const uint8_t* buffer, uint64_t byte
   if (kind != CommandKind::kAlloc && !takes_ops && kind != CommandKind::kForget) {
     return absl::InvalidArgumentError(absl::StrFormat("unknown command kind %u", h.kind));
   }
-  if (h.zero != 0) return absl::InvalidArgumentError("a command's reserved field is not zero");
+  // Fields a kind does not use are reserved: zero.
+  const bool b_used = kind == CommandKind::kAlloc;
+  const bool a_used = b_used || kind == CommandKind::kTxnGo;
+  if (h.zero != 0 || (!a_used && h.a != 0) || (!b_used && h.b != 0)) {
+    return absl::InvalidArgumentError("a command's reserved field is not zero");
+  }
   if (!takes_ops && h.ops != 0) {
     return absl::InvalidArgumentError(absl::StrFormat("command kind %u carries no ops", h.kind));
   }

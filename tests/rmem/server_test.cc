@@ -349,8 +349,10 @@ TEST(RmemService, ShadowPagesCommitAndRecoverAcrossAClientRestart) {
     // A change never committed.
     const uint8_t junk[100] = {1};
     ASSERT_TRUE(m->Write(1000, junk, sizeof(junk)).ok());
-    absl::StatusOr<CommitStats> none = ShadowMemory::Open(c.get(), {43, 64, 64})->Commit();
-    ASSERT_TRUE(none.ok());
+    absl::StatusOr<ShadowMemory> clean = ShadowMemory::Open(c.get(), {43, 64, 64});
+    ASSERT_TRUE(clean.ok()) << clean.status();
+    absl::StatusOr<CommitStats> none = clean->Commit();
+    ASSERT_TRUE(none.ok()) << none.status();
     EXPECT_EQ(none->runs, 0u);  // nothing dirty: no transaction
   }
   std::unique_ptr<Client> c = Connect(*server, "shadow");
@@ -359,6 +361,36 @@ TEST(RmemService, ShadowPagesCommitAndRecoverAcrossAClientRestart) {
   ASSERT_TRUE(m.ok()) << m.status();
   ASSERT_TRUE(m->Recover().ok());
   EXPECT_EQ(0, std::memcmp(m->data(), model.data(), kBytes));
+}
+
+// Scattered changes: more runs than one doorbell's WRITEs (several doorbells), and more than a
+// transaction's max_ops copies (the smallest clean gaps are committed too): still one atomic
+// commit of exactly the local buffer.
+TEST(RmemService, ShadowCommitsOfManyScatteredRuns) {
+  ServerOptions so = TestServer("scattered");
+  so.pool.max_ops = 300;
+  auto server = StartServer(so);
+  ASSERT_NE(server, nullptr);
+  std::unique_ptr<Client> c = Connect(*server, "scattered");
+  ASSERT_NE(c, nullptr);
+  constexpr uint64_t kBytes = 128 << 10;  // 2048 granules
+  absl::StatusOr<ShadowMemory> m = ShadowMemory::Open(c.get(), {5, kBytes, 64});
+  ASSERT_TRUE(m.ok()) << m.status();
+  std::vector<uint8_t> model(kBytes, 0);
+  for (const uint64_t runs : {uint64_t{250}, uint64_t{700}}) {
+    SCOPED_TRACE(absl::StrFormat("%u runs", runs));
+    for (uint64_t i = 0; i < runs; ++i) {
+      const uint64_t at = i * (kBytes / runs) / 64 * 64;  // one granule in every stretch
+      const std::vector<uint8_t> bytes = Pattern(64, static_cast<uint8_t>(i + runs));
+      ASSERT_TRUE(m->Write(at, bytes.data(), 64).ok());
+      std::memcpy(model.data() + at, bytes.data(), 64);
+    }
+    absl::StatusOr<CommitStats> stats = m->Commit();
+    ASSERT_TRUE(stats.ok()) << stats.status();
+    EXPECT_EQ(stats->runs, std::min<uint64_t>(runs, 300)) << "exactly the smallest gaps merged";
+    ASSERT_TRUE(m->Recover().ok());
+    EXPECT_EQ(0, std::memcmp(m->data(), model.data(), kBytes));
+  }
 }
 
 // Clients at once: each commits its own shadow buffer, and pairs share a buffer by tag, each

@@ -152,17 +152,31 @@ bool Channel::PeerClosed() const {
   return poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) != 0;
 }
 
-absl::Status Channel::EnableKeepalive(absl::Duration idle, absl::Duration interval, int probes) {
+namespace {
+
+// SO_KEEPALIVE and its timing on a socket (a listening socket's accepted connections inherit
+// them on Linux).
+absl::Status SetKeepalive(int fd, absl::Duration idle, absl::Duration interval, int probes) {
   const int on = 1;
   const int idle_s = static_cast<int>(std::max<int64_t>(1, absl::ToInt64Seconds(idle)));
   const int interval_s = static_cast<int>(std::max<int64_t>(1, absl::ToInt64Seconds(interval)));
-  if (setsockopt(fd_, SOL_SOCKET, SO_KEEPALIVE, &on, sizeof(on)) != 0 ||
-      setsockopt(fd_, IPPROTO_TCP, TCP_KEEPIDLE, &idle_s, sizeof(idle_s)) != 0 ||
-      setsockopt(fd_, IPPROTO_TCP, TCP_KEEPINTVL, &interval_s, sizeof(interval_s)) != 0 ||
-      setsockopt(fd_, IPPROTO_TCP, TCP_KEEPCNT, &probes, sizeof(probes)) != 0) {
+  if (setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &on, sizeof(on)) != 0 ||
+      setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle_s, sizeof(idle_s)) != 0 ||
+      setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval_s, sizeof(interval_s)) != 0 ||
+      setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &probes, sizeof(probes)) != 0) {
     return util::ErrnoStatus(absl::StatusCode::kInternal, "setsockopt(keepalive)");
   }
   return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status Channel::EnableKeepalive(absl::Duration idle, absl::Duration interval, int probes) {
+  return SetKeepalive(fd_, idle, interval, probes);
+}
+
+absl::Status Listener::EnableKeepalive(absl::Duration idle, absl::Duration interval, int probes) {
+  return SetKeepalive(fd_, idle, interval, probes);
 }
 
 std::string Channel::peer_name() const {
