@@ -54,7 +54,7 @@ absl::Status ShadowMemory::MarkDirty(uint64_t offset, uint64_t bytes) {
 
 absl::Status ShadowMemory::Write(uint64_t offset, const void* src, uint64_t bytes) {
   if (absl::Status s = MarkDirty(offset, bytes); !s.ok()) return s;
-  std::memcpy(local_ + offset, src, bytes);
+  if (bytes > 0) std::memcpy(local_ + offset, src, bytes);
   return absl::OkStatus();
 }
 

@@ -123,7 +123,9 @@ absl::StatusOr<CommandHeader> DecodeCommand(const uint8_t* buffer, uint64_t byte
   }
   const size_t first = ops->size();
   ops->resize(first + h.ops);
-  std::memcpy(ops->data() + first, buffer + sizeof(CommandHeader), h.ops * sizeof(WireOp));
+  if (h.ops > 0) {
+    std::memcpy(ops->data() + first, buffer + sizeof(CommandHeader), h.ops * sizeof(WireOp));
+  }
   for (size_t i = first; i < ops->size(); ++i) {
     const WireOp& op = (*ops)[i];
     const auto op_kind = static_cast<WireOpKind>(op.kind);
@@ -146,7 +148,7 @@ uint32_t EncodeReply(const ReplyHeader& header, const absl::Status& status, uint
   h.text_bytes = static_cast<uint16_t>(std::min<size_t>(text.size(), kMaxReplyText));
   h.zero = 0;
   std::memcpy(out, &h, sizeof(h));
-  std::memcpy(out + sizeof(h), text.data(), h.text_bytes);
+  if (h.text_bytes > 0) std::memcpy(out + sizeof(h), text.data(), h.text_bytes);
   return static_cast<uint32_t>(sizeof(h) + h.text_bytes);
 }
 

@@ -162,15 +162,13 @@ ControlAnswer ReadAnswer(Channel& channel) {
   return answer;
 }
 
-// A control frame as it travels (channel.h): magic, version, type, payload length, payload.
-std::vector<uint8_t> Frame(uint32_t magic, uint16_t version, uint16_t type, uint32_t length,
-                           const std::vector<uint8_t>& payload = {}) {
+// A control frame's header as it travels (channel.h): magic, version, type, payload length.
+std::vector<uint8_t> Frame(uint32_t magic, uint16_t version, uint16_t type, uint32_t length) {
   std::vector<uint8_t> out(transport::control::kFrameHeaderBytes);
   std::memcpy(out.data(), &magic, 4);
   std::memcpy(out.data() + 4, &version, 2);
   std::memcpy(out.data() + 6, &type, 2);
   std::memcpy(out.data() + 8, &length, 4);
-  out.insert(out.end(), payload.begin(), payload.end());
   return out;
 }
 
@@ -270,7 +268,12 @@ class RawClient {
       }
       if (absl::Now() > deadline) return absl::DeadlineExceededError("no reply");
     }
-    absl::StatusOr<Reply> r = std::move(replies_.front());
+    if (!replies_.front().ok()) {
+      const absl::Status error = replies_.front().status();
+      replies_.pop_front();
+      return error;
+    }
+    const Reply r = *replies_.front();
     replies_.pop_front();
     return r;
   }
