@@ -9,8 +9,8 @@
 # their stage, not in the GoogleTest total), clang-format check. Each stage prints how long it took. Exit status is non-zero on any failure.
 # Then, inside ONE boot of a qemu guest with Soft-RoCE (scripts/rxe_vm.sh), the transport
 # conformance suite and the forked-peer case on the verbs backend, RDMA-CM, herd's end-to-end
-# test over verbs, hop_server with one-sided clients over verbs, and rmem_server (its service and
-# server-kill tests) over verbs.
+# test over verbs, hop_server with one-sided clients over verbs, and rmem_server (its service,
+# server-kill and hostile-client tests) over verbs.
 # Environment (local iteration only; CI runs everything):
 #   HERD_SKIP_ASAN=1  skips the sanitizer stage;  HERD_SKIP_VM=1  skips the Soft-RoCE stage.
 set -uo pipefail
@@ -95,6 +95,7 @@ run_in_rxe_vm() {
     $bin/tests/hopscotch/verbs_service_test --gtest_output=xml:$xml/hop_verbs.xml || rc=1
     $bin/tests/rmem/server_test --gtest_output=xml:$xml/rmem.xml || rc=1
     $bin/tests/rmem/server_kill_test --gtest_output=xml:$xml/rmem_kill.xml || rc=1
+    $bin/tests/rmem/server_hostile_test --gtest_output=xml:$xml/rmem_hostile.xml || rc=1
     # herd_server and herd_kv joined over RDMA-CM (no TCP): a few of herd_kv's cases (the
     # others test the operations, not the join, and run on shm).
     HERD_BIN=$bin HERD_KV_CM=10.99.0.1 /usr/bin/python3 tests/scripts/herd_kv_test.py \
@@ -107,7 +108,8 @@ run_in_rxe_vm() {
   local passed failed skipped
   read -r passed failed skipped < <(python3 scripts/gtest_totals.py --xml \
     "$xml/conformance.xml" "$xml/multiprocess.xml" "$xml/verbs_e2e.xml" "$xml/cm.xml" \
-    "$xml/cm_channel.xml" "$xml/hop_verbs.xml" "$xml/rmem.xml" "$xml/rmem_kill.xml")
+    "$xml/cm_channel.xml" "$xml/hop_verbs.xml" "$xml/rmem.xml" "$xml/rmem_kill.xml" \
+    "$xml/rmem_hostile.xml")
   echo "==== rxe0 cases: ${passed} passed, ${failed} failed, ${skipped} skipped"
   total_passed=$((total_passed + passed))
   total_failed=$((total_failed + failed))
