@@ -41,8 +41,9 @@ namespace {
 
 constexpr uint64_t kMinOps = 10;
 constexpr uint64_t kChangeBytes = 64;  // each dirty range of a commit
-// The shadow buffer of the commit points: room for the most scattered changes at the coarsest
-// granule (one change per granule, every other granule).
+// Tags of the bench's regions: the put/get region, and the first commit buffer (one per granule,
+// sized for the most changes at that granule, one in every other granule).
+constexpr uint64_t kPutGetTag = 6000;
 constexpr uint64_t kShadowTag = 7000;
 
 std::vector<uint64_t> ParseList(const std::string& text) {
@@ -58,7 +59,7 @@ std::vector<uint64_t> ParseList(const std::string& text) {
 double Us(uint64_t ns) { return static_cast<double>(ns) / 1000.0; }
 
 void PutGet(rmem::Client& c, uint64_t max_bytes) {
-  absl::StatusOr<rmem::RemoteRegion> region = c.Alloc(max_bytes, 6000);
+  absl::StatusOr<rmem::RemoteRegion> region = c.Alloc(max_bytes, kPutGetTag);
   CHECK(region.ok()) << region.status();
   absl::StatusOr<uint8_t*> local = c.AllocateLocal(max_bytes);
   CHECK(local.ok()) << local.status();

@@ -5,12 +5,10 @@
 #include <signal.h>
 
 #include <cstdio>
-#include <ctime>
 #include <memory>
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "gflags/gflags.h"
 #include "glog/logging.h"
@@ -81,13 +79,8 @@ int main(int argc, char** argv) {
       std::string(hopscotch::PersistenceName(table.persistence())).c_str());
   std::fflush(stdout);
 
-  const absl::Time stop_at =
-      FLAGS_duration_s > 0 ? absl::Now() + absl::Seconds(FLAGS_duration_s) : absl::InfiniteFuture();
-  const timespec no_wait{0, 0};
-  while (absl::Now() < stop_at) {
-    (*server)->Step(kStepTimeout);
-    if (sigtimedwait(&stop_signals, nullptr, &no_wait) > 0) break;
-  }
+  util::ServeUntilStopped(stop_signals, absl::Seconds(FLAGS_duration_s),
+                          [&] { (*server)->Step(kStepTimeout); });
   std::printf("%s\n", (*server)->StatsJson().c_str());
   std::fflush(stdout);
   server->reset();  // closes the table clean

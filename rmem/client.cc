@@ -98,6 +98,7 @@ absl::Status Client::Join() {
   resumed_ = welcome->resumed;
   last_txn_ = welcome->last_txn;
   max_ops_ = welcome->max_ops;
+  pool_bytes_ = welcome->pool_bytes;
   return absl::OkStatus();
 }
 

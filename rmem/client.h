@@ -112,6 +112,7 @@ class Client {
   bool resumed() const { return resumed_; }
   uint64_t last_txn() const { return last_txn_; }  // the last id this client was answered
   uint32_t max_ops() const { return max_ops_; }
+  uint64_t pool_bytes() const { return pool_bytes_; }  // the server's pool (its data area)
   size_t queued() const { return batch_ops_ + sent_ops_; }
   // Tests: called once a TxnGo's command has left this client (its SEND completed), before the
   // reply is awaited; a test kills the client there.
@@ -160,6 +161,7 @@ class Client {
   bool resumed_ = false;
   uint64_t last_txn_ = 0;
   uint32_t max_ops_ = 0;
+  uint64_t pool_bytes_ = 0;
   uint64_t seq_ = 0;
   uint32_t batch_ops_ = 0;  // ops in the command buffer, not sent yet
   size_t sent_ops_ = 0;     // ops queued on the server (sent in kQueue batches)

@@ -20,9 +20,11 @@ using transport::control::Message;
 
 namespace {
 
-// One session's slice of the buffers: its receive buffers, then its reply buffers.
+// One session's slice of the buffers: its receive buffers, then its reply buffers, rounded to a
+// page so that no two sessions' registrations share one.
+constexpr uint64_t kPageBytes = 4096;
 constexpr uint64_t kSessionBytes =
-    util::RoundUp(uint64_t{kCommandSlots} * (kCommandBytes + kReplyBytes), 4096);
+    util::RoundUp(uint64_t{kCommandSlots} * (kCommandBytes + kReplyBytes), kPageBytes);
 // A QP's completions at most in flight: a receive and a reply per command slot.
 constexpr uint32_t kCompletionsPerSession = 2 * kCommandSlots;
 constexpr size_t kPollBatch = 32;

@@ -1,8 +1,11 @@
-// What a long-running server binary does first, shared by herd_server and hop_server.
+// What a long-running server binary does, shared by herd_server, hop_server and rmem_server.
 #ifndef HERD_UTIL_SERVER_PROCESS_H_
 #define HERD_UTIL_SERVER_PROCESS_H_
 
 #include <signal.h>
+
+#include "absl/functional/function_ref.h"
+#include "absl/time/time.h"
 
 namespace util {
 
@@ -14,6 +17,11 @@ sigset_t BlockStopSignals();
 // thousands: the default soft limit of 1,024 descriptors would cap both. Takes the hard limit
 // (a failure is logged, not fatal).
 void RaiseFileLimit();
+
+// Calls step() until one of `stop_signals` (BlockStopSignals) is pending or, when `duration` is
+// positive, until it has passed. step() should return within a bounded time (a serving step).
+void ServeUntilStopped(const sigset_t& stop_signals, absl::Duration duration,
+                       absl::FunctionRef<void()> step);
 
 }  // namespace util
 

@@ -56,6 +56,7 @@ TEST(RmemService, AllocIsIdempotentPerTagAcrossClientRestarts) {
   {
     std::unique_ptr<Client> c = Connect(*server, "idem");
     ASSERT_NE(c, nullptr);
+    EXPECT_EQ(c->pool_bytes(), TestServer("idem").pool.pool_bytes);
     absl::StatusOr<RemoteRegion> r = c->Alloc(4000, 11);
     ASSERT_TRUE(r.ok()) << r.status();
     EXPECT_EQ(r->bytes, 4032u);  // rounded up to kRegionAlign
