@@ -25,6 +25,14 @@ using Clock = std::chrono::steady_clock;
 // Receives posted per outstanding request: room for a duplicate answer (a replay racing the
 // original) without starving the next response.
 constexpr uint32_t kReceivesPerOutstanding = 2;
+// Consumed receives are re-posted in batches of up to this many (one PostRecv each), and never
+// more than a quarter of them held back: with two receives per outstanding request, at least 1.5
+// stay posted for each.
+constexpr uint32_t kMaxRepostBatch = 32;
+constexpr uint32_t kRepostBatchDivisor = 4;
+// Polls with no response read the clock (for the retransmission check) once in this many: an
+// empty poll is about 50-100 ns, the retry timeout at least milliseconds.
+constexpr uint32_t kPollsPerIdleClockRead = 64;
 constexpr uint64_t kSyncTag = ~uint64_t{0};
 // How often Poll asks the control connection whether the server is still there (a syscall).
 constexpr absl::Duration kHealthCheckInterval = absl::Milliseconds(10);
@@ -133,6 +141,7 @@ absl::Status Client::CreateResources(const Config& config) {
   const uint64_t slot_count = uint64_t{options_.clients} * c.workers * c.window;
   receive_count_ = static_cast<uint32_t>(
       std::min<uint64_t>(slot_count * kReceivesPerOutstanding, kMaxClientReceives));
+  repost_batch_ = std::clamp<uint32_t>(receive_count_ / kRepostBatchDivisor, 1, kMaxRepostBatch);
   receive_bytes_ = transport::kGrhBytes + ResponseBytes(c.slot_value_bytes());
   if (absl::Status s = Take(device_->AllocatePd(), &pd_); !s.ok()) return s;
   // UD, request and large-value queues: at most sq_depth WRs each, every one may complete.
@@ -272,6 +281,12 @@ absl::Status Client::CheckRequest(Op op, std::string_view key, std::string_view 
 
 absl::Status Client::Submit(uint32_t client, Op op, std::string_view key, std::string_view value,
                             uint64_t expected_version, uint64_t tag) {
+  return Submit(client, op, key, mica::KeyHash(key), value, expected_version, tag);
+}
+
+absl::Status Client::Submit(uint32_t client, Op op, std::string_view key, uint64_t keyhash,
+                            std::string_view value, uint64_t expected_version, uint64_t tag) {
+  DCHECK_EQ(keyhash, mica::KeyHash(key));
   if (!health_.ok()) return health_;
   if (client >= options_.clients) {
     return absl::InvalidArgumentError(
@@ -279,7 +294,6 @@ absl::Status Client::Submit(uint32_t client, Op op, std::string_view key, std::s
   }
   if (!CarriesValue(op)) value = {};
   if (absl::Status s = CheckRequest(op, key, value); !s.ok()) return s;
-  const uint64_t keyhash = mica::KeyHash(key);
   uint64_t& next = next_seq_[uint64_t{client} * config_.workers + WorkerOf(keyhash)];
   if (absl::Status s = Stage(Staged{client, op, key, keyhash, value, expected_version, tag, next,
                                     /*attempt=*/0, Clock::now()});
@@ -354,7 +368,8 @@ absl::Status Client::Stage(const Staged& r) {
     return s;
   }
   if (large) ++stats_.large_puts;
-  o.deadline = Clock::now() + TimeoutFor(1);
+  // A new request's clock was read by Submit; a handed-over one was submitted before a failover.
+  o.deadline = (r.attempt == 0 ? r.submitted : Clock::now()) + TimeoutFor(1);
   ++outstanding_;
   return absl::OkStatus();
 }
@@ -520,7 +535,7 @@ Client::Accepted Client::Accept(const ParsedResponse& response, Result* out) {
   // window 1024, 0.4-1.2M retransmissions and 4x lower throughput). Timing from the first send
   // errs high only for requests that were really lost, which are rare.
   // A request handed over by Follow was first sent before the failover: not a round trip.
-  if (!o.handed_over) SampleRoundTrip(Clock::now() - o.submitted);
+  if (!o.handed_over) SampleRoundTrip(SincePoll(o.submitted));
   if ((h.flags & kResponseOutOfLine) != 0) {
     return DeferOutOfLine(o, h, response.value) ? Accepted::kDeferred : Accepted::kStray;
   }
@@ -540,8 +555,7 @@ void Client::Deliver(Outstanding& o, Status status, uint64_t version, std::strin
   out->version = version;
   out->value = value;
   out->attempts = o.sends;
-  out->latency_ns = static_cast<uint64_t>(
-      std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - o.submitted).count());
+  out->latency_ns = static_cast<uint64_t>(SincePoll(o.submitted).count());
   o.active = false;
   if (o.read_state != ReadState::kNone) --deferred_;
   o.read_state = ReadState::kNone;
@@ -654,6 +668,27 @@ void Client::Forget(Outstanding& o) {
   --outstanding_;
 }
 
+Client::Clock::time_point Client::PollClock() {
+  if (!clock_read_) {
+    poll_now_ = Clock::now();
+    clock_read_ = true;
+    polls_since_clock_ = 0;
+  }
+  return poll_now_;
+}
+
+bool Client::RetryCheckDue() {
+  if (!clock_read_ && ++polls_since_clock_ < kPollsPerIdleClockRead) return false;
+  return PollClock() >= next_retry_check_;
+}
+
+std::chrono::nanoseconds Client::SincePoll(Clock::time_point submitted) {
+  // A request submitted after this Poll read the clock (a synchronous call's, from inside a
+  // Poll) has waited 0, not a negative time.
+  return std::max(std::chrono::nanoseconds(0),
+                  std::chrono::duration_cast<std::chrono::nanoseconds>(PollClock() - submitted));
+}
+
 void Client::SampleRoundTrip(std::chrono::nanoseconds rtt) {
   const auto sample = static_cast<double>(rtt.count());
   if (srtt_ns_ == 0) {
@@ -680,7 +715,7 @@ std::chrono::nanoseconds Client::TimeoutFor(uint32_t sends) const {
 }
 
 void Client::Retransmit(absl::Span<Result> out, size_t* n) {
-  const Clock::time_point now = Clock::now();
+  const Clock::time_point now = PollClock();
   if (now >= next_health_check_) {
     next_health_check_ = now + absl::ToChronoNanoseconds(kHealthCheckInterval);
     if (health_.ok() && channel_ != nullptr && channel_->PeerClosed()) {
@@ -823,8 +858,9 @@ absl::Status Client::HandOver(Client& follower) {
 size_t Client::Poll(absl::Span<Result> out) {
   (void)Flush();  // a failed post leaves its requests to retransmission
   if (!reads_.empty()) ReleaseDeliveredReads();
-  RepostReceives();
+  if (to_repost_.size() >= repost_batch_) RepostReceives();
   Reap();
+  clock_read_ = false;
   size_t n = 0;
   if (!config_.response_uses_slots()) {
     PollUdResponses(out, &n);
@@ -832,7 +868,7 @@ size_t Client::Poll(absl::Span<Result> out) {
     PollWriteResponses(out, &n);
   }
   if (deferred_ > 0 || orphans_ > 0) AdvanceLargeValues(out, &n);
-  if (outstanding_ > 0 && n < out.size() && Clock::now() >= next_retry_check_) {
+  if (outstanding_ > 0 && n < out.size() && RetryCheckDue()) {
     Retransmit(out, &n);
     (void)Flush();
   }

@@ -117,6 +117,7 @@ Worker::Worker(uint32_t index, const Config& config, std::unique_ptr<mica::Parti
       scanner_(SlotLayout{memory.region + uint64_t{index} * config.window * config.slot_bytes,
                           config.max_clients, config.window, config.slot_bytes,
                           config.client_block_bytes()}) {
+  active_clients_.reserve(config_.max_clients);
   if (partition_->owner_area().size() >= OutcomeTableBytes(config_)) {
     outcomes_.emplace(partition_.get(), config_);
     awaiting_resume_.assign(config_.max_clients, 0);
@@ -214,8 +215,21 @@ void Worker::Run(const std::atomic<bool>& stop) {
   running_.store(false, std::memory_order_release);
 }
 
+void Worker::ScanActiveClients() {
+  const uint64_t changes = route_changes_.load(std::memory_order_acquire);
+  if (changes == route_changes_seen_) [[likely]]
+    return;
+  route_changes_seen_ = changes;
+  active_clients_.clear();
+  for (uint32_t c = 0; c < config_.max_clients; ++c) {
+    if (routes_[c].load(std::memory_order_acquire) != nullptr) active_clients_.push_back(c);
+  }
+  scanner_.SetClients(active_clients_);
+}
+
 uint32_t Worker::GatherFromSlots(uint32_t count) {
   if (count == config_.postlist) return count;
+  ScanActiveClients();
   scanner_.Scan(
       [&](uint32_t client, uint32_t slot, const uint8_t* start, uint64_t) {
         return Admit(client, slot, start, config_.slot_bytes, nullptr, 0, &count) ==

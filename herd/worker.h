@@ -143,6 +143,8 @@ class Worker {
   // Control thread: publish/unpublish a client's route, and a session's response queue.
   void PublishRoute(uint32_t client, const ClientRoute* route) {
     routes_[client].store(route, std::memory_order_release);
+    // After the route: a worker that sees the new count sees the route (ScanActiveClients).
+    route_changes_.fetch_add(1, std::memory_order_acq_rel);
   }
   void PublishQueue(uint16_t slot, SendQueue* queue) {
     queues_[slot].store(queue, std::memory_order_release);
@@ -202,6 +204,9 @@ class Worker {
   // Each Gather adds ready requests to a batch that holds `count` and returns the new count
   // (at most postlist).
   uint32_t GatherFromSlots(uint32_t count);
+  // Points the scanner at the clients that have a route, when the routes changed since it last
+  // looked (one relaxed-cost load per gather otherwise).
+  void ScanActiveClients();
   uint32_t GatherFromReceives(uint32_t count);
   // Large PUTs that landed (WRITE_WITH_IMM completions), until the batch holds `up_to`.
   uint32_t GatherFromLanding(uint32_t count, uint32_t up_to);
@@ -268,7 +273,10 @@ class Worker {
   std::atomic<ReplicaTask*> task_{nullptr};
 
   std::vector<std::atomic<const ClientRoute*>> routes_;  // by client id
-  std::vector<std::atomic<SendQueue*>> queues_;          // by table slot
+  std::atomic<uint64_t> route_changes_{0};               // PublishRoute calls; the control thread's
+  uint64_t route_changes_seen_ = UINT64_MAX;             // ... as of the scanner's list (none yet)
+  std::vector<uint32_t> active_clients_;  // ScanActiveClients' scratch (max_clients capacity)
+  std::vector<std::atomic<SendQueue*>> queues_;  // by table slot
   std::vector<SendQueue> ud_queues_;
   std::vector<SlotState> slots_;            // [client][window]
   std::vector<uint32_t> generations_seen_;  // [client]

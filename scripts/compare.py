@@ -26,12 +26,15 @@ import sys
 import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import cost_breakdown  # noqa: E402
 import herd_exp  # noqa: E402  (its process handling: readiness lines, cleanup on every exit)
 
 REPO = herd_exp.REPO
 LOCAL = herd_exp.Host({"name": "local", "address": "localhost", "role": "server"})
 # How long memcached may take to accept connections once started.
 MEMCACHED_READY_TIMEOUT_S = 10
+# --profile: perf starts this long after the warm-up and stops this long before the run ends.
+PROFILE_MARGIN_S = 0.25
 # memcached's memory limit: room for the preloaded keys many times over.
 MEMCACHED_MEMORY_MB = 1024
 
@@ -67,18 +70,48 @@ class Comparison:
     def timing_flags(self):
         return [f"--duration_s={self.args.duration_s}", f"--warmup_s={self.args.warmup_s}"]
 
-    def run_client(self, argv, name):
+    def run_client(self, argv, name, server=None):
         with open(self.out / "logs" / f"{name}.client.log", "wb") as log:
             client = self.processes.start(LOCAL, argv,
                                           subprocess.PIPE, log)
             try:
+                profiles = self.start_profiles(name, server, client)
                 stdout = herd_exp.read_to_end(client, self.budget())
+                for recorder in profiles.values():
+                    recorder.wait(timeout=self.budget())
             finally:
                 self.processes.stop(client, timeout=5)
         if client.returncode != 0:
             raise herd_exp.PointFailed(f"{name} client exited {client.returncode} "
                                        f"(see {self.out}/logs/{name}.client.log)")
         return herd_exp.last_json_line(stdout.decode(errors="replace"), f"{name} client")
+
+    def start_profiles(self, name, server, client):
+        """--profile: once the warm-up is over, `perf record -g` of the server and of the client
+        for the measured window less PROFILE_MARGIN_S at each end; {side: perf process}."""
+        if not self.args.profile or server is None:
+            return {}
+        time.sleep(self.args.warmup_s + PROFILE_MARGIN_S)
+        seconds = self.args.duration_s - 2 * PROFILE_MARGIN_S
+        recorders = {}
+        for side, process in (("worker", server), ("client", client)):
+            argv = ["perf", "record", "-q", "-e", "cpu-clock", "-g", "-F", str(self.args.profile_hz), "-p",
+                    str(process.pid), "-o", str(self.profile_path(name, side)), "--", "sleep",
+                    f"{seconds:.3f}"]
+            recorders[side] = subprocess.Popen(argv, stdout=subprocess.DEVNULL,
+                                               stderr=subprocess.DEVNULL)
+        return recorders
+
+    def profile_path(self, name, side):
+        return self.out / "logs" / f"{name}.{side}.perf"
+
+    def add_breakdown(self, result, name):
+        """--profile: the run's per-request cost by category on each side (cost_breakdown.py)."""
+        seconds = self.args.duration_s - 2 * PROFILE_MARGIN_S
+        ops = result["mops"] * 1e6 * seconds
+        result["breakdown"] = {side: cost_breakdown.breakdown(self.profile_path(name, side), side,
+                                                              ops)
+                               for side in ("worker", "client")}
 
     def run_with_server(self, server_argv, ready_prefix, client_argv, name):
         """Starts a server that prints `ready_prefix ... port=N`, runs the client against it."""
@@ -88,7 +121,10 @@ class Comparison:
                 ready = herd_exp.read_line_until(server, ready_prefix,
                                                  herd_exp.SERVER_READY_TIMEOUT_S)
                 port = ready.split("port=", 1)[1].split()[0]
-                return self.run_client(client_argv(port), name)
+                result = self.run_client(client_argv(port), name, server)
+                if self.args.profile:
+                    self.add_breakdown(result, name)
+                return result
             finally:
                 self.processes.stop(server, herd_exp.SERVER_STOP_TIMEOUT_S)
 
@@ -156,6 +192,23 @@ def wait_for_port(port, process):
                                f"{MEMCACHED_READY_TIMEOUT_S} s")
 
 
+def median_breakdown(runs, side):
+    """Per category, the median over runs of ns per request (0 where a run had none)."""
+    names = []
+    for run in runs:
+        names += [n for n in run[side] if n not in names]
+    return {n: statistics.median(run[side].get(n, 0) for run in runs) for n in names}
+
+
+def print_breakdowns(breakdowns):
+    """--profile: one markdown table per side, medians over repetitions, to stderr."""
+    for side in ("worker", "client"):
+        columns = [(label, median_breakdown(runs, side))
+                   for label, runs in breakdowns.items() if runs]
+        print(f"[compare] {side} side, median ns per request:\n" +
+              cost_breakdown.table(columns), file=sys.stderr)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -176,6 +229,10 @@ def main():
                         help="fabric flags for herd and the echo, e.g. '--fabric=verbs --device=rxe0'")
     parser.add_argument("--build", default="opt", help="bazel config: opt, portable_opt, default")
     parser.add_argument("--no-build", action="store_true")
+    parser.add_argument("--profile", action="store_true",
+                        help="perf-record both sides of each run; per-request cost breakdowns "
+                             "(scripts/cost_breakdown.py) in each run's JSON and a table per side")
+    parser.add_argument("--profile_hz", type=int, default=2999, help="perf sampling frequency")
     parser.add_argument("--out", help="results directory (default results/compare_<baseline>)")
     args = parser.parse_args()
     if args.baseline == "echo" and args.workload != "C":
@@ -186,9 +243,16 @@ def main():
         herd_exp.build_targets(args.build, ["//herd:herd_server", "//bench:herd_client",
                                             "//bench:echo_server", "//bench:echo_client",
                                             "//bench:memcached_bench"])
+    if args.profile:
+        problem = cost_breakdown.perf_unusable()
+        if problem:
+            herd_exp.fail(f"--profile: {problem}")
+        if args.duration_s <= 2 * PROFILE_MARGIN_S:
+            herd_exp.fail(f"--profile needs --duration_s over {2 * PROFILE_MARGIN_S} s")
     comparison = Comparison(args)
     baseline = comparison.run_echo if args.baseline == "echo" else comparison.run_memcached
     herd_mops, baseline_mops = [], []
+    breakdowns = {"herd": [], args.baseline: []}
     try:
         for r in range(args.repetitions):
             for label, run, mops in (("herd", comparison.run_herd, herd_mops),
@@ -197,6 +261,8 @@ def main():
                 result = run(name)
                 (comparison.out / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n")
                 mops.append(result["mops"])
+                if "breakdown" in result:
+                    breakdowns[label].append(result["breakdown"])
                 print(f"[compare] {name}: {result['mops']:.4f} Mops, p50 {result['p50_us']} us, "
                       f"p99 {result['p99_us']} us", file=sys.stderr)
     except herd_exp.PointFailed as error:
@@ -205,6 +271,8 @@ def main():
         herd_exp.fail("interrupted")
     finally:
         comparison.processes.stop_all()
+    if args.profile:
+        print_breakdowns(breakdowns)
     herd = statistics.median(herd_mops)
     other = statistics.median(baseline_mops)
     print(json.dumps({"herd_mops": round(herd, 4), f"{args.baseline}_mops": round(other, 4),

@@ -19,6 +19,8 @@ PACKAGES=(
   libhwloc-dev libibverbs-dev librdmacm-dev ibverbs-providers rdma-core
   # scripts/: the experiment runner and its plots, and the memcached baseline.
   python3-yaml python3-matplotlib memcached openssh-server openssh-client
+  # compare.py --profile (scripts/cost_breakdown.py): perf record of both sides.
+  linux-perf
   # scripts/rxe_vm.sh: a qemu guest with Soft-RoCE (the kernel .deb is fetched, not installed),
   # and perftest for the same-VM baseline.
   qemu-system-x86 busybox-static cpio kmod iproute2 ibverbs-utils perftest rdmacm-utils

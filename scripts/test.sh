@@ -128,13 +128,14 @@ fi
 scripts_tests() {
   local rc=0 test
   for test in tests/scripts/herd_exp_test.py tests/scripts/compare_test.py \
+    tests/scripts/cost_breakdown_test.py \
     tests/scripts/herd_kv_test.py; do
     /usr/bin/python3 "$test" -v 2>&1 | tail -n 12
     [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
   done
   return $rc
 }
-stage "scripts tests (herd_exp.py, compare.py, herd_kv)" scripts_tests
+stage "scripts tests (herd_exp.py, compare.py, cost_breakdown.py, herd_kv)" scripts_tests
 
 stage "clang-format" check_format
 

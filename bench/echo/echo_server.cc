@@ -98,6 +98,9 @@ class Server {
   std::vector<Route> routes_;
   std::vector<Session> sessions_;
   uint32_t joined_ = 0;  // accept thread only
+  // joined_ as published to the echo thread (after the routes): it scans clients 0..joined-1,
+  // as herd's worker scans only clients with a route.
+  std::atomic<uint32_t> joined_published_{0};
   // Echo thread state, preallocated.
   herd::SendChains chains_;
   std::vector<Completion> completions_;
@@ -206,6 +209,7 @@ absl::Status Server::AcceptOne(transport::control::Listener& listener) {
     routes_[c].ah.store(session.ah.get(), std::memory_order_release);
   }
   joined_ += hello->clients;
+  joined_published_.store(joined_, std::memory_order_release);
   if (absl::Status s = session.channel.Send(kWelcome, Encode(welcome)); !s.ok()) {
     LOG(WARNING) << "welcome not sent: " << s;
   }
@@ -221,7 +225,17 @@ void Server::Run(const std::atomic<bool>& stop) {
   herd::SlotScanner scanner(herd::SlotLayout{region_->data(), config_.max_clients, config_.window,
                                              config_.slot_bytes,
                                              uint64_t{config_.window} * config_.slot_bytes});
+  std::vector<uint32_t> active;
+  active.reserve(config_.max_clients);
+  uint32_t scanning = UINT32_MAX;  // clients in `active`
   while (!stop.load(std::memory_order_relaxed)) {
+    if (const uint32_t joined = joined_published_.load(std::memory_order_acquire);
+        joined != scanning) {
+      active.clear();
+      for (uint32_t c = 0; c < joined; ++c) active.push_back(c);
+      scanner.SetClients(active);
+      scanning = joined;
+    }
     scanner.Scan(
         [&](uint32_t client, uint32_t, uint8_t* start, uint64_t) {
           const Route& route = routes_[client];
