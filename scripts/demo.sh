@@ -3,7 +3,7 @@
 # on the shared-memory fabric, a sweep of the logical client count, a table and PNG plots
 # (throughput vs clients, the HERD paper's figure shape; latency vs throughput).
 #
-#   usage: scripts/demo.sh [CLIENT_COUNTS]     e.g. scripts/demo.sh "1 2 4 8 16 32"
+#   usage: scripts/demo.sh [CLIENT_COUNTS]     e.g. scripts/demo.sh "1 4 16" (default 1 .. 1024)
 #
 # It runs bench/experiments/clients_sweep.yaml through the experiment runner (scripts/herd_exp.py):
 # each point a fresh server (1 worker pinned to core 0; UC WRITE requests, UD SEND responses) and
