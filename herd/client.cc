@@ -25,13 +25,13 @@ using Clock = std::chrono::steady_clock;
 // Receives posted per outstanding request: room for a duplicate answer (a replay racing the
 // original) without starving the next response.
 constexpr uint32_t kReceivesPerOutstanding = 2;
-// Consumed receives are re-posted in batches of up to this many (one PostRecv each), and never
-// more than a quarter of them held back: with two receives per outstanding request, at least 1.5
-// stay posted for each.
+// Consumed receives are re-posted in batches of up to this many (one PostRecv each), holding
+// back at most half of the receives beyond one per outstanding request (none where the receive
+// count is capped at one per request: then every Poll re-posts).
 constexpr uint32_t kMaxRepostBatch = 32;
-constexpr uint32_t kRepostBatchDivisor = 4;
-// Polls with no response read the clock (for the retransmission check) once in this many: an
-// empty poll is about 50-100 ns, the retry timeout at least milliseconds.
+// UD responses: Polls with no response read the clock (for the retransmission check) once in
+// this many; an empty poll of a CQ is about 50-100 ns, the retry timeout milliseconds. (WRITE
+// responses: every Poll walks every slot, far more than a clock read, and reads it.)
 constexpr uint32_t kPollsPerIdleClockRead = 64;
 constexpr uint64_t kSyncTag = ~uint64_t{0};
 // How often Poll asks the control connection whether the server is still there (a syscall).
@@ -141,7 +141,9 @@ absl::Status Client::CreateResources(const Config& config) {
   const uint64_t slot_count = uint64_t{options_.clients} * c.workers * c.window;
   receive_count_ = static_cast<uint32_t>(
       std::min<uint64_t>(slot_count * kReceivesPerOutstanding, kMaxClientReceives));
-  repost_batch_ = std::clamp<uint32_t>(receive_count_ / kRepostBatchDivisor, 1, kMaxRepostBatch);
+  const uint64_t spare_receives = receive_count_ > slot_count ? receive_count_ - slot_count : 0;
+  repost_batch_ =
+      static_cast<uint32_t>(std::clamp<uint64_t>(spare_receives / 2, 1, kMaxRepostBatch));
   receive_bytes_ = transport::kGrhBytes + ResponseBytes(c.slot_value_bytes());
   if (absl::Status s = Take(device_->AllocatePd(), &pd_); !s.ok()) return s;
   // UD, request and large-value queues: at most sq_depth WRs each, every one may complete.
@@ -678,7 +680,10 @@ Client::Clock::time_point Client::PollClock() {
 }
 
 bool Client::RetryCheckDue() {
-  if (!clock_read_ && ++polls_since_clock_ < kPollsPerIdleClockRead) return false;
+  if (!clock_read_ && !config_.response_uses_slots() &&
+      ++polls_since_clock_ < kPollsPerIdleClockRead) {
+    return false;
+  }
   return PollClock() >= next_retry_check_;
 }
 
@@ -872,6 +877,7 @@ size_t Client::Poll(absl::Span<Result> out) {
     Retransmit(out, &n);
     (void)Flush();
   }
+  clock_read_ = false;  // poll_now_ is this Poll's only
   return n;
 }
 

@@ -93,7 +93,9 @@ struct Result {
   // Poll() or Submit() on this Client.
   std::string_view value;
   uint32_t attempts = 1;
-  uint64_t latency_ns = 0;  // Submit to delivery
+  // Submit to the clock read of the Poll that delivered it (taken before its first response:
+  // every result of one Poll shares that time).
+  uint64_t latency_ns = 0;
 };
 
 struct ClientStats {
@@ -393,7 +395,7 @@ class Client {
   // The adaptive retransmission timeout (TCP's estimator): smoothed round trip and its mean
   // deviation, in nanoseconds; no sample yet while srtt_ns_ == 0.
   double srtt_ns_ = 0, rttvar_ns_ = 0;
-  std::vector<uint32_t> to_repost_;  // receive buffers consumed by the last Poll
+  std::vector<uint32_t> to_repost_;  // receive buffers consumed and not yet re-posted
   std::vector<transport::Completion> completions_;
   std::vector<transport::RecvWr> recv_wrs_;
   std::vector<transport::Sge> recv_sges_;

@@ -74,12 +74,24 @@ class Comparison:
         with open(self.out / "logs" / f"{name}.client.log", "wb") as log:
             client = self.processes.start(LOCAL, argv,
                                           subprocess.PIPE, log)
+            profiles = {}
             try:
                 profiles = self.start_profiles(name, server, client)
                 stdout = herd_exp.read_to_end(client, self.budget())
-                for recorder in profiles.values():
-                    recorder.wait(timeout=self.budget())
+                for side, recorder in profiles.items():
+                    try:
+                        recorder.wait(timeout=self.budget())
+                    except subprocess.TimeoutExpired:
+                        raise herd_exp.PointFailed(f"{name}: perf record of the {side} hung")
+                    if recorder.returncode != 0:
+                        raise herd_exp.PointFailed(
+                            f"{name}: perf record of the {side} exited {recorder.returncode} "
+                            f"(see {self.profile_path(name, side)}.log)")
             finally:
+                for recorder in profiles.values():
+                    if recorder.poll() is None:
+                        recorder.kill()
+                        recorder.wait()
                 self.processes.stop(client, timeout=5)
         if client.returncode != 0:
             raise herd_exp.PointFailed(f"{name} client exited {client.returncode} "
@@ -98,8 +110,8 @@ class Comparison:
             argv = ["perf", "record", "-q", "-e", "cpu-clock", "-g", "-F", str(self.args.profile_hz), "-p",
                     str(process.pid), "-o", str(self.profile_path(name, side)), "--", "sleep",
                     f"{seconds:.3f}"]
-            recorders[side] = subprocess.Popen(argv, stdout=subprocess.DEVNULL,
-                                               stderr=subprocess.DEVNULL)
+            with open(f"{self.profile_path(name, side)}.log", "wb") as log:
+                recorders[side] = subprocess.Popen(argv, stdout=log, stderr=log)
         return recorders
 
     def profile_path(self, name, side):
@@ -244,11 +256,11 @@ def main():
                                             "//bench:echo_server", "//bench:echo_client",
                                             "//bench:memcached_bench"])
     if args.profile:
+        if args.duration_s <= 2 * PROFILE_MARGIN_S:
+            herd_exp.fail(f"--profile needs --duration_s over {2 * PROFILE_MARGIN_S} s")
         problem = cost_breakdown.perf_unusable()
         if problem:
             herd_exp.fail(f"--profile: {problem}")
-        if args.duration_s <= 2 * PROFILE_MARGIN_S:
-            herd_exp.fail(f"--profile needs --duration_s over {2 * PROFILE_MARGIN_S} s")
     comparison = Comparison(args)
     baseline = comparison.run_echo if args.baseline == "echo" else comparison.run_memcached
     herd_mops, baseline_mops = [], []

@@ -90,7 +90,7 @@ class ProfileEndToEndTest(unittest.TestCase):
                                "--no-build", "--duration_s=0.3", "--profile"], cwd=REPO,
                               capture_output=True, text=True, timeout=60)
         self.assertEqual(done.returncode, 2)
-        self.assertIn("--profile", done.stderr)
+        self.assertIn("--profile needs --duration_s", done.stderr)
 
 
 if __name__ == "__main__":
