@@ -19,6 +19,7 @@ import json
 import os
 import pathlib
 import shlex
+import signal
 import socket
 import statistics
 import subprocess
@@ -83,7 +84,10 @@ class Comparison:
                         recorder.wait(timeout=self.budget())
                     except subprocess.TimeoutExpired:
                         raise herd_exp.PointFailed(f"{name}: perf record of the {side} hung")
-                    if recorder.returncode != 0:
+                    # -SIGTERM: perf's own workload (sleep) was ended early because the
+                    # profiled process exited first (perf record then ends with it): the
+                    # samples it took stand.
+                    if recorder.returncode not in (0, -signal.SIGTERM):
                         raise herd_exp.PointFailed(
                             f"{name}: perf record of the {side} exited {recorder.returncode} "
                             f"(see {self.profile_path(name, side)}.log)")

@@ -66,7 +66,7 @@ class ProfileEndToEndTest(unittest.TestCase):
         out = tempfile.mkdtemp(prefix="herd-breakdown-test-")
         try:
             command = [sys.executable, str(REPO / "scripts" / "compare.py"), "echo",
-                       "--no-build", "--repetitions=1", "--duration_s=1.0", "--warmup_s=0.2",
+                       "--no-build", "--repetitions=1", "--duration_s=2.0", "--warmup_s=0.2",
                        "--clients=2", "--keys=2000", f"--client_core={CLIENT_CORE}",
                        f"--out={out}", "--profile"]
             done = subprocess.run(command, cwd=REPO, capture_output=True, text=True,
