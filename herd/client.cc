@@ -865,7 +865,6 @@ size_t Client::Poll(absl::Span<Result> out) {
   if (!reads_.empty()) ReleaseDeliveredReads();
   if (to_repost_.size() >= repost_batch_) RepostReceives();
   Reap();
-  clock_read_ = false;
   size_t n = 0;
   if (!config_.response_uses_slots()) {
     PollUdResponses(out, &n);
@@ -877,7 +876,7 @@ size_t Client::Poll(absl::Span<Result> out) {
     Retransmit(out, &n);
     (void)Flush();
   }
-  clock_read_ = false;  // poll_now_ is this Poll's only
+  clock_read_ = false;  // poll_now_ is this Poll's only: the next one reads the clock again
   return n;
 }
 

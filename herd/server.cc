@@ -633,10 +633,10 @@ void Server::Retire(Session& session) {
   session.landing.reset();
   session.region_mr.reset();
   session.pd.reset();
-  // Nothing can write the session's slots now. Workers scan only ids with a route, so markers
-  // it left (requests that landed after its last scan) would otherwise wait for the id's next
-  // session, to be rejected under its secret after a grace period, or to race its first marker.
   for (uint32_t id = session.first_client; id < session.first_client + session.clients; ++id) {
+    // Nothing can write the session's slots now. Workers scan only ids with a route, so markers
+    // it left (requests that landed after its last scan) would otherwise wait for the id's next
+    // session, to be rejected under its secret after a grace period, or to race its first one.
     for (uint32_t w = 0; w < c.workers; ++w) {
       for (uint32_t index = 0; index < c.window; ++index) {
         uint8_t* slot_end = region_->data() + c.SlotOffset(w, id, index) + c.slot_bytes;
@@ -644,8 +644,6 @@ void Server::Retire(Session& session) {
             .store(0, std::memory_order_relaxed);
       }
     }
-  }
-  for (uint32_t id = session.first_client; id < session.first_client + session.clients; ++id) {
     client_ids_used_[id] = false;
   }
   if (session.has_queue_slot) queue_slots_used_[session.queue_slot] = false;

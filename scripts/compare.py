@@ -111,9 +111,9 @@ class Comparison:
         seconds = self.args.duration_s - 2 * PROFILE_MARGIN_S
         recorders = {}
         for side, process in (("worker", server), ("client", client)):
-            argv = ["perf", "record", "-q", "-e", "cpu-clock", "-g", "-F", str(self.args.profile_hz), "-p",
-                    str(process.pid), "-o", str(self.profile_path(name, side)), "--", "sleep",
-                    f"{seconds:.3f}"]
+            argv = ["perf", "record", "-q", "-e", "cpu-clock", "-g", "-F",
+                    str(self.args.profile_hz), "-p", str(process.pid), "-o",
+                    str(self.profile_path(name, side)), "--", "sleep", f"{seconds:.3f}"]
             with open(f"{self.profile_path(name, side)}.log", "wb") as log:
                 recorders[side] = subprocess.Popen(argv, stdout=log, stderr=log)
         return recorders
@@ -125,9 +125,12 @@ class Comparison:
         """--profile: the run's per-request cost by category on each side (cost_breakdown.py)."""
         seconds = self.args.duration_s - 2 * PROFILE_MARGIN_S
         ops = result["mops"] * 1e6 * seconds
-        result["breakdown"] = {side: cost_breakdown.breakdown(self.profile_path(name, side), side,
-                                                              ops)
-                               for side in ("worker", "client")}
+        try:
+            result["breakdown"] = {
+                side: cost_breakdown.breakdown(self.profile_path(name, side), side, ops)
+                for side in ("worker", "client")}
+        except (ValueError, subprocess.CalledProcessError) as error:
+            raise herd_exp.PointFailed(f"{name}: no cost breakdown: {error}")
 
     def run_with_server(self, server_argv, ready_prefix, client_argv, name):
         """Starts a server that prints `ready_prefix ... port=N`, runs the client against it."""

@@ -120,14 +120,24 @@ def read_samples(perf_data):
     return samples
 
 
-def breakdown(perf_data, side, ops):
-    """{category: ns per request} plus the total, from one profile and the requests served."""
-    rules = WORKER_RULES if side == "worker" else CLIENT_RULES
-    totals = categorize(read_samples(perf_data), rules)
+def per_request(totals, rules, ops):
+    """{category: ns per request} plus the total, in the rules' order; ValueError when there is
+    nothing to divide (no requests served, or no samples: a profile that recorded nothing is a
+    failed measurement, not a cost of 0)."""
+    if ops <= 0:
+        raise ValueError(f"{ops} requests served while perf recorded")
+    if not totals:
+        raise ValueError("the profile holds no samples")
     order = [name for name, _ in rules] + [KERNEL, OTHER]
     result = {name: round(totals[name] / ops, 1) for name in order if name in totals}
     result["total"] = round(sum(totals.values()) / ops, 1)
     return result
+
+
+def breakdown(perf_data, side, ops):
+    """{category: ns per request} plus the total, from one profile and the requests served."""
+    rules = WORKER_RULES if side == "worker" else CLIENT_RULES
+    return per_request(categorize(read_samples(perf_data), rules), rules, ops)
 
 
 def table(columns):

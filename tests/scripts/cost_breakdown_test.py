@@ -48,6 +48,15 @@ class CategorizeTest(unittest.TestCase):
         totals = cost_breakdown.categorize(samples, cost_breakdown.CLIENT_RULES)
         self.assertEqual(dict(totals), {"clock": 40, "submit+windows": 10})
 
+    def test_per_request_divides_and_refuses_an_empty_measurement(self):
+        rules = cost_breakdown.WORKER_RULES
+        result = cost_breakdown.per_request({"store": 600, "fabric": 1000}, rules, 10)
+        self.assertEqual(result, {"fabric": 100.0, "store": 60.0, "total": 160.0})
+        with self.assertRaisesRegex(ValueError, "no samples"):
+            cost_breakdown.per_request({}, rules, 10)
+        with self.assertRaisesRegex(ValueError, "0 requests"):
+            cost_breakdown.per_request({"store": 1}, rules, 0)
+
     def test_table_has_every_category_and_the_total(self):
         text = cost_breakdown.table([("herd", {"store": 60.0, "total": 100.0}),
                                      ("echo", {"echo loop": 40.0, "total": 50.0})])
