@@ -175,7 +175,9 @@ TEST_P(Tearing, ReadsOfItemsOverwrittenMidReadDeliverOnlyWholeValues) {
   writer_options.server = server.address();
   writer_options.device.fabric = fabric;
   ClientOptions reader_options = writer_options;
-  reader_options.device.faults.slow_read_us = 1000;  // 16 ms per READ: several writes land
+  // 48 ms per READ: several writes land under each, even when the writer runs slowly (a clean-
+  // clone CI run, 4 tests on 2 cores, saw a writer at 7 ms per write never lap a 16 ms READ).
+  reader_options.device.faults.slow_read_us = 3000;
   auto writer = Client::Connect(writer_options);
   auto reader = Client::Connect(reader_options);
   ASSERT_TRUE(writer.ok() && reader.ok());
