@@ -40,6 +40,9 @@ DEFINE_uint64(replication_staging_bytes, uint64_t{8} << 20,
 DEFINE_uint32(replication_stall_ms, 500,
               "--role=primary: drop a backup whose oldest replication WRITE has not completed "
               "for this long (0: never)");
+DEFINE_bool(hold_unreplicated_reads, true,
+            "Primary: a GET that read a write not yet at every live backup is answered once it "
+            "is (false: at once, and a failover may take back a write a reader saw)");
 
 namespace {
 
@@ -109,6 +112,7 @@ int main(int argc, char** argv) {
   options.replication.listen_address = FLAGS_listen_address;
   options.replication.gate.staging_bytes = FLAGS_replication_staging_bytes;
   options.replication.gate.stall_timeout = absl::Milliseconds(FLAGS_replication_stall_ms);
+  options.replication.gate.hold_unreplicated_reads = FLAGS_hold_unreplicated_reads;
   absl::StatusOr<std::unique_ptr<herd::Server>> server = herd::Server::Create(options);
   if (!server.ok()) return Fail(server.status());
   if (absl::Status s = (*server)->Start(); !s.ok()) return Fail(s);

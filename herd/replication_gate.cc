@@ -113,6 +113,7 @@ ReplicationGate::ReplicationGate(mica::Partition* partition, transport::Protecti
   }
   live_ = static_cast<uint32_t>(links_.size());
   counters_.live_backups.Set(live_);
+  released_clock_ = partition_->version_clock();  // what the backups start from
   // The chain, prepared once: WRITEs from the staging ring, one SGE each, linked; per batch only
   // the addresses, lengths, the chain's end and its signaled WR change.
   for (size_t i = 0; i < wrs_.size(); ++i) {
@@ -128,6 +129,28 @@ ReplicationGate::ReplicationGate(mica::Partition* partition, transport::Protecti
 ReplicationGate::~ReplicationGate() { partition_->set_change_recorder(nullptr); }
 
 bool ReplicationGate::Hold(const ExecutedMutation& mutation) {
+  if (mutation.op == Op::kDelete && mutation.status == Status::kOk) {
+    newest_delete_ = std::max(newest_delete_, mutation.version);
+  }
+  HoldUnposted(mutation.id);
+  return true;
+}
+
+bool ReplicationGate::ReadMustWait(bool found, uint64_t version) const {
+  if (!options_.hold_unreplicated_reads || live_ == 0) return false;
+  // A miss may be an unreleased DELETE's doing (an eviction by an unreleased PUT is a cache's
+  // loss either way).
+  return (found ? version : newest_delete_) > released_clock_;
+}
+
+void ReplicationGate::HoldRead(const HeldId& id) {
+  // Released with the next batch posted (this one's, if it wrote; the last one otherwise:
+  // PostPending's empty case), which holds the write read.
+  HoldUnposted(id);
+  counters_.reads_held.Add();
+}
+
+void ReplicationGate::HoldUnposted(const HeldId& id) {
   if (held_count_ == held_ring_.size()) {
     // More held at once than ever: grow (the only allocation, past the high-water mark).
     std::vector<Held> bigger(held_ring_.size() * 2);
@@ -135,10 +158,9 @@ bool ReplicationGate::Hold(const ExecutedMutation& mutation) {
     held_ring_ = std::move(bigger);
     held_head_ = 0;
   }
-  held_ring_[(held_head_ + held_count_) % held_ring_.size()] = Held{mutation.id, kUnposted};
+  held_ring_[(held_head_ + held_count_) % held_ring_.size()] = Held{id, kUnposted};
   ++held_count_;
   unposted_held_ = true;
-  return true;
 }
 
 void ReplicationGate::EndBatch() {
@@ -248,7 +270,8 @@ bool ReplicationGate::PostPending() {
   staged_ = start + bytes;
   snapshots_[(snapshots_head_ + snapshots_count_) % snapshots_.size()] =
       Snapshot{batch, start, staged_,
-               options_.stall_timeout > absl::ZeroDuration() ? absl::GetCurrentTimeNanos() : 0};
+               options_.stall_timeout > absl::ZeroDuration() ? absl::GetCurrentTimeNanos() : 0,
+               partition_->version_clock()};
   ++snapshots_count_;
   const uint64_t wire_bytes = record_bytes + kCommitSourceBytes + padded;
   for (size_t l = 0; l < links_.size(); ++l) {
@@ -431,6 +454,8 @@ uint64_t ReplicationGate::ReleasableThrough() const {
 
 void ReplicationGate::FreeSnapshots(uint64_t through) {
   while (snapshots_count_ > 0 && snapshots_[snapshots_head_].batch <= through) {
+    // Completed by every link: released.
+    released_clock_ = std::max(released_clock_, snapshots_[snapshots_head_].clock);
     // Up to this record, not past it: it may be the one a backup's commit word names.
     staging_freed_ = snapshots_[snapshots_head_].start;
     snapshots_head_ = (snapshots_head_ + 1) % snapshots_.size();
@@ -452,6 +477,7 @@ ReplicationCounters ReplicationGate::counters() const {
   c.links_dropped = counters_.links_dropped.Get();
   c.stalls = counters_.stalls.Get();
   c.released = counters_.released.Get();
+  c.reads_held = counters_.reads_held.Get();
   c.live_backups = counters_.live_backups.Get();
   c.joined = counters_.joined.Get();
   c.transfer_bytes = counters_.transfer_bytes.Get();
@@ -520,6 +546,11 @@ uint32_t ReplicationGate::Release(absl::Span<HeldId> released) {
   if (!changes_.ranges().empty()) PostPending();
   const uint64_t through = ReleasableThrough();
   FreeSnapshots(CompletedByEveryLink());
+  for (size_t i = 0; i < snapshots_count_; ++i) {  // released, kept for a joining link
+    const Snapshot& s = snapshots_[(snapshots_head_ + i) % snapshots_.size()];
+    if (s.batch > through) break;
+    released_clock_ = std::max(released_clock_, s.clock);
+  }
   uint32_t n = 0;
   while (n < released.size() && held_count_ > 0) {
     const Held& h = held_ring_[held_head_];

@@ -26,6 +26,10 @@
 //   last one released (tests: a chain cut after every one of its WRs).
 // - A mutation executed in a batch that changed nothing (CAS_FAILED, NOT_FOUND) is released
 //   only after every batch before it completed (its answer may name a version still in flight).
+// - A GET (ReadMustWait, when options.hold_unreplicated_reads) that read a version newer than every
+//   released batch's, or that missed while a DELETE newer than them is unreleased, is released
+//   with the batch that holds that write: no reader sees a write that a failover could take
+//   back. Reads of released writes are never held.
 // - A backup whose WRITE completes in error (dead, QP broken) is dropped for good; the gate goes
 //   on with the others (live_backups() says how many) and, with none left, releases at once.
 // - At most max_batches_in_flight batches are posted per backup, and their snapshots fit the
@@ -109,6 +113,9 @@ struct ReplicationOptions {
   uint32_t max_batches_in_flight = 4;
   // Held answers reserved up front.
   uint32_t held_reserve = 1024;
+  // Hold a GET that read a write not yet at every live backup (HoldRead) until it is. Off: such
+  // a GET answers at once, and a read may see a write that a failover then takes back.
+  bool hold_unreplicated_reads = true;
   // A backup whose oldest posted chain has not completed for this long is dropped (a stalled
   // or unreachable backup whose QP reports no error: the answers it holds up wait at most
   // this long). Zero: never.
@@ -132,6 +139,7 @@ struct ReplicationCounters {
   uint64_t links_dropped = 0;
   uint64_t stalls = 0;  // ... of them for a chain not completed within stall_timeout
   uint64_t released = 0;
+  uint64_t reads_held = 0;      // GETs that read a write not yet released (HoldRead)
   uint64_t live_backups = 0;    // a level, not a count
   uint64_t joined = 0;          // backups brought up to date by state transfer
   uint64_t transfer_bytes = 0;  // ... the bytes their transfers copied
@@ -151,6 +159,9 @@ class ReplicationGate : public ResponseGate {
   ~ReplicationGate() override;  // the partition stops recording
 
   bool Hold(const ExecutedMutation& mutation) override;
+  bool HoldsReads() const override { return options_.hold_unreplicated_reads; }
+  bool ReadMustWait(bool found, uint64_t version) const override;
+  void HoldRead(const HeldId& id) override;
   void EndBatch() override;
   uint32_t Release(absl::Span<HeldId> released) override;
   // MaxRecordBytes, or 0 while a deferred batch's changes wait to be posted (more would pile
@@ -223,6 +234,8 @@ class ReplicationGate : public ResponseGate {
     uint64_t start = 0;
     uint64_t end = 0;
     int64_t posted_ns = 0;  // when its chains were posted (stall_timeout)
+    uint64_t clock = 0;     // the partition's version clock then: the batch holds every write
+                            // of a version up to it
   };
   // Release checks for stalled backups once in this many calls (a clock read).
   static constexpr uint32_t kStallCheckEvery = 1024;
@@ -247,6 +260,8 @@ class ReplicationGate : public ResponseGate {
   void DropStalledOrRequested();
   // Gives back the staging bytes of batches every live link completed.
   void FreeSnapshots(uint64_t through);
+  // Appends a held answer for the next batch posted.
+  void HoldUnposted(const HeldId& id);
   // The last batch every link that is sent to (live or joining) completed.
   uint64_t CompletedByEveryLink() const;
   // Adopts offered links; posts transfer chunks; makes joining links whose transfer is done
@@ -285,12 +300,16 @@ class ReplicationGate : public ResponseGate {
   std::vector<Held> held_ring_;
   size_t held_head_ = 0, held_count_ = 0;
   Held& HeldAt(size_t i) { return held_ring_[(held_head_ + i) % held_ring_.size()]; }
-  uint64_t last_posted_ = 0;    // the last batch posted (to every live link)
+  uint64_t last_posted_ = 0;  // the last batch posted (to every live link)
+  // Every write of a version up to this is at every live backup (HoldRead's watermark), and
+  // the newest version a DELETE took.
+  uint64_t released_clock_ = 0;
+  uint64_t newest_delete_ = 0;
   bool unposted_held_ = false;  // held answers wait for the next posting
   uint32_t releases_ = 0;       // Release calls, for kStallCheckEvery
   struct Counters {
     util::Counter batches_posted, writes_posted, bytes_posted, deferred, overflowed, links_dropped,
-        stalls, released, joined, transfer_bytes;
+        stalls, released, reads_held, joined, transfer_bytes;
     util::Gauge live_backups;
   } counters_;
 };

@@ -4,12 +4,15 @@
 // primary); anything else that must happen before an acknowledgement plugs in the same way.
 //
 // The contract, as the worker keeps it (tests/herd/response_gate_test.cc checks each rule):
-// - Only mutations (PUT, DELETE, CAS) that the store executed are offered, in batch order, after
-//   the batch ran. GETs are never held: a GET is answered with the batch that read it. (A GET
-//   may therefore read a value whose PUT is still held: a replicated store that must not expose
-//   such a value decides that in the store, not here.)
-// - A held response reserves nothing: no send-queue entry, no staging buffer. Its outcome
-//   (status, version) lives in the slot's dedupe state until released.
+// - Mutations (PUT, DELETE, CAS) that the store executed are offered to Hold, in batch order,
+//   after the batch ran. GETs are offered to HoldRead only by a gate whose HoldsReads() is true
+//   (a replicated primary: a GET must not answer with a write that a failover could still take
+//   back); the others answer every GET with the batch that read it.
+// - A held response reserves nothing: no send-queue entry, no staging buffer. A mutation's
+//   outcome (status, version) lives in the slot's dedupe state until released; a held GET's
+//   answer (status, version, value or descriptor) in one of the worker's held-read buffers
+//   (kHeldReadBatches batches' worth: with none free, the GET goes unanswered and its client's
+//   retransmission reads again).
 // - While held, a retransmission of the mutation is consumed unanswered (never re-applied, never
 //   answered from the dedupe table: that would acknowledge what is not yet safe). The release
 //   answers the newest attempt seen.
@@ -36,7 +39,10 @@ struct HeldId {
   uint32_t slot = 0;
   uint32_t generation = 0;
   uint64_t seq = 0;
+  // The worker's: a held GET's saved answer (kNotARead for a mutation). A gate passes it back.
+  uint32_t read = UINT32_MAX;
 };
+inline constexpr uint32_t kNotARead = UINT32_MAX;
 
 // A mutation the store executed, offered to the gate.
 struct ExecutedMutation {
@@ -52,6 +58,19 @@ class ResponseGate {
   virtual ~ResponseGate() = default;
   // Returns true to hold `mutation`'s response until a later Release names it.
   virtual bool Hold(const ExecutedMutation& mutation) = 0;
+  // Whether GETs are offered to HoldRead (fixed for the gate's life: the worker keeps GET
+  // answers aside before it knows).
+  virtual bool HoldsReads() const { return false; }
+  // A GET the store answered in this batch (among the batch's Holds, before its EndBatch),
+  // `found` with the item's `version`, or a miss: whether its answer must wait. The worker then
+  // saves the answer and calls HoldRead (or, with no buffer free, leaves the GET unanswered).
+  virtual bool ReadMustWait(bool found, uint64_t version) const {
+    (void)found, (void)version;
+    return false;
+  }
+  // Holds a GET's answer (ReadMustWait said so) until a later Release names `id` (released, as
+  // every held response, in the order they were held).
+  virtual void HoldRead(const HeldId& id) { (void)id; }
   // After each executed batch's Holds (e.g. to post the batch's replication WRITEs with one
   // doorbell).
   virtual void EndBatch() {}

@@ -73,14 +73,14 @@ std::string ReplicationJson(const ServerStats& s, const ServerStats& since) {
         "{\"role\":\"primary\",\"backups\":%d,\"live_backups\":%d,\"degraded\":%s,"
         "\"batches\":%d,\"writes\":%d,\"bytes\":%d,\"writes_per_batch\":%.2f,"
         "\"deferred\":%d,\"overflowed\":%d,\"dropped\":%d,\"stalls\":%d,\"released\":%d,"
-        "\"joined\":%d,\"transfer_bytes\":%d}",
+        "\"reads_held\":%d,\"joined\":%d,\"transfer_bytes\":%d}",
         s.backups, s.live_backups, s.live_backups < s.backups ? "true" : "false", batches,
         n.writes_posted - b.writes_posted, n.bytes_posted - b.bytes_posted,
         batches == 0
             ? 0.0
             : static_cast<double>(n.writes_posted - b.writes_posted) / static_cast<double>(batches),
         n.deferred - b.deferred, n.overflowed - b.overflowed, n.links_dropped, n.stalls,
-        n.released - b.released, n.joined, n.transfer_bytes);
+        n.released - b.released, n.reads_held - b.reads_held, n.joined, n.transfer_bytes);
   }
   return absl::StrFormat(
       "{\"role\":\"backup\",\"primary_attached\":%s,\"syncing\":%s,\"reads\":%d,"
@@ -133,6 +133,7 @@ ServerStats Server::Stats() const {
       t.links_dropped += g.links_dropped;
       t.stalls += g.stalls;
       t.released += g.released;
+      t.reads_held += g.reads_held;
       t.joined += g.joined;
       t.transfer_bytes += g.transfer_bytes;
     }

@@ -94,6 +94,8 @@ Worker::Worker(uint32_t index, const Config& config, std::unique_ptr<mica::Parti
       recv_cq_(recv_cq),
       memory_(memory),
       gate_(gate),
+      hold_reads_(gate != nullptr && gate->HoldsReads()),
+      read_answer_bytes_(static_cast<uint32_t>(Pad8(config.inline_limit()))),
       replica_(replica),
       replica_mode_(replica != nullptr),
       routes_(config.max_clients),
@@ -118,6 +120,14 @@ Worker::Worker(uint32_t index, const Config& config, std::unique_ptr<mica::Parti
                           config.max_clients, config.window, config.slot_bytes,
                           config.client_block_bytes()}) {
   active_clients_.reserve(config_.max_clients);
+  if (hold_reads_) {
+    const uint32_t held = config_.postlist * kHeldReadBatches;
+    get_aside_.resize(uint64_t{config_.postlist} * read_answer_bytes_);
+    held_reads_.resize(held);
+    held_read_bytes_.resize(uint64_t{held} * read_answer_bytes_);
+    free_held_reads_.reserve(held);
+    for (uint32_t i = held; i-- > 0;) free_held_reads_.push_back(i);
+  }
   if (partition_->owner_area().size() >= OutcomeTableBytes(config_)) {
     outcomes_.emplace(partition_.get(), config_);
     awaiting_resume_.assign(config_.max_clients, 0);
@@ -460,12 +470,14 @@ Worker::Admitted Worker::Admit(uint32_t client, uint32_t slot, const uint8_t* me
   }
   p.queue = nullptr;  // ExecuteAndRespond assigns the response's queue and staging buffer
   if (claim != nullptr) {
+    // A new request in the slot: whatever the gate still holds for an older one is answered
+    // never (AnswerReleased checks the sequence number).
+    if (claim->last_seq != h.seq) claim->held = false;
     if (claim->last_seq != h.seq && IsMutation(static_cast<Op>(h.op))) {
       // Until the batch executes, a retransmission of this mutation must replay, not re-apply;
       // its outcome is filled in by ExecuteAndRespond before any replay of it is answered.
       claim->status = p.status;
       claim->version = 0;
-      claim->held = false;
       claim->keyhash = h.keyhash;
     }
     claim->last_seq = h.seq;
@@ -508,7 +520,9 @@ void Worker::ExecuteAndRespond(uint32_t count) {
     if (p.status != Status::kOk || p.replay) continue;
     const RequestHeader& h = p.request.header;
     const bool get = h.op == static_cast<uint8_t>(Op::kGet);
-    if (get && !AssignResponse(p)) {
+    if (get && hold_reads_) {
+      p.staging = get_aside_.data() + uint64_t{i} * read_answer_bytes_;
+    } else if (get && !AssignResponse(p)) {
       p.dropped = true;  // unexecuted: the retransmission (a new attempt) executes it
       counters_.dropped.Add();
       continue;
@@ -557,6 +571,11 @@ void Worker::ExecuteAndRespond(uint32_t count) {
         AnswerOutOfLine(p, r);
       }
     }
+    if (op == Op::kGet && hold_reads_ &&
+        (p.status == Status::kOk || p.status == Status::kNotFound) &&
+        gate_->ReadMustWait(p.status == Status::kOk, p.version)) {
+      if (!HoldReadAnswer(p)) p.dropped = true;  // its retransmission reads again
+    }
     if (!IsMutation(op)) continue;
     SlotState& state = slots_[uint64_t{p.client} * config_.window + p.slot];
     state.version = r.version;
@@ -597,10 +616,16 @@ void Worker::ExecuteAndRespond(uint32_t count) {
       counters_.replays.Add();
     }
     if (p.status != Status::kOk) p.value_bytes = 0;
+    // A GET's answer kept aside (hold_reads_) moves to its staging buffer once it has one.
+    const uint8_t* aside = hold_reads_ && p.queue == nullptr && !p.replay &&
+                                   p.request.header.op == static_cast<uint8_t>(Op::kGet)
+                               ? p.staging
+                               : nullptr;
     if (p.queue == nullptr && !AssignResponse(p)) {
       counters_.dropped.Add();  // a mutation's retransmission replays its recorded outcome
       continue;
     }
+    if (aside != nullptr && p.value_bytes > 0) std::memcpy(p.staging, aside, p.value_bytes);
     EncodeResponse(p);
     ++answered;
   }
@@ -684,12 +709,45 @@ void Worker::EncodeResponse(const Pending& p) {
   EncodeResponseHeader(header, config_.response_uses_slots() ? p.route->secret : 0, p.staging);
 }
 
+bool Worker::HoldReadAnswer(Pending& p) {
+  if (free_held_reads_.empty()) {
+    counters_.reads_unanswered.Add();
+    return false;
+  }
+  const uint32_t index = free_held_reads_.back();
+  free_held_reads_.pop_back();
+  HeldRead& read = held_reads_[index];
+  read = HeldRead{true, p.status, p.response_flags, p.value_bytes, p.version};
+  if (p.value_bytes > 0) {
+    std::memcpy(held_read_bytes_.data() + uint64_t{index} * read_answer_bytes_, p.staging,
+                p.value_bytes);
+  }
+  SlotState& state = slots_[uint64_t{p.client} * config_.window + p.slot];
+  state.held = true;  // a retransmission meanwhile is consumed; the release answers it
+  state.keyhash = p.request.header.keyhash;
+  HeldId id{p.client, p.slot, generations_seen_[p.client], p.request.header.seq};
+  id.read = index;
+  gate_->HoldRead(id);
+  p.held = true;
+  counters_.reads_held.Add();
+  return true;
+}
+
 void Worker::AnswerReleased() {
   const uint32_t released = gate_->Release(absl::MakeSpan(released_));
   if (released == 0) return;
   uint32_t answered = 0;
   for (uint32_t k = 0; k < released; ++k) {
     const HeldId& id = released_[k];
+    // A held GET's buffer is free again whatever becomes of its answer (a gate that names one
+    // twice, or one never held, frees nothing).
+    HeldRead* read = nullptr;
+    if (id.read != kNotARead) {
+      if (id.read >= held_reads_.size() || !held_reads_[id.read].in_use) continue;
+      read = &held_reads_[id.read];
+      read->in_use = false;
+      free_held_reads_.push_back(id.read);
+    }
     if (id.client >= config_.max_clients || id.slot >= config_.window) continue;
     SlotState& state = slots_[uint64_t{id.client} * config_.window + id.slot];
     const ClientRoute* route = routes_[id.client].load(std::memory_order_acquire);
@@ -704,17 +762,23 @@ void Worker::AnswerReleased() {
     p.client = id.client;
     p.slot = id.slot;
     p.route = route;
-    p.status = state.status;
-    p.version = state.version;
-    p.value_bytes = 0;
-    p.response_flags = 0;
+    p.status = read != nullptr ? read->status : state.status;
+    p.version = read != nullptr ? read->version : state.version;
+    p.value_bytes = read != nullptr ? read->value_bytes : 0;
+    p.response_flags = read != nullptr ? read->response_flags : 0;
     p.request.header.keyhash = state.keyhash;
     p.request.header.attempt = state.last_attempt;
     p.request.header.seq = id.seq;
     p.queue = nullptr;
     if (!AssignResponse(p)) {
-      counters_.dropped.Add();  // its retransmission replays it from the dedupe table
+      // Its retransmission replays it from the dedupe table (a GET's reads again).
+      counters_.dropped.Add();
       continue;
+    }
+    if (p.value_bytes > 0) {
+      // Still valid: freed above, but nothing takes a held-read buffer until the next batch.
+      std::memcpy(p.staging, held_read_bytes_.data() + uint64_t{id.read} * read_answer_bytes_,
+                  p.value_bytes);
     }
     EncodeResponse(p);
     ++answered;

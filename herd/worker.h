@@ -75,13 +75,16 @@ struct WorkerCounters {
   transport::Counter dropped;       // stale sequence numbers, unknown clients, broken QPs
   transport::Counter held;          // mutation responses the gate held (response_gate.h)
   transport::Counter released;      // ... and released and answered
-  transport::Counter held_retransmissions;  // retransmissions of a held mutation: consumed
-  transport::Counter out_of_line;           // GETs answered with a descriptor of their item
-  transport::Counter copied_values;         // ... with a copy in a landing buffer (the fallback)
-  transport::Counter internal_errors;       // answered INTERNAL: the server's own inconsistency
-  transport::Counter resumed_outcomes;      // outcomes taken over from a client's old primary
-  transport::Counter unrecorded_outcomes;   // ... not recorded: the id's old outcomes await
-                                            // their client (a second failover may re-apply)
+  transport::Counter held_retransmissions;  // retransmissions of a held response: consumed
+  transport::Counter reads_held;           // GETs whose answer the gate held (a write not yet safe)
+  transport::Counter reads_unanswered;     // ... with no held-read buffer free: left to their
+                                           // client's retransmission
+  transport::Counter out_of_line;          // GETs answered with a descriptor of their item
+  transport::Counter copied_values;        // ... with a copy in a landing buffer (the fallback)
+  transport::Counter internal_errors;      // answered INTERNAL: the server's own inconsistency
+  transport::Counter resumed_outcomes;     // outcomes taken over from a client's old primary
+  transport::Counter unrecorded_outcomes;  // ... not recorded: the id's old outcomes await
+                                           // their client (a second failover may re-apply)
 };
 
 // A UD response queue's progress, published by the worker for the control thread: an address
@@ -185,7 +188,7 @@ class Worker {
     uint64_t last_seq = 0;      // the newest request seen (executed or replayed)
     uint32_t last_attempt = 0;  // ... and its newest send
     Status status = Status::kOk;
-    bool held = false;     // the last mutation's response is held by the gate
+    bool held = false;     // the last request's response is held by the gate
     uint64_t version = 0;  // the last mutation's outcome, replayed to a retransmission
     uint64_t keyhash = 0;  // ... and its key's hash (a released response echoes it)
     // A slot whose marker is set but whose message does not check out yet: which marker, and
@@ -241,8 +244,22 @@ class Worker {
   bool AssignResponse(Pending& p);
   // Writes p's response header into its staging buffer.
   void EncodeResponse(const Pending& p);
-  // Answers what the gate released (as replays of their slots' outcomes).
+  // Answers what the gate released (mutations as replays of their slots' outcomes, GETs from
+  // their held-read buffers).
   void AnswerReleased();
+  // A GET the gate must hold (ReadMustWait): saves its answer and hands it to the gate; false
+  // (unanswered) when no held-read buffer is free.
+  bool HoldReadAnswer(Pending& p);
+  // A held GET's answer, kept off the send queues until the gate releases it.
+  struct HeldRead {
+    bool in_use = false;
+    Status status = Status::kOk;
+    uint8_t response_flags = 0;
+    uint32_t value_bytes = 0;
+    uint64_t version = 0;
+  };
+  // Held-read buffers: this many batches of GETs (a read waits for the batches in flight).
+  static constexpr uint32_t kHeldReadBatches = 8;
   // Posts the responses assigned since the last post, in assignment order.
   void PostResponses();
   void RepostReceives(uint32_t count);
@@ -262,7 +279,11 @@ class Worker {
   transport::CompletionQueue* recv_cq_;
   WorkerMemory memory_;
   ResponseGate* const gate_;
-  ReplicaReader* replica_;  // null once promoted
+  // The gate may hold GETs: a GET's answer is built in get_aside_ and copied to its send-queue
+  // staging buffer only once it may go (a held one would keep a reserved WR from being posted).
+  const bool hold_reads_;
+  const uint32_t read_answer_bytes_;  // the most a GET's answer holds (inline limit, padded)
+  ReplicaReader* replica_;            // null once promoted
   // A replicated partition's mutation outcomes (its owner area holds OutcomeTableBytes): set on
   // a primary and on a backup (which writes none until promoted).
   std::optional<OutcomeTable> outcomes_;
@@ -290,7 +311,11 @@ class Worker {
   std::vector<uint32_t> store_index_;  // batch position of each store request
   std::vector<Pending*> to_post_;      // responses in the order their WRs were reserved
   uint32_t to_post_count_ = 0;
-  std::vector<HeldId> released_;  // AnswerReleased's
+  std::vector<HeldId> released_;           // AnswerReleased's
+  std::vector<uint8_t> get_aside_;         // [postlist] answers (hold_reads_)
+  std::vector<HeldRead> held_reads_;       // [postlist x kHeldReadBatches] (hold_reads_)
+  std::vector<uint8_t> held_read_bytes_;   // ... their answers' bytes
+  std::vector<uint32_t> free_held_reads_;  // indices into held_reads_
   std::vector<transport::RecvWr> recv_wrs_;
   std::vector<transport::Sge> recv_sges_;
   std::vector<transport::Completion> send_completions_;  // Reap's

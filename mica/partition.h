@@ -182,6 +182,8 @@ class Partition {
   // pool sizes) against this partition's layout and, in store mode, attaches the allocator to
   // the pool and checks the index and allocator agree (O(region)); republishes the gauges.
   absl::Status ResumeFromRegion();
+  // The newest version handed out (every write so far carries a version at most this).
+  uint64_t version_clock() const { return header_->version_clock; }
   // A promoted replica's clock jumps `gap` ahead: versions a dead primary handed out for writes
   // this replica never received are never handed out again (a CAS naming one fails).
   void AdvanceVersionClock(uint64_t gap) {

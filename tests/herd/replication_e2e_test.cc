@@ -8,6 +8,7 @@
 //     stays exact;
 //   - what a backup refuses: mutations (NOT_PRIMARY), a second primary, a primary whose layout
 //     or ring differs, a malformed hello, a new primary over an earlier one's data.
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
@@ -467,8 +468,22 @@ TEST(Replication, KillThePrimaryPromoteABackupLoseNoAcknowledgedWrite) {
     const uint64_t kill_after = 20 + rng() % 381;
     std::atomic<uint64_t> acknowledged{0};
     std::atomic<int64_t> killed_ns{0};  // CLOCK_MONOTONIC of the SIGKILL
-    std::vector<std::vector<h::Event>> events(kWriters + 1);
-    std::vector<std::string> errors(kWriters);
+    std::atomic<bool> killed{false};
+    const auto kill_once = [&] {
+      if (killed.exchange(true)) return;
+      killed_ns.store(h::MonotonicNowNs());
+      kill(primary->pid(), SIGKILL);
+    };
+    // Each writer's last answered operation: the reader kills the primary the moment it reads
+    // a write whose answer its writer has not had yet (a primary that lets a GET see a write
+    // before the backups hold it then loses what a reader saw), once half the load ran.
+    std::array<std::atomic<uint64_t>, kWriters> answered_seq{};
+    // [0, kWriters): the writers; kWriters: the reads after the promotion; kWriters + 1: a reader
+    // of the primary under the load (a GET that saw a write the failover then took back would
+    // make a later read stale).
+    constexpr uint32_t kPrimaryReader = kWriters + 1;
+    std::vector<std::vector<h::Event>> events(kWriters + 2);
+    std::vector<std::string> errors(kWriters + 1);
     std::vector<std::thread> writers;
     for (int t = 0; t < kWriters; ++t) {
       writers.emplace_back([&, t] {
@@ -516,20 +531,56 @@ TEST(Replication, KillThePrimaryPromoteABackupLoseNoAcknowledgedWrite) {
             return;
           }
           events[t].push_back(std::move(e));
+          answered_seq[t].store(seq);
           // The kill, right after an acknowledgement: the writes the primary acknowledged last
           // (and those of the other writer, in flight) are the ones a gate that answered early
           // would lose.
-          if (acknowledged.fetch_add(1) + 1 == kill_after) {
-            killed_ns.store(h::MonotonicNowNs());
-            kill(primary->pid(), SIGKILL);
-          }
+          if (acknowledged.fetch_add(1) + 1 == kill_after) kill_once();
         }
       });
     }
+    writers.emplace_back([&] {
+      ClientOptions o;
+      o.server = primary->address();
+      o.device.fabric = fabric;
+      o.device.faults.delay_us = delay_us;
+      o.retry_timeout = absl::Milliseconds(5);
+      o.adaptive_retry = false;
+      o.max_attempts = 20;
+      auto client = Client::Connect(o);
+      if (!client.ok()) {
+        errors[kWriters] = client.status().ToString();
+        return;
+      }
+      std::mt19937_64 rrng(7000 + run);
+      for (uint64_t seq = 1;; ++seq) {
+        h::Event e;
+        e.key = static_cast<uint32_t>(rrng() % kFailoverKeys);
+        e.writer = kPrimaryReader;
+        e.seq = seq;
+        e.op = Op::kGet;
+        e.invoke_ns = h::MonotonicNowNs();
+        const absl::StatusOr<Value> got = (*client)->Get(absl::StrFormat("fk%03d", e.key));
+        e.complete_ns = h::MonotonicNowNs();
+        if (got.ok()) {
+          e.status = Status::kOk;
+          e.version = got->version;
+          h::RecordRead(got->value, &e);
+        } else if (absl::IsNotFound(got.status())) {
+          e.status = Status::kNotFound;
+        } else {
+          return;  // the primary died: an unanswered GET says nothing
+        }
+        const bool unanswered_write = e.read_well_formed && e.read.writer < kWriters &&
+                                      e.read.seq > answered_seq[e.read.writer].load();
+        events[kPrimaryReader].push_back(std::move(e));
+        if (unanswered_write && acknowledged.load() >= kill_after / 2) kill_once();
+      }
+    });
     for (std::thread& t : writers) t.join();
     primary->Kill();  // reaps it
-    for (int t = 0; t < kWriters; ++t) ASSERT_TRUE(errors[t].empty()) << errors[t];
-    ASSERT_GE(acknowledged.load(), kill_after) << "the load never got going";
+    for (int t = 0; t <= kWriters; ++t) ASSERT_TRUE(errors[t].empty()) << errors[t];
+    ASSERT_GE(acknowledged.load(), kill_after / 2) << "the load never got going";
     // Promote one backup, as `herd_admin promote` does: refused until it saw its primary go.
     const size_t chosen = rng() % backups.size();
     const absl::StatusOr<std::string> promoted =

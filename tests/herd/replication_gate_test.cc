@@ -329,6 +329,103 @@ TEST(ReplicationGate, AReleasedBatchIsWholeAtTheBackupThoughTheNextChangedIt) {
   EXPECT_TRUE(r.BackupIdentical(0));
 }
 
+// A GET must not see a write that a failover could take back: ReadMustWait says a read of a
+// version (or a miss after a DELETE) waits until the batch holding that write is at every live
+// backup; a held read is released no earlier than that batch, and at once after it.
+TEST(ReplicationGate, AReadOfAnUnreleasedWriteWaitsForItsBatch) {
+  Replicated r;
+  ASSERT_TRUE(r.Open(mica::StoreMode::kStore, "shm_async", 1, ReplicationOptions{},
+                     absl::StrCat("gate-reads-", getpid())));
+  const std::string key = "read-me";
+  mica::Request put;
+  put.op = mica::OpCode::kPut;
+  put.key = key;
+  put.keyhash = mica::KeyHash(key);
+  put.value = "v1";
+  EXPECT_FALSE(r.gate().ReadMustWait(true, r.primary().version_clock()))
+      << "a version from before the gate (none yet) waits";
+  const uint64_t v1 = r.Run({put})[0].version;
+  ASSERT_TRUE(r.gate().ReadMustWait(true, v1)) << "a read of a write in flight goes at once";
+  EXPECT_FALSE(r.gate().ReadMustWait(false, 0)) << "a miss waits with no DELETE in flight";
+  // A batch of GETs alone: the read goes with the batch that holds v1.
+  HeldId read{3, 1, 1, 77};
+  read.read = 5;
+  r.gate().HoldRead(read);
+  r.gate().EndBatch();
+  std::vector<HeldId> released(8);
+  std::vector<HeldId> order;
+  const absl::Time give_up = absl::Now() + kCompletionDeadline;
+  while (order.size() < 2) {
+    const uint32_t got = r.gate().Release(absl::MakeSpan(released));
+    for (uint32_t i = 0; i < got; ++i) {
+      order.push_back(released[i]);
+      if (released[i].read == read.read) {
+        EXPECT_TRUE(r.BackupIdentical(0)) << "the read was released before its write landed";
+      }
+    }
+    ASSERT_LT(absl::Now(), give_up) << "released " << order.size() << " of 2";
+  }
+  EXPECT_EQ(order[0].read, kNotARead) << "the write's answer goes first";
+  EXPECT_EQ(order[1].client, read.client);
+  EXPECT_EQ(order[1].seq, read.seq);
+  EXPECT_FALSE(r.gate().ReadMustWait(true, v1)) << "released: reads of it go at once";
+  EXPECT_EQ(r.gate().counters().reads_held, 1u);
+
+  // In one batch with its write: a PUT, then a GET that read it.
+  put.value = "v2";
+  std::vector<mica::Response> responses(1);
+  r.primary().ExecuteBatch({put}, absl::MakeSpan(responses));
+  const uint64_t v2 = responses[0].version;
+  r.gate().Hold(ExecutedMutation{HeldId{0, 0, 1, 1000}, Op::kPut, put.keyhash, Status::kOk, v2});
+  ASSERT_TRUE(r.gate().ReadMustWait(true, v2));
+  r.gate().HoldRead(read);
+  r.gate().EndBatch();
+  ASSERT_TRUE(r.ReleaseAll(2));
+  EXPECT_FALSE(r.gate().ReadMustWait(true, v2));
+
+  // A miss while a DELETE is in flight waits for it; a found read of an older version does not.
+  mica::Request del;
+  del.op = mica::OpCode::kDelete;
+  del.key = key;
+  del.keyhash = put.keyhash;
+  r.primary().ExecuteBatch({del}, absl::MakeSpan(responses));
+  const uint64_t vd = responses[0].version;
+  ASSERT_GT(vd, v2);
+  r.gate().Hold(ExecutedMutation{HeldId{0, 1, 1, 1001}, Op::kDelete, del.keyhash, Status::kOk, vd});
+  EXPECT_TRUE(r.gate().ReadMustWait(false, 0));
+  EXPECT_FALSE(r.gate().ReadMustWait(true, v2));
+  r.gate().EndBatch();
+  ASSERT_TRUE(r.ReleaseAll(1));
+  EXPECT_FALSE(r.gate().ReadMustWait(false, 0));
+}
+
+TEST(ReplicationGate, ReadsWaitForNothingWhenOffOrWithNoLiveBackup) {
+  ReplicationOptions off;
+  off.hold_unreplicated_reads = false;
+  Replicated r;
+  ASSERT_TRUE(r.Open(mica::StoreMode::kCache, "shm_async", 1, off,
+                     absl::StrCat("gate-reads-off-", getpid())));
+  mica::Request put;
+  put.op = mica::OpCode::kPut;
+  put.key = "k";
+  put.keyhash = mica::KeyHash(put.key);
+  put.value = "v";
+  const uint64_t v = r.Run({put})[0].version;
+  EXPECT_FALSE(r.gate().HoldsReads());
+  EXPECT_FALSE(r.gate().ReadMustWait(true, v));
+  ASSERT_TRUE(r.ReleaseAll(1));
+
+  Replicated alone;
+  ASSERT_TRUE(alone.Open(mica::StoreMode::kCache, "shm", 1, ReplicationOptions{},
+                         absl::StrCat("gate-reads-alone-", getpid())));
+  EXPECT_TRUE(alone.gate().HoldsReads());
+  alone.link_qp(0).SetError();  // its next chain fails: the backup is dropped
+  const uint64_t w = alone.Run({put})[0].version;
+  ASSERT_TRUE(alone.ReleaseAll(1));
+  ASSERT_EQ(alone.gate().live_backups(), 0u);
+  EXPECT_FALSE(alone.gate().ReadMustWait(true, w + 1)) << "nobody to wait for";
+}
+
 INSTANTIATE_TEST_SUITE_P(
     ModesAndFabrics, ReplicationGateTest,
     ::testing::Combine(::testing::Values(mica::StoreMode::kCache, mica::StoreMode::kStore),

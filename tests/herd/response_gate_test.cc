@@ -18,12 +18,26 @@
 namespace herd::worker_test {
 namespace {
 
-// Holds every mutation of the keys it was given; releases them when the test says so. The
-// worker calls Hold/EndBatch/Release on its thread; the test thread calls the rest.
+// Holds every mutation of the keys it was given; releases them when the test says so. With
+// `holds_reads`, also every GET that found its key, and misses too while set_hold_misses (a
+// replicated primary's GETs of writes not yet safe; Barrier()'s probes are misses). The worker
+// calls Hold/HoldRead/EndBatch/Release on its thread; the test thread calls the rest.
 class FakeGate : public ResponseGate {
  public:
-  explicit FakeGate(const std::vector<std::string>& held_keys) {
+  explicit FakeGate(const std::vector<std::string>& held_keys, bool holds_reads = false)
+      : holds_reads_(holds_reads) {
     for (const std::string& key : held_keys) held_hashes_.insert(mica::KeyHash(key));
+  }
+
+  bool HoldsReads() const override { return holds_reads_; }
+  bool ReadMustWait(bool found, uint64_t version) const override {
+    read_offers_.fetch_add(1);
+    (void)version;
+    return reads_wait_.load() && (found || hold_misses_.load());
+  }
+  void HoldRead(const HeldId& id) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    held_reads_.push_back(id);
   }
 
   bool Hold(const ExecutedMutation& m) override {
@@ -58,12 +72,29 @@ class FakeGate : public ResponseGate {
     }
     return true;
   }
-  // Releases everything held so far (and forgets it).
+  // Releases everything held so far (mutations, then reads; and forgets it).
   void ReleaseAll() {
     std::lock_guard<std::mutex> lock(mutex_);
     for (const ExecutedMutation& m : held_) to_release_.push_back(m.id);
+    for (const HeldId& id : held_reads_) to_release_.push_back(id);
     held_.clear();
+    held_reads_.clear();
   }
+  std::vector<HeldId> held_reads() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return held_reads_;
+  }
+  bool AwaitHeldReads(size_t n) {
+    const absl::Time give_up = absl::Now() + kDeadline;
+    while (held_reads().size() < n) {
+      if (absl::Now() > give_up) return false;
+      std::this_thread::yield();
+    }
+    return true;
+  }
+  void set_reads_wait(bool wait) { reads_wait_.store(wait); }
+  void set_hold_misses(bool hold) { hold_misses_.store(hold); }
+  uint64_t read_offers() const { return read_offers_.load(); }
   // Releases an arbitrary id (a gate's bug, or a stale one).
   void ReleaseId(const HeldId& id) {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -73,6 +104,11 @@ class FakeGate : public ResponseGate {
   uint64_t batches() const { return batches_.load(); }
 
  private:
+  const bool holds_reads_;
+  std::atomic<bool> reads_wait_{true};
+  std::atomic<bool> hold_misses_{false};
+  mutable std::atomic<uint64_t> read_offers_{0};
+  std::vector<HeldId> held_reads_;
   absl::flat_hash_set<uint64_t> held_hashes_;
   std::atomic<uint64_t> offered_{0};
   std::atomic<uint64_t> batches_{0};
@@ -181,6 +217,110 @@ TEST_P(ResponseGateTest, AReleaseForASlotThatMovedOnAnswersNothing) {
   EXPECT_EQ(h.counters().released.Get(), 0u);
 }
 
+TEST_P(ResponseGateTest, AHeldGetIsAnsweredOnReleaseWithWhatItReadThenAndOnlyOnce) {
+  const std::string key = KeyOf(kWorkerIndex, 0);
+  FakeGate gate({key}, /*holds_reads=*/true);
+  Harness h(TheConfig(), &gate);
+  h.Submit(Put(0, 1, key, "first"));
+  ASSERT_TRUE(gate.AwaitHeld(1));
+  const uint64_t first_version = gate.held()[0].version;
+  h.Submit(Get(1, 1, key));
+  ASSERT_TRUE(gate.AwaitHeldReads(1));
+  // A retransmission while held is consumed; the release answers this newest attempt.
+  Request get = Get(1, 1, key);
+  get.attempt = 1;
+  h.Submit(get);
+  if (!GetParam()) {
+    ASSERT_TRUE(h.AwaitConsumed(1, 1));
+  }
+  // The key changes after the GET read it: the held answer keeps what it read.
+  h.Submit(Put(2, 1, key, "second"));
+  ASSERT_TRUE(gate.AwaitHeld(2));
+  EXPECT_TRUE(h.Barrier().empty()) << "a held response was answered";
+  EXPECT_EQ(h.counters().reads_held.Get(), 1u);
+  EXPECT_EQ(gate.held_reads().size(), 1u) << "the retransmission was executed again";
+
+  gate.ReleaseAll();
+  std::vector<Response> answers;
+  for (int i = 0; i < 3; ++i) {
+    std::optional<Response> r = h.NextResponse();
+    ASSERT_TRUE(r.has_value()) << "answer " << i << " missing";
+    answers.push_back(*r);
+  }
+  EXPECT_TRUE(h.Barrier().empty()) << "answered twice";
+  bool got_read = false;
+  for (const Response& r : answers) {
+    if (r.header.client_id != 1) continue;
+    got_read = true;
+    EXPECT_EQ(StatusOf(r), Status::kOk);
+    EXPECT_EQ(r.value, "first");
+    EXPECT_EQ(r.header.version, first_version);
+    EXPECT_EQ(r.header.seq, 1u);
+    EXPECT_EQ(r.header.attempt, 1u);
+    EXPECT_EQ(r.header.keyhash, mica::KeyHash(key));
+  }
+  EXPECT_TRUE(got_read);
+  // Released: a later retransmission of the GET reads again (and sees the newer value).
+  get.attempt = 2;
+  gate.set_reads_wait(false);
+  const Response again = h.Call(get);
+  EXPECT_EQ(StatusOf(again), Status::kOk);
+  EXPECT_EQ(again.value, "second");
+}
+
+TEST_P(ResponseGateTest, AHeldMissIsAnsweredNotFoundOnRelease) {
+  const std::string key = KeyOf(kWorkerIndex, 0);
+  FakeGate gate({}, /*holds_reads=*/true);
+  Harness h(TheConfig(), &gate);
+  gate.set_hold_misses(true);
+  h.Submit(Get(0, 1, key));
+  ASSERT_TRUE(gate.AwaitHeldReads(1));
+  gate.set_hold_misses(false);  // the probes' misses go
+  EXPECT_TRUE(h.Barrier().empty());
+  gate.ReleaseAll();
+  std::optional<Response> r = h.NextResponse();
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(StatusOf(*r), Status::kNotFound);
+  EXPECT_EQ(r->value, "");
+}
+
+TEST_P(ResponseGateTest, GetsThatNeedNotWaitAreAnsweredInTheirBatch) {
+  const std::string key = KeyOf(kWorkerIndex, 0);
+  FakeGate gate({}, /*holds_reads=*/true);
+  gate.set_reads_wait(false);
+  Harness h(TheConfig(), &gate);
+  ASSERT_EQ(StatusOf(h.Call(Put(0, 1, key, "v"))), Status::kOk);
+  const Response got = h.Call(Get(0, 2, key));
+  EXPECT_EQ(StatusOf(got), Status::kOk);
+  EXPECT_EQ(got.value, "v");
+  EXPECT_GE(gate.read_offers(), 1u);
+  EXPECT_EQ(h.counters().reads_held.Get(), 0u);
+}
+
+TEST_P(ResponseGateTest, ForgedReadReleasesAnswerNothingAndFreeNothing) {
+  const std::string key = KeyOf(kWorkerIndex, 0);
+  FakeGate gate({}, /*holds_reads=*/true);
+  Harness h(TheConfig(), &gate);
+  ASSERT_EQ(StatusOf(h.Call(Put(0, 1, key, "v"))), Status::kOk);
+  h.Submit(Get(0, 2, key));
+  ASSERT_TRUE(gate.AwaitHeldReads(1));
+  const HeldId real = gate.held_reads()[0];
+  HeldId forged = real;
+  forged.read = real.read + 1;  // a buffer never held
+  gate.ReleaseId(forged);
+  HeldId out_of_range = real;
+  out_of_range.read = UINT32_MAX - 1;
+  gate.ReleaseId(out_of_range);
+  EXPECT_TRUE(h.Barrier().empty()) << "a forged release was answered";
+  gate.ReleaseAll();
+  gate.ReleaseId(real);  // twice: the second finds the buffer free
+  std::optional<Response> r = h.NextResponse();
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->header.seq, 2u);
+  EXPECT_EQ(r->value, "v");
+  EXPECT_TRUE(h.Barrier().empty()) << "answered twice";
+}
+
 INSTANTIATE_TEST_SUITE_P(RequestVerbs, ResponseGateTest, ::testing::Bool(),
                          [](const ::testing::TestParamInfo<bool>& info) {
                            return info.param ? "UdRequests" : "WriteRequests";
@@ -202,6 +342,53 @@ TEST(ResponseGateWriteResponsesTest, AReleasedWriteResponseCarriesTheSessionChec
   EXPECT_EQ(static_cast<Status>(r->header.status), Status::kOk);
   EXPECT_EQ(r->header.attempt, 1u);
   EXPECT_EQ(r->header.keyhash, mica::KeyHash(key));
+}
+
+}  // namespace
+}  // namespace herd::worker_test
+
+namespace herd::worker_test {
+namespace {
+
+TEST(ResponseGateHeldReadsTest, WithEveryHeldReadBufferTakenAGetGoesUnansweredUntilOneIsFree) {
+  Config config = SlotsAndUd();
+  config.postlist = 1;  // Worker::kHeldReadBatches buffers
+  FakeGate gate({}, /*holds_reads=*/true);
+  Harness h(config, &gate);
+  constexpr uint32_t kBuffers = 8;  // kHeldReadBatches x postlist
+  const std::string key = KeyOf(kWorkerIndex, 0);
+  // Written first, so that the GETs find it (a miss is not held: Barrier()'s probes are).
+  constexpr uint32_t kWriter = kMaxClients - 2;
+  constexpr uint32_t kReaders = kMaxClients - 2;  // ids 0..kReaders-1
+  ASSERT_EQ(StatusOf(h.Call(Put(kWriter, 1, key, "v"))), Status::kOk);
+  for (uint32_t i = 0; i < kBuffers; ++i) {
+    h.Submit(Get(i % kReaders, 1 + i / kReaders, key));
+  }
+  ASSERT_TRUE(gate.AwaitHeldReads(kBuffers));
+  // One more: no buffer, no answer, and no hold either.
+  const uint32_t extra_client = kBuffers % kReaders;
+  const uint64_t extra_seq = 1 + kBuffers / kReaders;
+  h.Submit(Get(extra_client, extra_seq, key));
+  ASSERT_TRUE(h.AwaitConsumed(extra_client, extra_seq));
+  EXPECT_TRUE(h.Barrier().empty());
+  EXPECT_EQ(h.counters().reads_unanswered.Get(), 1u);
+  EXPECT_EQ(gate.held_reads().size(), kBuffers);
+  gate.ReleaseAll();
+  for (uint32_t i = 0; i < kBuffers; ++i) {
+    ASSERT_TRUE(h.NextResponse().has_value()) << i;
+  }
+  // Its retransmission reads again, into a freed buffer, and is answered once released.
+  Request again = Get(extra_client, extra_seq, key);
+  again.attempt = 1;
+  h.Submit(again);
+  ASSERT_TRUE(gate.AwaitHeldReads(1));
+  gate.ReleaseAll();
+  std::optional<Response> r = h.NextResponse();
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->header.client_id, extra_client);
+  EXPECT_EQ(r->header.attempt, 1u);
+  EXPECT_EQ(StatusOf(*r), Status::kOk);
+  EXPECT_EQ(r->value, "v");
 }
 
 }  // namespace
