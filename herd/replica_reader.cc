@@ -18,6 +18,8 @@ mica::Response ReplicaReader::Get(const mica::Request& request) {
     return mica::Response{mica::Result::kCorrupt, 0, 0};
   }
   const LandingWords landing(redo_area_);
+  const ReleasedWords released(redo_area_);
+  uint32_t unreleased = 0;
   for (uint32_t attempt = 0; attempt < kMaxAttempts; ++attempt) {
     bool quiet = false;
     const uint64_t begun = landing.Quiet(&quiet);
@@ -30,11 +32,28 @@ mica::Response ReplicaReader::Get(const mica::Request& request) {
         continue;
       case mica::Result::kNotFound:
       case mica::Result::kBufferTooSmall:
-        if (quiet && landing.StillQuiet(begun)) return r;
-        counters_.unconfirmed.Add();
-        continue;
+        if (!quiet || !landing.StillQuiet(begun)) {
+          counters_.unconfirmed.Add();
+          continue;
+        }
+        if (r.result == mica::Result::kNotFound ? released.MissReleased()
+                                                : released.Released(r.version)) {
+          return r;
+        }
+        break;
+      case mica::Result::kOk:
+        if (released.Released(r.version)) return r;
+        break;
       default:
-        return r;  // a verified value, a large item's place, or a bad key
+        return r;  // a bad key
+    }
+    // What this copy holds is newer than the primary called safe: a failover to a backup that
+    // lacks it would take it back. The watermark moves within a link round trip; past a few
+    // looks, the client is told to ask again (or the primary, which holds such a read).
+    counters_.unreleased.Add();
+    if (++unreleased == kMaxUnreleasedAttempts) {
+      counters_.held_back.Add();
+      break;
     }
   }
   counters_.busy.Add();

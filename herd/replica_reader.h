@@ -11,6 +11,11 @@
 //   (LandingWords: begun == done before, begun unchanged after): a slot half-way through a
 //   batch (an old slot naming a reused block, a chain being relinked) can make a present key
 //   look absent, so an unconfirmed miss is read again.
+// - Never what a failover could take back: a value newer than the primary's "released"
+//   watermark (every write up to it is at every live backup), or a miss while a DELETE newer
+//   than it landed here (ReleasedWords), is looked at again up to kMaxUnreleasedAttempts times,
+//   then answered busy. (Another backup may lack a batch this one holds: promoted, it would
+//   answer older.)
 // - A backup its primary dropped (it went on without it: its copy misses acknowledged writes)
 //   answers every GET busy.
 // - A kBufferTooSmall (an item too long to copy here: the caller READs it itself) is answered
@@ -35,6 +40,8 @@ struct ReplicaReadCounters {
   transport::Counter torn;         // attempts that found a bucket or item changing
   transport::Counter unconfirmed;  // misses read again (a WRITE was landing meanwhile)
   transport::Counter busy;         // GETs given up after kMaxAttempts
+  transport::Counter unreleased;   // reads that found a write newer than the watermark
+  transport::Counter held_back;    // ... GETs answered busy for it (counted in busy too)
 };
 
 class ReplicaReader {
@@ -43,6 +50,9 @@ class ReplicaReader {
   // this many reads (each well under a microsecond) outlast a live primary's chain unless the
   // thread placing it (a NIC, shm's progress thread) stalls.
   static constexpr uint32_t kMaxAttempts = 4096;
+  // Reads of an unreleased write before the GET is answered busy: the watermark moves once per
+  // replication round trip, so spinning longer only burns the worker.
+  static constexpr uint32_t kMaxUnreleasedAttempts = 16;
 
   // `redo_area`: the backup's redo area for this partition (its commit line's begun and done
   // words). Both must outlive the reader.

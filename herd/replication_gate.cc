@@ -1,6 +1,7 @@
 #include "herd/replication_gate.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <utility>
 
@@ -17,7 +18,9 @@ constexpr int kLinkShift = 56;
 constexpr int kEpochShift = 48;
 constexpr uint64_t kEpochMask = 0xff;
 constexpr uint64_t kChunkFlag = uint64_t{1} << 47;
-constexpr uint64_t kBatchMask = kChunkFlag - 1;
+// An idle watermark WRITE (PostWatermarks); its low bits name the last batch posted before it.
+constexpr uint64_t kWatermarkFlag = uint64_t{1} << 46;
+constexpr uint64_t kBatchMask = kWatermarkFlag - 1;
 uint64_t WrIdOf(size_t link, uint64_t epoch, uint64_t low) {
   return (uint64_t{link} << kLinkShift) | ((epoch & kEpochMask) << kEpochShift) | low;
 }
@@ -27,9 +30,17 @@ constexpr size_t kPollBatch = 32;
 // word last.
 constexpr uint32_t kFirstRangeWr = 2;
 // After each record in the staging ring, the sources of the commit line's words
-// (replication_log.h): the commit word and the begun batch (one WRITE), the done batch.
+// (replication_log.h): the commit word, the begun batch and the deletes word (one WRITE), then
+// the done batch and the released watermark (the chain's last WRITE).
 constexpr uint64_t kCommitWriteBytes = kRedoDoneWordOffset;
-constexpr uint64_t kCommitSourceBytes = kRedoDoneWordOffset + sizeof(uint64_t);
+constexpr uint64_t kDoneWriteBytes =
+    kRedoReleasedWordOffset + sizeof(uint64_t) - kRedoDoneWordOffset;
+constexpr uint64_t kCommitSourceBytes = kCommitWriteBytes + kDoneWriteBytes;
+static_assert(kRedoDeletesWordOffset + sizeof(uint64_t) == kCommitWriteBytes &&
+                  kRedoReleasedWordOffset == kRedoDoneWordOffset + sizeof(uint64_t),
+              "each of the chain's two commit-line WRITEs covers adjacent words");
+// After the staging ring: the idle watermark WRITE's source word.
+constexpr uint64_t kWatermarkSourceBytes = 64;
 // A record takes at most 1/kMaxRecordShare of the staging ring. With nothing in flight the ring
 // protects one record (a backup's commit may name it), and the larger of the two free pieces
 // beside it, at least (ring - record) / 2, then holds any record: no batch waits forever.
@@ -75,11 +86,11 @@ absl::StatusOr<std::unique_ptr<ReplicationGate>> ReplicationGate::Create(
                           kChainFrameWrs, options.max_batches_in_flight, needed));
     }
   }
-  absl::StatusOr<transport::SharedMemory> staging =
-      transport::SharedMemory::Allocate(options.staging_bytes, "herd-replication-staging");
+  absl::StatusOr<transport::SharedMemory> staging = transport::SharedMemory::Allocate(
+      options.staging_bytes + kWatermarkSourceBytes, "herd-replication-staging");
   if (!staging.ok()) return staging.status();
-  absl::StatusOr<std::unique_ptr<transport::MemoryRegion>> mr =
-      pd->RegisterMemory(staging->data(), options.staging_bytes, transport::kLocalWrite);
+  absl::StatusOr<std::unique_ptr<transport::MemoryRegion>> mr = pd->RegisterMemory(
+      staging->data(), options.staging_bytes + kWatermarkSourceBytes, transport::kLocalWrite);
   if (!mr.ok()) return mr.status();
   return std::unique_ptr<ReplicationGate>(new ReplicationGate(
       partition, pd, *std::move(staging), *std::move(mr), cq, std::move(links), options));
@@ -251,8 +262,10 @@ bool ReplicationGate::PostPending() {
     data += RedoPadded(ranges[i].bytes);
   }
   SealRedoRecord(header);
-  // ReplayLastBatch: the record's ring offset + 1; then the batch, as begun and as done.
-  const uint64_t words[] = {start % capacity + 1, batch, batch};
+  // ReplayLastBatch: the record's ring offset + 1; then the batch, as begun and as done; the
+  // watermark words for backup readers.
+  const uint64_t released = PublishedWatermark();
+  const uint64_t words[] = {start % capacity + 1, batch, PublishedDeletes(), batch, released};
   static_assert(sizeof(words) == kCommitSourceBytes);
   std::memcpy(record + record_bytes, words, sizeof(words));
   sges_[0].addr = reinterpret_cast<uint64_t>(record);
@@ -262,7 +275,7 @@ bool ReplicationGate::PostPending() {
   const size_t wrs = n + kChainFrameWrs;
   const size_t done_wr = wrs - 1;
   sges_[done_wr].addr = reinterpret_cast<uint64_t>(record + record_bytes + kCommitWriteBytes);
-  sges_[done_wr].length = sizeof(uint64_t);
+  sges_[done_wr].length = static_cast<uint32_t>(kDoneWriteBytes);
   for (size_t i = 0; i < wrs; ++i) {
     wrs_[i].next = i + 1 < wrs ? &wrs_[i + 1] : nullptr;
     wrs_[i].flags = i + 1 < wrs ? 0u : static_cast<uint32_t>(transport::kSignaled);
@@ -299,14 +312,55 @@ bool ReplicationGate::PostPending() {
       continue;
     }
     link.posted_through = batch;
+    link.published = released;
     counters_.writes_posted.Add(wrs);
     counters_.bytes_posted.Add(wire_bytes);
   }
   counters_.batches_posted.Add();
   changes_.Clear();
   last_posted_ = batch;
+  posted_since_release_ = true;
   AssignUnposted(batch);
   return true;
+}
+
+uint64_t ReplicationGate::PublishedWatermark() const {
+  // Off: backups answer everything they hold, as the primary does.
+  return options_.hold_unreplicated_reads ? released_clock_ : UINT64_MAX;
+}
+
+uint64_t ReplicationGate::PublishedDeletes() const {
+  return options_.hold_unreplicated_reads ? newest_delete_ : 0;
+}
+
+void ReplicationGate::PostWatermarks() {
+  const uint64_t released = PublishedWatermark();
+  uint64_t* const source = reinterpret_cast<uint64_t*>(staging_.data() + options_.staging_bytes);
+  // A WRITE still reading an older value reads this one: newer, and as true.
+  std::atomic_ref<uint64_t>(*source).store(released, std::memory_order_relaxed);
+  for (size_t l = 0; l < links_.size(); ++l) {
+    Link& link = links_[l];
+    if (!link.live || link.watermark_in_flight || link.published >= released) continue;
+    transport::Sge sge{reinterpret_cast<uint64_t>(source), sizeof(uint64_t), staging_mr_->lkey()};
+    transport::SendWr wr;
+    wr.opcode = transport::Opcode::kWrite;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    wr.flags = transport::kSignaled;
+    wr.remote_addr = link.backup.redo_addr + kRedoReleasedWordOffset;
+    wr.rkey = link.backup.redo_rkey;
+    // Its completion also completes every chain posted before it (RC: in order).
+    wr.wr_id = WrIdOf(l, link.epoch, kWatermarkFlag | link.posted_through);
+    transport::SendWr* bad = nullptr;
+    if (absl::Status s = link.backup.qp->PostSend(&wr, &bad); !s.ok()) {
+      LOG(WARNING) << "replication: dropping backup " << l << ": " << s;
+      DropLink(link);
+      continue;
+    }
+    link.watermark_in_flight = true;
+    link.published = released;
+    counters_.watermarks_posted.Add();
+  }
 }
 
 void ReplicationGate::AssignUnposted(uint64_t batch) {
@@ -382,6 +436,8 @@ void ReplicationGate::AdvanceJoins() {
       link.copy_next = 0;
       link.chunks_in_flight = 0;
       link.copied = false;
+      link.published = 0;
+      link.watermark_in_flight = false;
       link.dropped->store(false, std::memory_order_release);
       link.offered->store(false, std::memory_order_release);
       joining_ = true;
@@ -478,6 +534,7 @@ ReplicationCounters ReplicationGate::counters() const {
   c.stalls = counters_.stalls.Get();
   c.released = counters_.released.Get();
   c.reads_held = counters_.reads_held.Get();
+  c.watermarks_posted = counters_.watermarks_posted.Get();
   c.live_backups = counters_.live_backups.Get();
   c.joined = counters_.joined.Get();
   c.transfer_bytes = counters_.transfer_bytes.Get();
@@ -527,6 +584,7 @@ uint32_t ReplicationGate::Release(absl::Span<HeldId> released) {
         if (link.chunks_in_flight > 0) --link.chunks_in_flight;
         continue;
       }
+      if ((c.wr_id & kWatermarkFlag) != 0) link.watermark_in_flight = false;
       if (c.status != transport::CompletionStatus::kSuccess) {
         if (link.sends()) {
           LOG(WARNING) << "replication: dropping backup " << l << ": a WRITE completed with status "
@@ -551,6 +609,9 @@ uint32_t ReplicationGate::Release(absl::Span<HeldId> released) {
     if (s.batch > through) break;
     released_clock_ = std::max(released_clock_, s.clock);
   }
+  // An idle worker posts no chain that would carry the moved watermark: it goes alone.
+  if (!posted_since_release_ && changes_.ranges().empty()) PostWatermarks();
+  posted_since_release_ = false;
   uint32_t n = 0;
   while (n < released.size() && held_count_ > 0) {
     const Held& h = held_ring_[held_head_];

@@ -96,6 +96,8 @@ inline uint64_t LargeWriteRecordBytes(const Config& c) {
 // after them).
 inline constexpr uint64_t kTransferChunkBytes = uint64_t{256} << 10;
 inline constexpr uint32_t kTransferChunksInFlight = 4;
+// Idle watermark WRITEs (ReplicationGate::PostWatermarks) in flight per link at most.
+inline constexpr uint32_t kWatermarkWrsInFlight = 1;
 // WRs a recorded range may take: one, or two when it spans the index's end and the ring's start
 // (split so that the ring's part lands first).
 inline constexpr uint32_t kWrsPerRange = 2;
@@ -126,7 +128,7 @@ struct ReplicationOptions {
 inline uint64_t LinkSendQueueDepth(const ReplicationOptions& options) {
   return (uint64_t{options.max_ranges_per_batch} * kWrsPerRange + kChainFrameWrs) *
              options.max_batches_in_flight +
-         kTransferChunksInFlight;
+         kTransferChunksInFlight + kWatermarkWrsInFlight;
 }
 
 // A snapshot of a gate's counters (any thread may take one: counters()).
@@ -139,10 +141,11 @@ struct ReplicationCounters {
   uint64_t links_dropped = 0;
   uint64_t stalls = 0;  // ... of them for a chain not completed within stall_timeout
   uint64_t released = 0;
-  uint64_t reads_held = 0;      // GETs that read a write not yet released (HoldRead)
-  uint64_t live_backups = 0;    // a level, not a count
-  uint64_t joined = 0;          // backups brought up to date by state transfer
-  uint64_t transfer_bytes = 0;  // ... the bytes their transfers copied
+  uint64_t reads_held = 0;         // GETs that read a write not yet released (HoldRead)
+  uint64_t watermarks_posted = 0;  // idle watermark WRITEs (no chain carried a new watermark)
+  uint64_t live_backups = 0;       // a level, not a count
+  uint64_t joined = 0;             // backups brought up to date by state transfer
+  uint64_t transfer_bytes = 0;     // ... the bytes their transfers copied
 };
 
 class ReplicationGate : public ResponseGate {
@@ -221,6 +224,10 @@ class ReplicationGate : public ResponseGate {
     uint32_t chunks_in_flight = 0;
     bool copied = false;
     uint64_t sync_through = 0;
+    // The watermark its backup readers were last sent (a chain's or an idle WRITE's), and
+    // whether an idle watermark WRITE is in flight (at most kWatermarkWrsInFlight).
+    uint64_t published = 0;
+    bool watermark_in_flight = false;
     bool sends() const { return live || joining; }
   };
   struct Held {
@@ -262,6 +269,13 @@ class ReplicationGate : public ResponseGate {
   void FreeSnapshots(uint64_t through);
   // Appends a held answer for the next batch posted.
   void HoldUnposted(const HeldId& id);
+  // The watermark words a chain carries to backup readers (replication_log.h: "released",
+  // "deletes"); with hold_unreplicated_reads off, everything is released.
+  uint64_t PublishedWatermark() const;
+  uint64_t PublishedDeletes() const;
+  // Sends the watermark alone to each live link that was last sent an older one (the worker is
+  // idle: no chain will carry it), unless its previous one is still in flight.
+  void PostWatermarks();
   // The last batch every link that is sent to (live or joining) completed.
   uint64_t CompletedByEveryLink() const;
   // Adopts offered links; posts transfer chunks; makes joining links whose transfer is done
@@ -305,11 +319,12 @@ class ReplicationGate : public ResponseGate {
   // the newest version a DELETE took.
   uint64_t released_clock_ = 0;
   uint64_t newest_delete_ = 0;
-  bool unposted_held_ = false;  // held answers wait for the next posting
-  uint32_t releases_ = 0;       // Release calls, for kStallCheckEvery
+  bool posted_since_release_ = false;  // a chain went out since the last Release
+  bool unposted_held_ = false;         // held answers wait for the next posting
+  uint32_t releases_ = 0;              // Release calls, for kStallCheckEvery
   struct Counters {
     util::Counter batches_posted, writes_posted, bytes_posted, deferred, overflowed, links_dropped,
-        stalls, released, reads_held, joined, transfer_bytes;
+        stalls, released, reads_held, watermarks_posted, joined, transfer_bytes;
     util::Gauge live_backups;
   } counters_;
 };

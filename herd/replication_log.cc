@@ -46,6 +46,31 @@ bool LandingWords::StillQuiet(uint64_t begun) const {
              .load(std::memory_order_relaxed) == begun;
 }
 
+namespace {
+uint64_t LoadWord(const uint64_t* word) {
+  return std::atomic_ref<uint64_t>(*const_cast<uint64_t*>(word)).load(std::memory_order_acquire);
+}
+}  // namespace
+
+bool ReleasedWords::Released(uint64_t version) const {
+  std::atomic_thread_fence(std::memory_order_acquire);  // the partition reads before this load
+  return version <= LoadWord(released_);
+}
+
+bool ReleasedWords::MissReleased() const {
+  std::atomic_thread_fence(std::memory_order_acquire);
+  // Deletes first: a DELETE that landed before the read named itself here before its in-place
+  // writes; the watermark only grows, so reading it second is the most favourable and still true.
+  const uint64_t deletes = LoadWord(deletes_);
+  return deletes <= LoadWord(released_);
+}
+
+void ClearCommitLine(uint8_t* redo_area) {
+  for (const uint64_t offset : {uint64_t{0}, kRedoBegunWordOffset, kRedoDoneWordOffset}) {
+    std::memset(redo_area + offset, 0, sizeof(uint64_t));
+  }
+}
+
 void SealRedoRecord(RedoHeader* header) {
   header->magic = kRedoMagic;
   header->checksum = ChecksumOf(*header, reinterpret_cast<const uint8_t*>(header + 1));

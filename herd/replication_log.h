@@ -14,7 +14,11 @@
 //   redo area:  [ commit line: 64 B                                                       ]
 //                   word 0: the committed record's offset in the ring + 1 (0: none)
 //                   word 1: "begun", the batch whose in-place writes follow (with word 0)
-//                   word 2: "done", the last batch whose in-place writes all landed
+//                   word 2: "deletes", the newest version a DELETE took in the batches
+//                           through "begun" (with words 0 and 1, before the in-place writes)
+//                   word 3: "done", the last batch whose in-place writes all landed
+//                   word 4: "released", every write of a version up to it is at every live
+//                           backup (with word 3, or alone: the primary's idle watermark)
 //               [ ring: staging_bytes, the primary's staging ring at the same offsets    ]
 //   record:     RedoHeader | RedoRange[ranges] | the ranges' bytes, each padded to 8
 //
@@ -27,8 +31,11 @@
 // Words 1 and 2 let a backup reader tell a quiet moment (begun == done: nothing lands in place)
 // from a landing one, and notice a batch that began landing while it read (begun moved): see
 // LandingWords. Batches are numbered from 1 and only grow, so equal words never mean two batches.
-// After a replay the caller zeroes the commit word (a second replay of an older record after
-// the promoted partition moved on would roll it back); a new link starts from a zeroed area.
+// Words 2 and 4 keep a backup reader from answering what a failover could take back: a value
+// newer than "released", or a miss while a DELETE newer than it landed here (ReleasedWords).
+// After a replay the caller clears the commit line (ClearCommitLine: a second replay of an
+// older record after the promoted partition moved on would roll it back); a new link starts
+// from a zeroed line.
 #ifndef HERD_HERD_REPLICATION_LOG_H_
 #define HERD_HERD_REPLICATION_LOG_H_
 
@@ -42,7 +49,10 @@ namespace herd {
 inline constexpr uint64_t kRedoMagic = 0x4f44455244524548ULL;  // "HERDREDO"
 inline constexpr uint64_t kRedoCommitLineBytes = 64;           // the commit word's line
 inline constexpr uint64_t kRedoBegunWordOffset = 8;            // in the commit line
-inline constexpr uint64_t kRedoDoneWordOffset = 16;
+inline constexpr uint64_t kRedoDeletesWordOffset = 16;
+inline constexpr uint64_t kRedoDoneWordOffset = 24;
+inline constexpr uint64_t kRedoReleasedWordOffset = 32;
+static_assert(kRedoReleasedWordOffset + sizeof(uint64_t) <= kRedoCommitLineBytes);
 inline constexpr uint64_t kRedoAlignment = 8;
 // The most ranges one record may hold (a gate's max_ranges_per_batch is far below): bounds every
 // loop over a table whose length a damaged record could make anything.
@@ -92,6 +102,27 @@ class LandingWords {
   const uint64_t* begun_;
   const uint64_t* done_;
 };
+
+// A backup reader's view of the primary's watermark words: whether what it read may be answered
+// (a failover cannot take it back). Read after the partition was read.
+class ReleasedWords {
+ public:
+  explicit ReleasedWords(const uint8_t* redo_area)
+      : deletes_(reinterpret_cast<const uint64_t*>(redo_area + kRedoDeletesWordOffset)),
+        released_(reinterpret_cast<const uint64_t*>(redo_area + kRedoReleasedWordOffset)) {}
+  // A hit of an item of `version`.
+  bool Released(uint64_t version) const;
+  // A miss: no DELETE newer than the watermark landed.
+  bool MissReleased() const;
+
+ private:
+  const uint64_t* deletes_;
+  const uint64_t* released_;
+};
+
+// Clears what names a record and a landing (words 0, 1 and 3) and keeps the watermark words: the
+// writes they call released are still released, and the DELETEs they name still landed.
+void ClearCommitLine(uint8_t* redo_area);
 
 // Seals a record whose header fields and table are written: sets magic and the checksum.
 void SealRedoRecord(RedoHeader* header);

@@ -473,7 +473,7 @@ std::vector<std::string> Server::RunOnWorkers(bool take_writes) {
           !s.ok()) {
         return s;
       }
-      std::memset(redo->data(), 0, kRedoCommitLineBytes);
+      ClearCommitLine(redo->data());
       if (!take_writes) return absl::OkStatus();
       if (absl::Status s = partition.ResumeFromRegion(); !s.ok()) return s;
       // Versions the dead primary handed out for writes no backup received (answers held, or

@@ -84,10 +84,11 @@ std::string ReplicationJson(const ServerStats& s, const ServerStats& since) {
   }
   return absl::StrFormat(
       "{\"role\":\"backup\",\"primary_attached\":%s,\"syncing\":%s,\"reads\":%d,"
-      "\"torn\":%d,\"unconfirmed\":%d,\"busy\":%d}",
+      "\"torn\":%d,\"unconfirmed\":%d,\"unreleased\":%d,\"busy\":%d}",
       s.primary_attached ? "true" : "false", s.syncing ? "true" : "false",
       s.replica_reads - since.replica_reads, s.replica_torn - since.replica_torn,
-      s.replica_unconfirmed - since.replica_unconfirmed, s.replica_busy - since.replica_busy);
+      s.replica_unconfirmed - since.replica_unconfirmed,
+      s.replica_unreleased - since.replica_unreleased, s.replica_busy - since.replica_busy);
 }
 
 }  // namespace
@@ -145,6 +146,7 @@ ServerStats Server::Stats() const {
       stats.replica_torn += k.torn.Get();
       stats.replica_unconfirmed += k.unconfirmed.Get();
       stats.replica_busy += k.busy.Get();
+      stats.replica_unreleased += k.unreleased.Get();
     }
     stats.primary_attached = primary_attached_.load();
   }

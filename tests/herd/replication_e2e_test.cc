@@ -478,12 +478,13 @@ TEST(Replication, KillThePrimaryPromoteABackupLoseNoAcknowledgedWrite) {
     // a write whose answer its writer has not had yet (a primary that lets a GET see a write
     // before the backups hold it then loses what a reader saw), once half the load ran.
     std::array<std::atomic<uint64_t>, kWriters> answered_seq{};
-    // [0, kWriters): the writers; kWriters: the reads after the promotion; kWriters + 1: a reader
-    // of the primary under the load (a GET that saw a write the failover then took back would
-    // make a later read stale).
+    // [0, kWriters): the writers; kWriters: the reads after the promotion; then readers of the
+    // primary and of each backup under the load (a GET that saw a write the failover then took
+    // back would make a later read stale).
     constexpr uint32_t kPrimaryReader = kWriters + 1;
-    std::vector<std::vector<h::Event>> events(kWriters + 2);
-    std::vector<std::string> errors(kWriters + 1);
+    const size_t readers = 1 + backups.size();
+    std::vector<std::vector<h::Event>> events(kPrimaryReader + readers);
+    std::vector<std::string> errors(kWriters + readers);
     std::vector<std::thread> writers;
     for (int t = 0; t < kWriters; ++t) {
       writers.emplace_back([&, t] {
@@ -539,9 +540,12 @@ TEST(Replication, KillThePrimaryPromoteABackupLoseNoAcknowledgedWrite) {
         }
       });
     }
-    writers.emplace_back([&] {
+    // Readers of the primary and of each backup (one history with everything else). A backup's
+    // BACKUP_BUSY is no answer; its readers stop once the writers and the primary's reader did.
+    std::atomic<bool> stop_readers{false};
+    const auto read_loop = [&](const std::string& server, uint32_t id, bool until_stopped) {
       ClientOptions o;
-      o.server = primary->address();
+      o.server = server;
       o.device.fabric = fabric;
       o.device.faults.delay_us = delay_us;
       o.retry_timeout = absl::Milliseconds(5);
@@ -549,14 +553,14 @@ TEST(Replication, KillThePrimaryPromoteABackupLoseNoAcknowledgedWrite) {
       o.max_attempts = 20;
       auto client = Client::Connect(o);
       if (!client.ok()) {
-        errors[kWriters] = client.status().ToString();
+        errors[id - kPrimaryReader + kWriters] = client.status().ToString();
         return;
       }
-      std::mt19937_64 rrng(7000 + run);
-      for (uint64_t seq = 1;; ++seq) {
+      std::mt19937_64 rrng(7000 + run * 10 + id);
+      for (uint64_t seq = 1; !until_stopped || !stop_readers.load(); ++seq) {
         h::Event e;
         e.key = static_cast<uint32_t>(rrng() % kFailoverKeys);
-        e.writer = kPrimaryReader;
+        e.writer = id;
         e.seq = seq;
         e.op = Op::kGet;
         e.invoke_ns = h::MonotonicNowNs();
@@ -568,18 +572,28 @@ TEST(Replication, KillThePrimaryPromoteABackupLoseNoAcknowledgedWrite) {
           h::RecordRead(got->value, &e);
         } else if (absl::IsNotFound(got.status())) {
           e.status = Status::kNotFound;
+        } else if (until_stopped) {
+          continue;  // BACKUP_BUSY (or a timeout): no answer, nothing to check
         } else {
           return;  // the primary died: an unanswered GET says nothing
         }
         const bool unanswered_write = e.read_well_formed && e.read.writer < kWriters &&
                                       e.read.seq > answered_seq[e.read.writer].load();
-        events[kPrimaryReader].push_back(std::move(e));
+        events[id].push_back(std::move(e));
         if (unanswered_write && acknowledged.load() >= kill_after / 2) kill_once();
       }
-    });
+    };
+    writers.emplace_back(read_loop, primary->address(), kPrimaryReader, false);
+    std::vector<std::thread> backup_readers;
+    for (size_t b = 0; b < backups.size(); ++b) {
+      backup_readers.emplace_back(read_loop, backups[b]->address(),
+                                  static_cast<uint32_t>(kPrimaryReader + 1 + b), true);
+    }
     for (std::thread& t : writers) t.join();
+    stop_readers.store(true);
+    for (std::thread& t : backup_readers) t.join();
     primary->Kill();  // reaps it
-    for (int t = 0; t <= kWriters; ++t) ASSERT_TRUE(errors[t].empty()) << errors[t];
+    for (const std::string& error : errors) ASSERT_TRUE(error.empty()) << error;
     ASSERT_GE(acknowledged.load(), kill_after / 2) << "the load never got going";
     // Promote one backup, as `herd_admin promote` does: refused until it saw its primary go.
     const size_t chosen = rng() % backups.size();
