@@ -81,7 +81,7 @@ absl::StatusOr<std::unique_ptr<ReplicationGate>> ReplicationGate::Create(
     if (link.qp->config().max_send_wr < needed) {
       return absl::InvalidArgumentError(
           absl::StrFormat("a backup link's send queue holds %d WRs; (%d ranges + %d) x %d batches "
-                          "in flight need %d",
+                          "in flight, a transfer and a watermark need %d",
                           link.qp->config().max_send_wr, options.max_ranges_per_batch,
                           kChainFrameWrs, options.max_batches_in_flight, needed));
     }
@@ -231,6 +231,11 @@ bool ReplicationGate::PostPending() {
     // Nothing to write, or nobody to write to: what is held goes with the last batch posted
     // (its answer may name a version still in flight there).
     changes_.Clear();
+    // With nobody to write to, nobody can lack these writes (a later joiner copies them): the
+    // watermark moves past them, or it would stay behind every write made alone.
+    if (!(live_ > 0 || joining_)) {
+      released_clock_ = std::max(released_clock_, partition_->version_clock());
+    }
     AssignUnposted(last_posted_);
     return true;
   }
@@ -336,6 +341,7 @@ uint64_t ReplicationGate::PublishedDeletes() const {
 void ReplicationGate::PostWatermarks() {
   const uint64_t released = PublishedWatermark();
   uint64_t* const source = reinterpret_cast<uint64_t*>(staging_.data() + options_.staging_bytes);
+  static_assert(2 * sizeof(uint64_t) <= kWatermarkSourceBytes);  // this word, PostChunks' next
   // A WRITE still reading an older value reads this one: newer, and as true.
   std::atomic_ref<uint64_t>(*source).store(released, std::memory_order_relaxed);
   for (size_t l = 0; l < links_.size(); ++l) {
@@ -476,6 +482,29 @@ void ReplicationGate::AdvanceJoins() {
 }
 
 void ReplicationGate::PostChunks(size_t index, Link& link) {
+  if (link.copy_next == 0 && link.chunks_in_flight == 0) {
+    // Before the copy: the newest DELETE already executed ("deletes" otherwise arrives only with
+    // the next chain, and a joiner can go live without one: it would confirm a miss behind a
+    // DELETE no other backup holds yet). Unsignaled: the first chunk's completion covers it.
+    uint64_t* const source =
+        reinterpret_cast<uint64_t*>(staging_.data() + options_.staging_bytes) + 1;
+    std::atomic_ref<uint64_t>(*source).store(PublishedDeletes(), std::memory_order_relaxed);
+    transport::Sge sge{reinterpret_cast<uint64_t>(source), sizeof(uint64_t), staging_mr_->lkey()};
+    transport::SendWr wr;
+    wr.opcode = transport::Opcode::kWrite;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    wr.flags = 0;
+    wr.remote_addr = link.backup.redo_addr + kRedoDeletesWordOffset;
+    wr.rkey = link.backup.redo_rkey;
+    wr.wr_id = WrIdOf(index, link.epoch, kChunkFlag);
+    transport::SendWr* bad = nullptr;
+    if (absl::Status s = link.backup.qp->PostSend(&wr, &bad); !s.ok()) {
+      LOG(WARNING) << "replication: dropping joining backup " << index << ": " << s;
+      DropLink(link);
+      return;
+    }
+  }
   while (link.chunks_in_flight < kTransferChunksInFlight && link.copy_next < region_copy_bytes_) {
     const uint64_t bytes = std::min(kTransferChunkBytes, region_copy_bytes_ - link.copy_next);
     transport::Sge sge{reinterpret_cast<uint64_t>(region_base_ + link.copy_next),

@@ -96,6 +96,8 @@ inline uint64_t LargeWriteRecordBytes(const Config& c) {
 // after them).
 inline constexpr uint64_t kTransferChunkBytes = uint64_t{256} << 10;
 inline constexpr uint32_t kTransferChunksInFlight = 4;
+// The WRITE of the "deletes" word before a transfer's first chunk (PostChunks).
+inline constexpr uint32_t kTransferFrameWrs = 1;
 // Idle watermark WRITEs (ReplicationGate::PostWatermarks) in flight per link at most.
 inline constexpr uint32_t kWatermarkWrsInFlight = 1;
 // WRs a recorded range may take: one, or two when it spans the index's end and the ring's start
@@ -128,7 +130,7 @@ struct ReplicationOptions {
 inline uint64_t LinkSendQueueDepth(const ReplicationOptions& options) {
   return (uint64_t{options.max_ranges_per_batch} * kWrsPerRange + kChainFrameWrs) *
              options.max_batches_in_flight +
-         kTransferChunksInFlight + kWatermarkWrsInFlight;
+         kTransferChunksInFlight + kTransferFrameWrs + kWatermarkWrsInFlight;
 }
 
 // A snapshot of a gate's counters (any thread may take one: counters()).

@@ -101,7 +101,7 @@ struct ServerStats {
   uint32_t backups = 0, live_backups = 0;
   ReplicationCounters replication;
   uint64_t replica_reads = 0, replica_torn = 0, replica_unconfirmed = 0, replica_busy = 0,
-           replica_unreleased = 0;
+           replica_unreleased = 0, replica_held_back = 0;
   bool primary_attached = false;
   bool syncing = false;   // a backup's state transfer is under way
   bool promoted = false;  // a backup promoted (herd_admin promote): a primary without backups

@@ -73,22 +73,24 @@ std::string ReplicationJson(const ServerStats& s, const ServerStats& since) {
         "{\"role\":\"primary\",\"backups\":%d,\"live_backups\":%d,\"degraded\":%s,"
         "\"batches\":%d,\"writes\":%d,\"bytes\":%d,\"writes_per_batch\":%.2f,"
         "\"deferred\":%d,\"overflowed\":%d,\"dropped\":%d,\"stalls\":%d,\"released\":%d,"
-        "\"reads_held\":%d,\"joined\":%d,\"transfer_bytes\":%d}",
+        "\"reads_held\":%d,\"watermarks\":%d,\"joined\":%d,\"transfer_bytes\":%d}",
         s.backups, s.live_backups, s.live_backups < s.backups ? "true" : "false", batches,
         n.writes_posted - b.writes_posted, n.bytes_posted - b.bytes_posted,
         batches == 0
             ? 0.0
             : static_cast<double>(n.writes_posted - b.writes_posted) / static_cast<double>(batches),
         n.deferred - b.deferred, n.overflowed - b.overflowed, n.links_dropped, n.stalls,
-        n.released - b.released, n.reads_held - b.reads_held, n.joined, n.transfer_bytes);
+        n.released - b.released, n.reads_held - b.reads_held,
+        n.watermarks_posted - b.watermarks_posted, n.joined, n.transfer_bytes);
   }
   return absl::StrFormat(
       "{\"role\":\"backup\",\"primary_attached\":%s,\"syncing\":%s,\"reads\":%d,"
-      "\"torn\":%d,\"unconfirmed\":%d,\"unreleased\":%d,\"busy\":%d}",
+      "\"torn\":%d,\"unconfirmed\":%d,\"unreleased\":%d,\"held_back\":%d,\"busy\":%d}",
       s.primary_attached ? "true" : "false", s.syncing ? "true" : "false",
       s.replica_reads - since.replica_reads, s.replica_torn - since.replica_torn,
       s.replica_unconfirmed - since.replica_unconfirmed,
-      s.replica_unreleased - since.replica_unreleased, s.replica_busy - since.replica_busy);
+      s.replica_unreleased - since.replica_unreleased,
+      s.replica_held_back - since.replica_held_back, s.replica_busy - since.replica_busy);
 }
 
 }  // namespace
@@ -135,6 +137,7 @@ ServerStats Server::Stats() const {
       t.stalls += g.stalls;
       t.released += g.released;
       t.reads_held += g.reads_held;
+      t.watermarks_posted += g.watermarks_posted;
       t.joined += g.joined;
       t.transfer_bytes += g.transfer_bytes;
     }
@@ -147,6 +150,7 @@ ServerStats Server::Stats() const {
       stats.replica_unconfirmed += k.unconfirmed.Get();
       stats.replica_busy += k.busy.Get();
       stats.replica_unreleased += k.unreleased.Get();
+      stats.replica_held_back += k.held_back.Get();
     }
     stats.primary_attached = primary_attached_.load();
   }

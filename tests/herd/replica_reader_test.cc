@@ -420,8 +420,11 @@ TEST_P(ReplicaReaderHistoryTest, EveryAnswerFitsTheAcknowledgedHistory) {
               "batch ", b, ": ", std::string(mica::ResultName(resp.result)), " on the primary"));
           return false;
         }
-        r.gate().Hold(ExecutedMutation{HeldId{0, static_cast<uint32_t>(i), 1, seqs[i]}, Op::kPut,
-                                       hashes[k], Status::kOk, resp.version});
+        // The real op: a DELETE moves the gate's "deletes" word, which backup misses check.
+        const Op op = requests[i].op == mica::OpCode::kDelete ? Op::kDelete : Op::kPut;
+        r.gate().Hold(ExecutedMutation{
+            HeldId{0, static_cast<uint32_t>(i), 1, seqs[i]}, op, hashes[k],
+            resp.result == mica::Result::kOk ? Status::kOk : Status::kCasFailed, resp.version});
       }
       batch_last_seq[b] = op_seq;
       // The primary's own state after the batch (read quietly on its thread), checked against

@@ -12,6 +12,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
+#include <functional>
 #include <map>
 #include <random>
 #include <string>
@@ -486,8 +487,19 @@ TEST(Replication, KillThePrimaryPromoteABackupLoseNoAcknowledgedWrite) {
     std::vector<std::vector<h::Event>> events(kPrimaryReader + readers);
     std::vector<std::string> errors(kWriters + readers);
     std::vector<std::thread> writers;
+    // Writers stop only on an error; the last one to stop kills the primary if nothing did (its
+    // reader, which stops only when the primary is gone, would otherwise read forever).
+    std::atomic<int> writers_left{kWriters};
+    struct LastOut {
+      std::atomic<int>* left;
+      std::function<void()> last;
+      ~LastOut() {
+        if (left->fetch_sub(1) == 1) last();
+      }
+    };
     for (int t = 0; t < kWriters; ++t) {
       writers.emplace_back([&, t] {
+        const LastOut last_out{&writers_left, kill_once};
         ClientOptions o;
         o.server = primary->address();
         o.device.fabric = fabric;
