@@ -65,12 +65,7 @@ class FakeGate : public ResponseGate {
   }
   // Waits until `n` mutations were held (something that must happen: a deadline, not a sleep).
   bool AwaitHeld(size_t n) {
-    const absl::Time give_up = absl::Now() + kDeadline;
-    while (held().size() < n) {
-      if (absl::Now() > give_up) return false;
-      std::this_thread::yield();
-    }
-    return true;
+    return AwaitCount([this] { return held().size(); }, n);
   }
   // Releases everything held so far (mutations, then reads; and forgets it).
   void ReleaseAll() {
@@ -85,12 +80,7 @@ class FakeGate : public ResponseGate {
     return held_reads_;
   }
   bool AwaitHeldReads(size_t n) {
-    const absl::Time give_up = absl::Now() + kDeadline;
-    while (held_reads().size() < n) {
-      if (absl::Now() > give_up) return false;
-      std::this_thread::yield();
-    }
-    return true;
+    return AwaitCount([this] { return held_reads().size(); }, n);
   }
   void set_reads_wait(bool wait) { reads_wait_.store(wait); }
   void set_hold_misses(bool hold) { hold_misses_.store(hold); }
@@ -101,6 +91,19 @@ class FakeGate : public ResponseGate {
     to_release_.push_back(id);
   }
   uint64_t offered() const { return offered_.load(); }
+
+ private:
+  template <typename CountFn>
+  static bool AwaitCount(CountFn count, size_t n) {
+    const absl::Time give_up = absl::Now() + kDeadline;
+    while (count() < n) {
+      if (absl::Now() > give_up) return false;
+      std::this_thread::yield();
+    }
+    return true;
+  }
+
+ public:
   uint64_t batches() const { return batches_.load(); }
 
  private:
