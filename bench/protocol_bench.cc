@@ -56,8 +56,8 @@ int main(int argc, char** argv) {
     header.value_bytes = value_bytes;
     header.key_bytes = static_cast<uint16_t>(key.size());
     header.op = static_cast<uint8_t>(value_bytes == 0 ? herd::Op::kGet : herd::Op::kPut);
-    header.client_id = 1;
-    const uint32_t bytes = herd::RequestBytes(key.size(), value_bytes);
+    const uint32_t bytes =
+        herd::RequestBytes(static_cast<herd::Op>(header.op), key.size(), value_bytes);
     std::vector<uint8_t> message(bytes);
     const herd::RequestLimits limits{static_cast<uint32_t>(key.size()), value_bytes};
 

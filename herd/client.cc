@@ -270,7 +270,7 @@ absl::Status Client::CheckRequest(Op op, std::string_view key, std::string_view 
   // provision them for less than its value limit (--landing_value_bytes).
   if (value.size() > config_.inline_limit()) {
     const uint64_t request =
-        RequestBytes(static_cast<uint32_t>(key.size()), static_cast<uint32_t>(value.size()));
+        RequestBytes(op, static_cast<uint32_t>(key.size()), static_cast<uint32_t>(value.size()));
     if (request > config_.landing_bytes()) {
       return absl::ResourceExhaustedError(absl::StrFormat(
           "NO_MEMORY: a %d-byte value makes a %d-byte request, longer than the server's %d-byte "
@@ -297,6 +297,10 @@ absl::Status Client::Submit(uint32_t client, Op op, std::string_view key, uint64
   if (!CarriesValue(op)) value = {};
   if (absl::Status s = CheckRequest(op, key, value); !s.ok()) return s;
   uint64_t& next = next_seq_[uint64_t{client} * config_.workers + WorkerOf(keyhash)];
+  if (next > kMaxSeq) {
+    return absl::ResourceExhaustedError(
+        "this stream's sequence numbers are spent (2^48 requests): connect a new Client");
+  }
   if (absl::Status s = Stage(Staged{client, op, key, keyhash, value, expected_version, tag, next,
                                     /*attempt=*/0, Clock::now()});
       !s.ok()) {
@@ -308,6 +312,9 @@ absl::Status Client::Submit(uint32_t client, Op op, std::string_view key, uint64
 }
 
 absl::Status Client::Stage(const Staged& r) {
+  if (r.attempt > kMaxAttempt) {  // a request handed over by Follow after kMaxAttempt sends
+    return absl::ResourceExhaustedError("a request's attempt numbers are spent");
+  }
   // Over the inline limit: WRITE_WITH_IMM into a landing buffer at the worker.
   const bool large = r.value.size() > config_.inline_limit();
   const uint32_t worker = WorkerOf(r.keyhash);
@@ -341,7 +348,6 @@ absl::Status Client::Stage(const Staged& r) {
   header.value_bytes = static_cast<uint32_t>(r.value.size());
   header.key_bytes = static_cast<uint16_t>(r.key.size());
   header.op = static_cast<uint8_t>(r.op);
-  header.client_id = first_client_id_ + r.client;
   header.attempt = r.attempt;
   header.seq = r.seq;
   o.large_body = large;
@@ -445,7 +451,8 @@ absl::Status Client::Send(Outstanding& o, bool wait_for_room) {
                      config_.slot_bytes - o.length;
     wr.rkey = welcome_.region_rkey;
   } else {
-    wr.opcode = transport::Opcode::kSend;
+    wr.opcode = transport::Opcode::kSendWithImm;
+    wr.imm_data = first_client_id_ + o.client;  // the request names its client here
     wr.ah = worker_ahs_[o.worker].get();
     wr.remote_qpn = welcome_.worker_ud[o.worker].qp_num;
     wr.remote_qkey = kQkey;
@@ -518,7 +525,7 @@ Client::Accepted Client::Accept(const ParsedResponse& response, Result* out) {
   }
   const auto slot = static_cast<uint32_t>(h.seq % config_.window);
   Outstanding& o = slots_[SlotIndex(client, h.worker, slot)];
-  if (!o.active || o.seq != h.seq || o.keyhash != h.keyhash || h.attempt > o.attempt) {
+  if (!o.active || o.seq != h.seq || h.attempt > o.attempt) {
     return Accepted::kStray;
   }
   const auto status = static_cast<Status>(h.status);
@@ -573,7 +580,7 @@ void Client::PollUdResponses(absl::Span<Result> out, size_t* n) {
     const transport::Completion& c = completions_[i];
     to_repost_.push_back(static_cast<uint32_t>(c.wr_id));
     ParsedResponse response;
-    bool ok = c.status == transport::CompletionStatus::kSuccess &&
+    bool ok = c.status == transport::CompletionStatus::kSuccess && c.has_imm &&
               c.byte_len >= transport::kGrhBytes &&
               ParseResponse(receives_->data() + c.wr_id * receive_bytes_ + transport::kGrhBytes,
                             c.byte_len - transport::kGrhBytes, /*secret=*/0, &response) &&
@@ -589,6 +596,7 @@ void Client::PollUdResponses(absl::Span<Result> out, size_t* n) {
            transport::SourceGidOfGrh(grh, grh_is_ipv4_) ==
                welcome_.worker_ud[response.header.worker].gid;
     }
+    response.header.client_id = c.imm_data;  // a UD response names its client in the immediate
     const Accepted accepted = ok ? Accept(response, &out[*n]) : Accepted::kStray;
     if (accepted == Accepted::kDelivered) {
       ++*n;
@@ -608,9 +616,9 @@ void Client::PollWriteResponses(absl::Span<Result> out, size_t* n) {
         ((uint64_t{o.worker} * options_.clients + o.client) * config_.window + o.slot) * bytes;
     uint8_t* slot = responses_->data() + at;
     std::atomic_ref<uint64_t> marker(*reinterpret_cast<uint64_t*>(slot + bytes - sizeof(uint64_t)));
-    const uint64_t seq = marker.load(std::memory_order_acquire);
-    if (seq == 0) continue;
-    if (seq != o.seq) {
+    const uint64_t seen = marker.load(std::memory_order_acquire);
+    if (seen == 0) continue;
+    if (SeqOfMarker(seen) != o.seq) {
       marker.store(0, std::memory_order_relaxed);
       ++stats_.stray;  // a late answer to this slot's previous request
       continue;
@@ -619,7 +627,7 @@ void Client::PollWriteResponses(absl::Span<Result> out, size_t* n) {
     // duplicate landing in the slot can change it afterwards.
     uint32_t value_bytes;
     std::memcpy(&value_bytes,
-                slot + bytes - kResponseHeaderBytes + offsetof(ResponseHeader, value_bytes),
+                slot + bytes - kResponseHeaderBytes + offsetof(ResponseTrailer, value_bytes),
                 sizeof(value_bytes));
     ParsedResponse response;
     uint8_t* copy = delivered_.data() + i * bytes;
@@ -634,6 +642,7 @@ void Client::PollWriteResponses(absl::Span<Result> out, size_t* n) {
       ++stats_.torn;
       continue;
     }
+    response.header.client_id = first_client_id_ + o.client;  // the slot says whose it is
     const Accepted accepted = Accept(response, &out[*n]);
     if (accepted == Accepted::kDelivered) {
       ++*n;
@@ -745,7 +754,8 @@ void Client::Retransmit(absl::Span<Result> out, size_t* n) {
     // A client with members keeps its requests for Follow() when the server is lost.
     const bool lost = !health_.ok() && (options_.members.empty() || followed_);
     if (!health_.ok() && !lost && now - o.submitted < deadline) continue;
-    if (lost || o.sends >= options_.max_attempts || now - o.submitted >= deadline) {
+    if (lost || o.sends >= options_.max_attempts || o.attempt == kMaxAttempt ||
+        now - o.submitted >= deadline) {
       if (*n == out.size()) return;  // the rest on the next Poll
       Fail(o, Status::kTimedOut, &out[(*n)++]);
       continue;

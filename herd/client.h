@@ -56,7 +56,9 @@ struct ClientOptions {
   // thread descheduled for a scheduler slice) times out everything outstanding at once.
   absl::Duration min_retry_timeout = absl::Milliseconds(5);
   absl::Duration max_retry_timeout = absl::Seconds(1);  // ceiling, backoff included
-  uint32_t max_attempts = 250;  // sends of one request; then it completes with kTimedOut
+  // Sends of one request; then it completes with kTimedOut. Attempt numbers past kMaxAttempt
+  // (65,535) do not fit the wire: a request that reaches it completes with kTimedOut too.
+  uint32_t max_attempts = 250;
   // A request outstanding this long completes with kTimedOut whatever its attempts.
   absl::Duration request_deadline = absl::Seconds(10);
   absl::Duration connect_timeout = absl::Seconds(10);

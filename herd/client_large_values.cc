@@ -165,8 +165,8 @@ void Client::AdvanceLargeValues(absl::Span<Result> out, size_t* n) {
         o.landing = landing;
       }
       o.large_body = false;  // the GET itself stays in its slot; the copy goes to the landing
-      SetRequestCopyToLanding(static_cast<uint32_t>(o.landing), welcome_.secret, StagedBytes(o),
-                              o.length);
+      o.length = SetRequestCopyToLanding(static_cast<uint32_t>(o.landing), welcome_.secret,
+                                         StagedBytes(o), o.length);
       ++stats_.copied_gets;
       Resend(o);
       continue;

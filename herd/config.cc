@@ -49,7 +49,7 @@ absl::StatusOr<ResponseVerb> ParseResponseVerb(std::string_view name) {
 }
 
 uint32_t Config::slot_value_bytes() const {
-  const uint64_t fixed = uint64_t{kRequestHeaderBytes} + Pad8(max_key_bytes);
+  const uint64_t fixed = uint64_t{kRequestHeaderMaxBytes} + Pad8(max_key_bytes);
   if (slot_bytes < fixed) return 0;
   return (slot_bytes - static_cast<uint32_t>(fixed)) & ~(kWireAlign - 1);
 }
@@ -66,7 +66,7 @@ uint32_t Config::landing_value_limit() const {
 }
 
 uint64_t Config::landing_bytes() const {
-  return RequestBytes(max_key_bytes, landing_value_limit());
+  return RequestBytes(Op::kCas, max_key_bytes, landing_value_limit());  // the longest op
 }
 
 uint32_t Config::response_slot_bytes() const { return ResponseBytes(slot_value_bytes()); }
@@ -123,9 +123,9 @@ absl::Status Validate(const Config& c, uint32_t mtu) {
     return bad("--slot_bytes=%d: must be a multiple of %d, at most %d", c.slot_bytes, kWireAlign,
                kMaxSlotBytes);
   }
-  if (c.slot_bytes < kRequestHeaderBytes + Pad8(c.max_key_bytes)) {
+  if (c.slot_bytes < kRequestHeaderMaxBytes + Pad8(c.max_key_bytes)) {
     return bad("--slot_bytes=%d cannot hold the %d-byte header and a %d-byte key", c.slot_bytes,
-               kRequestHeaderBytes, c.max_key_bytes);
+               kRequestHeaderMaxBytes, c.max_key_bytes);
   }
   if (c.response_verb == ResponseVerb::kUdSend && ResponseBytes(c.slot_value_bytes()) > mtu) {
     return bad(

@@ -11,7 +11,8 @@ DEFINE_uint32(postlist, 16, "Most responses chained into one post_send (doorbell
 DEFINE_uint32(unsig_batch, 32, "One send in this many is signalled");
 DEFINE_bool(inline, true, "Send requests and responses inline when they fit --max_inline");
 DEFINE_uint32(max_inline, 188, "Inline limit asked of each QP, in bytes");
-DEFINE_uint32(slot_bytes, 256, "Request slot size: 64-byte header + key + value, multiple of 8");
+DEFINE_uint32(slot_bytes, 256,
+              "Request slot size: header (at most 32 bytes) + key + value, multiple of 8");
 DEFINE_uint32(max_key_bytes, 16, "Largest key (1..256)");
 DEFINE_uint32(max_clients, 64, "Logical clients the request region has slots for");
 DEFINE_uint32(sq_depth, 256, "Send queue depth of every QP");

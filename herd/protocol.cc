@@ -90,66 +90,122 @@ uint32_t EncodeRequest(const RequestHeader& header, std::string_view key, std::s
   if (!value.empty())
     std::memcpy(out + key_space, value.data(), value.size());  // data() may be null
   std::memset(out + key_space + value.size(), 0, value_space - value.size());
-  std::memcpy(out + key_space + value_space, &header, sizeof(header));
-  const uint32_t length = key_space + value_space + kRequestHeaderBytes;
+  uint8_t* at = out + key_space + value_space;
+  if (static_cast<Op>(header.op) == Op::kCas) {
+    std::memcpy(at, &header.expected_version, kRequestExtensionBytes);
+    at += kRequestExtensionBytes;
+  }
+  if ((header.flags & kRequestCopyToLanding) != 0) {
+    const uint64_t word = header.landing_buffer;
+    std::memcpy(at, &word, kRequestExtensionBytes);
+    at += kRequestExtensionBytes;
+  }
+  const RequestTrailer trailer{header.value_bytes,
+                               header.key_bytes,
+                               header.op,
+                               header.flags,
+                               0,
+                               PackMarker(header.seq, header.attempt)};
+  std::memcpy(at, &trailer, sizeof(trailer));
+  const auto length = static_cast<uint32_t>(at + sizeof(trailer) - out);
   const uint64_t checksum = WireChecksum(secret, out, length);
   std::memcpy(out + length - kChecksumFromEnd, &checksum, sizeof(checksum));
   return length;
 }
 
 void SetRequestAttempt(uint32_t attempt, uint64_t secret, uint8_t* out, uint32_t length) {
-  uint8_t* header = out + length - kRequestHeaderBytes;
-  std::memcpy(header + offsetof(RequestHeader, attempt), &attempt, sizeof(attempt));
+  uint64_t marker;
+  std::memcpy(&marker, out + length - sizeof(marker), sizeof(marker));
+  marker = PackMarker(SeqOfMarker(marker), attempt);
+  std::memcpy(out + length - sizeof(marker), &marker, sizeof(marker));
   const uint64_t checksum = WireChecksum(secret, out, length);
   std::memcpy(out + length - kChecksumFromEnd, &checksum, sizeof(checksum));
 }
 
-void SetRequestCopyToLanding(uint32_t landing_buffer, uint64_t secret, uint8_t* out,
-                             uint32_t length) {
-  uint8_t* header = out + length - kRequestHeaderBytes;
-  const uint8_t flags = kRequestCopyToLanding;
-  std::memcpy(header + offsetof(RequestHeader, flags), &flags, sizeof(flags));
-  std::memcpy(header + offsetof(RequestHeader, descriptor) + offsetof(ValueDescriptor, length),
-              &landing_buffer, sizeof(landing_buffer));
+uint32_t SetRequestCopyToLanding(uint32_t landing_buffer, uint64_t secret, uint8_t* out,
+                                 uint32_t length) {
+  uint8_t* trailer_at = out + length - kRequestTrailerBytes;
+  RequestTrailer trailer;
+  std::memcpy(&trailer, trailer_at, sizeof(trailer));
+  if ((trailer.flags & kRequestCopyToLanding) == 0) {
+    // The landing word goes where the trailer was; the trailer moves up to the new end.
+    trailer.flags |= kRequestCopyToLanding;
+    std::memcpy(trailer_at + kRequestExtensionBytes, &trailer, sizeof(trailer));
+    length += kRequestExtensionBytes;
+  } else {
+    trailer_at -= kRequestExtensionBytes;  // the landing word already there
+  }
+  const uint64_t word = landing_buffer;
+  std::memcpy(trailer_at, &word, sizeof(word));
   const uint64_t checksum = WireChecksum(secret, out, length);
   std::memcpy(out + length - kChecksumFromEnd, &checksum, sizeof(checksum));
+  return length;
 }
 
 Parse ParseRequest(const uint8_t* message, uint32_t length, const RequestLimits& limits,
                    uint64_t secret, ParsedRequest* out, Status* status) {
-  if (length < kRequestHeaderBytes) return Parse::kIncomplete;
-  // One private copy: later checks cannot be fooled by bytes changing underneath.
-  std::memcpy(&out->header, message + length - kRequestHeaderBytes, kRequestHeaderBytes);
-  const RequestHeader& h = out->header;
+  if (length < kRequestTrailerBytes) return Parse::kIncomplete;
+  // One private copy of the header: later checks cannot be fooled by bytes changing underneath.
+  // The extension words are copied in front of the trailer, as they lie on the wire.
+  constexpr uint32_t kMaxExtensions = 2;  // a hostile CAS may also set kRequestCopyToLanding
+  alignas(kWireAlign) uint8_t copy[kMaxExtensions * kRequestExtensionBytes + kRequestTrailerBytes];
+  uint8_t* trailer_copy = copy + kMaxExtensions * kRequestExtensionBytes;
+  std::memcpy(trailer_copy, message + length - kRequestTrailerBytes, kRequestTrailerBytes);
+  RequestTrailer t;
+  std::memcpy(&t, trailer_copy, sizeof(t));
+  // Decoded at once: an incomplete request's marker and checksum tell its caller whether the
+  // same bytes are still there on a later look (a WRITE landing, or torn for good).
+  RequestHeader& h = out->header;
+  h = RequestHeader{};
+  h.seq = SeqOfMarker(t.marker);
+  h.attempt = AttemptOfMarker(t.marker);
+  h.checksum = t.checksum;
+  h.value_bytes = t.value_bytes;
+  h.key_bytes = t.key_bytes;
+  h.op = t.op;
+  h.flags = t.flags;
+  const Op op = static_cast<Op>(t.op);
+  const uint32_t header_bytes = RequestHeaderBytes(op, t.flags);
+  const uint32_t extension_bytes = header_bytes - kRequestTrailerBytes;
   // 64-bit arithmetic: value_bytes is up to 2^32 - 1 and must not wrap.
-  const uint64_t key_space = Pad8(h.key_bytes);
-  const uint64_t need = key_space + Pad8(h.value_bytes) + kRequestHeaderBytes;
+  const uint64_t key_space = Pad8(t.key_bytes);
+  const uint64_t need = key_space + Pad8(t.value_bytes) + header_bytes;
   if (need > length) return Parse::kIncomplete;
   const uint8_t* start = message + length - need;
+  uint8_t* header_copy = trailer_copy - extension_bytes;
+  std::memcpy(header_copy, message + length - header_bytes, extension_bytes);
   // The header and the key are checked as copied: the copies are what the worker acts on, and
   // bytes landing after a copy must not change what passed. The slot can be rewritten under
   // the parse by its session's next request (ParsedRequest::key_copy says when). A key too long
   // to copy is refused below and never used: its bytes are checked in place.
   const uint8_t* key_source = start;
   out->key_length = 0;
-  if (h.key_bytes <= mica::kMaxKeyBytes) {
+  if (t.key_bytes <= mica::kMaxKeyBytes) {
     std::memcpy(out->key_copy, start, key_space);
     key_source = reinterpret_cast<const uint8_t*>(out->key_copy);
   }
   util::WordChecksum sum(secret, need);
   sum.AbsorbWords(key_source, key_space / sizeof(uint64_t));
-  sum.AbsorbWords(start + key_space, Pad8(h.value_bytes) / sizeof(uint64_t));
-  AbsorbLastPart(sum, reinterpret_cast<const uint8_t*>(&out->header), kRequestHeaderBytes);
-  if (sum.Finish() != h.checksum) return Parse::kIncomplete;
-  if (h.key_bytes <= mica::kMaxKeyBytes) out->key_length = h.key_bytes;
-  out->value = std::string_view(reinterpret_cast<const char*>(start + key_space), h.value_bytes);
+  sum.AbsorbWords(start + key_space, Pad8(t.value_bytes) / sizeof(uint64_t));
+  AbsorbLastPart(sum, header_copy, header_bytes);
+  if (sum.Finish() != t.checksum) return Parse::kIncomplete;
+
+  const uint8_t* extension = header_copy;
+  if (op == Op::kCas) {
+    std::memcpy(&h.expected_version, extension, kRequestExtensionBytes);
+    extension += kRequestExtensionBytes;
+  }
+  uint64_t landing_word = 0;
+  if ((t.flags & kRequestCopyToLanding) != 0) {
+    std::memcpy(&landing_word, extension, kRequestExtensionBytes);
+    h.landing_buffer = static_cast<uint32_t>(landing_word);
+  }
+  if (t.key_bytes <= mica::kMaxKeyBytes) out->key_length = t.key_bytes;
+  out->value = std::string_view(reinterpret_cast<const char*>(start + key_space), t.value_bytes);
   *status = Status::kOk;
-  const ValueDescriptor& d = h.descriptor;
-  const Op op = static_cast<Op>(h.op);
-  const bool carries_value = CarriesValue(op);
-  const bool copy_to_landing = h.flags == kRequestCopyToLanding && op == Op::kGet && d.addr == 0 &&
-                               d.rkey == 0 && d.length < limits.landing_buffers;
-  if (!copy_to_landing && (h.flags != 0 || d.addr != 0 || d.rkey != 0 || d.length != 0)) {
+  const bool copy_to_landing =
+      h.flags == kRequestCopyToLanding && op == Op::kGet && landing_word < limits.landing_buffers;
+  if (!copy_to_landing && h.flags != 0) {
     *status = Status::kBadRequest;
   } else if (h.op >= kOpCount) {
     *status = Status::kInvalidOp;
@@ -158,11 +214,10 @@ Parse ParseRequest(const uint8_t* message, uint32_t length, const RequestLimits&
     *status = Status::kKeyTooLong;
   } else if (h.value_bytes > limits.max_value_bytes) {
     *status = Status::kValueTooLong;
-  } else if ((!carries_value && h.value_bytes != 0) ||
-             (op != Op::kCas && h.expected_version != 0)) {
+  } else if (!CarriesValue(op) && h.value_bytes != 0) {
     *status = Status::kBadRequest;
-  } else if (mica::KeyHash(out->key()) != h.keyhash) {
-    *status = Status::kBadRequest;
+  } else {
+    h.keyhash = mica::KeyHash(out->key());
   }
   return Parse::kRequest;
 }
@@ -170,7 +225,14 @@ Parse ParseRequest(const uint8_t* message, uint32_t length, const RequestLimits&
 void EncodeResponseHeader(const ResponseHeader& header, uint64_t secret, uint8_t* response_start) {
   const auto value_space = static_cast<uint32_t>(Pad8(header.value_bytes));
   std::memset(response_start + header.value_bytes, 0, value_space - header.value_bytes);
-  std::memcpy(response_start + value_space, &header, sizeof(header));
+  const ResponseTrailer trailer{header.version,
+                                header.value_bytes,
+                                header.status,
+                                header.flags,
+                                header.worker,
+                                0,
+                                PackMarker(header.seq, header.attempt)};
+  std::memcpy(response_start + value_space, &trailer, sizeof(trailer));
   if (secret != 0) {
     const uint32_t length = value_space + kResponseHeaderBytes;
     const uint64_t checksum = WireChecksum(secret, response_start, length);
@@ -180,11 +242,22 @@ void EncodeResponseHeader(const ResponseHeader& header, uint64_t secret, uint8_t
 
 bool ParseResponse(const uint8_t* message, uint32_t length, uint64_t secret, ParsedResponse* out) {
   if (length < kResponseHeaderBytes) return false;
-  std::memcpy(&out->header, message + length - kResponseHeaderBytes, kResponseHeaderBytes);
-  const uint64_t need = uint64_t{Pad8(out->header.value_bytes)} + kResponseHeaderBytes;
+  ResponseTrailer t;
+  std::memcpy(&t, message + length - kResponseHeaderBytes, kResponseHeaderBytes);
+  const uint64_t need = uint64_t{Pad8(t.value_bytes)} + kResponseHeaderBytes;
   if (need > length) return false;
   out->value = message + length - need;
-  if (secret != 0 && WireChecksum(secret, out->value, need) != out->header.checksum) return false;
+  if (secret != 0 && WireChecksum(secret, out->value, need) != t.checksum) return false;
+  ResponseHeader& h = out->header;
+  h = ResponseHeader{};
+  h.version = t.version;
+  h.seq = SeqOfMarker(t.marker);
+  h.attempt = AttemptOfMarker(t.marker);
+  h.checksum = t.checksum;
+  h.value_bytes = t.value_bytes;
+  h.worker = t.worker;
+  h.status = t.status;
+  h.flags = t.flags;
   return true;
 }
 

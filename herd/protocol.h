@@ -1,9 +1,8 @@
 // herd's wire format: what a client writes into a request slot (or SENDs), and what a worker
-// answers. Both messages END with their header, and a header ends with its checksum and then the
-// 8-byte sequence number, the word a receiver polls (nonzero: something landed).
-//
-//   request  = [key, padded to 8][value, padded to 8][RequestHeader]   written to end at slot end
-//   response = [value, padded to 8][ResponseHeader]
+// answers. Both messages END with a fixed trailer, and a trailer ends with its checksum and then
+// the 8-byte marker (sequence and attempt numbers), the word a receiver polls (nonzero:
+// something landed). The layouts, and what does not travel, are at RequestHeader and
+// ResponseHeader below.
 //
 // A WRITE's bytes may land in any order and more than once (Soft-RoCE places a WRITE with
 // memcpy; the spec promises nothing about placement order), so the marker says only "look":
@@ -76,7 +75,7 @@ struct ValueDescriptor {
 static_assert(sizeof(ValueDescriptor) == 16);
 
 // RequestHeader::flags.
-// GET: copy the value into this session's landing buffer `descriptor.length` at the worker and
+// GET: copy the value into this session's landing buffer `landing_buffer` at the worker and
 // answer with a descriptor of it (the fallback when READs of the item keep failing their check).
 inline constexpr uint8_t kRequestCopyToLanding = 1;
 // ResponseHeader::flags.
@@ -87,48 +86,110 @@ inline constexpr uint8_t kResponseOutOfLine = 1;
 inline constexpr uint8_t kResponseCopied = 2;
 
 // A large PUT's WRITE_WITH_IMM immediate: [client id : 16][landing buffer : kLandingBufferBits].
+// A SEND (request or response) carries the bare client id as its immediate.
 inline constexpr int kLandingBufferBits = 16;
 inline constexpr uint32_t LandingImmediate(uint32_t client_id, uint32_t buffer) {
   return (client_id << kLandingBufferBits) | buffer;
 }
 
+// The marker word packs the sequence number and the attempt number: one word that changes with
+// every send, and that a poller reads first.
+inline constexpr int kSeqBits = 48;
+inline constexpr uint64_t kMaxSeq = (uint64_t{1} << kSeqBits) - 1;  // ~2.8e14 per stream
+inline constexpr uint32_t kMaxAttempt = (1u << (64 - kSeqBits)) - 1;
+inline constexpr uint64_t PackMarker(uint64_t seq, uint32_t attempt) {
+  return seq | (uint64_t{attempt} << kSeqBits);
+}
+inline constexpr uint64_t SeqOfMarker(uint64_t marker) { return marker & kMaxSeq; }
+inline constexpr uint32_t AttemptOfMarker(uint64_t marker) {
+  return static_cast<uint32_t>(marker >> kSeqBits);
+}
+
+// A request's fields as a client fills them and ParseRequest returns them: NOT the wire layout.
+// Only what a request's op and flags need travels:
+//
+//   request = [key, pad 8][value, pad 8][expected_version : 8, CAS only]
+//             [landing_buffer : 4, zero : 4, kRequestCopyToLanding only][RequestTrailer : 24]
+//
+// A GET of a 16-byte key is 40 bytes. The key hash does not travel: the worker must hash the key
+// anyway to check it, so it computes it. The client id does not travel either: a request slot
+// belongs to one client, and a SEND names it in its immediate (both are checked against the
+// session's secret by the checksum).
 struct RequestHeader {
-  uint64_t keyhash;           // mica::KeyHash(key); routes the key and is re-checked by the worker
-  uint64_t expected_version;  // CAS only, else 0
-  ValueDescriptor descriptor;
+  uint64_t keyhash = 0;           // mica::KeyHash(key): computed by ParseRequest, never sent
+  uint64_t expected_version = 0;  // CAS only, else 0
+  uint64_t seq = 0;               // per (client, worker) stream, 1..kMaxSeq
+  uint64_t checksum = 0;          // as received (ParseRequest); EncodeRequest computes it
+  uint32_t value_bytes = 0;
+  uint32_t landing_buffer = 0;  // kRequestCopyToLanding only, else 0
+  uint32_t attempt = 0;         // 0 for the first send of a request, +1 per retransmission
+  uint16_t key_bytes = 0;
+  uint8_t op = 0;
+  uint8_t flags = 0;  // kRequestCopyToLanding, else 0
+};
+
+// The fixed end of every request on the wire.
+struct RequestTrailer {
   uint32_t value_bytes;
   uint16_t key_bytes;
   uint8_t op;
-  uint8_t flags;       // kRequestCopyToLanding, else 0
-  uint32_t client_id;  // who to answer (for slots, must match the slot's owner)
-  uint32_t attempt;    // 0 for the first send of a request, +1 per retransmission
-  uint64_t checksum;   // WireChecksum(session secret, the whole request)
-  uint64_t seq;        // per (client, worker) stream, starting at 1; LAST: the marker
+  uint8_t flags;
+  uint64_t checksum;  // WireChecksum(session secret, the whole request)
+  uint64_t marker;    // PackMarker(seq, attempt); LAST: nonzero means something landed
 };
-static_assert(sizeof(RequestHeader) == 64);
-inline constexpr uint32_t kRequestHeaderBytes = sizeof(RequestHeader);
+static_assert(sizeof(RequestTrailer) == 24);
+inline constexpr uint32_t kRequestTrailerBytes = sizeof(RequestTrailer);
+// The optional words before the trailer: a CAS's expected version, a copy-to-landing GET's
+// buffer. No request carries both (only a GET asks for a copy).
+inline constexpr uint32_t kRequestExtensionBytes = sizeof(uint64_t);
+// The most header a request of any op carries: what a slot must hold beyond key and value.
+inline constexpr uint32_t kRequestHeaderMaxBytes = kRequestTrailerBytes + kRequestExtensionBytes;
 
+// A response's fields as the worker fills them and ParseResponse returns them: NOT the wire
+// layout.
+//
+//   response = [value, pad 8][ResponseTrailer : 32]
+//
+// The client id does not travel: a response slot belongs to one client, and a UD SEND names it
+// in its immediate. The key hash does not either: the client matches an answer by client,
+// worker, sequence and attempt, and the response is authenticated by its checksum (WRITE) or
+// by the worker QP that sent it (UD).
 struct ResponseHeader {
-  uint64_t keyhash;  // the request's, echoed: the client checks it
+  uint64_t version = 0;
+  uint64_t seq = 0;
+  uint64_t checksum = 0;  // as received
+  uint32_t value_bytes = 0;
+  uint32_t attempt = 0;    // the request's, echoed: tells the client which send was answered
+  uint32_t client_id = 0;  // never sent: set from the slot or the SEND's immediate
+  uint16_t worker = 0;
+  uint8_t status = 0;
+  uint8_t flags = 0;  // kResponseOutOfLine, kResponseCopied
+};
+
+struct ResponseTrailer {
   uint64_t version;
   uint32_t value_bytes;
-  uint32_t client_id;
   uint8_t status;
-  uint8_t flags;  // kResponseOutOfLine, kResponseCopied
+  uint8_t flags;
   uint16_t worker;
-  uint32_t attempt;   // the request's, echoed: tells the client which send was answered
   uint64_t checksum;  // WRITE responses: WireChecksum(session secret, the whole response); UD: 0
-  uint64_t seq;       // LAST: for WRITE responses, the marker the client polls
+  uint64_t marker;    // PackMarker(seq, attempt); LAST: for WRITE responses, what a client polls
 };
-static_assert(sizeof(ResponseHeader) == 48);
-// Both headers keep the checksum in the word before the marker, so one function covers both.
-static_assert(offsetof(RequestHeader, checksum) + 16 == sizeof(RequestHeader));
-static_assert(offsetof(ResponseHeader, checksum) + 16 == sizeof(ResponseHeader));
+static_assert(sizeof(ResponseTrailer) == 32);
+// Both trailers keep the checksum in the word before the marker, so one function covers both.
+static_assert(offsetof(RequestTrailer, checksum) + 16 == sizeof(RequestTrailer));
+static_assert(offsetof(ResponseTrailer, checksum) + 16 == sizeof(ResponseTrailer));
 inline constexpr uint32_t kChecksumFromEnd = 16;  // bytes from a message's end to its checksum
-inline constexpr uint32_t kResponseHeaderBytes = sizeof(ResponseHeader);
+inline constexpr uint32_t kResponseHeaderBytes = sizeof(ResponseTrailer);
 
-inline constexpr uint32_t RequestBytes(uint32_t key_bytes, uint32_t value_bytes) {
-  return static_cast<uint32_t>(Pad8(key_bytes) + Pad8(value_bytes) + kRequestHeaderBytes);
+// The header bytes a request of `op` with `flags` carries.
+inline constexpr uint32_t RequestHeaderBytes(Op op, uint8_t flags) {
+  return kRequestTrailerBytes + (op == Op::kCas ? kRequestExtensionBytes : 0) +
+         ((flags & kRequestCopyToLanding) != 0 ? kRequestExtensionBytes : 0);
+}
+inline constexpr uint32_t RequestBytes(Op op, uint32_t key_bytes, uint32_t value_bytes,
+                                       uint8_t flags = 0) {
+  return static_cast<uint32_t>(Pad8(key_bytes) + Pad8(value_bytes) + RequestHeaderBytes(op, flags));
 }
 inline constexpr uint32_t ResponseBytes(uint32_t value_bytes) {
   return static_cast<uint32_t>(Pad8(value_bytes) + kResponseHeaderBytes);
@@ -139,17 +200,18 @@ inline constexpr uint32_t ResponseBytes(uint32_t value_bytes) {
 // with probability 1 - 2^-64 and makes a forger who does not know `secret` guess.
 uint64_t WireChecksum(uint64_t secret, const uint8_t* message, uint64_t length);
 
-// Lays a request out in `out` (which must hold RequestBytes(key, value)) with its checksum;
-// returns its length.
+// Lays a request out in `out` (which must hold RequestBytes(op, key, value, flags)) with its
+// checksum; returns its length. header.keyhash and header.checksum are not read.
 uint32_t EncodeRequest(const RequestHeader& header, std::string_view key, std::string_view value,
                        uint64_t secret, uint8_t* out);
 // A request already laid out at out[0, length): sets its attempt and recomputes its checksum
 // (a retransmission).
 void SetRequestAttempt(uint32_t attempt, uint64_t secret, uint8_t* out, uint32_t length);
-// A GET already laid out: asks for its value to be copied into landing buffer `landing_buffer`
-// (kRequestCopyToLanding) and recomputes its checksum.
-void SetRequestCopyToLanding(uint32_t landing_buffer, uint64_t secret, uint8_t* out,
-                             uint32_t length);
+// A GET already laid out at out[0, length): asks for its value to be copied into landing buffer
+// `landing_buffer` (kRequestCopyToLanding) and recomputes its checksum. Returns its new length:
+// the first time, the request grows by kRequestExtensionBytes (out must have room for them).
+uint32_t SetRequestCopyToLanding(uint32_t landing_buffer, uint64_t secret, uint8_t* out,
+                                 uint32_t length);
 
 // Limits a worker checks requests against.
 struct RequestLimits {
@@ -182,11 +244,12 @@ enum class Parse : uint8_t {
 };
 
 // Parses the request that ENDS at message + length (a slot: length = slot size; a UD receive:
-// the payload length). Reads the header once into a private copy; checks that the lengths it
-// names fit, then the checksum under `secret`, and only then the fields (kBadRequest,
-// kKeyTooLong, kValueTooLong, kInvalidOp into *status, kOk if it may execute). The key is
-// copied into *out before the checksum is computed over it; the value view lies inside
-// [message, message + length).
+// the payload length). Reads the trailer and the extension words it names once into a private
+// copy; checks that the lengths fit, then the checksum under `secret`, and only then the fields
+// (kBadRequest, kKeyTooLong, kValueTooLong, kInvalidOp into *status, kOk if it may execute).
+// The key is copied into *out before the checksum is computed over it; the value view lies
+// inside [message, message + length). header.keyhash is the key's hash when *status is kOk,
+// else 0.
 Parse ParseRequest(const uint8_t* message, uint32_t length, const RequestLimits& limits,
                    uint64_t secret, ParsedRequest* out, Status* status);
 

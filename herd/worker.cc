@@ -266,15 +266,14 @@ uint32_t Worker::GatherFromReceives(uint32_t count) {
     }
     const uint8_t* message = memory_.receives + buffer * bytes + transport::kGrhBytes;
     const uint32_t length = c.byte_len - transport::kGrhBytes;
-    if (length < kRequestHeaderBytes || length > config_.slot_bytes) {
+    if (length < kRequestTrailerBytes || length > config_.slot_bytes) {
       counters_.rejected.Add();  // no request is shorter than its header or longer than a slot
       continue;
     }
-    uint32_t client;
-    std::memcpy(&client,
-                message + length - kRequestHeaderBytes + offsetof(RequestHeader, client_id),
-                sizeof(client));
-    if (client >= config_.max_clients) {
+    // A SEND names its client in the immediate; the checksum under that client's secret then
+    // says whether it really came from that client.
+    const uint32_t client = c.imm_data;
+    if (!c.has_imm || client >= config_.max_clients) {
       counters_.rejected.Add();
       continue;
     }
@@ -333,7 +332,7 @@ uint32_t Worker::GatherFromLanding(uint32_t count, uint32_t up_to) {
       counters_.rejected.Add();  // an immediate naming a client of another session, or none
       continue;
     }
-    if (!c.has_imm || buffer >= config_.landing_buffers || c.byte_len < kRequestHeaderBytes ||
+    if (!c.has_imm || buffer >= config_.landing_buffers || c.byte_len < kRequestTrailerBytes ||
         c.byte_len > landing_bytes) {
       counters_.rejected.Add();
       continue;
@@ -409,7 +408,7 @@ Worker::Admitted Worker::Admit(uint32_t client, uint32_t slot, const uint8_t* me
     SlotState& state = slots_[uint64_t{client} * config_.window + slot];
     // The grace period belongs to these bytes: a new send into the slot (another seq, or a
     // retransmission: another checksum) starts its own.
-    const uint64_t marker = p.request.header.seq;
+    const uint64_t marker = PackMarker(p.request.header.seq, p.request.header.attempt);
     const uint64_t checksum = p.request.header.checksum;
     const int64_t now = absl::GetCurrentTimeNanos();
     if (state.incomplete_marker != marker || state.incomplete_checksum != checksum) {
@@ -432,10 +431,10 @@ Worker::Admitted Worker::Admit(uint32_t client, uint32_t slot, const uint8_t* me
   p.value_bytes = 0;
   p.slot = whole ? static_cast<uint32_t>(h.seq % config_.window) : slot;
   p.response_flags = 0;
-  // Authentic (the session's checksum) but naming another client or slot: the session's own bug.
-  // Answered, but kept out of the slot's dedupe state, which it does not belong to. Any other
-  // request, valid or not, goes through it: a duplicate landing is never answered twice.
-  const bool consistent = h.client_id == client && h.seq != 0 && h.seq % config_.window == p.slot;
+  // Authentic (the session's checksum) but naming another slot: the session's own bug. Answered,
+  // but kept out of the slot's dedupe state, which it does not belong to. Any other request,
+  // valid or not, goes through it: a duplicate landing is never answered twice.
+  const bool consistent = h.seq != 0 && h.seq % config_.window == p.slot;
   if (!consistent) p.status = Status::kBadRequest;
   SlotState* claim = nullptr;  // set when this send is new
   if (consistent) {
@@ -665,8 +664,8 @@ Status Worker::WireStatus(const Pending& p, mica::Result result) {
 }
 
 uint8_t* Worker::LandingOf(const Pending& p) const {
-  // ParseRequest bounded descriptor.length by landing_buffers.
-  return p.route->landing + uint64_t{p.request.header.descriptor.length} * config_.landing_bytes();
+  // ParseRequest bounded landing_buffer by landing_buffers.
+  return p.route->landing + uint64_t{p.request.header.landing_buffer} * config_.landing_bytes();
 }
 
 void Worker::AnswerCopied(Pending& p) {
@@ -695,10 +694,8 @@ void Worker::AnswerOutOfLine(Pending& p, const mica::Response& r) {
 
 void Worker::EncodeResponse(const Pending& p) {
   ResponseHeader header{};
-  header.keyhash = p.request.header.keyhash;
   header.version = p.version;
   header.value_bytes = p.value_bytes;
-  header.client_id = p.client;
   header.status = static_cast<uint8_t>(p.status);
   header.flags = p.response_flags;
   header.worker = static_cast<uint16_t>(index_);
@@ -801,7 +798,8 @@ void Worker::PostResponses() {
     wr.flags = p.queue->Signal(p.wr_index) ? uint32_t{transport::kSignaled} : 0u;
     if (config_.use_inline && length <= config_.max_inline) wr.flags |= transport::kInline;
     if (config_.response_verb == ResponseVerb::kUdSend) {
-      wr.opcode = transport::Opcode::kSend;
+      wr.opcode = transport::Opcode::kSendWithImm;
+      wr.imm_data = p.client;  // the response names its client here, not in its bytes
       wr.ah = p.route->ah;
       wr.remote_qpn = p.route->ud_qpn;
       wr.remote_qkey = p.route->ud_qkey;

@@ -256,7 +256,9 @@ void Server::Run(const std::atomic<bool>& stop) {
           SendWr& wr = chains_.NextWr();
           wr.wr_id = queue_.WrId(index);
           wr.num_sge = 1;
-          wr.opcode = transport::Opcode::kSend;
+          // The verb herd's responses use: a UD SEND naming its client in the immediate.
+          wr.opcode = transport::Opcode::kSendWithImm;
+          wr.imm_data = client;
           wr.flags = queue_.Signal(index) ? uint32_t{transport::kSignaled} : 0u;
           if (config_.response_bytes <= config_.max_inline) wr.flags |= transport::kInline;
           wr.ah = ah;
@@ -305,7 +307,7 @@ int Main() {
   config.window = FLAGS_window;
   config.slot_bytes = FLAGS_slot_bytes;
   // The sizes of a herd GET: the same bytes cross the fabric as in herd's YCSB C.
-  config.request_bytes = herd::RequestBytes(FLAGS_key_bytes, 0);
+  config.request_bytes = herd::RequestBytes(herd::Op::kGet, FLAGS_key_bytes, 0);
   config.response_bytes = herd::ResponseBytes(FLAGS_value_bytes);
   config.postlist = FLAGS_postlist;
   config.unsig_batch = FLAGS_unsig_batch;

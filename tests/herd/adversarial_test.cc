@@ -19,6 +19,7 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <thread>
@@ -296,9 +297,11 @@ INSTANTIATE_TEST_SUITE_P(Verbs, ForeignSlotWrites,
                          });
 
 // ------------------------------------------------------------------------------------------
-// 2 and 4. Requests that name another client: authentic requests in the attacker's own slots
-// (or its own UD SENDs) carrying the victim's client id, with the victim's next sequence numbers
-// (the old code let the victim's first PUT be answered OK and never applied) and far-ahead ones.
+// 2 and 4. Requests that name another client, with the victim's next sequence numbers (the old
+// code let the victim's first PUT be answered OK and never applied) and far-ahead ones. A UD SEND
+// names its client in the immediate: the attacker names the victim there, signing with its own
+// secret. In a slot the slot alone names the client (the bytes carry no id): the attacker's
+// request is its own, whatever it meant, and touches only its own dedupe state.
 
 class ForgedIdentity : public ::testing::TestWithParam<RequestVerb> {};
 
@@ -323,18 +326,18 @@ TEST_P(ForgedIdentity, RequestsNamingAnotherClientDoNotAffectIt) {
           put.worker = w;
           put.seq = seq;
           put.op = Op::kPut;
-          put.key = KeyOn(w, c.workers, "mine");
           put.value = "FORGED";
-          put.client_id = victim->first_client_id() + vc;
           put.secret = secret;
           if (slots) {
-            // In its own slots: answered, to the attacker, as a bad request.
+            // In its own slots: the attacker's own PUT (of its own key), answered to it.
+            put.key = KeyOn(w, c.workers, "attacker-own");
             absl::StatusOr<RawResponse> r = attacker->Call(put, kCallTimeout);
-            ASSERT_TRUE(r.ok()) << r.status() << ": seq " << seq << " to worker " << w
-                                << " naming client " << put.client_id;
-            EXPECT_EQ(static_cast<Status>(r->header.status), Status::kBadRequest);
+            ASSERT_TRUE(r.ok()) << r.status() << ": seq " << seq << " to worker " << w;
+            EXPECT_EQ(static_cast<Status>(r->header.status), Status::kOk);
             EXPECT_EQ(r->header.client_id, attacker->first_client_id());
           } else {
+            put.key = KeyOn(w, c.workers, "mine");
+            put.client_id = victim->first_client_id() + vc;
             absl::StatusOr<CompletionStatus> s = attacker->Send(put);
             ASSERT_TRUE(s.ok()) << s.status();
           }
@@ -474,16 +477,16 @@ TEST(Adversarial, ForgedUdResponsesAreNeverDelivered) {
         std::vector<uint8_t> message(ResponseBytes(6));
         std::memcpy(message.data(), "FORGED", 6);
         ResponseHeader h{};
-        h.keyhash = mica::KeyHash(key);
         h.version = 999;
         h.value_bytes = 6;
-        h.client_id = victim->first_client_id();
         h.status = static_cast<uint8_t>(Status::kOk);
         h.worker = static_cast<uint16_t>(w);
         h.attempt = attempt;
         h.seq = next_seq[w];
         EncodeResponseHeader(h, 0, message.data());
-        absl::StatusOr<CompletionStatus> s = attacker->SendUd(target, qkey, message);
+        // Naming the victim in the immediate, as the worker's responses do.
+        absl::StatusOr<CompletionStatus> s =
+            attacker->SendUd(target, qkey, message, victim->first_client_id());
         ASSERT_TRUE(s.ok()) << s.status();
         if (qkey == real_qkey) ++delivered_forgeries;
       }
@@ -949,16 +952,13 @@ TEST_P(Garbage, EverywhereChangesNoAnswer) {
       // A UD message to a worker, within a slot's size, mostly under the workers' qkey.
       bytes.resize(1 + rng() % c.slot_bytes);
       for (auto& b : bytes) b = static_cast<uint8_t>(rng());
-      if (rng() % 2 == 0 && bytes.size() >= kRequestHeaderBytes) {
-        // A plausible header: the attacker's id, lying lengths.
-        RequestHeader h{};
-        std::memcpy(&h, bytes.data() + bytes.size() - kRequestHeaderBytes, sizeof(h));
-        h.client_id = attacker->first_client_id() + static_cast<uint32_t>(rng() % 2);
-        std::memcpy(bytes.data() + bytes.size() - kRequestHeaderBytes, &h, sizeof(h));
-      }
+      // Mostly a plausible sender: the attacker's own id in the immediate, lying lengths.
+      std::optional<uint32_t> imm;
+      if (rng() % 2 == 0) imm = attacker->first_client_id() + static_cast<uint32_t>(rng() % 2);
+      if (rng() % 8 == 0) imm = static_cast<uint32_t>(rng());
       const uint32_t w = static_cast<uint32_t>(rng() % c.workers);
       const uint32_t qkey = rng() % 4 == 0 ? static_cast<uint32_t>(rng()) : kQkey;
-      ASSERT_TRUE(attacker->SendUd(attacker->welcome().worker_ud[w], qkey, bytes).ok());
+      ASSERT_TRUE(attacker->SendUd(attacker->welcome().worker_ud[w], qkey, bytes, imm).ok());
     } else {
       // At the victim's UD QP, under a guessed qkey (its real one is the session's secret; a
       // holder of it is beyond the trust model).
@@ -1391,8 +1391,8 @@ TEST(AdversarialLarge, GarbageInLandingBuffersIsRejectedAndWritesPastThemFail) {
   };
   for (uint32_t w = 0; w < c.workers; ++w) {
     // Random bytes.
-    for (uint64_t length : {uint64_t{1}, uint64_t{kRequestHeaderBytes - 1},
-                            uint64_t{kRequestHeaderBytes}, uint64_t{1000}, lb}) {
+    for (uint64_t length : {uint64_t{1}, uint64_t{kRequestTrailerBytes - 1},
+                            uint64_t{kRequestTrailerBytes}, uint64_t{1000}, lb}) {
       std::vector<uint8_t> bytes(length);
       for (auto& b : bytes) b = static_cast<uint8_t>(rng());
       land(w, 0, bytes);
@@ -1407,10 +1407,10 @@ TEST(AdversarialLarge, GarbageInLandingBuffersIsRejectedAndWritesPastThemFail) {
     put.value = LargeValue(2000, w);
     keys.push_back(put.key);
     const std::vector<uint8_t> request = attacker->Encode(put);
-    const uint64_t header_at = request.size() - kRequestHeaderBytes;
+    const uint64_t header_at = request.size() - kRequestTrailerBytes;
     for (int patch = 0; patch < 3; ++patch) {
       std::vector<uint8_t> bytes = request;
-      RequestHeader h;
+      RequestTrailer h;
       std::memcpy(&h, bytes.data() + header_at, sizeof(h));
       if (patch == 0) h.value_bytes = 0xffffffffu;
       if (patch == 1) h.value_bytes = static_cast<uint32_t>(lb);
@@ -1749,7 +1749,7 @@ TEST(AdversarialLarge, FuzzedLargePutsLeaveAnHonestLargeValueWorkloadIntact) {
       r.key = std::string(1 + rng() % (c.max_key_bytes + 2), '\0');
       r.key[0] = '\xff';  // never one of the victim's keys
       for (size_t i = 1; i < r.key.size(); ++i) r.key[i] = static_cast<char>('a' + rng() % 4);
-      const uint64_t room = lb - RequestBytes(static_cast<uint32_t>(r.key.size()), 0);
+      const uint64_t room = lb - RequestBytes(r.op, static_cast<uint32_t>(r.key.size()), 0);
       if (rng() % 2 == 0) r.value = std::string(log_uniform(std::min<uint64_t>(room, lb)), 'v');
       if (rng() % 8 == 0) r.expected_version = rng() % 4;
       if (rng() % 8 == 0) r.client_id = static_cast<int64_t>(rng() % kLargeMaxClients);

@@ -78,9 +78,9 @@ TEST(ConfigTest, EveryContradictionIsRefusedNamingItsFlags) {
       {"slot under header + key",
        [](Config& c) {
          c.max_key_bytes = 16;
-         c.slot_bytes = kRequestHeaderBytes + 8;
+         c.slot_bytes = kRequestHeaderMaxBytes + 8;
        },
-       {"--slot_bytes=72", "16-byte key"}},
+       {"--slot_bytes=40", "16-byte key"}},
       {"UD response over the MTU",
        [](Config& c) { c.slot_bytes = 4160; },
        {"--slot_bytes=4160", "--response_verb", "4096-byte MTU"}},
@@ -143,7 +143,7 @@ TEST(ConfigTest, BoundariesAreAccepted) {
                 c.unsig_batch = 32;
                 c.sq_depth = 64;
               }).ok());
-  EXPECT_TRUE(ok([](Config& c) { c.slot_bytes = kRequestHeaderBytes + 16; }).ok());
+  EXPECT_TRUE(ok([](Config& c) { c.slot_bytes = kRequestHeaderMaxBytes + 16; }).ok());
   for (const uint32_t landing : {Config{}.inline_limit() + 1, 1u << 20}) {
     EXPECT_TRUE(ok([&](Config& c) {
                   c.max_value_bytes = 1 << 20;
@@ -153,7 +153,7 @@ TEST(ConfigTest, BoundariesAreAccepted) {
   }
   // The largest slot whose UD response fits the MTU.
   Config c;
-  c.slot_bytes = kMtu - kResponseHeaderBytes + kRequestHeaderBytes + Pad8(c.max_key_bytes);
+  c.slot_bytes = kMtu - kResponseHeaderBytes + kRequestHeaderMaxBytes + Pad8(c.max_key_bytes);
   EXPECT_EQ(ResponseBytes(c.slot_value_bytes()), kMtu);
   EXPECT_TRUE(Validate(c, kMtu).ok()) << Validate(c, kMtu);
   c.slot_bytes += kWireAlign;
@@ -166,10 +166,10 @@ TEST(ConfigTest, LandingBuffersAreSizedByLandingValueBytesAndTravelToClients) {
   Config c;
   c.max_value_bytes = 1 << 20;
   EXPECT_EQ(c.landing_value_limit(), 1u << 20);
-  EXPECT_EQ(c.landing_bytes(), RequestBytes(c.max_key_bytes, 1 << 20));
+  EXPECT_EQ(c.landing_bytes(), RequestBytes(Op::kCas, c.max_key_bytes, 1 << 20));
   c.landing_value_bytes = 4096;
   EXPECT_EQ(c.landing_value_limit(), 4096u);
-  EXPECT_EQ(c.landing_bytes(), RequestBytes(c.max_key_bytes, 4096));
+  EXPECT_EQ(c.landing_bytes(), RequestBytes(Op::kCas, c.max_key_bytes, 4096));
   absl::StatusOr<Config> decoded = DecodeConfig(Encode(c));
   ASSERT_TRUE(decoded.ok()) << decoded.status();
   EXPECT_EQ(decoded->landing_value_bytes, 4096u);

@@ -169,19 +169,17 @@ TEST(Herd, HostileSlotBytesNeverCrashTheServerNorDisturbOthers) {
       for (auto& b : bytes) b = static_cast<uint8_t>(rng());
       const uint32_t length = 1 + static_cast<uint32_t>(rng() % c.slot_bytes);
       if (round % 3 == 0) {
-        RequestHeader h{};
-        std::memcpy(&h, bytes.data() + length - std::min<uint32_t>(length, kRequestHeaderBytes),
-                    std::min<uint32_t>(length, kRequestHeaderBytes));
+        RequestTrailer h{};
+        std::memcpy(&h, bytes.data() + length - std::min<uint32_t>(length, kRequestTrailerBytes),
+                    std::min<uint32_t>(length, kRequestTrailerBytes));
         h.op = static_cast<uint8_t>(rng() % 6);
-        h.client_id = attacker->first_client_id();
         h.flags = 0;
-        h.descriptor = {};
-        if (length >= kRequestHeaderBytes) {
-          std::memcpy(bytes.data() + length - kRequestHeaderBytes, &h, sizeof(h));
+        if (length >= kRequestTrailerBytes) {
+          std::memcpy(bytes.data() + length - kRequestTrailerBytes, &h, sizeof(h));
           // Sometimes signed with the session's key: authentic but lying, so it reaches the
           // field checks instead of being rejected as incomplete.
-          const uint64_t need =
-              uint64_t{Pad8(h.key_bytes)} + Pad8(h.value_bytes) + kRequestHeaderBytes;
+          const uint64_t need = uint64_t{Pad8(h.key_bytes)} + Pad8(h.value_bytes) +
+                                RequestHeaderBytes(static_cast<Op>(h.op), h.flags);
           if (round % 2 == 0 && need <= length && length % kWireAlign == 0) {
             uint8_t* start = bytes.data() + length - need;
             const uint64_t sum = WireChecksum(attacker->session_secret(), start, need);

@@ -276,7 +276,8 @@ TEST(LargeValues, KeysFromOneTo256BinaryBytesWorkOnEveryPath) {
     options.config.request_verb = request;
     options.config.response_verb = response;
     options.config.max_key_bytes = 256;
-    options.config.slot_bytes = 64 + 256 + 128;  // 128-byte values inline with the longest key
+    // 128-byte values inline with the longest key.
+    options.config.slot_bytes = kRequestHeaderMaxBytes + 256 + 128;
     ServerProcess server(options);
     ASSERT_TRUE(server.ok());
     auto client = Join(server, fabric);
@@ -352,16 +353,21 @@ TEST(LargeValues, ARequestLongerThanTheLandingBuffersIsNoMemoryAndNeverSent) {
   ASSERT_EQ(c.landing_value_limit(), kLandingValue);
   const std::string long_key(c.max_key_bytes, 'k');
   const uint64_t landing = c.landing_bytes();
-  ASSERT_EQ(landing, RequestBytes(c.max_key_bytes, kLandingValue));
-  ASSERT_TRUE(client->Put(long_key, std::string(kLandingValue, 'a')).ok()) << "fits exactly";
+  // Sized for the longest request of that value: a CAS's (its expected version travels).
+  ASSERT_EQ(landing, RequestBytes(Op::kCas, c.max_key_bytes, kLandingValue));
+  absl::StatusOr<uint64_t> version = client->Put(long_key, std::string(kLandingValue, 'a'));
+  ASSERT_TRUE(version.ok()) << version.status();
+  ASSERT_TRUE(client->Cas(long_key, *version, std::string(kLandingValue, 'a')).ok())
+      << "fits exactly";
   const ClientStats before = client->stats();
-  const std::string over(kLandingValue + 1, 'b');
-  const uint64_t request = RequestBytes(c.max_key_bytes, kLandingValue + 1);
-  ASSERT_GT(request, landing);
+  // One word more than the value limit: over it for every op (a PUT's header is a word shorter).
+  const std::string over(kLandingValue + kWireAlign + 1, 'b');
   const absl::Status put = client->Put(long_key, over).status();
   const absl::Status cas = client->Cas(long_key, 1, over).status();
-  const absl::Status insert = client->Insert("other-key", over).status();
-  for (const absl::Status& s : {put, cas, insert}) {
+  const absl::Status insert = client->Insert(long_key, over).status();
+  for (const auto& [op, s] : {std::pair{Op::kPut, put}, {Op::kCas, cas}, {Op::kInsert, insert}}) {
+    const uint64_t request = RequestBytes(op, c.max_key_bytes, static_cast<uint32_t>(over.size()));
+    ASSERT_GT(request, landing);
     EXPECT_TRUE(absl::IsResourceExhausted(s)) << s;
     EXPECT_TRUE(absl::StartsWith(s.message(), "NO_MEMORY")) << s;
     EXPECT_TRUE(absl::StrContains(s.message(), absl::StrCat(request, "-byte request"))) << s;
@@ -379,7 +385,7 @@ TEST(LargeValues, ARequestLongerThanTheLandingBuffersIsNoMemoryAndNeverSent) {
   EXPECT_TRUE(batch[2].ok()) << batch[2].status();
   // The buffer bounds the request, not the value: a 1-byte key leaves room for more value.
   const std::string more(kLandingValue + Pad8(c.max_key_bytes) - 8, 'c');
-  ASSERT_LE(RequestBytes(1, static_cast<uint32_t>(more.size())), landing);
+  ASSERT_LE(RequestBytes(Op::kPut, 1, static_cast<uint32_t>(more.size())), landing);
   ASSERT_TRUE(client->Put("s", more).ok());
   auto got = client->Get("s");
   ASSERT_TRUE(got.ok()) << got.status();

@@ -311,7 +311,8 @@ absl::StatusOr<RawClient::ReadResult> RawClient::ReadThrough(transport::QueuePai
 
 absl::StatusOr<transport::CompletionStatus> RawClient::SendUd(const transport::QpEndpoint& to,
                                                               uint32_t qkey,
-                                                              absl::Span<const uint8_t> bytes) {
+                                                              absl::Span<const uint8_t> bytes,
+                                                              std::optional<uint32_t> imm) {
   // One address handle per destination GID, kept for the client's life.
   const transport::AddressHandle* ah = nullptr;
   for (uint32_t w = 0; w < config_.workers && ah == nullptr; ++w) {
@@ -326,7 +327,8 @@ absl::StatusOr<transport::CompletionStatus> RawClient::SendUd(const transport::Q
     extra_ahs_.push_back(std::move(made));
   }
   transport::SendWr wr;
-  wr.opcode = transport::Opcode::kSend;
+  wr.opcode = imm.has_value() ? transport::Opcode::kSendWithImm : transport::Opcode::kSend;
+  wr.imm_data = imm.value_or(0);
   wr.ah = ah;
   wr.remote_qpn = to.qp_num;
   wr.remote_qkey = qkey;
@@ -340,17 +342,18 @@ std::vector<uint8_t> RawClient::Encode(const Request& r) const {
   header.value_bytes = static_cast<uint32_t>(r.value.size());
   header.key_bytes = static_cast<uint16_t>(r.key.size());
   header.op = static_cast<uint8_t>(r.op);
-  header.client_id =
-      r.client_id >= 0 ? static_cast<uint32_t>(r.client_id) : welcome_.first_client_id + r.client;
   header.attempt = r.attempt;
   header.seq = r.seq;
-  std::vector<uint8_t> bytes(RequestBytes(header.key_bytes, header.value_bytes));
+  // Room for the copy-to-landing word, trimmed below when it is not asked for.
+  std::vector<uint8_t> bytes(RequestBytes(r.op, header.key_bytes, header.value_bytes) +
+                             kRequestExtensionBytes);
   const uint64_t secret = r.secret != 0 ? r.secret : welcome_.secret;
-  EncodeRequest(header, r.key, r.value, secret, bytes.data());
+  uint32_t length = EncodeRequest(header, r.key, r.value, secret, bytes.data());
   if (r.copy_to_landing >= 0) {
-    SetRequestCopyToLanding(static_cast<uint32_t>(r.copy_to_landing), secret, bytes.data(),
-                            static_cast<uint32_t>(bytes.size()));
+    length = SetRequestCopyToLanding(static_cast<uint32_t>(r.copy_to_landing), secret, bytes.data(),
+                                     length);
   }
+  bytes.resize(length);
   return bytes;
 }
 
@@ -364,7 +367,9 @@ absl::StatusOr<transport::CompletionStatus> RawClient::Send(const Request& reque
         LandingImmediate(welcome_.first_client_id + request.client, landing), bytes);
   }
   if (!config_.request_uses_slots()) {
-    return SendUd(welcome_.worker_ud[request.worker], kQkey, bytes);
+    return SendUd(welcome_.worker_ud[request.worker], kQkey, bytes,
+                  request.client_id >= 0 ? static_cast<uint32_t>(request.client_id)
+                                         : welcome_.first_client_id + request.client);
   }
   const auto slot = static_cast<uint32_t>(request.seq % config_.window);
   const uint64_t end = SlotAddress(request.client, request.worker, slot) + config_.slot_bytes;
@@ -382,11 +387,12 @@ absl::StatusOr<RawResponse> RawClient::Receive(absl::Duration timeout) {
   RawResponse out;
   out.src_qp = c.src_qp;
   ParsedResponse parsed;
-  const bool ok = c.status == transport::CompletionStatus::kSuccess &&
+  const bool ok = c.status == transport::CompletionStatus::kSuccess && c.has_imm &&
                   c.byte_len >= transport::kGrhBytes &&
                   ParseResponse(message, c.byte_len - transport::kGrhBytes, 0, &parsed);
   if (ok) {
     out.header = parsed.header;
+    out.header.client_id = c.imm_data;  // a UD response names its client in the immediate
     out.value.assign(reinterpret_cast<const char*>(parsed.value), parsed.header.value_bytes);
   }
   RepostReceive(c.wr_id);

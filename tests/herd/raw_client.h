@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <string_view>
@@ -103,12 +104,15 @@ class RawClient {
   // Server address of landing buffer `buffer` at `worker` (the welcome's landing_addr, laid out
   // [worker][landing_buffers] x Config::landing_bytes()); not bounds-checked.
   uint64_t LandingAddress(uint32_t worker, uint64_t buffer) const;
-  // Posts one signalled UD SEND of `bytes` from the UD QP to `to` under `qkey`; waits for it.
+  // Posts one signalled UD SEND of `bytes` from the UD QP to `to` under `qkey` (a SEND_WITH_IMM
+  // when `imm` is set: how a request names its client); waits for it.
   absl::StatusOr<transport::CompletionStatus> SendUd(const transport::QpEndpoint& to, uint32_t qkey,
-                                                     absl::Span<const uint8_t> bytes);
+                                                     absl::Span<const uint8_t> bytes,
+                                                     std::optional<uint32_t> imm = std::nullopt);
 
-  // An authentic request of THIS session, signed with `secret` (default: the session's), naming
-  // `client_id` (default: the session's id for `client`).
+  // An authentic request of THIS session, signed with `secret` (default: the session's); a UD
+  // SEND of it names `client_id` in its immediate (default: the session's id for `client`). In a
+  // slot, the slot alone names the client.
   struct Request {
     uint32_t client = 0;  // logical client of this session (which slots it goes to)
     uint32_t worker = 0;
@@ -118,7 +122,7 @@ class RawClient {
     std::string key;
     std::string value;
     uint64_t expected_version = 0;
-    int64_t client_id = -1;  // -1: first_client_id() + client
+    int64_t client_id = -1;  // UD SENDs' immediate; -1: first_client_id() + client
     uint64_t secret = 0;     // 0: the session's
     // >= 0: a GET that asks for its value to be copied into this landing buffer
     // (kRequestCopyToLanding; any index, in range or not).

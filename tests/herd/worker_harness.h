@@ -102,10 +102,9 @@ inline std::vector<uint8_t> Encode(const Request& r) {
   h.value_bytes = static_cast<uint32_t>(r.value.size());
   h.key_bytes = static_cast<uint16_t>(r.key.size());
   h.op = static_cast<uint8_t>(r.op);
-  h.client_id = r.client;
   h.attempt = r.attempt;
   h.seq = r.seq;
-  std::vector<uint8_t> bytes(RequestBytes(h.key_bytes, h.value_bytes));
+  std::vector<uint8_t> bytes(RequestBytes(r.op, h.key_bytes, h.value_bytes));
   EncodeRequest(h, r.key, r.value, r.secret, bytes.data());
   return bytes;
 }
@@ -265,8 +264,10 @@ class Harness {
     std::atomic_thread_fence(std::memory_order_release);
   }
 
-  // Sends `bytes` as a UD request from `qp` (request_verb = ud_send).
-  void SendUd(transport::QueuePair& qp, const std::vector<uint8_t>& bytes) {
+  // Sends `bytes` as a UD request from `qp` (request_verb = ud_send) naming `client` in its
+  // immediate (nullopt: a plain SEND, no immediate).
+  void SendUd(transport::QueuePair& qp, const std::vector<uint8_t>& bytes,
+              std::optional<uint32_t> client) {
     uint8_t* buffer = SendBuffer();
     ASSERT_LE(bytes.size(), 4096u);
     std::memcpy(buffer, bytes.data(), bytes.size());
@@ -275,7 +276,8 @@ class Harness {
     transport::SendWr wr;
     wr.sg_list = &sge;
     wr.num_sge = 1;
-    wr.opcode = transport::Opcode::kSend;
+    wr.opcode = client.has_value() ? transport::Opcode::kSendWithImm : transport::Opcode::kSend;
+    wr.imm_data = client.value_or(0);
     wr.flags = transport::kSignaled;
     wr.ah = client_ah_.get();
     wr.remote_qpn = worker_qp_->qp_num();
@@ -295,7 +297,7 @@ class Harness {
     if (config_.request_uses_slots()) {
       Land(r.client, r.seq, Encode(r));
     } else {
-      SendUd(*client_qp_, Encode(r));
+      SendUd(*client_qp_, Encode(r), r.client);
     }
   }
 
@@ -315,6 +317,7 @@ class Harness {
     EXPECT_TRUE(ParseResponse(buffer + transport::kGrhBytes, c.byte_len - transport::kGrhBytes, 0,
                               &parsed));
     out.header = parsed.header;
+    out.header.client_id = c.imm_data;
     out.value.assign(reinterpret_cast<const char*>(parsed.value), parsed.header.value_bytes);
     PostClientReceive(static_cast<uint32_t>(c.wr_id));
     return out;
@@ -375,7 +378,8 @@ class Harness {
     uint8_t* slot = ResponseSlot(client, seq);
     const uint32_t bytes = config_.response_slot_bytes();
     const absl::Time give_up = absl::Now() + kDeadline;
-    while (Word(slot + bytes - sizeof(uint64_t)).load(std::memory_order_acquire) != seq) {
+    while (SeqOfMarker(Word(slot + bytes - sizeof(uint64_t)).load(std::memory_order_acquire)) !=
+           seq) {
       if (absl::Now() > give_up) {
         ADD_FAILURE() << "no WRITE response for seq " << seq;
         return std::nullopt;
@@ -387,6 +391,7 @@ class Harness {
       ADD_FAILURE() << "the WRITE response for seq " << seq << " does not verify";
       return std::nullopt;
     }
+    parsed.header.client_id = client;  // the slot says whose it is
     return parsed;
   }
 

@@ -31,7 +31,7 @@ TEST(WorkerRulesTest, EachOpIsAnsweredOnceWithItsFieldsEchoedAndItsMarkerConsume
   const Response p = h.Call(put);
   EXPECT_EQ(StatusOf(p), Status::kOk);
   EXPECT_EQ(p.header.attempt, 2u);
-  EXPECT_EQ(p.header.keyhash, mica::KeyHash(key));
+  EXPECT_EQ(p.header.client_id, 0u) << "the immediate names the client";
   EXPECT_EQ(p.header.worker, kWorkerIndex);
   EXPECT_EQ(p.header.value_bytes, 0u);
   EXPECT_EQ(p.src_qp, h.worker_qp().qp_num());
@@ -97,7 +97,7 @@ TEST(WorkerRulesTest, ADuplicateLandingIsConsumedNeverExecutedNorAnswered) {
 TEST(WorkerRulesTest, ABadRequestLandingTwiceIsAnsweredOnce) {
   Harness h(SlotsAndUd());
   Request bad = Get(0, 1, KeyOf(kWorkerIndex, 11));
-  bad.expected_version = 5;
+  bad.value = "a GET carries no value";
   ASSERT_EQ(StatusOf(h.Call(bad)), Status::kBadRequest);
   h.Land(0, 1, Encode(bad));
   ASSERT_TRUE(h.AwaitConsumed(0, 1));
@@ -360,7 +360,6 @@ TEST(WorkerRulesTest, AKeyOfAnotherWorkersPartitionIsAnsweredWrongWorker) {
   const Request put = Put(0, 1, key, "misrouted");
   const Response r = h.Call(put);
   EXPECT_EQ(StatusOf(r), Status::kWrongWorker);
-  EXPECT_EQ(r.header.keyhash, mica::KeyHash(key));
   EXPECT_EQ(h.stats().inserts.Get(), 0u);
   EXPECT_EQ(h.counters().bad_requests.Get(), 1u);
   // Its retransmission is answered the same, and executes nothing.
@@ -376,17 +375,35 @@ TEST(WorkerRulesTest, UdRequestsAreAcceptedOnlyFromTheSessionsQp) {
   ASSERT_EQ(StatusOf(h.Call(Put(0, 1, key, "mine"))), Status::kOk);
   // The same session's bytes (right secret, right client id) from another QP.
   std::unique_ptr<transport::QueuePair> intruder = h.MakeClientUdQp();
-  h.SendUd(*intruder, Encode(Put(0, 2, key, "intruder")));
+  h.SendUd(*intruder, Encode(Put(0, 2, key, "intruder")), 0);
   EXPECT_TRUE(h.Barrier().empty()) << "a UD request from a foreign QP was answered";
   EXPECT_EQ(h.counters().rejected.Get(), 1u);
   EXPECT_EQ(h.stats().overwrites.Get(), 0u);
   // A duplicate UD message (same seq, same attempt) is not executed twice.
   const Request put3 = Put(0, 3, key, "three");
   ASSERT_EQ(StatusOf(h.Call(put3)), Status::kOk);
-  h.SendUd(h.client_qp(), Encode(put3));
+  h.SendUd(h.client_qp(), Encode(put3), 0);
   EXPECT_TRUE(h.Barrier().empty());
   EXPECT_EQ(h.counters().duplicates.Get(), 1u);
   EXPECT_EQ(h.stats().overwrites.Get(), 1u);
+}
+
+// A UD request names its client only in the SEND's immediate (the bytes carry no client id):
+// one without an immediate, or naming a client past max_clients, is rejected unread; one
+// naming another client is judged under that client's secret, and fails its checksum.
+TEST(WorkerRulesTest, AUdRequestIsTheClientItsImmediateNamesOrNothing) {
+  Harness h(TestConfig(RequestVerb::kUdSend, ResponseVerb::kUdSend));
+  const std::string key = KeyOf(kWorkerIndex, 11);
+  ASSERT_EQ(StatusOf(h.Call(Put(0, 1, key, "mine"))), Status::kOk);
+  h.SendUd(h.client_qp(), Encode(Put(0, 2, key, "no immediate")), std::nullopt);
+  h.SendUd(h.client_qp(), Encode(Put(0, 2, key, "past max_clients")), h.config().max_clients);
+  Request other_secret = Put(0, 2, key, "signed with another secret");
+  other_secret.secret = kOtherSecret;
+  h.SendUd(h.client_qp(), Encode(other_secret), 0);
+  EXPECT_TRUE(h.Barrier().empty()) << "a UD request without a valid client was answered";
+  EXPECT_EQ(h.counters().rejected.Get(), 3u);
+  EXPECT_EQ(h.stats().overwrites.Get(), 0u);
+  EXPECT_EQ(StatusOf(h.Call(Get(0, 2, key))), Status::kOk);
 }
 
 // A UD message larger than a worker receive buffer (slot_bytes) but within the MTU. On the shm
@@ -399,7 +416,7 @@ TEST(WorkerRulesTest, AnOversizedUdRequestDoesNotBreakTheWorker) {
   std::vector<uint8_t> big(h.config().slot_bytes + 256, 0);
   const std::vector<uint8_t> real = Encode(Put(0, 2, key, "big"));
   std::memcpy(big.data() + big.size() - real.size(), real.data(), real.size());
-  h.SendUd(h.client_qp(), big);
+  h.SendUd(h.client_qp(), big, 0);
   const Request after = Get(0, 3, key);
   h.Submit(after);
   std::optional<Response> r = h.NextResponse(absl::Seconds(5));
@@ -418,8 +435,7 @@ TEST(WorkerRulesTest, WriteResponsesCarryAChecksumUnderTheSessionSecret) {
   std::optional<ParsedResponse> p = h.AwaitWriteResponse(2, 1, kSecret);
   ASSERT_TRUE(p.has_value()) << "no WRITE response, or its checksum does not verify";
   EXPECT_EQ(static_cast<Status>(p->header.status), Status::kOk);
-  EXPECT_EQ(p->header.keyhash, mica::KeyHash(key));
-  EXPECT_EQ(p->header.client_id, 2u);
+  EXPECT_EQ(p->header.seq, 1u);
   EXPECT_NE(p->header.checksum, 0u);
   const uint32_t bytes = h.config().response_slot_bytes();
   ParsedResponse other;
