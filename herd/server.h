@@ -108,6 +108,8 @@ struct ServerStats {
   // Outcomes a promoted primary took over for clients that followed it, and outcomes it could
   // not record (their id's old outcomes still await a client).
   uint64_t resumed_outcomes = 0, unrecorded_outcomes = 0;
+  // A primary's GETs held with no held-read buffer free: unanswered, their clients retransmit.
+  uint64_t reads_unanswered = 0;
   transport::CounterSnapshot fabric;  // all of the server's QPs and CQs
 };
 

@@ -73,7 +73,8 @@ std::string ReplicationJson(const ServerStats& s, const ServerStats& since) {
         "{\"role\":\"primary\",\"backups\":%d,\"live_backups\":%d,\"degraded\":%s,"
         "\"batches\":%d,\"writes\":%d,\"bytes\":%d,\"writes_per_batch\":%.2f,"
         "\"deferred\":%d,\"overflowed\":%d,\"dropped\":%d,\"stalls\":%d,\"released\":%d,"
-        "\"reads_held\":%d,\"watermarks\":%d,\"joined\":%d,\"transfer_bytes\":%d}",
+        "\"reads_held\":%d,\"reads_unanswered\":%d,\"watermarks\":%d,\"joined\":%d,"
+        "\"transfer_bytes\":%d}",
         s.backups, s.live_backups, s.live_backups < s.backups ? "true" : "false", batches,
         n.writes_posted - b.writes_posted, n.bytes_posted - b.bytes_posted,
         batches == 0
@@ -81,7 +82,8 @@ std::string ReplicationJson(const ServerStats& s, const ServerStats& since) {
             : static_cast<double>(n.writes_posted - b.writes_posted) / static_cast<double>(batches),
         n.deferred - b.deferred, n.overflowed - b.overflowed, n.links_dropped, n.stalls,
         n.released - b.released, n.reads_held - b.reads_held,
-        n.watermarks_posted - b.watermarks_posted, n.joined, n.transfer_bytes);
+        s.reads_unanswered - since.reads_unanswered, n.watermarks_posted - b.watermarks_posted,
+        n.joined, n.transfer_bytes);
   }
   return absl::StrFormat(
       "{\"role\":\"backup\",\"primary_attached\":%s,\"syncing\":%s,\"reads\":%d,"
@@ -109,6 +111,7 @@ ServerStats Server::Stats() const {
     stats.internal_errors += k.internal_errors.Get();
     stats.resumed_outcomes += k.resumed_outcomes.Get();
     stats.unrecorded_outcomes += k.unrecorded_outcomes.Get();
+    stats.reads_unanswered += k.reads_unanswered.Get();
     stats.out_of_line.push_back(k.out_of_line.Get());
     stats.copied_values.push_back(k.copied_values.Get());
     const mica::PartitionStats& p = r.worker->partition().stats();

@@ -120,6 +120,13 @@ TEST_P(EveryVerbReplicated, AnAcknowledgedWriteIsOnEveryBackup) {
             stats.replication.batches_posted * backup_count * (kChainFrameWrs + 1));
   const std::string json = StatsJson(stats, ServerStats{}, 1.0);
   EXPECT_NE(json.find("\"degraded\":false"), std::string::npos) << json;
+  // Held GETs and those left unanswered (no held-read buffer free) are both reported.
+  EXPECT_NE(json.find(absl::StrCat("\"reads_held\":", stats.replication.reads_held)),
+            std::string::npos)
+      << json;
+  EXPECT_NE(json.find(absl::StrCat("\"reads_unanswered\":", stats.reads_unanswered)),
+            std::string::npos)
+      << json;
 }
 
 INSTANTIATE_TEST_SUITE_P(
