@@ -417,7 +417,9 @@ absl::Status Client::Send(Outstanding& o, bool wait_for_room) {
   // one) unless a WR still reads the buffer: then the same bytes go again, and the next
   // retransmission, after that WR retired, is the new attempt.
   const bool new_attempt = o.sends == 0 || BufferFree(o);
-  if (o.sends > 0 && new_attempt) {
+  // At kMaxAttempt the same bytes go again (a duplicate the worker drops): the next attempt
+  // number would not fit the marker, and Retransmit ends the request.
+  if (o.sends > 0 && new_attempt && o.attempt < kMaxAttempt) {
     SetRequestAttempt(++o.attempt, welcome_.secret, staged, o.length);
   }
   // A full chain goes first, so that a failure to post it never involves this request (a Submit
@@ -754,7 +756,7 @@ void Client::Retransmit(absl::Span<Result> out, size_t* n) {
     // A client with members keeps its requests for Follow() when the server is lost.
     const bool lost = !health_.ok() && (options_.members.empty() || followed_);
     if (!health_.ok() && !lost && now - o.submitted < deadline) continue;
-    if (lost || o.sends >= options_.max_attempts || o.attempt == kMaxAttempt ||
+    if (lost || o.sends >= options_.max_attempts || o.attempt >= kMaxAttempt ||
         now - o.submitted >= deadline) {
       if (*n == out.size()) return;  // the rest on the next Poll
       Fail(o, Status::kTimedOut, &out[(*n)++]);
@@ -850,12 +852,13 @@ absl::Status Client::HandOver(Client& follower) {
     if (!o.active) continue;
     Status status = Status::kOk;
     if (ParseRequest(StagedBytes(o), o.length, limits, welcome_.secret, parsed.get(), &status) !=
-        Parse::kRequest) {
+            Parse::kRequest ||
+        status != Status::kOk) {
       return absl::InternalError("a staged request does not parse: the client's own bug");
     }
     const RequestHeader& h = parsed->header;
     if (absl::Status s =
-            follower.Stage(Staged{o.client, o.op, parsed->key(), h.keyhash, parsed->value,
+            follower.Stage(Staged{o.client, o.op, parsed->key(), o.keyhash, parsed->value,
                                   h.expected_version, o.tag, o.seq, o.attempt + 1, o.submitted});
         !s.ok()) {
       return s;

@@ -8,8 +8,9 @@
 //
 // Every response is checked before it is delivered: it must come from one of the server's
 // worker QPs (UD: the sender's QP number, and the session's own qkey) or carry the session's
-// checksum (WRITE responses), and carry the client id, worker, sequence number and key hash of
-// an outstanding request, and lengths that add up. Anything else is counted (stats().stray) and
+// checksum (WRITE responses), and name (by its immediate, or its response slot) the client,
+// and carry the worker, sequence number and attempt of an outstanding request, and lengths that
+// add up. Anything else is counted (stats().stray) and
 // dropped. UD responses (and UC requests) can be lost: a request not answered within its
 // retransmission timeout is sent again (same slot, same sequence number, next attempt number);
 // the worker answers a repeated mutation from its dedupe table instead of applying it twice.
@@ -150,7 +151,8 @@ class Client {
   absl::Status Submit(uint32_t client, Op op, std::string_view key, std::string_view value,
                       uint64_t expected_version, uint64_t tag);
   // The same, with the key's hash the caller already has (it routed the key with CanSubmit):
-  // `keyhash` must be mica::KeyHash(key) (the worker answers BAD_REQUEST otherwise).
+  // `keyhash` must be mica::KeyHash(key): it picks the worker (the hash does not travel; a
+  // worker that does not own the key answers WRONG_WORKER).
   absl::Status Submit(uint32_t client, Op op, std::string_view key, uint64_t keyhash,
                       std::string_view value, uint64_t expected_version, uint64_t tag);
   // Delivers up to out.size() results; also retransmits overdue requests. Never blocks (a

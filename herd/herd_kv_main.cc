@@ -24,6 +24,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "gflags/gflags.h"
@@ -45,6 +46,9 @@ DEFINE_string(value_file, "",
               "put/insert/cas: take the value from this file ('-' = stdin), byte for byte, "
               "instead of a VALUE argument");
 DEFINE_bool(show_version, false, "get: also print the value's version on stderr, as version=N");
+DEFINE_string(members, "",
+              "A replicated store's members, HOST:PORT,...: tried in turn after --server when "
+              "one cannot be reached, or (a backup) answers NOT_PRIMARY or BACKUP_BUSY");
 
 namespace {
 
@@ -87,7 +91,13 @@ VALUE_TOO_LONG, NO_MEMORY, INTERNAL, ...); 2 a usage error; 3 the server could n
 reached or did not answer (UNAVAILABLE, TIMED_OUT, ...). A failure prints one line on stderr,
 "herd_kv: NAME: what happened".
 
-Flags: --server, --timeout_ms, --hex, --value_file, --show_version, and the transport's
+A replicated store: --members=HOST:PORT,... names its servers. The request goes to --server,
+then to each member in turn while the one tried cannot be reached or refuses it unexecuted
+(a backup answers a mutation NOT_PRIMARY, a GET it cannot read whole BACKUP_BUSY), so after a
+failover it finds the promoted backup. A request that reached a server and was not answered
+(TIMED_OUT) is not sent elsewhere: a mutation's outcome is then unknown.
+
+Flags: --server, --members, --timeout_ms, --hex, --value_file, --show_version, and the transport's
 (--fabric, --shm_fabric_name, --device, --gid_index, ...), as herd_server takes them.
 --helpshort lists herd_kv's own flags, --help every flag.)";
 
@@ -304,6 +314,21 @@ absl::Status CheckServerAddress(absl::string_view server) {
   return absl::OkStatus();
 }
 
+// --server, then each --members entry not already listed.
+absl::StatusOr<std::vector<std::string>> ServersFromFlags() {
+  std::vector<std::string> servers = {FLAGS_server};
+  for (absl::string_view member : absl::StrSplit(FLAGS_members, ',', absl::SkipEmpty())) {
+    if (absl::Status s = CheckServerAddress(member); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "--members: '%s' is not host:port (e.g. 127.0.0.1:31850,127.0.0.1:31860)", member));
+    }
+    if (std::find(servers.begin(), servers.end(), member) == servers.end()) {
+      servers.emplace_back(member);
+    }
+  }
+  return servers;
+}
+
 absl::StatusOr<herd::ClientOptions> ClientOptionsFromFlags() {
   if (absl::Status s = CheckServerAddress(FLAGS_server); !s.ok()) return s;
   if (FLAGS_timeout_ms == 0) return absl::InvalidArgumentError("--timeout_ms must be at least 1");
@@ -379,12 +404,37 @@ int RunStats(const herd::ClientOptions& options) {
   return kExitOk;
 }
 
-int Run(const Command& command, const herd::ClientOptions& options) {
+// Answers a member gives a request it did not execute: the next member may take it.
+bool RefusedUnexecuted(const absl::Status& status) {
+  return absl::StartsWith(status.message(), "NOT_PRIMARY:") ||
+         absl::StartsWith(status.message(), "BACKUP_BUSY:");
+}
+
+int Run(const Command& command, const herd::ClientOptions& options,
+        const std::vector<std::string>& servers) {
   if (command.verb == Verb::kStats) return RunStats(options);
-  absl::StatusOr<std::unique_ptr<herd::Client>> client = herd::Client::Connect(options);
-  if (!client.ok()) return Fail(kExitUnreachable, client.status());
-  const absl::Status done = RunRequest(**client, command);
-  return done.ok() ? kExitOk : Fail(ExitCodeOf(done), done);
+  absl::Status last;
+  int last_exit = kExitUnreachable;
+  for (const std::string& server : servers) {
+    herd::ClientOptions at = options;
+    at.server = server;
+    absl::StatusOr<std::unique_ptr<herd::Client>> client = herd::Client::Connect(at);
+    if (!client.ok()) {
+      last = client.status();
+      last_exit = kExitUnreachable;
+      continue;
+    }
+    const absl::Status done = RunRequest(**client, command);
+    if (done.ok()) return kExitOk;
+    if (!RefusedUnexecuted(done)) return Fail(ExitCodeOf(done), done);
+    last = done;
+    last_exit = ExitCodeOf(done);
+  }
+  if (servers.size() > 1) {  // say that every member was tried, and what the last one said
+    last = absl::Status(last.code(), absl::StrCat(Describe(last), " (the last of ", servers.size(),
+                                                  " members tried)"));
+  }
+  return Fail(last_exit, last);
 }
 
 }  // namespace
@@ -406,7 +456,9 @@ int main(int argc, char** argv) {
   if (!command.ok()) return UsageFailure(command.status());
   absl::StatusOr<herd::ClientOptions> options = ClientOptionsFromFlags();
   if (!options.ok()) return UsageFailure(options.status());
-  const int exit_code = Run(*command, *options);
+  absl::StatusOr<std::vector<std::string>> servers = ServersFromFlags();
+  if (!servers.ok()) return UsageFailure(servers.status());
+  const int exit_code = Run(*command, *options, *servers);
   if (fflush(stdout) != 0 && exit_code == kExitOk) {
     return Fail(kExitFailed,
                 absl::DataLossError(absl::StrCat("writing stdout: ", strerror(errno))));

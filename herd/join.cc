@@ -38,7 +38,9 @@ bool GetEndpoints(WireReader& r, uint32_t workers, std::vector<QpEndpoint>* out,
 
 }  // namespace
 
-std::vector<uint8_t> Encode(const Hello& hello) { return WireWriter().U32(hello.clients).Take(); }
+std::vector<uint8_t> Encode(const Hello& hello) {
+  return WireWriter().U32(hello.clients).U32(hello.wire_version).Take();
+}
 
 std::vector<uint8_t> Encode(const Config& c) {
   return WireWriter()
@@ -93,7 +95,15 @@ absl::StatusOr<Hello> DecodeHello(const std::vector<uint8_t>& bytes) {
   WireReader r(bytes, "hello");
   Hello hello;
   r.U32(&hello.clients);
+  // A client of wire format 1 sent the client count alone.
+  hello.wire_version = bytes.size() == sizeof(uint32_t) ? 1 : 0;
+  if (hello.wire_version == 0) r.U32(&hello.wire_version);
   if (absl::Status s = r.Finish(); !s.ok()) return s;
+  if (hello.wire_version != kWireVersion) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "hello: the client speaks herd wire format %d, this server %d: rebuild the client",
+        hello.wire_version, kWireVersion));
+  }
   return hello;
 }
 

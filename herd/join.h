@@ -16,6 +16,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "herd/config.h"
+#include "herd/protocol.h"
 #include "transport/cm_channel.h"
 #include "transport/control/message_channel.h"
 #include "transport/fabric.h"
@@ -47,7 +48,8 @@ enum MessageType : uint16_t {
 };
 
 struct Hello {
-  uint32_t clients = 1;  // logical clients this connection hosts
+  uint32_t clients = 1;                  // logical clients this connection hosts
+  uint32_t wire_version = kWireVersion;  // the request/response layouts the client speaks
 };
 
 struct Join {

@@ -39,7 +39,7 @@ enum class Status : uint8_t {
   kNoMemory = 8,      // PUT/CAS/INSERT: the item is longer than the worker's whole log; GET of a
                       // copy: the value is longer than a landing buffer; client-side: a request
                       // longer than the server's landing buffers (nothing was sent)
-  kBadRequest = 16,   // malformed slot: lengths, flags, reserved bytes, sequence, key hash
+  kBadRequest = 16,   // malformed slot: lengths, flags, reserved bytes, sequence
   kWrongWorker = 17,  // the key belongs to another worker's partition
   kInternal = 18,     // the server's own inconsistency (an item in its log that fails its
                       // checksum, a store result it does not know): not the request's fault
@@ -58,6 +58,11 @@ inline bool IsMutation(Op op) { return op != Op::kGet; }
 // Whether a request of `op` carries a value.
 inline bool CarriesValue(Op op) { return op == Op::kPut || op == Op::kCas || op == Op::kInsert; }
 std::string_view OpName(Op op);
+
+// The request and response layouts below, as a number a client states in its Hello (join.h): a
+// server refuses a client built for other layouts at the join, instead of every request failing
+// its checksum. 1: 64-byte request and 48-byte response headers; 2: session 17's trailers.
+inline constexpr uint32_t kWireVersion = 2;
 
 inline constexpr uint32_t kWireAlign = 8;
 // 64-bit: a peer-written 32-bit length near 2^32 must not wrap to a small padded size.
@@ -113,8 +118,9 @@ inline constexpr uint32_t AttemptOfMarker(uint64_t marker) {
 //
 // A GET of a 16-byte key is 40 bytes. The key hash does not travel: the worker must hash the key
 // anyway to check it, so it computes it. The client id does not travel either: a request slot
-// belongs to one client, and a SEND names it in its immediate (both are checked against the
-// session's secret by the checksum).
+// belongs to one client, and a SEND names it in its immediate. The checksum under the session's
+// secret says the request is that session's (a session may name any of its own clients; a UD
+// SEND must also come from the session's QP).
 struct RequestHeader {
   uint64_t keyhash = 0;           // mica::KeyHash(key): computed by ParseRequest, never sent
   uint64_t expected_version = 0;  // CAS only, else 0

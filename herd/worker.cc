@@ -477,7 +477,6 @@ Worker::Admitted Worker::Admit(uint32_t client, uint32_t slot, const uint8_t* me
       // its outcome is filled in by ExecuteAndRespond before any replay of it is answered.
       claim->status = p.status;
       claim->version = 0;
-      claim->keyhash = h.keyhash;
     }
     claim->last_seq = h.seq;
     claim->last_attempt = h.attempt;
@@ -721,7 +720,6 @@ bool Worker::HoldReadAnswer(Pending& p) {
   }
   SlotState& state = slots_[uint64_t{p.client} * config_.window + p.slot];
   state.held = true;  // a retransmission meanwhile is consumed; the release answers it
-  state.keyhash = p.request.header.keyhash;
   HeldId id{p.client, p.slot, generations_seen_[p.client], p.request.header.seq};
   id.read = index;
   gate_->HoldRead(id);
@@ -763,7 +761,6 @@ void Worker::AnswerReleased() {
     p.version = read != nullptr ? read->version : state.version;
     p.value_bytes = read != nullptr ? read->value_bytes : 0;
     p.response_flags = read != nullptr ? read->response_flags : 0;
-    p.request.header.keyhash = state.keyhash;
     p.request.header.attempt = state.last_attempt;
     p.request.header.seq = id.seq;
     p.queue = nullptr;

@@ -190,7 +190,6 @@ class Worker {
     Status status = Status::kOk;
     bool held = false;     // the last request's response is held by the gate
     uint64_t version = 0;  // the last mutation's outcome, replayed to a retransmission
-    uint64_t keyhash = 0;  // ... and its key's hash (a released response echoes it)
     // A slot whose marker is set but whose message does not check out yet: which marker, and
     // since when (a WRITE still landing completes within microseconds; one that never does is
     // rejected after kIncompleteGrace).

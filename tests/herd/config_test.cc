@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "gtest/gtest.h"
 #include "herd/join.h"
 #include "herd/protocol.h"
@@ -181,6 +182,23 @@ TEST(ConfigTest, LandingBuffersAreSizedByLandingValueBytesAndTravelToClients) {
   bytes = Encode(c);
   bytes.push_back(0);
   EXPECT_FALSE(DecodeConfig(bytes).ok());
+}
+
+// A Hello states the wire format its client speaks: the same round-trips; another (or the old
+// 4-byte Hello, format 1) is refused at the join, naming both formats.
+TEST(ConfigTest, AHelloOfAnotherWireFormatIsRefused) {
+  absl::StatusOr<Hello> same = DecodeHello(Encode(Hello{3}));
+  ASSERT_TRUE(same.ok()) << same.status();
+  EXPECT_EQ(same->clients, 3u);
+  EXPECT_EQ(same->wire_version, kWireVersion);
+  const std::vector<uint8_t> old_hello = {3, 0, 0, 0};  // format 1: the client count alone
+  for (const std::vector<uint8_t>& bytes : {old_hello, Encode(Hello{3, kWireVersion + 1})}) {
+    absl::StatusOr<Hello> other = DecodeHello(bytes);
+    ASSERT_FALSE(other.ok());
+    EXPECT_TRUE(absl::IsFailedPrecondition(other.status())) << other.status();
+    EXPECT_NE(other.status().message().find("rebuild the client"), std::string::npos)
+        << other.status();
+  }
 }
 
 TEST(ConfigTest, ValidateClientLoad) {

@@ -72,7 +72,7 @@ constexpr uint64_t kDefaultSeed = 1;     // (HERD_HISTORY_SEED)
 constexpr uint64_t kMinOperations = 500;
 
 // ---- The server ----
-constexpr uint32_t kSlotBytes = 512;  // values up to 440 bytes: past the 188-byte inline limit
+constexpr uint32_t kSlotBytes = 512;  // values up to 464 bytes: past the 188-byte inline limit
 constexpr uint32_t kWorkers = 2;
 constexpr uint32_t kMaxClients = 32;
 // MICA's log is circular: a key's item dies once log_bytes of later items were appended to its

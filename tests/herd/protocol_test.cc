@@ -342,6 +342,31 @@ TEST(ProtocolTest, TheLandingWordIsAnIndexInRange) {
   EXPECT_EQ(status_of(UINT32_MAX, UINT32_MAX), Status::kBadRequest);
 }
 
+// A hostile CAS that also sets kRequestCopyToLanding carries both extension words, the most
+// header a parse copies: authentic, it is BAD_REQUEST (the flag is a GET's), with a key too long
+// to copy too; never read outside the message.
+TEST(ProtocolTest, ACasAskingForACopyCarriesBothWordsAndIsBadRequest) {
+  const RequestLimits limits{mica::kMaxKeyBytes + 64, kMaxValue, /*landing_buffers=*/4};
+  for (const std::string& key : {std::string("cas-key"), Bytes(mica::kMaxKeyBytes + 8, 'h')}) {
+    RequestHeader h = HeaderFor(Op::kCas, key, "value", /*expected_version=*/9);
+    h.flags = kRequestCopyToLanding;
+    h.landing_buffer = 1;
+    const auto key_bytes = static_cast<uint32_t>(key.size());
+    std::vector<uint8_t> message(RequestBytes(Op::kCas, key_bytes, 5, kRequestCopyToLanding));
+    ASSERT_EQ(message.size(), Pad8(key_bytes) + 8 + kRequestTrailerBytes + 16);
+    ASSERT_EQ(EncodeRequest(h, key, "value", kSecret, message.data()), message.size());
+    ParsedRequest parsed;
+    Status status = Status::kOk;
+    ASSERT_EQ(ParseRequest(message.data(), static_cast<uint32_t>(message.size()), limits, kSecret,
+                           &parsed, &status),
+              Parse::kRequest)
+        << key.size();
+    EXPECT_EQ(status, Status::kBadRequest) << key.size();
+    EXPECT_EQ(parsed.header.expected_version, 9u);
+    EXPECT_EQ(parsed.header.keyhash, 0u) << "no hash for a refused request";
+  }
+}
+
 // SetRequestCopyToLanding grows a laid-out GET by its landing word once, and rewrites it after.
 TEST(ProtocolTest, SetRequestCopyToLandingGrowsAGetOnce) {
   const std::string key = "copy-me";

@@ -31,7 +31,6 @@ TEST(WorkerRulesTest, EachOpIsAnsweredOnceWithItsFieldsEchoedAndItsMarkerConsume
   const Response p = h.Call(put);
   EXPECT_EQ(StatusOf(p), Status::kOk);
   EXPECT_EQ(p.header.attempt, 2u);
-  EXPECT_EQ(p.header.client_id, 0u) << "the immediate names the client";
   EXPECT_EQ(p.header.worker, kWorkerIndex);
   EXPECT_EQ(p.header.value_bytes, 0u);
   EXPECT_EQ(p.src_qp, h.worker_qp().qp_num());
@@ -43,6 +42,10 @@ TEST(WorkerRulesTest, EachOpIsAnsweredOnceWithItsFieldsEchoedAndItsMarkerConsume
   EXPECT_EQ(g.value, "first value");
   EXPECT_EQ(g.header.version, p.header.version);
   EXPECT_EQ(g.header.attempt, 0u);
+  // The response names its client in the SEND's immediate (the bytes carry no client id).
+  const Response other = h.Call(Get(2, 1, key));
+  EXPECT_EQ(other.header.client_id, 2u);
+  EXPECT_EQ(other.value, "first value");
 
   const Response c = h.Call(Cas(0, 3, key, p.header.version, "second"));
   EXPECT_EQ(StatusOf(c), Status::kOk);
@@ -56,7 +59,7 @@ TEST(WorkerRulesTest, EachOpIsAnsweredOnceWithItsFieldsEchoedAndItsMarkerConsume
   for (uint64_t seq = 1; seq <= 6; ++seq) EXPECT_EQ(h.Marker(0, seq), 0u) << seq;
 
   EXPECT_TRUE(h.Barrier().empty()) << "a request was answered more than once";
-  EXPECT_EQ(h.counters().requests.Get(), 6 + h.probes());
+  EXPECT_EQ(h.counters().requests.Get(), 7 + h.probes());
   EXPECT_EQ(h.counters().duplicates.Get(), 0u);
   EXPECT_EQ(h.counters().replays.Get(), 0u);
   EXPECT_EQ(h.stats().inserts.Get(), 1u);

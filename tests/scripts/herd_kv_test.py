@@ -290,13 +290,124 @@ class HerdKvNoMemoryTest(ServerTestCase):
         self.assertTrue(stderr.startswith("herd_kv: NO_MEMORY: the worker has no room"), stderr)
         self.assertIn("log", stderr)
         # Longer than a landing buffer: the client says so, naming both sizes, and sends nothing.
-        code, stdout, stderr = self.put_from_file("past-landing", self.LANDING_VALUE_BYTES + 1)
+        # (A buffer holds a CAS of the limit; a PUT's header is a word shorter: 9 bytes over.)
+        code, stdout, stderr = self.put_from_file("past-landing", self.LANDING_VALUE_BYTES + 9)
         self.assertEqual((code, stdout), (EXIT_FAILED, b""), stderr)
         self.assertTrue(stderr.startswith("herd_kv: NO_MEMORY: "), stderr)
         self.assertIn("landing buffers", stderr)
         self.assertEqual(stderr.count("\n"), 1, stderr)
         self.fails_with_status("NOT_FOUND", "get", "past-log")
         self.assertEqual(self.ok("get", "kept"), b"value")  # nothing evicted
+
+
+class HerdKvMembersTest(unittest.TestCase):
+    """--members on a replicated store (a primary and one backup on a shm fabric): a mutation
+    sent to the backup is refused NOT_PRIMARY and goes on to the primary; after the primary is
+    killed and the backup promoted (herd_admin), --server naming the dead primary finds the
+    promoted backup and every acknowledged write is there. Runs on shm only: the Soft-RoCE
+    guest runs herd_kv's join cases, and replication's verbs tests are the C++ ones."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.admin = BIN / "herd" / "herd_admin"
+        for binary in (SERVER, HERD_KV, cls.admin):
+            if not binary.exists():
+                raise AssertionError(f"{binary} is missing: bazel build --config=opt //herd/...")
+        cls.fabric = [f"--shm_fabric_name=herd-kv-members-{os.getpid()}"]
+        cls.logs = []
+        cls.backup, ready = cls.start(["--role=backup", "--replication_port=0"])
+        cls.backup_address = "127.0.0.1:" + ready.split(" port=", 1)[1].split()[0]
+        replication_port = ready.split("replication_port=", 1)[1].split()[0]
+        cls.primary, ready = cls.start(
+            ["--role=primary", f"--backups=127.0.0.1:{replication_port}"])
+        cls.primary_address = "127.0.0.1:" + ready.split(" port=", 1)[1].split()[0]
+
+    @classmethod
+    def start(cls, flags):
+        log = tempfile.TemporaryFile()
+        cls.logs.append(log)
+        server = subprocess.Popen(
+            [str(SERVER), "--port=0", "--workers=1", "--pin_workers=false", "--max_clients=8",
+             "--mica_items=4096", "--mica_log_bytes=4194304"] + flags + cls.fabric,
+            stdout=subprocess.PIPE, stderr=log, start_new_session=True)
+        try:
+            return server, read_ready_line(server, SERVER_READY_TIMEOUT_S)
+        except AssertionError as error:
+            server.kill()
+            log.seek(0)
+            raise AssertionError(f"{error}; its stderr:\n{log.read().decode()}") from None
+
+    @classmethod
+    def tearDownClass(cls):
+        for server in (cls.primary, cls.backup):
+            if server.poll() is None:
+                server.send_signal(signal.SIGTERM)
+                try:
+                    server.wait(timeout=SERVER_STOP_TIMEOUT_S)
+                except subprocess.TimeoutExpired:
+                    server.kill()
+                    server.wait()
+            server.stdout.close()
+        for log in cls.logs:
+            log.close()
+
+    def kv(self, server, *args):
+        command = ([str(HERD_KV), f"--server={server}",
+                    f"--members={self.primary_address},{self.backup_address}",
+                    "--timeout_ms=2000"] + self.fabric + list(args))
+        done = subprocess.run(command, capture_output=True, timeout=RUN_TIMEOUT_S)
+        return done.returncode, done.stdout, done.stderr.decode(errors="replace")
+
+    def test_members_reach_the_primary_and_then_the_promoted_backup(self):
+        # Alone, the backup refuses a mutation, unexecuted.
+        done = subprocess.run([str(HERD_KV), f"--server={self.backup_address}"] + self.fabric
+                              + ["put", "k", "v"], capture_output=True, timeout=RUN_TIMEOUT_S)
+        self.assertEqual(done.returncode, EXIT_FAILED, done.stderr)
+        self.assertTrue(done.stderr.startswith(b"herd_kv: NOT_PRIMARY: "), done.stderr)
+        # With the members, the same command goes on to the primary.
+        versions = {}
+        for i in range(8):
+            code, stdout, stderr = self.kv(self.backup_address, "put", f"key-{i}", f"value-{i}")
+            self.assertEqual(code, EXIT_OK, stderr)
+            versions[i] = int(stdout)
+        code, stdout, stderr = self.kv(self.backup_address, "get", "key-3")
+        self.assertEqual((code, stdout), (EXIT_OK, b"value-3"), stderr)
+        # The primary dies; the backup is promoted. --server still names the dead primary.
+        self.primary.kill()
+        self.primary.wait()
+        promoted = subprocess.run([str(self.admin), "promote", self.backup_address],
+                                  capture_output=True, timeout=60)
+        self.assertEqual(promoted.returncode, 0, promoted.stderr)
+        for i in range(8):  # every acknowledged write, at its version
+            code, stdout, stderr = self.kv(self.primary_address, "get", f"key-{i}",
+                                           "--show_version")
+            self.assertEqual((code, stdout), (EXIT_OK, f"value-{i}".encode()), stderr)
+            self.assertIn(f"version={versions[i]}", stderr)
+        code, stdout, stderr = self.kv(self.primary_address, "put", "after", "failover")
+        self.assertEqual(code, EXIT_OK, stderr)
+        code, stdout, stderr = self.kv(self.primary_address, "get", "after")
+        self.assertEqual((code, stdout), (EXIT_OK, b"failover"), stderr)
+
+    def test_members_that_are_all_gone_are_unreachable_naming_how_many(self):
+        with socket.socket() as one, socket.socket() as two:
+            one.bind(("127.0.0.1", 0))
+            two.bind(("127.0.0.1", 0))
+            gone = [f"127.0.0.1:{s.getsockname()[1]}" for s in (one, two)]
+            done = subprocess.run(
+                [str(HERD_KV), f"--server={gone[0]}", f"--members={gone[0]},{gone[1]}",
+                 "--timeout_ms=200"] + self.fabric + ["get", "k"],
+                capture_output=True, timeout=RUN_TIMEOUT_S)
+        stderr = done.stderr.decode()
+        self.assertEqual(done.returncode, EXIT_UNREACHABLE, stderr)
+        self.assertTrue(stderr.startswith("herd_kv: UNAVAILABLE"), stderr)
+        self.assertIn("(the last of 2 members tried)", stderr)
+        self.assertEqual(stderr.count("\n"), 1, stderr)
+
+    def test_a_malformed_member_is_a_usage_error(self):
+        done = subprocess.run([str(HERD_KV), "--members=127.0.0.1:1,nohost", "get", "k"],
+                              capture_output=True, timeout=RUN_TIMEOUT_S)
+        self.assertEqual(done.returncode, EXIT_USAGE, done.stderr)
+        self.assertIn(b"--members: 'nohost' is not host:port", done.stderr)
 
 
 if __name__ == "__main__":
