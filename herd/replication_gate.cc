@@ -154,6 +154,12 @@ bool ReplicationGate::ReadMustWait(bool found, uint64_t version) const {
   return (found ? version : newest_delete_) > released_clock_;
 }
 
+bool ReplicationGate::ReadsCaughtUp() const {
+  // Every version (DELETEs' included) is at most the clock: all of them released.
+  return !options_.hold_unreplicated_reads || live_ == 0 ||
+         partition_->version_clock() <= released_clock_;
+}
+
 void ReplicationGate::HoldRead(const HeldId& id) {
   // Released with the next batch posted (this one's, if it wrote; the last one otherwise:
   // PostPending's empty case), which holds the write read.

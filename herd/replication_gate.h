@@ -166,6 +166,7 @@ class ReplicationGate : public ResponseGate {
   bool Hold(const ExecutedMutation& mutation) override;
   bool HoldsReads() const override { return options_.hold_unreplicated_reads; }
   bool ReadMustWait(bool found, uint64_t version) const override;
+  bool ReadsCaughtUp() const override;
   void HoldRead(const HeldId& id) override;
   void EndBatch() override;
   uint32_t Release(absl::Span<HeldId> released) override;

@@ -68,6 +68,10 @@ class ResponseGate {
     (void)found, (void)version;
     return false;
   }
+  // Asked as a batch begins: true when no GET could be made to wait by what happened before
+  // it (ReadMustWait would say false whatever the store has now). The worker then skips
+  // keeping the answers aside for the GETs ahead of the batch's first mutation.
+  virtual bool ReadsCaughtUp() const { return false; }
   // Holds a GET's answer (ReadMustWait said so) until a later Release names `id` (released, as
   // every held response, in the order they were held).
   virtual void HoldRead(const HeldId& id) { (void)id; }

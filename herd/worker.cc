@@ -67,6 +67,7 @@ struct Worker::Pending {
   bool replay = false;
   bool held = false;     // the gate holds its response
   bool dropped = false;  // no send-queue room for its response
+  bool aside = false;    // a GET whose answer is built in get_aside_ (it may have to wait)
   uint32_t client = 0;
   uint32_t slot = 0;
   const ClientRoute* route = nullptr;
@@ -511,14 +512,21 @@ void Worker::ExecuteAndRespond(uint32_t count) {
   // every other response takes its own afterwards, so a held one never reserves a send-queue
   // entry (and the WRs are still reserved and posted in the same order on each queue).
   uint32_t executed = 0;
+  // A GET can read a write the backups may lack only when one was unreleased as the batch
+  // began, or a mutation ahead of it in the batch wrote: otherwise its answer goes straight to
+  // its staging buffer, as on an unreplicated server (no copy aside, no question to the gate).
+  bool reads_may_wait = hold_reads_ && !gate_->ReadsCaughtUp();
   for (uint32_t i = 0; i < count; ++i) {
     Pending& p = batch_[i];
     p.held = false;
     p.dropped = false;
+    p.aside = false;
     if (p.status != Status::kOk || p.replay) continue;
     const RequestHeader& h = p.request.header;
     const bool get = h.op == static_cast<uint8_t>(Op::kGet);
-    if (get && hold_reads_) {
+    if (!get) reads_may_wait = hold_reads_;
+    p.aside = get && reads_may_wait;
+    if (p.aside) {
       p.staging = get_aside_.data() + uint64_t{i} * read_answer_bytes_;
     } else if (get && !AssignResponse(p)) {
       p.dropped = true;  // unexecuted: the retransmission (a new attempt) executes it
@@ -569,8 +577,7 @@ void Worker::ExecuteAndRespond(uint32_t count) {
         AnswerOutOfLine(p, r);
       }
     }
-    if (op == Op::kGet && hold_reads_ &&
-        (p.status == Status::kOk || p.status == Status::kNotFound) &&
+    if (p.aside && (p.status == Status::kOk || p.status == Status::kNotFound) &&
         gate_->ReadMustWait(p.status == Status::kOk, p.version)) {
       if (!HoldReadAnswer(p)) p.dropped = true;  // its retransmission reads again
     }
@@ -614,11 +621,8 @@ void Worker::ExecuteAndRespond(uint32_t count) {
       counters_.replays.Add();
     }
     if (p.status != Status::kOk) p.value_bytes = 0;
-    // A GET's answer kept aside (hold_reads_) moves to its staging buffer once it has one.
-    const uint8_t* aside = hold_reads_ && p.queue == nullptr && !p.replay &&
-                                   p.request.header.op == static_cast<uint8_t>(Op::kGet)
-                               ? p.staging
-                               : nullptr;
+    // A GET's answer kept aside moves to its staging buffer once it has one.
+    const uint8_t* aside = p.aside && p.queue == nullptr ? p.staging : nullptr;
     if (p.queue == nullptr && !AssignResponse(p)) {
       counters_.dropped.Add();  // a mutation's retransmission replays its recorded outcome
       continue;

@@ -350,7 +350,9 @@ TEST(ReplicationGate, AReadOfAnUnreleasedWriteWaitsForItsBatch) {
   put.value = "v1";
   EXPECT_FALSE(r.gate().ReadMustWait(true, r.primary().version_clock()))
       << "a version from before the gate (none yet) waits";
+  EXPECT_TRUE(r.gate().ReadsCaughtUp()) << "nothing written since the gate began";
   const uint64_t v1 = r.Run({put})[0].version;
+  EXPECT_FALSE(r.gate().ReadsCaughtUp()) << "v1 is in flight: a GET may read it";
   ASSERT_TRUE(r.gate().ReadMustWait(true, v1)) << "a read of a write in flight goes at once";
   EXPECT_FALSE(r.gate().ReadMustWait(false, 0)) << "a miss waits with no DELETE in flight";
   // A batch of GETs alone: the read goes with the batch that holds v1.
@@ -375,6 +377,7 @@ TEST(ReplicationGate, AReadOfAnUnreleasedWriteWaitsForItsBatch) {
   EXPECT_EQ(order[1].client, read.client);
   EXPECT_EQ(order[1].seq, read.seq);
   EXPECT_FALSE(r.gate().ReadMustWait(true, v1)) << "released: reads of it go at once";
+  EXPECT_TRUE(r.gate().ReadsCaughtUp()) << "every write released";
   EXPECT_EQ(r.gate().counters().reads_held, 1u);
 
   // In one batch with its write: a PUT, then a GET that read it.
@@ -382,12 +385,14 @@ TEST(ReplicationGate, AReadOfAnUnreleasedWriteWaitsForItsBatch) {
   std::vector<mica::Response> responses(1);
   r.primary().ExecuteBatch({put}, absl::MakeSpan(responses));
   const uint64_t v2 = responses[0].version;
+  EXPECT_FALSE(r.gate().ReadsCaughtUp()) << "v2 executed, not yet released";
   r.gate().Hold(ExecutedMutation{HeldId{0, 0, 1, 1000}, Op::kPut, put.keyhash, Status::kOk, v2});
   ASSERT_TRUE(r.gate().ReadMustWait(true, v2));
   r.gate().HoldRead(read);
   r.gate().EndBatch();
   ASSERT_TRUE(r.ReleaseAll(2));
   EXPECT_FALSE(r.gate().ReadMustWait(true, v2));
+  EXPECT_TRUE(r.gate().ReadsCaughtUp());
 
   // A miss while a DELETE is in flight waits for it; a found read of an older version does not.
   mica::Request del;

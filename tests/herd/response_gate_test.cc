@@ -30,6 +30,7 @@ class FakeGate : public ResponseGate {
   }
 
   bool HoldsReads() const override { return holds_reads_; }
+  bool ReadsCaughtUp() const override { return caught_up_.load(); }
   bool ReadMustWait(bool found, uint64_t version) const override {
     read_offers_.fetch_add(1);
     (void)version;
@@ -83,6 +84,7 @@ class FakeGate : public ResponseGate {
     return AwaitCount([this] { return held_reads().size(); }, n);
   }
   void set_reads_wait(bool wait) { reads_wait_.store(wait); }
+  void set_caught_up(bool caught_up) { caught_up_.store(caught_up); }
   void set_hold_misses(bool hold) { hold_misses_.store(hold); }
   uint64_t read_offers() const { return read_offers_.load(); }
   // Releases an arbitrary id (a gate's bug, or a stale one).
@@ -109,6 +111,7 @@ class FakeGate : public ResponseGate {
  private:
   const bool holds_reads_;
   std::atomic<bool> reads_wait_{true};
+  std::atomic<bool> caught_up_{false};
   std::atomic<bool> hold_misses_{false};
   mutable std::atomic<uint64_t> read_offers_{0};
   std::vector<HeldId> held_reads_;
@@ -217,6 +220,34 @@ TEST_P(ResponseGateTest, AReleaseForASlotThatMovedOnAnswersNothing) {
   gate.ReleaseId(HeldId{1, 2, kGeneration, 2});
   EXPECT_TRUE(h.Barrier().empty()) << "a stale or forged release was answered";
   EXPECT_EQ(h.counters().released.Get(), 0u);
+}
+
+// A gate caught up as a batch begins (nothing unreleased) is not asked about the batch's GETs
+// ahead of its first mutation: they are answered at once, from their staging buffers, even by a
+// gate that would hold every read it is asked about.
+TEST_P(ResponseGateTest, ACaughtUpGateIsNotAskedAboutGetsAheadOfAMutation) {
+  const std::string key = KeyOf(kWorkerIndex, 0);
+  FakeGate gate({}, /*holds_reads=*/true);
+  Harness h(TheConfig(), &gate);
+  ASSERT_EQ(StatusOf(h.Call(Put(0, 1, key, "value"))), Status::kOk);
+  gate.set_caught_up(true);
+  const uint64_t offers = gate.read_offers();
+  for (uint64_t seq = 1; seq <= 3; ++seq) {
+    const Response r = h.Call(Get(1, seq, key));
+    EXPECT_EQ(StatusOf(r), Status::kOk);
+    EXPECT_EQ(r.value, "value");
+  }
+  EXPECT_EQ(gate.read_offers(), offers) << "a caught-up gate was asked about a lone GET";
+  EXPECT_EQ(h.counters().reads_held.Get(), 0u);
+  // Not caught up: the same GET is asked about, and held.
+  gate.set_caught_up(false);
+  h.Submit(Get(1, 4, key));
+  ASSERT_TRUE(gate.AwaitHeldReads(1));
+  EXPECT_GT(gate.read_offers(), offers);
+  gate.ReleaseAll();
+  std::optional<Response> released = h.NextResponse();
+  ASSERT_TRUE(released.has_value());
+  EXPECT_EQ(released->value, "value");
 }
 
 TEST_P(ResponseGateTest, AHeldGetIsAnsweredOnReleaseWithWhatItReadThenAndOnlyOnce) {
