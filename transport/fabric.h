@@ -314,6 +314,11 @@ struct FaultOptions {
   double uc_loss = 0;     // probability that a UC WRITE or SEND is silently lost
   uint32_t delay_us = 0;  // every send WR executes no earlier than this long after its post
                           // (implies the asynchronous mode, see DeviceOptions::shm_async)
+  // Each post_send's WRs wait a further uniform 0..delay_jitter_us, drawn per post (each QP its
+  // own draws, in order: a WR never overtakes an earlier one of its QP), so two QPs posted to at
+  // the same moment land at different times: one replica ahead of another. Implies the
+  // asynchronous mode.
+  uint32_t delay_jitter_us = 0;
   // Probability that a WRITE (or WRITE_WITH_IMM) lands as Soft-RoCE's memcpy may place it: its
   // 8-byte words (counted from the WRITE's first byte) in a random order, the last one not
   // necessarily last; then, after disorder_pause_us, a random subset of them AGAIN, always
@@ -328,7 +333,8 @@ struct FaultOptions {
   uint32_t slow_read_us = 0;
   uint64_t seed = 1;
   bool any() const {
-    return ud_loss > 0 || uc_loss > 0 || delay_us > 0 || write_disorder > 0 || slow_read_us > 0;
+    return ud_loss > 0 || uc_loss > 0 || delay_us > 0 || delay_jitter_us > 0 ||
+           write_disorder > 0 || slow_read_us > 0;
   }
 };
 

@@ -18,6 +18,9 @@ DEFINE_double(inject_write_disorder, 0,
               "them (always the last) again, as Soft-RoCE may (implies --shm_async)");
 DEFINE_uint32(inject_delay_us, 0,
               "shm: every send WR takes effect this long after its post (implies --shm_async)");
+DEFINE_uint32(inject_delay_jitter_us, 0,
+              "shm: every post_send waits a further random 0..N us (per QP, in order), so QPs "
+              "posted to together land at different times (implies --shm_async)");
 DEFINE_uint32(inject_slow_read_us, 0,
               "shm: a READ copies its bytes in pieces with this pause between them, so the "
               "responder's memory can change under it (implies --shm_async)");
@@ -84,6 +87,7 @@ absl::StatusOr<DeviceOptions> DeviceOptionsFromFlags() {
   options.faults.ud_loss = FLAGS_inject_ud_loss;
   options.faults.uc_loss = FLAGS_inject_uc_loss;
   options.faults.delay_us = FLAGS_inject_delay_us;
+  options.faults.delay_jitter_us = FLAGS_inject_delay_jitter_us;
   options.faults.write_disorder = FLAGS_inject_write_disorder;
   options.faults.slow_read_us = FLAGS_inject_slow_read_us;
   options.shm_async = FLAGS_shm_async;

@@ -632,6 +632,44 @@ TEST_P(Conformance, DelayedWrsReadNonInlineBuffersWhenTheyExecute) {
   EXPECT_EQ(b_->bytes()[16], 0);
 }
 
+// Delay jitter (shm only): each post waits a random extra delay, drawn per post, yet a QP's WRs
+// still execute in order; two QPs posted to at the same moment drift apart (one replica's link
+// ahead of another's), which a fixed delay never does.
+TEST_P(Conformance, JitteredWrsKeepEachQpsOrderAndLetQpsDrift) {
+  if (!IsShmBackend(GetParam())) GTEST_SKIP() << "fault injection is a shm fabric feature";
+  constexpr uint32_t kJitterUs = 5000;
+  constexpr int kWrsPerQp = 24;  // signalled, within the send queue and the CQ
+  auto jittery =
+      MakeNode(GetParam(), kAllAccess, 4096, "test", FaultOptions{.delay_jitter_us = kJitterUs});
+  ASSERT_NE(jittery, nullptr);
+  std::unique_ptr<QueuePair> qps[2], peers[2];
+  for (int q = 0; q < 2; ++q) {
+    qps[q] = MakeQp(*jittery, QpType::kRc);
+    peers[q] = MakeQp(*b_, QpType::kRc);
+    ConnectPair(*qps[q], *peers[q]);
+  }
+  Sge sges[2][kWrsPerQp];
+  for (int i = 0; i < kWrsPerQp; ++i) {
+    for (int q = 0; q < 2; ++q) {  // alternately: with no jitter they would complete in step
+      SendWr wr = Write(*jittery, 0, 8, *b_, 64 * q, &sges[q][i]);
+      wr.wr_id = static_cast<uint64_t>(q) << 32 | static_cast<uint64_t>(i);
+      ASSERT_TRUE(Post(*qps[q], wr).ok());
+    }
+  }
+  const std::vector<Completion> done = PollN(*jittery->send_cq, 2 * kWrsPerQp);
+  ASSERT_EQ(done.size(), 2u * kWrsPerQp);
+  int completed[2] = {0, 0};
+  int widest_gap = 0;
+  for (const Completion& c : done) {
+    EXPECT_EQ(c.status, CompletionStatus::kSuccess);
+    const int q = static_cast<int>(c.wr_id >> 32);
+    EXPECT_EQ(static_cast<int>(c.wr_id & 0xffffffff), completed[q]) << "QP " << q << " reordered";
+    ++completed[q];
+    widest_gap = std::max(widest_gap, std::abs(completed[0] - completed[1]));
+  }
+  EXPECT_GE(widest_gap, 2) << "two jittered QPs stayed in step";
+}
+
 // Device counters: the sum over every QP and CQ of the device, destroyed ones included, kept
 // identically by both backends.
 TEST_P(Conformance, DeviceCountersSumEveryQpAndCqIncludingDestroyedOnes) {

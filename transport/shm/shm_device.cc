@@ -521,8 +521,8 @@ absl::StatusOr<std::unique_ptr<ShmDevice>> ShmDevice::Open(const DeviceOptions& 
   absl::StatusOr<std::unique_ptr<SegmentMapping>> segment =
       SegmentMapping::Create(FabricId(options.fabric), options.mtu);
   if (!segment.ok()) return segment.status();
-  const bool async = options.shm_async || faults.delay_us > 0 || faults.write_disorder > 0 ||
-                     faults.slow_read_us > 0;
+  const bool async = options.shm_async || faults.delay_us > 0 || faults.delay_jitter_us > 0 ||
+                     faults.write_disorder > 0 || faults.slow_read_us > 0;
   std::unique_ptr<ShmDevice> device(new ShmDevice(*std::move(segment), faults, async));
   if (async) device->progress_thread_ = std::thread([d = device.get()] { d->RunProgress(); });
   return device;

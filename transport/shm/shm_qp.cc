@@ -25,6 +25,8 @@ bool IsError(QpState state) { return state == QpState::kError; }
 
 // Seeds write disorder's generator apart from the loss generator of the same QP.
 constexpr uint64_t kDisorderStream = 0x6469736f72646572ull;  // "disorder"
+// ... and delay jitter's.
+constexpr uint64_t kJitterStream = 0x6a69747465720000ull;  // "jitter"
 constexpr uint64_t kWordBytes = 8;
 
 // splitmix64: one multiply-xorshift step per draw.
@@ -92,6 +94,7 @@ absl::StatusOr<std::unique_ptr<ShmQp>> ShmQp::Create(ShmDevice* device, const Qp
   qp->send_cq_ = send_cq;
   qp->loss_state_ = device->faults().seed ^ (uint64_t{qp->number()} << 32);
   qp->disorder_state_ = qp->loss_state_ ^ kDisorderStream;
+  qp->jitter_state_ = qp->loss_state_ ^ kJitterStream;
   if (device->async()) {
     qp->pending_.resize(config.max_send_wr);
     qp->pending_sges_.resize(uint64_t{config.max_send_wr} * config.max_send_sge);
@@ -216,6 +219,13 @@ absl::Status ShmQp::PostSend(SendWr* chain, SendWr** bad) {
   // The poller advances `retired` (in the segment): read it once per chain, again only if the
   // queue looks full.
   uint64_t retired = entry_->retired.load(std::memory_order_acquire) & kRetiredCountMask;
+  // One jitter draw per doorbell: the chain lands late as a whole (a link that lags), not each
+  // WR by its own draw (a chain's last WR would then land near the maximum on every QP).
+  const uint32_t jitter_us = device_->faults().delay_jitter_us;
+  const int64_t jitter_ns =
+      jitter_us == 0
+          ? 0
+          : static_cast<int64_t>(NextRandom(&jitter_state_) % (uint64_t{jitter_us} * 1000 + 1));
   for (SendWr* wr = chain; wr != nullptr; wr = wr->next) {
     if (absl::Status status = ValidateSend(*wr); !status.ok()) {
       *bad = wr;
@@ -238,7 +248,7 @@ absl::Status ShmQp::PostSend(SendWr* chain, SendWr** bad) {
     if (wr->flags & kSignaled) counters_.signaled_wrs.Add();
     if (wr->flags & kInline) counters_.inline_wrs.Add();
     if (device_->async()) {
-      Enqueue(*wr, sequence);
+      Enqueue(*wr, sequence, jitter_ns);
     } else {
       Run(*wr, sequence);
     }
@@ -261,14 +271,14 @@ void ShmQp::Finish(const SendWr& wr, CompletionStatus status, uint32_t byte_len,
   Complete(wr, status, byte_len, sequence);
 }
 
-void ShmQp::Enqueue(const SendWr& wr, uint64_t sequence) {
+void ShmQp::Enqueue(const SendWr& wr, uint64_t sequence, int64_t jitter_ns) {
   const uint64_t tail = pending_tail_.load(std::memory_order_relaxed);
   const uint64_t index = tail % pending_.size();
   Pending& p = pending_[index];
   p.wr = wr;
   p.wr.next = nullptr;
   p.sequence = sequence;
-  p.due_ns = SteadyNanos() + int64_t{device_->faults().delay_us} * 1000;
+  p.due_ns = SteadyNanos() + int64_t{device_->faults().delay_us} * 1000 + jitter_ns;
   p.rnr = RnrRetries{};
   Sge* sges = &pending_sges_[index * config_.max_send_sge];
   if (wr.flags & kInline) {

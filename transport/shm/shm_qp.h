@@ -65,7 +65,7 @@ class ShmQp : public QueuePair {
   void Finish(const SendWr& wr, CompletionStatus status, uint32_t byte_len, uint64_t sequence);
   // Asynchronous mode: copies `wr` into the pending ring (room is guaranteed by the send-queue
   // depth check: a WR leaves the ring before its completion can free its slot).
-  void Enqueue(const SendWr& wr, uint64_t sequence);
+  void Enqueue(const SendWr& wr, uint64_t sequence, int64_t jitter_ns);
   // Asynchronous mode: a pending UD WR executed or was discarded; its AH may go.
   void ReleaseAh(const SendWr& wr) const;
 
@@ -105,6 +105,7 @@ class ShmQp : public QueuePair {
   uint64_t recv_head_seen_ = 0;  // PostRecv's last read of the receive ring's head (see there)
   uint64_t loss_state_ = 0;      // fault injection generator (splitmix64 state)
   uint64_t disorder_state_ = 0;  // write disorder's own generator: loss draws stay as they were
+  uint64_t jitter_state_ = 0;    // delay jitter's own generator
 };
 
 }  // namespace transport::shm
