@@ -24,6 +24,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
@@ -47,8 +48,9 @@ DEFINE_string(value_file, "",
               "instead of a VALUE argument");
 DEFINE_bool(show_version, false, "get: also print the value's version on stderr, as version=N");
 DEFINE_string(members, "",
-              "A replicated store's members, HOST:PORT,...: tried in turn after --server when "
-              "one cannot be reached, or (a backup) answers NOT_PRIMARY or BACKUP_BUSY");
+              "A replicated store's members, HOST:PORT,...: tried in turn (after --server, when "
+              "it is given) while one cannot be reached, or (a backup) answers NOT_PRIMARY or "
+              "BACKUP_BUSY");
 
 namespace {
 
@@ -91,11 +93,12 @@ VALUE_TOO_LONG, NO_MEMORY, INTERNAL, ...); 2 a usage error; 3 the server could n
 reached or did not answer (UNAVAILABLE, TIMED_OUT, ...). A failure prints one line on stderr,
 "herd_kv: NAME: what happened".
 
-A replicated store: --members=HOST:PORT,... names its servers. The request goes to --server,
-then to each member in turn while the one tried cannot be reached or refuses it unexecuted
-(a backup answers a mutation NOT_PRIMARY, a GET it cannot read whole BACKUP_BUSY), so after a
-failover it finds the promoted backup. A request that reached a server and was not answered
-(TIMED_OUT) is not sent elsewhere: a mutation's outcome is then unknown.
+A replicated store: --members=HOST:PORT,... names its servers. The request goes to --server
+(when given), then to each member in turn while the one tried cannot be reached or refuses it
+unexecuted (a backup answers a mutation NOT_PRIMARY, a GET it cannot read whole BACKUP_BUSY),
+so after a failover it finds the promoted backup; each try may take --timeout_ms. A request
+that reached a server and was not answered (TIMED_OUT) is not sent elsewhere: a mutation's
+outcome is then unknown. A failure names every member's answer. stats asks --server only.
 
 Flags: --server, --members, --timeout_ms, --hex, --value_file, --show_version, and the transport's
 (--fabric, --shm_fabric_name, --device, --gid_index, ...), as herd_server takes them.
@@ -314,9 +317,14 @@ absl::Status CheckServerAddress(absl::string_view server) {
   return absl::OkStatus();
 }
 
-// --server, then each --members entry not already listed.
+// --server, then each --members entry not already listed. With --members and --server left at
+// its default, the members alone: a request for a replicated store never goes to whatever
+// happens to listen on the default port.
 absl::StatusOr<std::vector<std::string>> ServersFromFlags() {
-  std::vector<std::string> servers = {FLAGS_server};
+  std::vector<std::string> servers;
+  if (FLAGS_members.empty() || !gflags::GetCommandLineFlagInfoOrDie("server").is_default) {
+    servers.push_back(FLAGS_server);
+  }
   for (absl::string_view member : absl::StrSplit(FLAGS_members, ',', absl::SkipEmpty())) {
     if (absl::Status s = CheckServerAddress(member); !s.ok()) {
       return absl::InvalidArgumentError(absl::StrFormat(
@@ -326,6 +334,7 @@ absl::StatusOr<std::vector<std::string>> ServersFromFlags() {
       servers.emplace_back(member);
     }
   }
+  if (servers.empty()) return absl::InvalidArgumentError("--members names no HOST:PORT");
   return servers;
 }
 
@@ -415,24 +424,23 @@ int Run(const Command& command, const herd::ClientOptions& options,
   if (command.verb == Verb::kStats) return RunStats(options);
   absl::Status last;
   int last_exit = kExitUnreachable;
+  std::vector<std::string> tried;  // "HOST:PORT NAME" per member, for the failure's line
   for (const std::string& server : servers) {
     herd::ClientOptions at = options;
     at.server = server;
     absl::StatusOr<std::unique_ptr<herd::Client>> client = herd::Client::Connect(at);
-    if (!client.ok()) {
-      last = client.status();
-      last_exit = kExitUnreachable;
-      continue;
-    }
-    const absl::Status done = RunRequest(**client, command);
+    absl::Status done = client.ok() ? RunRequest(**client, command) : client.status();
     if (done.ok()) return kExitOk;
-    if (!RefusedUnexecuted(done)) return Fail(ExitCodeOf(done), done);
-    last = done;
-    last_exit = ExitCodeOf(done);
+    if (client.ok() && !RefusedUnexecuted(done)) return Fail(ExitCodeOf(done), done);
+    const std::string line = Describe(done);
+    tried.push_back(absl::StrCat(server, " ", line.substr(0, line.find(':'))));
+    last_exit = client.ok() ? ExitCodeOf(done) : kExitUnreachable;
+    last = std::move(done);
   }
-  if (servers.size() > 1) {  // say that every member was tried, and what the last one said
-    last = absl::Status(last.code(), absl::StrCat(Describe(last), " (the last of ", servers.size(),
-                                                  " members tried)"));
+  if (servers.size() > 1) {  // the last member's words, and what each member said
+    last = absl::Status(
+        last.code(),
+        absl::StrCat(Describe(last), " (members tried: ", absl::StrJoin(tried, ", "), ")"));
   }
   return Fail(last_exit, last);
 }

@@ -278,8 +278,10 @@ class Worker {
   transport::CompletionQueue* recv_cq_;
   WorkerMemory memory_;
   ResponseGate* const gate_;
-  // The gate may hold GETs: a GET's answer is built in get_aside_ and copied to its send-queue
-  // staging buffer only once it may go (a held one would keep a reserved WR from being posted).
+  // The gate may hold GETs: the answer of a GET that could read an unreleased write
+  // (ResponseGate::ReadsCaughtUp false as its batch began, or a mutation ahead of it in the
+  // batch) is built in get_aside_ and copied to its send-queue staging buffer only once it may
+  // go (a held one would keep a reserved WR from being posted).
   const bool hold_reads_;
   const uint32_t read_answer_bytes_;  // the most a GET's answer holds (inline limit, padded)
   ReplicaReader* replica_;            // null once promoted
