@@ -244,13 +244,30 @@ TEST(Replication, ConcurrentBackupReadsAreLinearizable) {
     const h::CheckResult result = h::Check(all);
     EXPECT_TRUE(result.ok()) << result.Summary();
     EXPECT_GT(result.values_read, 1000u) << "the readers read too little to mean anything";
-    // A live primary's chains land in microseconds: a GET given up on is rare (a descheduled
-    // fabric thread on a loaded machine makes bursts: the bound is loose, the count reported).
-    EXPECT_LT(busy_total, uint64_t{kReaders} * kOpsPerThread / 20) << busy_total << " busy";
+    // A live primary's chains land in microseconds: a GET given up on because its copy kept
+    // changing is rare (a descheduled fabric thread on a loaded machine makes bursts: the bound
+    // is loose, the count reported). GETs held back because they read a write the primary had
+    // not yet released are by design, and grow with the links' lag (about 3x under ASan): they
+    // are counted apart (the backups' held_back) and not held to the bound.
+    uint64_t held_back = 0;
+    for (const auto& b : backup_servers) {
+      absl::StatusOr<std::string> json = FetchServerStats(
+          b->address(), absl::Seconds(10), transport::ConnectMode::kTcp, /*device=*/nullptr);
+      ASSERT_TRUE(json.ok()) << json.status();
+      const size_t at = json->find("\"held_back\":");
+      ASSERT_NE(at, std::string::npos) << *json;
+      held_back +=
+          std::strtoull(json->c_str() + at + std::string("\"held_back\":").size(), nullptr, 10);
+    }
+    const uint64_t gave_up = busy_total > held_back ? busy_total - held_back : 0;
+    EXPECT_LT(gave_up, uint64_t{kReaders} * kOpsPerThread / 20)
+        << busy_total << " busy, " << held_back << " of them held back";
     RecordProperty(absl::StrCat("values_read_", std::string(mica::StoreModeName(mode))),
                    static_cast<int>(result.values_read));
     RecordProperty(absl::StrCat("busy_", std::string(mica::StoreModeName(mode))),
                    static_cast<int>(busy_total));
+    RecordProperty(absl::StrCat("held_back_", std::string(mica::StoreModeName(mode))),
+                   static_cast<int>(held_back));
   }
 }
 
