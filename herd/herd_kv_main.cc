@@ -100,8 +100,8 @@ so after a failover it finds the promoted backup; each try may take --timeout_ms
 that reached a server and was not answered (TIMED_OUT) is not sent elsewhere: a mutation's
 outcome is then unknown. A failure names every member's answer. stats asks --server only.
 
-Flags: --server, --members, --timeout_ms, --hex, --value_file, --show_version, and the transport's
-(--fabric, --shm_fabric_name, --device, --gid_index, ...), as herd_server takes them.
+Flags: --server, --members, --timeout_ms, --hex, --value_file, --show_version, and the
+transport's (--fabric, --shm_fabric_name, --device, --gid_index, ...), as herd_server takes them.
 --helpshort lists herd_kv's own flags, --help every flag.)";
 
 enum class Verb { kGet, kPut, kInsert, kDelete, kCas, kStats };
