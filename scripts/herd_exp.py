@@ -1185,6 +1185,8 @@ def command_plot(args):
                 axis_plot.set_xticklabels([size_label(x) for x in x_values],
                                           fontsize=8 if len(x_values) <= 10 else 7)
                 axis_plot.minorticks_off()
+            elif all(isinstance(x, (int, float)) for x in x_values):
+                axis_plot.set_xticks(x_values)  # the measured points only (no 0.25 backups)
             values = [median(rs, field) for by_x in groups.values() for rs in by_x.values()]
             values = [v for v in values if v == v and v > 0]  # not NaN, positive
             if log_y is None:

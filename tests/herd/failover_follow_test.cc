@@ -21,6 +21,7 @@
 #include "absl/strings/str_format.h"
 #include "gtest/gtest.h"
 #include "herd/join.h"
+#include "tests/herd/raw_client.h"
 #include "tests/herd/replication_workload.h"
 #include "tests/herd/server_fixture.h"
 
@@ -170,6 +171,92 @@ TEST(FailoverFollow, EachFollowerTakesOverItsOwnOutcomes) {
   stats = FetchServerStats(backup.address(), absl::Seconds(5));
   ASSERT_TRUE(stats.ok());
   EXPECT_EQ(JsonNumber(*stats, "resumed_outcomes"), 2) << *stats;
+}
+
+// Resumptions are client-written: ids past --max_clients (also where first + count wraps 32
+// bits) are refused at the join, and one naming a session it never had takes nothing over, nor
+// overwrites what it did not take over, even from the honest client's own ids: the real follower
+// still finds its outcomes.
+TEST(FailoverFollow, HostileResumptionsAreRefusedOrTakeNothing) {
+  const std::string fabric = absl::StrCat("follow-hostile-", getpid());
+  ServerProcess backup(ReplicatedServer(fabric, mica::StoreMode::kStore, ReplicationRole::kBackup));
+  ASSERT_TRUE(backup.ok());
+  ServerOptions options =
+      ReplicatedServer(fabric, mica::StoreMode::kStore, ReplicationRole::kPrimary);
+  options.replication.backups.push_back(backup.replication_address());
+  auto primary = std::make_unique<ServerProcess>(options);
+  ASSERT_TRUE(primary->ok());
+  const uint32_t max_clients = options.config.max_clients;
+  auto honest = Client::Connect(Follower(fabric, {primary->address(), backup.address()}, 1));
+  ASSERT_TRUE(honest.ok()) << honest.status();
+  const absl::StatusOr<uint64_t> put = (*honest)->Put("h", "acknowledged");
+  ASSERT_TRUE(put.ok()) << put.status();
+  primary->Kill();
+  ASSERT_TRUE(testing::PromoteOnceDetached(backup.address()).ok());
+
+  struct Case {
+    std::string name;
+    uint32_t clients;
+    uint32_t first;
+    bool refused;
+  };
+  const std::vector<Case> cases = {
+      {"the last id and one past it", 2, max_clients - 1, true},
+      {"first + count wraps 32 bits", 2, 0xFFFFFFFFu, true},
+      {"the honest client's id under a secret it never had", 1, (*honest)->first_client_id(),
+       false},
+  };
+  std::vector<std::unique_ptr<testing::RawClient>> admitted;
+  for (const Case& k : cases) {
+    SCOPED_TRACE(k.name);
+    testing::RawClientOptions raw;
+    raw.server = backup.address();
+    raw.fabric = fabric;
+    raw.clients = k.clients;
+    raw.tamper = [&](Join& j) {
+      j.resume_first_client_id = k.first;
+      j.resume_session = 0x5EC2E7;  // not the lost session's secret
+    };
+    absl::StatusOr<std::unique_ptr<testing::RawClient>> joined = testing::RawClient::Connect(raw);
+    if (k.refused) {
+      ASSERT_FALSE(joined.ok()) << "admitted";
+      EXPECT_NE(joined.status().message().find("past --max_clients"), std::string::npos)
+          << joined.status();
+    } else {
+      ASSERT_TRUE(joined.ok()) << joined.status();
+      // It may get the honest client's id itself (free: that session is gone); its PUTs in
+      // every slot execute, but must not overwrite the old session's outcome entries there.
+      testing::RawClient& hostile = **joined;
+      for (uint64_t seq = 1; seq <= hostile.config().window; ++seq) {
+        testing::RawClient::Request request;
+        request.worker = hostile.WorkerOf("h");
+        request.seq = seq;
+        request.op = Op::kPut;
+        request.key = absl::StrCat("hostile-", seq);
+        request.value = "x";
+        // Another worker's key is refused; any key of this worker will do.
+        while (hostile.WorkerOf(request.key) != request.worker) request.key += "+";
+        absl::StatusOr<testing::RawResponse> answer = hostile.Call(request);
+        ASSERT_TRUE(answer.ok()) << answer.status();
+        EXPECT_EQ(answer->header.status, static_cast<uint8_t>(Status::kOk));
+      }
+      admitted.push_back(*std::move(joined));
+    }
+  }
+  // The honest client follows and is answered from its own outcome: the PUT it resends (as if
+  // unanswered) replays at the old version instead of executing again.
+  ASSERT_TRUE((*honest)->Submit(0, Op::kGet, "h", "", 0, /*tag=*/1).ok());
+  Result result;
+  ASSERT_FALSE(PollOne(**honest, &result));
+  absl::StatusOr<std::unique_ptr<Client>> follower = (*honest)->Follow(absl::Seconds(30));
+  ASSERT_TRUE(follower.ok()) << follower.status();
+  ASSERT_TRUE(PollOne(**follower, &result));
+  EXPECT_EQ(result.status, Status::kOk);
+  EXPECT_EQ(result.value, "acknowledged");
+  EXPECT_EQ(result.version, *put);
+  absl::StatusOr<std::string> stats = FetchServerStats(backup.address(), absl::Seconds(5));
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ(JsonNumber(*stats, "resumed_outcomes"), 1) << "only the honest follower took any";
 }
 
 // Follow goes only to a promoted backup of the lost primary: an unreplicated server (or a
