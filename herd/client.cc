@@ -312,7 +312,7 @@ absl::Status Client::Submit(uint32_t client, Op op, std::string_view key, uint64
 }
 
 absl::Status Client::Stage(const Staged& r) {
-  if (r.attempt > kMaxAttempt) {  // a request handed over by Follow after kMaxAttempt sends
+  if (r.attempt > kMaxAttempt) {  // past the marker's attempt bits (HandOver clamps to it)
     return absl::ResourceExhaustedError("a request's attempt numbers are spent");
   }
   // Over the inline limit: WRITE_WITH_IMM into a landing buffer at the worker.
@@ -857,9 +857,12 @@ absl::Status Client::HandOver(Client& follower) {
       return absl::InternalError("a staged request does not parse: the client's own bug");
     }
     const RequestHeader& h = parsed->header;
+    // One sent at kMaxAttempt goes with that number again: the follower's session has seen no
+    // attempt of it, so it is still a new one there (and its next retransmission ends it).
+    const uint32_t attempt = std::min(o.attempt + 1, kMaxAttempt);
     if (absl::Status s =
             follower.Stage(Staged{o.client, o.op, parsed->key(), o.keyhash, parsed->value,
-                                  h.expected_version, o.tag, o.seq, o.attempt + 1, o.submitted});
+                                  h.expected_version, o.tag, o.seq, attempt, o.submitted});
         !s.ok()) {
       return s;
     }

@@ -8,6 +8,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/container/flat_hash_set.h"
@@ -43,6 +44,10 @@ class FakeGate : public ResponseGate {
 
   bool Hold(const ExecutedMutation& m) override {
     offered_.fetch_add(1);
+    if (pause_.load()) {  // the worker waits here, mid-batch, until Resume()
+      paused_.store(true);
+      while (pause_.load()) std::this_thread::yield();
+    }
     if (!held_hashes_.contains(m.keyhash)) return false;
     std::lock_guard<std::mutex> lock(mutex_);
     held_.push_back(m);
@@ -83,6 +88,16 @@ class FakeGate : public ResponseGate {
   bool AwaitHeldReads(size_t n) {
     return AwaitCount([this] { return held_reads().size(); }, n);
   }
+  // The worker's next Hold() waits until Resume(): requests that land meanwhile are all there
+  // when it scans next, so they form one batch.
+  void PauseInNextHold() { pause_.store(true); }
+  bool AwaitPaused() {
+    return AwaitCount([this] { return paused_.load() ? size_t{1} : size_t{0}; }, 1);
+  }
+  void Resume() { pause_.store(false); }
+  bool AwaitBatches(uint64_t n) {
+    return AwaitCount([this] { return static_cast<size_t>(batches()); }, n);
+  }
   void set_reads_wait(bool wait) { reads_wait_.store(wait); }
   void set_caught_up(bool caught_up) { caught_up_.store(caught_up); }
   void set_hold_misses(bool hold) { hold_misses_.store(hold); }
@@ -113,6 +128,8 @@ class FakeGate : public ResponseGate {
   std::atomic<bool> reads_wait_{true};
   std::atomic<bool> caught_up_{false};
   std::atomic<bool> hold_misses_{false};
+  std::atomic<bool> pause_{false};
+  std::atomic<bool> paused_{false};
   mutable std::atomic<uint64_t> read_offers_{0};
   std::vector<HeldId> held_reads_;
   absl::flat_hash_set<uint64_t> held_hashes_;
@@ -248,6 +265,55 @@ TEST_P(ResponseGateTest, ACaughtUpGateIsNotAskedAboutGetsAheadOfAMutation) {
   std::optional<Response> released = h.NextResponse();
   ASSERT_TRUE(released.has_value());
   EXPECT_EQ(released->value, "value");
+}
+
+// A GET behind a mutation in its own batch may read that mutation's write, which no backup holds
+// yet: it is asked about though the gate was caught up as the batch began. The worker is paused
+// inside the gate while six requests land, so they form one batch: GETs around two PUTs. UD
+// requests keep their arrival order (exactly the GETs after the first PUT are asked); the slot
+// scan starts wherever its cursor stopped, and in every rotation some GET follows a PUT.
+TEST_P(ResponseGateTest, AGetBehindAMutationOfItsBatchIsAskedThoughTheGateCaughtUp) {
+  const std::string held_key = KeyOf(kWorkerIndex, 0);
+  const std::string read_key = KeyOf(kWorkerIndex, 1);
+  FakeGate gate({held_key}, /*holds_reads=*/true);
+  Harness h(TheConfig(), &gate);
+  ASSERT_EQ(StatusOf(h.Call(Put(1, 1, read_key, "read me"))), Status::kOk);
+  gate.set_caught_up(true);
+  gate.PauseInNextHold();
+  h.Submit(Put(0, 1, held_key, "pauses the worker"));
+  ASSERT_TRUE(gate.AwaitPaused());
+  const uint64_t batches = gate.batches();  // the paused batch has not ended
+  // Clients 1..6 in arrival order: GET PUT GET GET PUT GET.
+  const std::vector<bool> is_put = {false, true, false, false, true, false};
+  for (uint32_t i = 0; i < is_put.size(); ++i) {
+    const uint32_t client = 1 + i;
+    const uint64_t seq = client == 1 ? 2 : 1;
+    h.Submit(is_put[i] ? Put(client, seq, KeyOf(kWorkerIndex, 10 + i), "other key")
+                       : Get(client, seq, read_key));
+  }
+  gate.Resume();
+  const size_t asked = GetParam() ? 3 : 1;  // UD: the GETs of clients 3, 4 and 6
+  // Every read the batch holds is held by its end.
+  ASSERT_TRUE(gate.AwaitBatches(batches + 2));
+  ASSERT_GE(gate.held_reads().size(), asked) << "no GET behind a mutation was asked about";
+  gate.ReleaseAll();
+  int get_answers = 0;
+  for (size_t i = 0; i < 1 + is_put.size(); ++i) {
+    std::optional<Response> r = h.NextResponse();
+    ASSERT_TRUE(r.has_value()) << "answer " << i << " missing";
+    EXPECT_EQ(StatusOf(*r), Status::kOk);
+    if (r->header.client_id >= 1 && !is_put[r->header.client_id - 1]) {
+      ++get_answers;
+      EXPECT_EQ(r->value, "read me");
+    }
+  }
+  EXPECT_EQ(get_answers, 4);
+  ASSERT_EQ(gate.batches(), batches + 2) << "the six requests did not form one batch";
+  if (GetParam()) {
+    EXPECT_EQ(h.counters().reads_held.Get(), 3u) << "the GET ahead of both PUTs was held";
+  } else {
+    EXPECT_GE(h.counters().reads_held.Get(), 1u);
+  }
 }
 
 TEST_P(ResponseGateTest, AHeldGetIsAnsweredOnReleaseWithWhatItReadThenAndOnlyOnce) {
