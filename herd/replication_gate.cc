@@ -142,16 +142,18 @@ ReplicationGate::~ReplicationGate() { partition_->set_change_recorder(nullptr); 
 bool ReplicationGate::Hold(const ExecutedMutation& mutation) {
   if (mutation.op == Op::kDelete && mutation.status == Status::kOk) {
     newest_delete_ = std::max(newest_delete_, mutation.version);
+    uint64_t& in_slot = newest_delete_in_slot_[DeleteSlotOf(mutation.keyhash)];
+    in_slot = std::max(in_slot, mutation.version);
   }
   HoldUnposted(mutation.id);
   return true;
 }
 
-bool ReplicationGate::ReadMustWait(bool found, uint64_t version) const {
+bool ReplicationGate::ReadMustWait(bool found, uint64_t version, uint64_t keyhash) const {
   if (!options_.hold_unreplicated_reads || live_ == 0) return false;
   // A miss may be an unreleased DELETE's doing (an eviction by an unreleased PUT is a cache's
   // loss either way).
-  return (found ? version : newest_delete_) > released_clock_;
+  return (found ? version : newest_delete_in_slot_[DeleteSlotOf(keyhash)]) > released_clock_;
 }
 
 bool ReplicationGate::ReadsCaughtUp() const {

@@ -27,7 +27,8 @@
 // - A mutation executed in a batch that changed nothing (CAS_FAILED, NOT_FOUND) is released
 //   only after every batch before it completed (its answer may name a version still in flight).
 // - A GET (ReadMustWait, when options.hold_unreplicated_reads) that read a version newer than every
-//   released batch's, or that missed while a DELETE newer than them is unreleased, is released
+//   released batch's, or that missed while an unreleased DELETE may have removed its key (one
+//   of the keys sharing its DELETE slot: kDeleteSlots), is released
 //   with the batch that holds that write: no reader sees a write that a failover could take
 //   back. Reads of released writes are never held.
 // - A backup whose WRITE completes in error (dead, QP broken) is dropped for good; the gate goes
@@ -165,7 +166,7 @@ class ReplicationGate : public ResponseGate {
 
   bool Hold(const ExecutedMutation& mutation) override;
   bool HoldsReads() const override { return options_.hold_unreplicated_reads; }
-  bool ReadMustWait(bool found, uint64_t version) const override;
+  bool ReadMustWait(bool found, uint64_t version, uint64_t keyhash) const override;
   bool ReadsCaughtUp() const override;
   void HoldRead(const HeldId& id) override;
   void EndBatch() override;
@@ -319,9 +320,18 @@ class ReplicationGate : public ResponseGate {
   Held& HeldAt(size_t i) { return held_ring_[(held_head_ + i) % held_ring_.size()]; }
   uint64_t last_posted_ = 0;  // the last batch posted (to every live link)
   // Every write of a version up to this is at every live backup (HoldRead's watermark), and
-  // the newest version a DELETE took.
+  // the newest version a DELETE took: of any key (what backups are told), and per DELETE slot
+  // (what a miss at the primary waits for).
   uint64_t released_clock_ = 0;
   uint64_t newest_delete_ = 0;
+  // A miss waits only for an unreleased DELETE of a key sharing its slot, not for every DELETE
+  // of the partition: 4,096 slots (32 KiB per worker) make a false wait rare at the DELETE
+  // rates a batch window holds. Slots are the keyhash's low bits (a bucket's keys share one; a
+  // partition is chosen by the high bits, so these spread).
+  static constexpr uint32_t kDeleteSlotBits = 12;
+  static constexpr uint64_t kDeleteSlots = uint64_t{1} << kDeleteSlotBits;
+  static uint64_t DeleteSlotOf(uint64_t keyhash) { return keyhash & (kDeleteSlots - 1); }
+  std::vector<uint64_t> newest_delete_in_slot_ = std::vector<uint64_t>(kDeleteSlots, 0);
   bool posted_since_release_ = false;  // a chain went out since the last Release
   bool unposted_held_ = false;         // held answers wait for the next posting
   uint32_t releases_ = 0;              // Release calls, for kStallCheckEvery

@@ -61,11 +61,12 @@ class ResponseGate {
   // Whether GETs are offered to HoldRead (fixed for the gate's life: the worker keeps GET
   // answers aside before it knows).
   virtual bool HoldsReads() const { return false; }
-  // A GET the store answered in this batch (among the batch's Holds, before its EndBatch),
-  // `found` with the item's `version`, or a miss: whether its answer must wait. The worker then
-  // saves the answer and calls HoldRead (or, with no buffer free, leaves the GET unanswered).
-  virtual bool ReadMustWait(bool found, uint64_t version) const {
-    (void)found, (void)version;
+  // A GET of `keyhash` the store answered in this batch (among the batch's Holds, before its
+  // EndBatch), `found` with the item's `version`, or a miss: whether its answer must wait. The
+  // worker then saves the answer and calls HoldRead (or, with no buffer free, leaves the GET
+  // unanswered).
+  virtual bool ReadMustWait(bool found, uint64_t version, uint64_t keyhash) const {
+    (void)found, (void)version, (void)keyhash;
     return false;
   }
   // Asked as a batch begins: true when no GET could be made to wait by what happened before

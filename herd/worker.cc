@@ -578,7 +578,7 @@ void Worker::ExecuteAndRespond(uint32_t count) {
       }
     }
     if (p.aside && (p.status == Status::kOk || p.status == Status::kNotFound) &&
-        gate_->ReadMustWait(p.status == Status::kOk, p.version)) {
+        gate_->ReadMustWait(p.status == Status::kOk, p.version, p.request.header.keyhash)) {
       if (!HoldReadAnswer(p)) p.dropped = true;  // its retransmission reads again
     }
     if (!IsMutation(op)) continue;

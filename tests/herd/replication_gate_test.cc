@@ -348,13 +348,15 @@ TEST(ReplicationGate, AReadOfAnUnreleasedWriteWaitsForItsBatch) {
   put.key = key;
   put.keyhash = mica::KeyHash(key);
   put.value = "v1";
-  EXPECT_FALSE(r.gate().ReadMustWait(true, r.primary().version_clock()))
+  EXPECT_FALSE(r.gate().ReadMustWait(true, r.primary().version_clock(), put.keyhash))
       << "a version from before the gate (none yet) waits";
   EXPECT_TRUE(r.gate().ReadsCaughtUp()) << "nothing written since the gate began";
   const uint64_t v1 = r.Run({put})[0].version;
   EXPECT_FALSE(r.gate().ReadsCaughtUp()) << "v1 is in flight: a GET may read it";
-  ASSERT_TRUE(r.gate().ReadMustWait(true, v1)) << "a read of a write in flight goes at once";
-  EXPECT_FALSE(r.gate().ReadMustWait(false, 0)) << "a miss waits with no DELETE in flight";
+  ASSERT_TRUE(r.gate().ReadMustWait(true, v1, put.keyhash))
+      << "a read of a write in flight goes at once";
+  EXPECT_FALSE(r.gate().ReadMustWait(false, 0, put.keyhash))
+      << "a miss waits with no DELETE in flight";
   // A batch of GETs alone: the read goes with the batch that holds v1.
   HeldId read{3, 1, 1, 77};
   read.read = 5;
@@ -376,7 +378,7 @@ TEST(ReplicationGate, AReadOfAnUnreleasedWriteWaitsForItsBatch) {
   EXPECT_EQ(order[0].read, kNotARead) << "the write's answer goes first";
   EXPECT_EQ(order[1].client, read.client);
   EXPECT_EQ(order[1].seq, read.seq);
-  EXPECT_FALSE(r.gate().ReadMustWait(true, v1)) << "released: reads of it go at once";
+  EXPECT_FALSE(r.gate().ReadMustWait(true, v1, put.keyhash)) << "released: reads of it go at once";
   EXPECT_TRUE(r.gate().ReadsCaughtUp()) << "every write released";
   EXPECT_EQ(r.gate().counters().reads_held, 1u);
 
@@ -387,11 +389,11 @@ TEST(ReplicationGate, AReadOfAnUnreleasedWriteWaitsForItsBatch) {
   const uint64_t v2 = responses[0].version;
   EXPECT_FALSE(r.gate().ReadsCaughtUp()) << "v2 executed, not yet released";
   r.gate().Hold(ExecutedMutation{HeldId{0, 0, 1, 1000}, Op::kPut, put.keyhash, Status::kOk, v2});
-  ASSERT_TRUE(r.gate().ReadMustWait(true, v2));
+  ASSERT_TRUE(r.gate().ReadMustWait(true, v2, put.keyhash));
   r.gate().HoldRead(read);
   r.gate().EndBatch();
   ASSERT_TRUE(r.ReleaseAll(2));
-  EXPECT_FALSE(r.gate().ReadMustWait(true, v2));
+  EXPECT_FALSE(r.gate().ReadMustWait(true, v2, put.keyhash));
   EXPECT_TRUE(r.gate().ReadsCaughtUp());
 
   // A miss while a DELETE is in flight waits for it; a found read of an older version does not.
@@ -403,11 +405,17 @@ TEST(ReplicationGate, AReadOfAnUnreleasedWriteWaitsForItsBatch) {
   const uint64_t vd = responses[0].version;
   ASSERT_GT(vd, v2);
   r.gate().Hold(ExecutedMutation{HeldId{0, 1, 1, 1001}, Op::kDelete, del.keyhash, Status::kOk, vd});
-  EXPECT_TRUE(r.gate().ReadMustWait(false, 0));
-  EXPECT_FALSE(r.gate().ReadMustWait(true, v2));
+  EXPECT_TRUE(r.gate().ReadMustWait(false, 0, del.keyhash));
+  EXPECT_FALSE(r.gate().ReadMustWait(true, v2, put.keyhash));
+  // Another key's miss waits only if its key shares the DELETE's slot (its hash's low bits).
+  const uint64_t same_slot = del.keyhash ^ (uint64_t{1} << 40);
+  const uint64_t other_slot = del.keyhash ^ 1;
+  EXPECT_TRUE(r.gate().ReadMustWait(false, 0, same_slot));
+  EXPECT_FALSE(r.gate().ReadMustWait(false, 0, other_slot)) << "held by another key's DELETE";
   r.gate().EndBatch();
   ASSERT_TRUE(r.ReleaseAll(1));
-  EXPECT_FALSE(r.gate().ReadMustWait(false, 0));
+  EXPECT_FALSE(r.gate().ReadMustWait(false, 0, del.keyhash));
+  EXPECT_FALSE(r.gate().ReadMustWait(false, 0, same_slot));
 }
 
 TEST(ReplicationGate, ReadsWaitForNothingWhenOffOrWithNoLiveBackup) {
@@ -423,7 +431,7 @@ TEST(ReplicationGate, ReadsWaitForNothingWhenOffOrWithNoLiveBackup) {
   put.value = "v";
   const uint64_t v = r.Run({put})[0].version;
   EXPECT_FALSE(r.gate().HoldsReads());
-  EXPECT_FALSE(r.gate().ReadMustWait(true, v));
+  EXPECT_FALSE(r.gate().ReadMustWait(true, v, put.keyhash));
   ASSERT_TRUE(r.ReleaseAll(1));
 
   Replicated alone;
@@ -434,7 +442,7 @@ TEST(ReplicationGate, ReadsWaitForNothingWhenOffOrWithNoLiveBackup) {
   const uint64_t w = alone.Run({put})[0].version;
   ASSERT_TRUE(alone.ReleaseAll(1));
   ASSERT_EQ(alone.gate().live_backups(), 0u);
-  EXPECT_FALSE(alone.gate().ReadMustWait(true, w + 1)) << "nobody to wait for";
+  EXPECT_FALSE(alone.gate().ReadMustWait(true, w + 1, put.keyhash)) << "nobody to wait for";
 }
 
 INSTANTIATE_TEST_SUITE_P(

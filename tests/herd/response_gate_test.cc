@@ -32,9 +32,9 @@ class FakeGate : public ResponseGate {
 
   bool HoldsReads() const override { return holds_reads_; }
   bool ReadsCaughtUp() const override { return caught_up_.load(); }
-  bool ReadMustWait(bool found, uint64_t version) const override {
+  bool ReadMustWait(bool found, uint64_t version, uint64_t keyhash) const override {
     read_offers_.fetch_add(1);
-    (void)version;
+    (void)version, (void)keyhash;
     return reads_wait_.load() && (found || hold_misses_.load());
   }
   void HoldRead(const HeldId& id) override {
