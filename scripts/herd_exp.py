@@ -1186,7 +1186,7 @@ def command_plot(args):
                                           fontsize=8 if len(x_values) <= 10 else 7)
                 axis_plot.minorticks_off()
             elif all(isinstance(x, (int, float)) for x in x_values):
-                axis_plot.set_xticks(x_values)  # the measured points only (no 0.25 backups)
+                axis_plot.set_xticks(x_values)  # the measured points only, not 0.25 of a knob
             values = [median(rs, field) for by_x in groups.values() for rs in by_x.values()]
             values = [v for v in values if v == v and v > 0]  # not NaN, positive
             if log_y is None:

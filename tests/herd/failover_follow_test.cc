@@ -206,6 +206,8 @@ TEST(FailoverFollow, HostileResumptionsAreRefusedOrTakeNothing) {
       {"the honest client's id under a secret it never had", 1, (*honest)->first_client_id(),
        false},
   };
+  // Secrets are drawn at random: this one is the lost session's with probability 2^-64.
+  constexpr uint64_t kNotTheLostSecret = 0x5EC2E7;
   std::vector<std::unique_ptr<testing::RawClient>> admitted;
   for (const Case& k : cases) {
     SCOPED_TRACE(k.name);
@@ -215,7 +217,7 @@ TEST(FailoverFollow, HostileResumptionsAreRefusedOrTakeNothing) {
     raw.clients = k.clients;
     raw.tamper = [&](Join& j) {
       j.resume_first_client_id = k.first;
-      j.resume_session = 0x5EC2E7;  // not the lost session's secret
+      j.resume_session = kNotTheLostSecret;
     };
     absl::StatusOr<std::unique_ptr<testing::RawClient>> joined = testing::RawClient::Connect(raw);
     if (k.refused) {
@@ -224,9 +226,11 @@ TEST(FailoverFollow, HostileResumptionsAreRefusedOrTakeNothing) {
           << joined.status();
     } else {
       ASSERT_TRUE(joined.ok()) << joined.status();
-      // It may get the honest client's id itself (free: that session is gone); its PUTs in
-      // every slot execute, but must not overwrite the old session's outcome entries there.
+      // It gets the honest client's id itself (free: that session is gone); its PUTs in every
+      // slot execute, but must not overwrite the old session's outcome entries there.
       testing::RawClient& hostile = **joined;
+      ASSERT_EQ(hostile.first_client_id(), (*honest)->first_client_id())
+          << "the guard below is exercised only on the honest client's own id";
       for (uint64_t seq = 1; seq <= hostile.config().window; ++seq) {
         testing::RawClient::Request request;
         request.worker = hostile.WorkerOf("h");
@@ -243,8 +247,8 @@ TEST(FailoverFollow, HostileResumptionsAreRefusedOrTakeNothing) {
       admitted.push_back(*std::move(joined));
     }
   }
-  // The honest client follows and is answered from its own outcome: the PUT it resends (as if
-  // unanswered) replays at the old version instead of executing again.
+  // The honest client follows (with a GET outstanding) and takes its PUT's outcome over: the
+  // entry survived the hostile session's PUTs in every slot of that id, none of them recorded.
   ASSERT_TRUE((*honest)->Submit(0, Op::kGet, "h", "", 0, /*tag=*/1).ok());
   Result result;
   ASSERT_FALSE(PollOne(**honest, &result));
@@ -257,6 +261,8 @@ TEST(FailoverFollow, HostileResumptionsAreRefusedOrTakeNothing) {
   absl::StatusOr<std::string> stats = FetchServerStats(backup.address(), absl::Seconds(5));
   ASSERT_TRUE(stats.ok()) << stats.status();
   EXPECT_EQ(JsonNumber(*stats, "resumed_outcomes"), 1) << "only the honest follower took any";
+  EXPECT_EQ(JsonNumber(*stats, "unrecorded_outcomes"), static_cast<int64_t>(options.config.window))
+      << "the hostile session's outcomes were recorded over the awaited entries";
 }
 
 // Follow goes only to a promoted backup of the lost primary: an unreplicated server (or a

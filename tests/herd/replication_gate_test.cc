@@ -408,7 +408,7 @@ TEST(ReplicationGate, AReadOfAnUnreleasedWriteWaitsForItsBatch) {
   EXPECT_TRUE(r.gate().ReadMustWait(false, 0, del.keyhash));
   EXPECT_FALSE(r.gate().ReadMustWait(true, v2, put.keyhash));
   // Another key's miss waits only if its key shares the DELETE's slot (its hash's low bits).
-  const uint64_t same_slot = del.keyhash ^ (uint64_t{1} << 40);
+  const uint64_t same_slot = del.keyhash ^ (uint64_t{1} << mica::kTagShift);  // far above it
   const uint64_t other_slot = del.keyhash ^ 1;
   EXPECT_TRUE(r.gate().ReadMustWait(false, 0, same_slot));
   EXPECT_FALSE(r.gate().ReadMustWait(false, 0, other_slot)) << "held by another key's DELETE";

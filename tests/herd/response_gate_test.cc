@@ -280,6 +280,10 @@ TEST_P(ResponseGateTest, AGetBehindAMutationOfItsBatchIsAskedThoughTheGateCaught
   ASSERT_EQ(StatusOf(h.Call(Put(1, 1, read_key, "read me"))), Status::kOk);
   gate.set_caught_up(true);
   gate.PauseInNextHold();
+  struct ResumeOnExit {  // a failed assertion must not leave the worker paused at teardown
+    FakeGate& gate;
+    ~ResumeOnExit() { gate.Resume(); }
+  } resume_on_exit{gate};
   h.Submit(Put(0, 1, held_key, "pauses the worker"));
   ASSERT_TRUE(gate.AwaitPaused());
   const uint64_t batches = gate.batches();  // the paused batch has not ended
