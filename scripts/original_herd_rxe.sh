@@ -31,6 +31,7 @@
 #   HERD_ORIGINAL_BUILD     where the original is extracted and built
 #                           (${XDG_CACHE_HOME:-~/.cache}/herd/original_herd)
 #   HERD_NO_BUILD=1         use the herd binaries already built (no bazel build)
+#   HERD_BUILD_ONLY=1       patch and build the original, then stop (no herd build, no guest)
 #   HERD_VM_TIMEOUT, HERD_VM_MEM  as for scripts/rxe_vm.sh (this script defaults the timeout to 1500)
 #
 # Results (logs of the original's processes, herd's JSON) in results/original_herd_rxe/; the
@@ -185,6 +186,10 @@ if [ "${1:-}" != "--inside" ]; then
     log "building the original for ${cfg%x*} client thread(s), window ${cfg#*x}"
     build_original "$repo" "$build" "${cfg%x*}" "${cfg#*x}" >/dev/null
   done
+  if [ -n "${HERD_BUILD_ONLY:-}" ]; then
+    log "built the original in $build (HERD_BUILD_ONLY: no guest run)"
+    exit 0
+  fi
   if [ -z "${HERD_NO_BUILD:-}" ]; then
     # portable_opt: -O3 without -march=native (the guest CPU has no AVX-512).
     bazel build --config=portable_opt //herd:herd_server //bench:herd_client 2>&1 | tail -n 1
