@@ -214,23 +214,11 @@ client_knobs=(--clients_per_thread=1 --workload=C --keys=$KEYS --key_bytes=16 --
   --warmup_s=1 --duration_s=3 --retry_timeout_us=200000)
 fabric=(--fabric=verbs --device=rxe0)
 
-run_herd() {  # run_herd NAME THREADS WINDOW (as rxe_side_by_side.sh's run_herd)
-  local name=$1 fifo ready port server
-  fifo=$(mktemp -u) && mkfifo "$fifo"
-  "$bin/herd/herd_server" --port=0 "${server_knobs[@]}" --window="$3" "${fabric[@]}" \
-    >"$fifo" 2>"$out/$name.server.log" &
-  server=$!
-  exec 3<"$fifo"
-  read -r ready <&3
-  rm -f "$fifo"
-  port=${ready#*port=}
-  port=${port%% *}
-  "$bin/bench/herd_client" --server="127.0.0.1:$port" "${client_knobs[@]}" --threads="$2" \
-    "${fabric[@]}" 2>"$out/$name.client.log" | tail -n 1 >"$out/$name.json"
-  kill -TERM "$server"
-  cat <&3 >"$out/$name.server.json"
-  wait "$server" || true
-  exec 3<&-
+source scripts/lib/run_herd.sh
+run_herd() {  # run_herd NAME THREADS WINDOW
+  local with_server=("${server_knobs[@]}" --window="$3" "${fabric[@]}")
+  local with_client=("${client_knobs[@]}" --threads="$2" "${fabric[@]}")
+  run_herd_once "$1" "$out" "$bin" with_server with_client
 }
 
 remove_shm() {

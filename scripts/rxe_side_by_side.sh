@@ -34,23 +34,12 @@ server_knobs=(--workers=1 --pin_workers=false --max_clients=8 --mica_items=20000
 client_knobs=(--threads=1 --clients_per_thread=4 --workload=C --keys=10000 --key_bytes=16
   --value_bytes=32 --warmup_s=1 --duration_s=3 --retry_timeout_us=200000)
 
+source scripts/lib/run_herd.sh
 run_herd() {  # run_herd NAME BIN_ROOT FABRIC_FLAGS...
-  local name=$1 root=$2 fifo ready port server
+  local name=$1 root=$2
   shift 2
-  fifo=$(mktemp -u) && mkfifo "$fifo"
-  "$root/herd/herd_server" --port=0 "${server_knobs[@]}" "$@" >"$fifo" 2>"$out/$name.server.log" &
-  server=$!
-  exec 3<"$fifo"
-  read -r ready <&3
-  rm -f "$fifo"
-  port=${ready#*port=}
-  port=${port%% *}
-  "$root/bench/herd_client" --server="127.0.0.1:$port" "${client_knobs[@]}" "$@" \
-    2>"$out/$name.client.log" | tail -n 1 >"$out/$name.json"
-  kill -TERM "$server"
-  cat <&3 >"$out/$name.server.json"
-  wait "$server" || true
-  exec 3<&-
+  local with_server=("${server_knobs[@]}" "$@") with_client=("${client_knobs[@]}" "$@")
+  run_herd_once "$name" "$out" "$root" with_server with_client
 }
 
 root=${bin%/herd}

@@ -50,6 +50,23 @@ ClientOptions Follower(const std::string& fabric, std::vector<std::string> membe
   return o;
 }
 
+// A store-mode backup and its primary, processes of their own, started in that order.
+struct PrimaryAndBackup {
+  explicit PrimaryAndBackup(const std::string& fabric)
+      : backup(ReplicatedServer(fabric, mica::StoreMode::kStore, ReplicationRole::kBackup)),
+        primary_options(
+            ReplicatedServer(fabric, mica::StoreMode::kStore, ReplicationRole::kPrimary)) {
+    if (!backup.ok()) return;
+    primary_options.replication.backups.push_back(backup.replication_address());
+    primary = std::make_unique<ServerProcess>(primary_options);
+  }
+  bool ok() const { return backup.ok() && primary != nullptr && primary->ok(); }
+
+  ServerProcess backup;
+  ServerOptions primary_options;
+  std::unique_ptr<ServerProcess> primary;
+};
+
 // Polls `client` until it delivers one result (or its server is lost: false).
 bool PollOne(Client& client, Result* out) {
   const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(60);
@@ -125,13 +142,10 @@ TEST(FailoverFollow, AnUnansweredMutationIsAnsweredFromItsReplicatedOutcome) {
 // ids nobody's outcomes await; requests outstanding at the loss are answered by the new primary.
 TEST(FailoverFollow, EachFollowerTakesOverItsOwnOutcomes) {
   const std::string fabric = absl::StrCat("follow-foreign-", getpid());
-  ServerProcess backup(ReplicatedServer(fabric, mica::StoreMode::kStore, ReplicationRole::kBackup));
-  ASSERT_TRUE(backup.ok());
-  ServerOptions options =
-      ReplicatedServer(fabric, mica::StoreMode::kStore, ReplicationRole::kPrimary);
-  options.replication.backups.push_back(backup.replication_address());
-  auto primary = std::make_unique<ServerProcess>(options);
-  ASSERT_TRUE(primary->ok());
+  PrimaryAndBackup servers(fabric);
+  ASSERT_TRUE(servers.ok());
+  ServerProcess& backup = servers.backup;
+  std::unique_ptr<ServerProcess>& primary = servers.primary;
   // Two clients write (outcomes recorded at ids 0 and 1), the primary dies, one follows.
   auto a = Client::Connect(Follower(fabric, {primary->address(), backup.address()}, 1));
   auto b = Client::Connect(Follower(fabric, {primary->address(), backup.address()}, 1));
@@ -179,13 +193,11 @@ TEST(FailoverFollow, EachFollowerTakesOverItsOwnOutcomes) {
 // still finds its outcomes.
 TEST(FailoverFollow, HostileResumptionsAreRefusedOrTakeNothing) {
   const std::string fabric = absl::StrCat("follow-hostile-", getpid());
-  ServerProcess backup(ReplicatedServer(fabric, mica::StoreMode::kStore, ReplicationRole::kBackup));
-  ASSERT_TRUE(backup.ok());
-  ServerOptions options =
-      ReplicatedServer(fabric, mica::StoreMode::kStore, ReplicationRole::kPrimary);
-  options.replication.backups.push_back(backup.replication_address());
-  auto primary = std::make_unique<ServerProcess>(options);
-  ASSERT_TRUE(primary->ok());
+  PrimaryAndBackup servers(fabric);
+  ASSERT_TRUE(servers.ok());
+  ServerProcess& backup = servers.backup;
+  std::unique_ptr<ServerProcess>& primary = servers.primary;
+  const ServerOptions& options = servers.primary_options;
   const uint32_t max_clients = options.config.max_clients;
   auto honest = Client::Connect(Follower(fabric, {primary->address(), backup.address()}, 1));
   ASSERT_TRUE(honest.ok()) << honest.status();
