@@ -50,6 +50,30 @@ ClientOptions Follower(const std::string& fabric, std::vector<std::string> membe
   return o;
 }
 
+// Polls `client` until it delivers one result (or its server is lost: false).
+bool PollOne(Client& client, Result* out) {
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (std::chrono::steady_clock::now() < give_up) {
+    if (client.Poll(absl::MakeSpan(out, 1)) == 1) return true;
+    if (!client.health().ok()) return false;
+  }
+  return false;
+}
+
+// `lost`'s primary is dead: a GET of `key` submitted to it goes unanswered, Follow hands it to
+// the promoted backup, and *result is the follower's answer to it.
+void GetThroughFollow(Client& lost, const std::string& key, std::unique_ptr<Client>* follower,
+                      Result* result) {
+  constexpr uint64_t kTag = 0x6e7;
+  ASSERT_TRUE(lost.Submit(0, Op::kGet, key, "", 0, kTag).ok());
+  ASSERT_FALSE(PollOne(lost, result)) << "answered by a dead primary";
+  absl::StatusOr<std::unique_ptr<Client>> followed = lost.Follow(absl::Seconds(30));
+  ASSERT_TRUE(followed.ok()) << followed.status();
+  *follower = *std::move(followed);
+  ASSERT_TRUE(PollOne(**follower, result));
+  EXPECT_EQ(result->tag, kTag);
+}
+
 // A store-mode backup and its primary, processes of their own, started in that order.
 struct PrimaryAndBackup {
   explicit PrimaryAndBackup(const std::string& fabric)
@@ -66,16 +90,6 @@ struct PrimaryAndBackup {
   ServerOptions primary_options;
   std::unique_ptr<ServerProcess> primary;
 };
-
-// Polls `client` until it delivers one result (or its server is lost: false).
-bool PollOne(Client& client, Result* out) {
-  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  while (std::chrono::steady_clock::now() < give_up) {
-    if (client.Poll(absl::MakeSpan(out, 1)) == 1) return true;
-    if (!client.health().ok()) return false;
-  }
-  return false;
-}
 
 TEST(FailoverFollow, AnUnansweredMutationIsAnsweredFromItsReplicatedOutcome) {
   for (const mica::StoreMode mode : {mica::StoreMode::kCache, mica::StoreMode::kStore}) {
@@ -164,23 +178,17 @@ TEST(FailoverFollow, EachFollowerTakesOverItsOwnOutcomes) {
   EXPECT_GE((*fresh)->first_client_id(), 2u);
   ASSERT_TRUE((*fresh)->Put("fresh", "writes").ok());
   // A request outstanding when the loss is noticed, handed over too.
-  ASSERT_TRUE((*a)->Submit(0, Op::kGet, "a", "", 0, /*tag=*/1).ok());
   Result result;
-  ASSERT_FALSE(PollOne(**a, &result));
-  absl::StatusOr<std::unique_ptr<Client>> follower = (*a)->Follow(absl::Seconds(30));
-  ASSERT_TRUE(follower.ok()) << follower.status();
-  ASSERT_TRUE(PollOne(**follower, &result));
+  std::unique_ptr<Client> follower;
+  ASSERT_NO_FATAL_FAILURE(GetThroughFollow(**a, "a", &follower, &result));
   EXPECT_EQ(result.status, Status::kOk);
   EXPECT_EQ(result.value, "from a");
   // Only a's own outcome was taken over; b's awaits b.
   absl::StatusOr<std::string> stats = FetchServerStats(backup.address(), absl::Seconds(5));
   ASSERT_TRUE(stats.ok());
   EXPECT_EQ(JsonNumber(*stats, "resumed_outcomes"), 1) << *stats;
-  ASSERT_TRUE((*b)->Submit(0, Op::kGet, "b", "", 0, /*tag=*/2).ok());
-  ASSERT_FALSE(PollOne(**b, &result));
-  absl::StatusOr<std::unique_ptr<Client>> b_follower = (*b)->Follow(absl::Seconds(30));
-  ASSERT_TRUE(b_follower.ok()) << b_follower.status();
-  ASSERT_TRUE(PollOne(**b_follower, &result));
+  std::unique_ptr<Client> b_follower;
+  ASSERT_NO_FATAL_FAILURE(GetThroughFollow(**b, "b", &b_follower, &result));
   EXPECT_EQ(result.value, "from b");
   stats = FetchServerStats(backup.address(), absl::Seconds(5));
   ASSERT_TRUE(stats.ok());
@@ -261,12 +269,9 @@ TEST(FailoverFollow, HostileResumptionsAreRefusedOrTakeNothing) {
   }
   // The honest client follows (with a GET outstanding) and takes its PUT's outcome over: the
   // entry survived the hostile session's PUTs in every slot of that id, none of them recorded.
-  ASSERT_TRUE((*honest)->Submit(0, Op::kGet, "h", "", 0, /*tag=*/1).ok());
   Result result;
-  ASSERT_FALSE(PollOne(**honest, &result));
-  absl::StatusOr<std::unique_ptr<Client>> follower = (*honest)->Follow(absl::Seconds(30));
-  ASSERT_TRUE(follower.ok()) << follower.status();
-  ASSERT_TRUE(PollOne(**follower, &result));
+  std::unique_ptr<Client> follower;
+  ASSERT_NO_FATAL_FAILURE(GetThroughFollow(**honest, "h", &follower, &result));
   EXPECT_EQ(result.status, Status::kOk);
   EXPECT_EQ(result.value, "acknowledged");
   EXPECT_EQ(result.version, *put);
