@@ -50,7 +50,8 @@ DEFINE_bool(show_version, false, "get: also print the value's version on stderr,
 DEFINE_string(members, "",
               "A replicated store's members, HOST:PORT,...: tried in turn (after --server, when "
               "it is given) while one cannot be reached, or (a backup) answers NOT_PRIMARY or "
-              "BACKUP_BUSY");
+              "BACKUP_BUSY; a mutation outstanding at a server that dies goes to the member "
+              "promoted in its place (Client::Follow)");
 
 namespace {
 
@@ -97,8 +98,10 @@ A replicated store: --members=HOST:PORT,... names its servers. The request goes 
 (when given), then to each member in turn while the one tried cannot be reached or refuses it
 unexecuted (a backup answers a mutation NOT_PRIMARY, a GET it cannot read whole BACKUP_BUSY),
 so after a failover it finds the promoted backup; each try may take --timeout_ms. A request
-that reached a server and was not answered (TIMED_OUT) is not sent elsewhere: a mutation's
-outcome is then unknown. A failure names every member's answer. stats asks --server only.
+outstanding at a server that is lost (killed, its connection gone) is handed to the member
+promoted in its place, within --timeout_ms: a mutation the lost primary executed is answered
+from its replicated outcome, never applied twice; with none promoted in time its outcome is
+unknown (TIMED_OUT, exit 3). A failure names every member's answer. stats asks --server only.
 
 Flags: --server, --members, --timeout_ms, --hex, --value_file, --show_version, and the
 transport's (--fabric, --shm_fabric_name, --device, --gid_index, ...), as herd_server takes them.
@@ -368,33 +371,60 @@ void PrintValue(const herd::Value& value) {
   }
 }
 
-// Prints a mutation's new version.
-absl::Status Report(const absl::StatusOr<uint64_t>& version) {
-  if (!version.ok()) return version.status();
-  PrintVersion(*version);
-  return absl::OkStatus();
+herd::Op OpOf(Verb verb) {
+  switch (verb) {
+    case Verb::kPut:
+      return herd::Op::kPut;
+    case Verb::kInsert:
+      return herd::Op::kInsert;
+    case Verb::kDelete:
+      return herd::Op::kDelete;
+    case Verb::kCas:
+      return herd::Op::kCas;
+    case Verb::kGet:
+    case Verb::kStats:  // never sent (RunStats)
+      break;
+  }
+  return herd::Op::kGet;
 }
 
-absl::Status RunRequest(herd::Client& client, const Command& command) {
-  switch (command.verb) {
-    case Verb::kGet: {
-      absl::StatusOr<herd::Value> value = client.Get(command.key);
-      if (!value.ok()) return value.status();
-      PrintValue(*value);
-      return absl::OkStatus();
-    }
-    case Verb::kPut:
-      return Report(client.Put(command.key, command.value));
-    case Verb::kInsert:
-      return Report(client.Insert(command.key, command.value));
-    case Verb::kDelete:
-      return Report(client.Delete(command.key));
-    case Verb::kCas:
-      return Report(client.Cas(command.key, command.expected_version, command.value));
-    case Verb::kStats:
-      break;  // no session: RunStats
+// Runs `command` on *client (logical client 0) and prints its answer. With --members, a server
+// lost while the request was outstanding hands it to the promoted member (Client::Follow, which
+// then becomes *client): a mutation the lost primary executed is answered from its replicated
+// outcome, never applied twice. With no member promoted within --timeout_ms, the outcome stays
+// unknown (TIMED_OUT). A GET is asked of the next member instead (UNAVAILABLE here).
+absl::Status RunRequest(std::unique_ptr<herd::Client>& client, const Command& command) {
+  constexpr uint64_t kTag = 1;
+  if (absl::Status s = client->Submit(0, OpOf(command.verb), command.key, command.value,
+                                      command.expected_version, kTag);
+      !s.ok()) {
+    return s;
   }
-  return absl::InternalError("not a request");
+  herd::Result result;
+  while (client->Poll(absl::MakeSpan(&result, 1)) == 0) {
+    if (client->health().ok() || FLAGS_members.empty()) continue;
+    if (command.verb == Verb::kGet) {  // changes nothing: any member may be asked instead
+      return absl::UnavailableError(
+          absl::StrCat("UNAVAILABLE: the server was lost before it answered (",
+                       client->health().message(), ")"));
+    }
+    absl::StatusOr<std::unique_ptr<herd::Client>> follower =
+        client->Follow(absl::Milliseconds(FLAGS_timeout_ms));
+    if (!follower.ok()) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "TIMED_OUT: the server was lost with the request outstanding and no member took it "
+          "over (",
+          follower.status().message(), "): its outcome is unknown"));
+    }
+    client = *std::move(follower);
+  }
+  if (absl::Status error = herd::ResultError(result); !error.ok()) return error;
+  if (command.verb == Verb::kGet) {
+    PrintValue(herd::Value{std::string(result.value), result.version});
+  } else {
+    PrintVersion(result.version);
+  }
+  return absl::OkStatus();
 }
 
 int RunStats(const herd::ClientOptions& options) {
@@ -428,10 +458,14 @@ int Run(const Command& command, const herd::ClientOptions& options,
   for (const std::string& server : servers) {
     herd::ClientOptions at = options;
     at.server = server;
+    if (!FLAGS_members.empty()) at.members = servers;  // for Follow (RunRequest)
     absl::StatusOr<std::unique_ptr<herd::Client>> client = herd::Client::Connect(at);
-    absl::Status done = client.ok() ? RunRequest(**client, command) : client.status();
+    absl::Status done = client.ok() ? RunRequest(*client, command) : client.status();
     if (done.ok()) return kExitOk;
-    if (client.ok() && !RefusedUnexecuted(done)) return Fail(ExitCodeOf(done), done);
+    const bool lost_get = command.verb == Verb::kGet && absl::IsUnavailable(done);
+    if (client.ok() && !RefusedUnexecuted(done) && !lost_get) {
+      return Fail(ExitCodeOf(done), done);
+    }
     const std::string line = Describe(done);
     tried.push_back(absl::StrCat(server, " ", line.substr(0, line.find(':'))));
     last_exit = client.ok() ? ExitCodeOf(done) : kExitUnreachable;

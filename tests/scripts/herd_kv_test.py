@@ -418,5 +418,112 @@ class HerdKvMembersTest(unittest.TestCase):
             self.assertIn(message, done.stderr)
 
 
+
+class HerdKvFollowTest(unittest.TestCase):
+    """A mutation outstanding when its primary dies is handed to the promoted backup: the
+    primary's UD answers are all lost (--inject_ud_loss=1), so herd_kv's INSERT executes and is
+    replicated but never answered; the primary is killed and the backup promoted while herd_kv
+    waits; herd_kv follows and prints the version the old primary gave it (the replicated
+    outcome, not a second execution, which would be EXISTS). A GET outstanding at the dead
+    primary is asked of the next member instead, before any promotion."""
+
+    # Versions at or past this were handed out by a promoted primary (server_replication.cc).
+    PROMOTED_VERSIONS = 1 << 32
+    # herd_kv's wait for the answer: through the kill and the promotion.
+    FOLLOW_TIMEOUT_MS = 20000
+
+    def setUp(self):
+        self.admin = BIN / "herd" / "herd_admin"
+        for binary in (SERVER, HERD_KV, self.admin):
+            if not binary.exists():
+                raise AssertionError(f"{binary} is missing: bazel build --config=opt //herd/...")
+        self.fabric = [f"--shm_fabric_name=herd-kv-follow-{os.getpid()}"]
+        self.servers, self.logs = [], []
+        backup, ready = self.start(["--role=backup", "--replication_port=0"])
+        self.backup_address = "127.0.0.1:" + ready.split(" port=", 1)[1].split()[0]
+        replication_port = ready.split("replication_port=", 1)[1].split()[0]
+        self.primary, ready = self.start(["--role=primary", f"--backups=127.0.0.1:{replication_port}",
+                                          "--inject_ud_loss=1"])
+        self.primary_address = "127.0.0.1:" + ready.split(" port=", 1)[1].split()[0]
+
+    def start(self, flags):
+        log = tempfile.TemporaryFile()
+        self.logs.append(log)
+        self.addCleanup(log.close)
+        server = subprocess.Popen(
+            [str(SERVER), "--port=0", "--workers=1", "--pin_workers=false", "--max_clients=8",
+             "--mica_items=4096", "--mica_log_bytes=4194304"] + flags + self.fabric,
+            stdout=subprocess.PIPE, stderr=log, start_new_session=True)
+        self.addCleanup(self.stop, server)
+        try:
+            return server, read_ready_line(server, SERVER_READY_TIMEOUT_S)
+        except AssertionError as error:
+            log.seek(0)
+            raise AssertionError(f"{error}; its stderr:\n{log.read().decode()}") from None
+
+    @staticmethod
+    def stop(server):
+        if server.poll() is None:
+            server.send_signal(signal.SIGTERM)
+            try:
+                server.wait(timeout=SERVER_STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                server.kill()
+                server.wait()
+        server.stdout.close()
+
+    def kv_command(self, server, *args, timeout_ms=FOLLOW_TIMEOUT_MS):
+        return ([str(HERD_KV), f"--server={server}",
+                 f"--members={self.primary_address},{self.backup_address}",
+                 f"--timeout_ms={timeout_ms}"] + self.fabric + list(args))
+
+    def primary_stats(self):
+        done = subprocess.run([str(HERD_KV), f"--server={self.primary_address}", "stats"]
+                              + self.fabric, capture_output=True, timeout=RUN_TIMEOUT_S)
+        self.assertEqual(done.returncode, EXIT_OK, done.stderr)
+        return json.loads(done.stdout)["stats"]
+
+    def await_primary(self, done, what, *processes):
+        give_up = time.monotonic() + RUN_TIMEOUT_S
+        while not done(self.primary_stats()):
+            for process in processes:
+                self.assertIsNone(process.poll(), f"herd_kv ended before the failover ({what})")
+            self.assertLess(time.monotonic(), give_up, what)
+
+    def test_requests_outstanding_at_a_killed_primary_are_answered_by_the_members(self):
+        insert = subprocess.Popen(self.kv_command(self.primary_address, "insert", "k", "once"),
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        self.addCleanup(insert.communicate)
+        self.addCleanup(lambda: insert.poll() is None and insert.kill())
+        # Executed and held by the backup (released), its answer lost.
+        self.await_primary(lambda stats: stats["replication"]["released"] >= 1,
+                           "the INSERT was never released", insert)
+        # A GET of it read at the primary (a hit), its answer lost too.
+        get = subprocess.Popen(self.kv_command(self.primary_address, "get", "k"),
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        self.addCleanup(get.communicate)
+        self.addCleanup(lambda: get.poll() is None and get.kill())
+        self.await_primary(lambda stats: stats["get_hit_ratio"][0] is not None,
+                           "the GET never reached the primary", insert, get)
+        self.primary.kill()
+        self.primary.wait()
+        # The GET goes on to the next member (the backup serves GETs) without a promotion.
+        stdout, stderr = get.communicate(timeout=RUN_TIMEOUT_S)
+        self.assertEqual((get.returncode, stdout), (EXIT_OK, b"once"), stderr)
+        # The INSERT waits for one: the backup's, which answers from the replicated outcome.
+        promoted = subprocess.run([str(self.admin), "promote", self.backup_address],
+                                  capture_output=True, timeout=60)
+        self.assertEqual(promoted.returncode, 0, promoted.stderr)
+        stdout, stderr = insert.communicate(timeout=RUN_TIMEOUT_S)
+        self.assertEqual(insert.returncode, EXIT_OK, stderr)
+        version = int(stdout)
+        self.assertLess(version, self.PROMOTED_VERSIONS, "executed again by the new primary")
+        # Applied once, at that version.
+        done = subprocess.run(self.kv_command(self.backup_address, "get", "k", "--show_version",
+                                              timeout_ms=2000),
+                              capture_output=True, timeout=RUN_TIMEOUT_S)
+        self.assertEqual((done.returncode, done.stdout), (EXIT_OK, b"once"), done.stderr)
+        self.assertIn(f"version={version}".encode(), done.stderr)
+
 if __name__ == "__main__":
     unittest.main()
