@@ -300,6 +300,27 @@ class HerdKvNoMemoryTest(ServerTestCase):
         self.assertEqual(self.ok("get", "kept"), b"value")  # nothing evicted
 
 
+def replication_binaries():
+    """herd_admin's path, once herd_server, herd_kv and herd_admin are known to be built."""
+    admin = BIN / "herd" / "herd_admin"
+    for binary in (SERVER, HERD_KV, admin):
+        if not binary.exists():
+            raise AssertionError(f"{binary} is missing: bazel build --config=opt //herd/...")
+    return admin
+
+
+def stop_server(server):
+    """SIGTERM, then SIGKILL past SERVER_STOP_TIMEOUT_S; closes its stdout pipe."""
+    if server.poll() is None:
+        server.send_signal(signal.SIGTERM)
+        try:
+            server.wait(timeout=SERVER_STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+    server.stdout.close()
+
+
 class HerdKvMembersTest(unittest.TestCase):
     """--members on a replicated store (a primary and one backup on a shm fabric): a mutation
     sent to the backup is refused NOT_PRIMARY and goes on to the primary; after the primary is
@@ -309,10 +330,7 @@ class HerdKvMembersTest(unittest.TestCase):
 
     @classmethod
     def setUpClass(cls):
-        cls.admin = BIN / "herd" / "herd_admin"
-        for binary in (SERVER, HERD_KV, cls.admin):
-            if not binary.exists():
-                raise AssertionError(f"{binary} is missing: bazel build --config=opt //herd/...")
+        cls.admin = replication_binaries()
         cls.fabric = [f"--shm_fabric_name=herd-kv-members-{os.getpid()}"]
         cls.logs = []
         cls.backup, ready = cls.start(["--role=backup", "--replication_port=0"])
@@ -345,14 +363,7 @@ class HerdKvMembersTest(unittest.TestCase):
     @classmethod
     def tearDownClass(cls):
         for server in (cls.primary, cls.backup):
-            if server.poll() is None:
-                server.send_signal(signal.SIGTERM)
-                try:
-                    server.wait(timeout=SERVER_STOP_TIMEOUT_S)
-                except subprocess.TimeoutExpired:
-                    server.kill()
-                    server.wait()
-            server.stdout.close()
+            stop_server(server)
         for log in cls.logs:
             log.close()
 
@@ -433,12 +444,9 @@ class HerdKvFollowTest(unittest.TestCase):
     FOLLOW_TIMEOUT_MS = 20000
 
     def setUp(self):
-        self.admin = BIN / "herd" / "herd_admin"
-        for binary in (SERVER, HERD_KV, self.admin):
-            if not binary.exists():
-                raise AssertionError(f"{binary} is missing: bazel build --config=opt //herd/...")
+        self.admin = replication_binaries()
         self.fabric = [f"--shm_fabric_name=herd-kv-follow-{os.getpid()}"]
-        self.servers, self.logs = [], []
+        self.logs = []
         backup, ready = self.start(["--role=backup", "--replication_port=0"])
         self.backup_address = "127.0.0.1:" + ready.split(" port=", 1)[1].split()[0]
         replication_port = ready.split("replication_port=", 1)[1].split()[0]
@@ -454,23 +462,12 @@ class HerdKvFollowTest(unittest.TestCase):
             [str(SERVER), "--port=0", "--workers=1", "--pin_workers=false", "--max_clients=8",
              "--mica_items=4096", "--mica_log_bytes=4194304"] + flags + self.fabric,
             stdout=subprocess.PIPE, stderr=log, start_new_session=True)
-        self.addCleanup(self.stop, server)
+        self.addCleanup(stop_server, server)
         try:
             return server, read_ready_line(server, SERVER_READY_TIMEOUT_S)
         except AssertionError as error:
             log.seek(0)
             raise AssertionError(f"{error}; its stderr:\n{log.read().decode()}") from None
-
-    @staticmethod
-    def stop(server):
-        if server.poll() is None:
-            server.send_signal(signal.SIGTERM)
-            try:
-                server.wait(timeout=SERVER_STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                server.kill()
-                server.wait()
-        server.stdout.close()
 
     def kv_command(self, server, *args, timeout_ms=FOLLOW_TIMEOUT_MS):
         return ([str(HERD_KV), f"--server={server}",
