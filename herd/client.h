@@ -8,16 +8,15 @@
 //
 // Every response is checked before it is delivered: it must come from one of the server's
 // worker QPs (UD: the sender's QP number, and the session's own qkey) or carry the session's
-// checksum (WRITE responses), and name (by its immediate, or its response slot) the client,
-// and carry the worker, sequence number and attempt of an outstanding request, and lengths that
-// add up. Anything else is counted (stats().stray) and
-// dropped. UD responses (and UC requests) can be lost: a request not answered within its
-// retransmission timeout is sent again (same slot, same sequence number, next attempt number);
-// the worker answers a repeated mutation from its dedupe table instead of applying it twice.
-// The timeout adapts to measured round trips (srtt + 4 rttvar, as TCP's RTO, each answer timed
-// from its request's first send) within [min_retry_timeout, max_retry_timeout], doubling per
-// retransmission of a request. Every request ends (answered, kTimedOut, or kSendFailed) within
-// request_deadline.
+// checksum (WRITE responses), name the client (by its immediate, or its response slot), and
+// carry the worker, sequence number and attempt of an outstanding request, and lengths that add
+// up. Anything else is counted (stats().stray) and dropped. UD responses (and UC requests) can be
+// lost: a request not answered within its retransmission timeout is sent again (same slot, same
+// sequence number, next attempt number); the worker answers a repeated mutation from its dedupe
+// table instead of applying it twice. The timeout adapts to measured round trips (srtt + 4 rttvar,
+// as TCP's RTO, each answer timed from its request's first send) within [min_retry_timeout,
+// max_retry_timeout], doubling per retransmission of a request. Every request ends (answered,
+// kTimedOut, or kSendFailed) within request_deadline.
 #ifndef HERD_HERD_CLIENT_H_
 #define HERD_HERD_CLIENT_H_
 

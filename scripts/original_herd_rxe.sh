@@ -22,6 +22,7 @@
 # dropped, the next ones averaged over their total time. herd's is its client's JSON (1 s warm-up,
 # 3 s measured). A summary table ends the run: per run both rates and herd/original, then per
 # configuration the median of each column (that of herd/original is the median of the ratios).
+# The script fails (exit 1) if any run produced no rate, on either side.
 #
 # Environment:
 #   HERD_RDMA_BENCH         the rdma_bench clone when no argument is given
@@ -362,4 +363,10 @@ text = "\n".join(lines)
 for row in rows:
     print(json.dumps(row))
 print(text)
+# A run without a rate on either side (the original hung or exited, herd served nothing) fails
+# the whole comparison: its medians would stand on fewer runs than asked for.
+missing = [f"{r['config']} #{r['rep']}" for r in rows
+           if r["original_kops"] is None or not r["herd_kops"]]
+if missing:
+    sys.exit(f"original_herd_rxe: no rate for {', '.join(missing)} (see {out})")
 PY

@@ -2,7 +2,9 @@
 """Tests of scripts/original_herd_rxe.sh's host side: the clear refusals (no rdma_bench clone, a
 clone without the pinned commit, a malformed client configuration), and, where an rdma_bench
 clone is at hand ($HERD_RDMA_BENCH, or the tool library's mirror), that every patch still
-applies exactly and the patched original compiles and links (HERD_BUILD_ONLY: no guest).
+applies exactly and the patched original compiles and links (HERD_BUILD_ONLY: no guest). Also
+scripts/lib/run_herd.sh's herd run, which it shares with rxe_side_by_side.sh: a run whose client
+measured nothing fails.
 
 usage: tests/scripts/original_herd_rxe_test.py [-v]
 """
@@ -72,6 +74,49 @@ class OriginalHerdRxeTest(unittest.TestCase):
                 threads, window = config[1], config[3]
                 self.assertIn(f"#define NUM_CLIENTS {threads}\n", header)
                 self.assertIn(f"#define WINDOW_SIZE {window} ", header)
+
+
+# Stand-ins for herd_server and herd_client: the server prints its ready line, and a last line
+# when stopped (herd_server's final stats); the client prints the JSON line it is given in $FAKE_CLIENT_JSON.
+FAKE_SERVER = """#!/bin/bash
+trap 'echo "final stats"; exit 0' TERM
+echo "herd_server ready port=4242"
+while true; do sleep 0.05; done
+"""
+FAKE_CLIENT = """#!/bin/bash
+echo "$FAKE_CLIENT_JSON"
+"""
+
+
+class RunHerdOnceTest(unittest.TestCase):
+    """scripts/lib/run_herd.sh's run_herd_once (both Soft-RoCE side-by-side scripts' herd run)
+    fails a run whose client measured no operation, and passes one that did."""
+
+    def run_once(self, client_json):
+        with tempfile.TemporaryDirectory() as root:
+            for path, text in (("herd/herd_server", FAKE_SERVER), ("bench/herd_client", FAKE_CLIENT)):
+                binary = pathlib.Path(root) / path
+                binary.parent.mkdir(parents=True, exist_ok=True)
+                binary.write_text(text)
+                binary.chmod(0o755)
+            script = ("source scripts/lib/run_herd.sh; s=(--workers=1); c=(--threads=1); "
+                      f"run_herd_once probe {root} {root} s c")
+            done = subprocess.run(["bash", "-c", script], cwd=REPO, capture_output=True,
+                                  text=True, timeout=REFUSAL_BUDGET_S,
+                                  env={**os.environ, "FAKE_CLIENT_JSON": client_json})
+            self.assertTrue((pathlib.Path(root) / "probe.server.json").exists())
+            return done
+
+    def test_a_run_that_measured_operations_passes(self):
+        done = self.run_once('{"ops": 5, "mops": 0.1}')
+        self.assertEqual(done.returncode, 0, done.stderr)
+
+    def test_a_run_that_measured_nothing_fails(self):
+        for client_json in ('{"ops": 0, "mops": 0}', "", "not json"):
+            with self.subTest(client_json=client_json):
+                done = self.run_once(client_json)
+                self.assertEqual(done.returncode, 1, done.stderr)
+                self.assertIn("probe measured no operation", done.stderr)
 
 
 if __name__ == "__main__":
