@@ -487,6 +487,22 @@ class HerdKvFollowTest(unittest.TestCase):
                 self.assertIsNone(process.poll(), f"herd_kv ended before the failover ({what})")
             self.assertLess(time.monotonic(), give_up, what)
 
+    def test_with_no_member_promoted_an_outstanding_mutation_ends_outcome_unknown(self):
+        # Short enough to give up soon: the backup is never promoted.
+        insert = subprocess.Popen(
+            self.kv_command(self.primary_address, "insert", "k", "once", timeout_ms=1500),
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        self.addCleanup(insert.communicate)
+        self.addCleanup(lambda: insert.poll() is None and insert.kill())
+        self.await_primary(lambda stats: stats["replication"]["released"] >= 1,
+                           "the INSERT was never released", insert)
+        self.primary.kill()
+        self.primary.wait()
+        stdout, stderr = insert.communicate(timeout=RUN_TIMEOUT_S)
+        self.assertEqual((insert.returncode, stdout), (EXIT_UNREACHABLE, b""), stderr)
+        self.assertTrue(stderr.startswith(b"herd_kv: TIMED_OUT: the server was lost"), stderr)
+        self.assertIn(b"its outcome is unknown", stderr)
+
     def test_requests_outstanding_at_a_killed_primary_are_answered_by_the_members(self):
         insert = subprocess.Popen(self.kv_command(self.primary_address, "insert", "k", "once"),
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE)
