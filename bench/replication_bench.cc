@@ -1,5 +1,5 @@
 // replication_bench: what replication costs the primary, per PUT, at the partition: batched
-// PUTs on one partition with 0, 1 and 2 backups behind a ReplicationGate (herd/replication_gate.h)
+// PUTs on one partition with 0, 1 and 2 backups behind a ReplicationGate (herd/replication/gate.h)
 // on the in-process shm fabric (synchronous: each WRITE executes inside its post, on this core,
 // so the time is the primary's CPU plus the fabric's copy, as a NIC's DMA would not be), in one
 // run. Per case: Mops, and from the gate's and the link QPs' counters the verb economy per PUT
@@ -22,8 +22,8 @@
 #include "bench/keys.h"
 #include "gflags/gflags.h"
 #include "glog/logging.h"
-#include "herd/replication_gate.h"
-#include "herd/replication_log.h"
+#include "herd/replication/gate.h"
+#include "herd/replication/log.h"
 #include "mica/keyhash.h"
 #include "mica/partition.h"
 #include "transport/fabric.h"

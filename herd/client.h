@@ -172,8 +172,8 @@ class Client {
   // resent with its sequence number as a new attempt. Once: a hand-over that fails ends what it
   // could not hand over as TIMED_OUT (outcome unknown), and Follow refuses from then on.
   // The new primary answers a mutation the old one executed from the outcome replicated with
-  // it (herd/outcome_table.h): it is never applied twice, and no acknowledged one is lost. The
-  // follower continues this client's sequence numbers; use it from now on (results of the
+  // it (herd/replication/outcome_table.h): it is never applied twice, and no acknowledged one is
+  // lost. The follower continues this client's sequence numbers; use it from now on (results of the
   // handed-over requests come from its Poll, with their tags and first-submit latencies).
   absl::StatusOr<std::unique_ptr<Client>> Follow(absl::Duration timeout);
   // Follow's pause between rounds over the members, and the most time one join attempt takes

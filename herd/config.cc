@@ -4,7 +4,7 @@
 
 #include "absl/strings/str_format.h"
 #include "herd/protocol.h"
-#include "mica/config.h"
+#include "mica/limits.h"
 
 namespace herd {
 

@@ -33,7 +33,7 @@ enum MessageType : uint16_t {
   // Instead of a Hello: the server answers kStats (its counters as JSON, StatsJson) and closes.
   kStatsRequest = 6,
   kStats = 7,
-  // Replication (herd/replication_link.h): a primary attaching to a backup's replication port.
+  // Replication (herd/replication/link.h): a primary attaching to a backup's replication port.
   kReplicaHello = 8,
   kReplicaWelcome = 9,
   // Instead of a Hello, to a backup: become the primary (herd_admin promote). Answered kPromoted
@@ -64,7 +64,7 @@ struct Join {
   std::vector<transport::QpEndpoint> large_qps;
   // A client following a failover (Client::Follow): the first client id and the session secret
   // it had at the old primary, so the new one answers its retried mutations from the outcomes
-  // replicated with them (herd/outcome_table.h). resume_session 0: a fresh client.
+  // replicated with them (herd/replication/outcome_table.h). resume_session 0: a fresh client.
   uint32_t resume_first_client_id = 0;
   uint64_t resume_session = 0;
 };

@@ -2,7 +2,7 @@
 
 #include <cstring>
 
-#include "mica/config.h"
+#include "mica/limits.h"
 #include "mica/keyhash.h"
 #include "util/word_checksum.h"
 

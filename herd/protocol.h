@@ -21,7 +21,7 @@
 #include <cstdint>
 #include <string_view>
 
-#include "mica/partition.h"
+#include "mica/limits.h"
 
 namespace herd {
 

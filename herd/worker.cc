@@ -7,7 +7,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "glog/logging.h"
-#include "herd/replication_gate.h"
+#include "herd/replication/gate.h"
 #include "herd/slot_scanner.h"
 #include "mica/item.h"
 #include "mica/keyhash.h"
@@ -586,7 +586,7 @@ void Worker::ExecuteAndRespond(uint32_t count) {
     state.version = r.version;
     state.status = p.status;
     if (outcomes_) {
-      // In this batch's chain with the mutation's own bytes (outcome_table.h).
+      // In this batch's chain with the mutation's own bytes (replication/outcome_table.h).
       MutationOutcome outcome;
       outcome.session = p.route->secret;
       outcome.seq = p.request.header.seq;
@@ -649,7 +649,7 @@ Status Worker::WireStatus(const Pending& p, mica::Result result) {
     case mica::Result::kNoMemory:
       return static_cast<Status>(result);  // the same values (static_asserts above)
     case mica::Result::kCorrupt:
-      // A backup's read that found its replica changing throughout (replica_reader.h).
+      // A backup's read that found its replica changing throughout (replication/replica_reader.h).
       if (replica_ != nullptr) return Status::kBackupBusy;
       break;
   }

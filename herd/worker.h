@@ -15,9 +15,9 @@
 #include <vector>
 
 #include "herd/config.h"
-#include "herd/outcome_table.h"
+#include "herd/replication/outcome_table.h"
 #include "herd/protocol.h"
-#include "herd/replica_reader.h"
+#include "herd/replication/replica_reader.h"
 #include "herd/response_gate.h"
 #include "herd/send_chains.h"
 #include "herd/send_queue.h"
@@ -50,7 +50,7 @@ struct ClientRoute {
   uint64_t log_addr = 0;
   uint32_t log_rkey = 0;
   // A client that followed a failover (Join::resume_*): the id it had at the old primary and
-  // that session's secret. The worker takes over its recorded outcomes (herd/outcome_table.h)
+  // that session's secret. The worker takes over its recorded outcomes (herd/replication/outcome_table.h)
   // when it first sees this session. 0: a fresh session.
   uint32_t resume_client = 0;
   uint64_t resume_session = 0;
@@ -103,7 +103,7 @@ struct ReplicaTask {
   bool take_writes = false;
   absl::Status status;
   // A promotion's: the client ids whose outcomes the old primary left in this partition
-  // (outcome_table.h). They await their clients' resumption: the worker records no new outcome
+  // (replication/outcome_table.h). They await their clients' resumption: the worker records no new outcome
   // over theirs until then.
   std::vector<uint32_t> awaiting_resume;
   std::atomic<bool> done{false};
@@ -131,7 +131,7 @@ class Worker {
   // `ud_qps`: the worker's response UD QPs; the first also receives UD requests. `gate`, if
   // not null, may hold mutations' responses (response_gate.h); it must outlive the worker's
   // thread. `replica`, if not null, makes this a backup's worker: GETs read the replica through
-  // it (replica_reader.h) and mutations are answered NOT_PRIMARY.
+  // it (replication/replica_reader.h) and mutations are answered NOT_PRIMARY.
   Worker(uint32_t index, const Config& config, std::unique_ptr<mica::Partition> partition,
          std::vector<transport::QueuePair*> ud_qps, transport::CompletionQueue* send_cq,
          transport::CompletionQueue* recv_cq, const WorkerMemory& memory,

@@ -7,14 +7,10 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "mica/limits.h"
 
 namespace mica {
 
-inline constexpr uint32_t kMaxKeyBytes = 256;
-inline constexpr uint32_t kDefaultMaxValueBytes = uint32_t{1} << 20;  // 1 MiB
-
-// PartitionConfig::checksum_from_value_bytes that checksums nothing.
-inline constexpr uint32_t kNoItemChecksums = UINT32_MAX;
 
 // Index load the derived bucket count aims at: half-full buckets keep lossy evictions rare.
 inline constexpr double kTargetSlotLoad = 0.5;

@@ -142,7 +142,7 @@ class Partition {
   // its own copy). Every item must carry a checksum (checksum_from_value_bytes = 0: a
   // replicated partition's rule); one without cannot verify.
   // kOk: the value; kNotFound: no item of the key in a chain that did not change while read
-  // (the caller confirms the miss against a moment no WRITE was landing, herd/replication_log.h:
+  // (the caller confirms the miss against a moment no WRITE was landing, herd/replication/log.h:
   // LandingWords); kCorrupt: a torn read (a bucket changing, an item that fails its checksum):
   // read again.
   Response ReadReplica(std::string_view key, uint64_t keyhash, char* value_out,

@@ -40,6 +40,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "mica/dirty_ranges.h"
 #include "mica/slab_layout.h"
 
 namespace mica {
@@ -94,36 +95,6 @@ inline constexpr uint64_t SlabBlockBytesFor(uint64_t bytes, uint64_t page_bytes)
 static_assert(SlabClassBytes(kSlabClassCount - 1) == kSlabMaxSmallBytes);
 static_assert(SlabClassOf(kSlabMaxSmallBytes) == kSlabClassCount - 1);
 static_assert(SlabClassOf(65) == 1 && SlabClassBytes(1) == 80);
-
-// Byte ranges of the region one or more operations changed, so a replica can be kept identical
-// by copying only those (RDMA WRITEs at the same offsets). Fixed capacity, no allocation:
-// overlapping or touching ranges merge; when full, a new range merges into the one it is
-// nearest to (a superset, never a loss) and overflowed() says so.
-struct ByteRange {
-  uint64_t offset;
-  uint64_t bytes;
-};
-class DirtyRanges {
- public:
-  static constexpr size_t kDefaultCapacity = 64;
-
-  // Storage for `capacity` ranges is allocated here, once: Add never allocates.
-  explicit DirtyRanges(size_t capacity = kDefaultCapacity) : ranges_(capacity) {}
-
-  void Add(uint64_t offset, uint64_t bytes);
-  void Clear() {
-    count_ = 0;
-    overflowed_ = false;
-  }
-  absl::Span<const ByteRange> ranges() const { return {ranges_.data(), count_}; }
-  bool overflowed() const { return overflowed_; }
-  size_t capacity() const { return ranges_.size(); }
-
- private:
-  std::vector<ByteRange> ranges_;
-  size_t count_ = 0;
-  bool overflowed_ = false;
-};
 
 struct SlabClassStats {
   uint64_t block_bytes = 0;

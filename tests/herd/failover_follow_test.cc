@@ -1,6 +1,6 @@
 // Clients that follow a promotion (issue 16): Client::Follow joins the new primary naming the
 // session it had, and hands it every outstanding request; the new primary answers a mutation the
-// old one executed from the outcome replicated with it (herd/outcome_table.h).
+// old one executed from the outcome replicated with it (herd/replication/outcome_table.h).
 //   - deterministic: a mutation executed and replicated whose answer never came (the primary's
 //     UD responses are all lost) is answered after the failover with the OLD primary's version
 //     (a re-execution would take one past the promoted clock's jump), and is not applied twice;

@@ -14,6 +14,7 @@
 #include "herd/client.h"
 #include "mica/config.h"
 #include "mica/keyhash.h"
+#include "mica/partition.h"
 
 namespace herd {
 namespace {

@@ -1,6 +1,6 @@
-// A backup's GET (herd/replica_reader.h) under attack: a primary partition replicates through a
-// ReplicationGate to a backup partition on the shm fabric while readers GET from the backup's
-// replica, with no help from anyone. Every answer is judged against the primary's recorded
+// A backup's GET (herd/replication/replica_reader.h) under attack: a primary partition replicates
+// through a ReplicationGate to a backup partition on the shm fabric while readers GET from the
+// backup's replica, with no help from anyone. Every answer is judged against the primary's recorded
 // history:
 // - a hit is a (version, value) the primary produced for that key, byte for byte, and no older
 //   than the key's last mutation acknowledged (released by the gate) before the GET began;
@@ -16,7 +16,7 @@
 // reverse RECORDED order, not address order), so a landing replica could answer a value older
 // than an acknowledged write; ASlotNeverLandsBeforeItsItem and AHotKeysReaderNeverSeesAnOlderValue
 // are its traps.
-#include "herd/replica_reader.h"
+#include "herd/replication/replica_reader.h"
 
 #include <algorithm>
 #include <atomic>
@@ -36,8 +36,8 @@
 #include "absl/time/time.h"
 #include "glog/logging.h"
 #include "gtest/gtest.h"
-#include "herd/replication_gate.h"
-#include "herd/replication_log.h"
+#include "herd/replication/gate.h"
+#include "herd/replication/log.h"
 #include "mica/bucket.h"
 #include "mica/item.h"
 #include "mica/keyhash.h"
@@ -969,15 +969,16 @@ TEST_P(ReplicaReaderCutTest, ACutChainNeverAnswersTornForeignOrUnconfirmed) {
 // The traps of a bug this test found (fixed): a backup GET answered a value OLDER than the one the
 // primary acknowledged.
 //
-// herd/replication_gate.cc (PostPending) placed the ranges in the REVERSE of the order the
+// herd/replication/gate.cc (PostPending) placed the ranges in the REVERSE of the order the
 // partition RECORDED them (sges_[kFirstRangeWr + (n - 1 - i)]), not in reverse address order as
 // its comment and the commit that introduced it say ("items ... before the bucket lines that name
 // them, the header last"). A PUT records the header (NextVersion) or the allocator's words
 // first, the item next and the bucket line last, so the bucket line lands FIRST: for a moment
 // the replica has a slot naming bytes that are still the old ones. mica::Partition::ReadReplica
 // (mica/replica_read.cc) accepts any whole item of the key there (checksum + key compare), and
-// ReplicaReader::Get (herd/replica_reader.cc) returns every hit at once, without LandingWords. So
-// when the old bytes are a whole, OLDER item of the same key, that item is answered:
+// ReplicaReader::Get (herd/replication/replica_reader.cc) returns every hit at once, without
+// LandingWords. So when the old bytes are a whole, OLDER item of the same key, that item is
+// answered:
 // - store mode: a key alone in its slab span moves to another class (the span goes back to the
 //   page heap, the block's bytes untouched), then back: the allocator hands out the same block,
 //   still holding the key's older item. Batch 2 below, cut after the bucket WR: version 1 while
@@ -1342,7 +1343,7 @@ INSTANTIATE_TEST_SUITE_P(Modes, ReplicaReaderHostileTest,
 namespace herd {
 namespace {
 
-// The watermark (replication_log.h: "released", "deletes"): a backup answers no write its
+// The watermark (herd/replication/log.h: "released", "deletes"): a backup answers no write its
 // primary has not released (another backup may lack it, and be promoted), on the synchronous
 // fabric, where a chain lands inside its post. Landed but unreleased: busy. Released: the moved
 // watermark reaches the backup alone once the primary is idle, and the read is answered.

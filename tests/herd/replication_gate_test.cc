@@ -1,10 +1,8 @@
-// The replication gate (herd/replication_gate.h) between a primary partition and backup
+// The replication gate (herd/replication/gate.h) between a primary partition and backup
 // partitions on the shm fabric, in one process: every answer the gate releases is for a
 // mutation every live backup already holds (the backup's region is then byte-identical to the
 // primary's), on the synchronous fabric and on the asynchronous one where WRITEs execute late;
 // one doorbell per backup per batch; a failing backup is dropped and the rest go on.
-#include "herd/replication_gate.h"
-
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -16,7 +14,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
-#include "herd/replication_log.h"
+#include "herd/replication/gate.h"
+#include "herd/replication/log.h"
 #include "mica/keyhash.h"
 #include "mica/partition.h"
 #include "tests/herd/recording_qp.h"
@@ -314,7 +313,7 @@ TEST(ReplicationGate, AReleasedBatchIsWholeAtTheBackupThoughTheNextChangedIt) {
   // commit on the QP), so the copy is exactly what batch 1's WRITEs left. A copy slow enough to
   // see batch 2's commit proves nothing about batch 1: that run is skipped, never judged by a
   // clock (the cut test covers every interleaving deterministically).
-  constexpr uint64_t kFirstRecordCommit = 1;  // replication_log.h: ring offset 0, plus one
+  constexpr uint64_t kFirstRecordCommit = 1;  // herd/replication/log.h: ring offset 0, plus one
   auto probe = mica::Partition::Create(ConfigFor(mica::StoreMode::kStore));
   ASSERT_TRUE(probe.ok());
   std::memcpy((*probe)->region().base(), r.backup(0).region().base(), RegionBytes(r.primary()));

@@ -22,7 +22,7 @@
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
 #include "herd/config.h"
-#include "herd/outcome_table.h"
+#include "herd/replication/outcome_table.h"
 #include "herd/protocol.h"
 #include "herd/response_gate.h"
 #include "herd/send_queue.h"
@@ -129,7 +129,7 @@ class Harness {
  public:
   // `gate`, if not null, is the worker's ResponseGate (it must outlive the harness).
   // `outcome_table`: the partition keeps a replicated server's outcome table
-  // (herd/outcome_table.h).
+  // (herd/replication/outcome_table.h).
   explicit Harness(const Config& config, ResponseGate* gate = nullptr, bool outcome_table = false)
       : config_(config) {
     const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();

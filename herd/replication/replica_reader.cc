@@ -1,6 +1,6 @@
-#include "herd/replica_reader.h"
+#include "herd/replication/replica_reader.h"
 
-#include "herd/replication_log.h"
+#include "herd/replication/log.h"
 
 namespace herd {
 

@@ -26,7 +26,8 @@ struct ReplicaLayout {
   uint64_t extra_bucket_count = 0;
   uint64_t buckets_offset = 0;
   uint64_t index_bytes = 0;
-  uint64_t owner_area_offset = 0;  // herd's replicated outcome table (herd/outcome_table.h)
+  uint64_t owner_area_offset =
+      0;  // herd's replicated outcome table (herd/replication/outcome_table.h)
   uint64_t owner_area_bytes = 0;
   uint64_t log_bytes = 0;
   uint64_t pool_bytes = 0;
@@ -48,8 +49,8 @@ struct ReplicaHello {
   // The primary runs and will transfer its partitions' state to this backup (a backup that
   // joins or rejoins): it serves no read and refuses promotion until told kReplicaSynced.
   bool transfer = false;
-  // What indexes the outcome table in the owner area (herd/outcome_table.h): its size alone
-  // would let 64 x 8 pass for 128 x 4.
+  // What indexes the outcome table in the owner area (herd/replication/outcome_table.h): its size
+  // alone would let 64 x 8 pass for 128 x 4.
   uint32_t max_clients = 0;
   uint32_t window = 0;
   std::vector<transport::QpEndpoint> link_qps;  // per worker

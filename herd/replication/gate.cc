@@ -1,4 +1,4 @@
-#include "herd/replication_gate.h"
+#include "herd/replication/gate.h"
 
 #include <algorithm>
 #include <atomic>
@@ -7,7 +7,7 @@
 
 #include "absl/strings/str_format.h"
 #include "glog/logging.h"
-#include "herd/replication_log.h"
+#include "herd/replication/log.h"
 
 namespace herd {
 namespace {
@@ -30,7 +30,7 @@ constexpr size_t kPollBatch = 32;
 // word last.
 constexpr uint32_t kFirstRangeWr = 2;
 // After each record in the staging ring, the sources of the commit line's words
-// (replication_log.h): the commit word, the begun batch and the deletes word (one WRITE), then
+// (herd/replication/log.h): the commit word, the begun batch and the deletes word (one WRITE), then
 // the done batch and the released watermark (the chain's last WRITE).
 constexpr uint64_t kCommitWriteBytes = kRedoDoneWordOffset;
 constexpr uint64_t kDoneWriteBytes =

@@ -1,4 +1,4 @@
-#include "herd/replication_log.h"
+#include "herd/replication/log.h"
 
 #include <algorithm>
 #include <atomic>

@@ -1,4 +1,4 @@
-#include "herd/outcome_table.h"
+#include "herd/replication/outcome_table.h"
 
 #include <cstring>
 

@@ -13,7 +13,7 @@
 // first: every item lands before the bucket line that names it), then the batch
 // number again ("done"): a backup whose primary dies mid-chain replays the last committed record
 // and is whole, and a backup reader tells a quiet moment from a landing one by the two batch
-// numbers (herd/replication_log.h). The batch's mutations are
+// numbers (herd/replication/log.h). The batch's mutations are
 // released once every live backup's chain completed (an RC completion in order: everything
 // before it completed too). Release() polls the links' CQ without blocking; the
 // worker never waits for a backup.
@@ -68,7 +68,7 @@ struct BackupLink {
   transport::QueuePair* qp = nullptr;  // RC, connected to the backup; its send CQ is the gate's
   uint64_t region_addr = 0;            // the backup's partition region base (its address space)
   uint32_t rkey = 0;                   // the backup region's MR (remote write)
-  // The backup's redo area (herd/replication_log.h): RedoAreaBytes(staging_bytes) bytes.
+  // The backup's redo area (herd/replication/log.h): RedoAreaBytes(staging_bytes) bytes.
   uint64_t redo_addr = 0;
   uint32_t redo_rkey = 0;
 };
@@ -273,7 +273,7 @@ class ReplicationGate : public ResponseGate {
   void FreeSnapshots(uint64_t through);
   // Appends a held answer for the next batch posted.
   void HoldUnposted(const HeldId& id);
-  // The watermark words a chain carries to backup readers (replication_log.h: "released",
+  // The watermark words a chain carries to backup readers (herd/replication/log.h: "released",
   // "deletes"); with hold_unreplicated_reads off, everything is released.
   uint64_t PublishedWatermark() const;
   uint64_t PublishedDeletes() const;

@@ -1,6 +1,6 @@
 // What makes a backup's partition whole after its primary died mid-chain: each replicated batch
 // first lands in the backup's redo area as one record (the batch's ranges and their bytes), then
-// a commit word naming that record, then the ranges in place (herd/replication_gate.h posts the
+// a commit word naming that record, then the ranges in place (herd/replication/gate.h posts the
 // three in that order on one RC QP, which executes them in order). A primary that dies leaves the
 // backup's stream cut anywhere; replaying the last committed record (ReplayLastBatch) then gives
 // exactly the state after some batch, never a mix:

@@ -1,4 +1,4 @@
-#include "herd/replication_link.h"
+#include "herd/replication/link.h"
 
 #include "absl/strings/str_format.h"
 #include "transport/control/wire.h"

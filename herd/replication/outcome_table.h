@@ -11,8 +11,8 @@
 // from them instead of being applied again. The session is the old session's 64-bit secret: a
 // client can resume only its own ids. The worker also copies the loaded entries to the new ids
 // under the new session, so a second failover finds them too.
-#ifndef HERD_HERD_OUTCOME_TABLE_H_
-#define HERD_HERD_OUTCOME_TABLE_H_
+#ifndef HERD_HERD_REPLICATION_OUTCOME_TABLE_H_
+#define HERD_HERD_REPLICATION_OUTCOME_TABLE_H_
 
 #include <cstdint>
 #include <vector>
@@ -64,4 +64,4 @@ class OutcomeTable {
 
 }  // namespace herd
 
-#endif  // HERD_HERD_OUTCOME_TABLE_H_
+#endif  // HERD_HERD_REPLICATION_OUTCOME_TABLE_H_

@@ -1,5 +1,5 @@
 // A backup worker's GET: reads its partition's replica while the primary's WRITEs land in it
-// (herd/replication_gate.h), with no help from the primary and no backup CPU on the write path.
+// (herd/replication/gate.h), with no help from the primary and no backup CPU on the write path.
 //
 // Contract (tests/herd/replica_reader_test.cc):
 // - A value is answered only from a whole, verified copy of the key's item
@@ -23,8 +23,8 @@
 // - Bounded: after kMaxAttempts torn reads or unconfirmed misses (a primary that died mid-chain
 //   leaves begun != done until promotion) the answer is kCorrupt, which the worker sends as
 //   BACKUP_BUSY: ask again, or ask the primary. Never blocks, allocates or locks.
-#ifndef HERD_HERD_REPLICA_READER_H_
-#define HERD_HERD_REPLICA_READER_H_
+#ifndef HERD_HERD_REPLICATION_REPLICA_READER_H_
+#define HERD_HERD_REPLICATION_REPLICA_READER_H_
 
 #include <atomic>
 #include <cstdint>
@@ -76,4 +76,4 @@ class ReplicaReader {
 
 }  // namespace herd
 
-#endif  // HERD_HERD_REPLICA_READER_H_
+#endif  // HERD_HERD_REPLICATION_REPLICA_READER_H_
