@@ -1,4 +1,36 @@
-// The herd client library. One Client is one connection to a server and hosts `clients` logical
+// The herd client library: embed it with one Bazel dependency, //herd:client.
+//
+// Connect, then run operations synchronously:
+//
+//   herd::ClientOptions options;
+//   options.server = "10.0.0.1:31850";                   // the server's control plane
+//   options.device.name = "mlx5_0";                      // a verbs device; default: "shm"
+//   absl::StatusOr<std::unique_ptr<herd::Client>> client = herd::Client::Connect(options);
+//   if (!client.ok()) return client.status();
+//   absl::StatusOr<uint64_t> v = (*client)->Put("key", "value");   // the new version
+//   absl::StatusOr<herd::Value> got = (*client)->Get("key");       // .value, .version
+//   (*client)->Cas("key", got->version, "newer");  // CAS_FAILED names the current version
+//
+// or asynchronously, many requests in flight (this is how the throughput numbers are made):
+//
+//   std::vector<herd::Result> results(64);
+//   uint64_t hash = herd::Client::HashKey(key);     // routes the key to its worker
+//   if ((*client)->CanSubmit(c, hash))              // logical client c has window room there
+//     (*client)->Submit(c, herd::Op::kGet, key, hash, /*value=*/"", 0, /*tag=*/i);
+//   size_t n = (*client)->Poll(absl::MakeSpan(results));   // results[0..n), by tag
+//
+// Submit stages requests; Poll (or Flush) posts every staged request of a QP with one doorbell
+// and delivers up to results.size() results. A result's value points into this Client's memory
+// until the next Poll or Submit. One Client is driven by one thread (a process runs a Client per
+// thread). examples/kv_client.cc and examples/batch_client.cc are these two in full.
+//
+// A replicated store (README "Replication"): list the members in ClientOptions::members; when
+// health() is no longer OK, Follow(timeout) returns a Client joined to the promoted member that
+// carries every outstanding request over (a mutation the old primary executed is answered from
+// its replicated outcome, never applied twice). Use the follower from then on.
+//
+// What the library guarantees:
+// One Client is one connection to a server and hosts `clients` logical
 // clients (each with its own client id, sequence numbers and window of request slots per
 // worker), driven by ONE thread: a client process runs many threads, each with its own Client.
 //
@@ -33,6 +65,7 @@
 #include "herd/config.h"
 #include "herd/join.h"
 #include "herd/protocol.h"
+#include "herd/retransmit_timer.h"
 #include "herd/send_chains.h"
 #include "herd/send_queue.h"
 #include "transport/control/channel.h"
@@ -135,7 +168,11 @@ class Client {
   const Config& config() const { return config_; }
   uint32_t clients() const { return options_.clients; }
   uint32_t first_client_id() const { return first_client_id_; }
-  // The worker that owns `key` (clients route by the key hash, as the server partitions).
+  // The hash Submit, CanSubmit and WorkerOf route a key by (mica::KeyHash: the server's
+  // partitioning); compute it once per key.
+  static uint64_t HashKey(std::string_view key);
+  // The worker that owns a key of hash `keyhash` (clients route by the key hash, as the server
+  // partitions).
   uint32_t WorkerOf(uint64_t keyhash) const;
 
   // True when `client` may have another request outstanding to `keyhash`'s worker (and, for a
@@ -150,7 +187,7 @@ class Client {
   absl::Status Submit(uint32_t client, Op op, std::string_view key, std::string_view value,
                       uint64_t expected_version, uint64_t tag);
   // The same, with the key's hash the caller already has (it routed the key with CanSubmit):
-  // `keyhash` must be mica::KeyHash(key): it picks the worker (the hash does not travel; a
+  // `keyhash` must be HashKey(key): it picks the worker (the hash does not travel; a
   // worker that does not own the key answers WRONG_WORKER).
   absl::Status Submit(uint32_t client, Op op, std::string_view key, uint64_t keyhash,
                       std::string_view value, uint64_t expected_version, uint64_t tag);
@@ -204,22 +241,11 @@ class Client {
   // (16-32 WRs per doorbell), beyond which a longer chain saves nothing measurable.
   static constexpr uint32_t kMaxChainedRequests = 32;
 
-  // Tests only (a hostile client): puts `bytes` into request slot `slot` of logical client
-  // `client` at `worker` exactly as a request would go (end-aligned WRITE, or a UD SEND),
-  // with no checks at all.
-  absl::Status SendRaw(uint32_t client, uint32_t worker, uint32_t slot,
-                       absl::Span<const uint8_t> bytes);
-  // Tests only: the session's checksum key, to build requests by hand.
-  uint64_t session_secret() const { return welcome_.secret; }
-  // Tests only (a forger that learned them): this client's UD QP, where UD responses land, and
-  // the qkey it accepts.
-  transport::QpEndpoint UdEndpointForTest() const { return ud_qp_->endpoint(); }
-  uint32_t UdQkeyForTest() const { return ud_qkey_; }
-  // Tests only: forces this client's QPs into the error state (a broken NIC path while the
-  // server lives on).
-  void BreakQpsForTest();
-
  private:
+  // Test access (tests/herd/client_test_peer.h): a hostile client's raw sends, the session's
+  // secret, the UD QP a forger would target, broken QPs. Nothing of it is API.
+  friend class ClientTestPeer;
+
   using Clock = std::chrono::steady_clock;
   // Where an out-of-line GET stands (after its response named the value).
   enum class ReadState : uint8_t {
@@ -329,7 +355,6 @@ class Client {
   void Fail(Outstanding& o, Status status, Result* r);
   // Ends `o` without a result (its buffers freed or orphaned).
   void Forget(Outstanding& o);
-  void SampleRoundTrip(std::chrono::nanoseconds rtt);
   // This Poll's clock: read at the first call of the Poll.
   Clock::time_point PollClock();
   // Whether the retransmission timer is due: a Poll that took no response looks at the clock
@@ -337,7 +362,6 @@ class Client {
   bool RetryCheckDue();
   // Time from `submitted` to this Poll's clock, at least 0.
   std::chrono::nanoseconds SincePoll(Clock::time_point submitted);
-  std::chrono::nanoseconds TimeoutFor(uint32_t sends) const;
   void RepostReceives();
   void Reap();
 
@@ -395,9 +419,8 @@ class Client {
   std::vector<uint8_t> delivered_;  // WRITE responses copied out before checking: [slot]
   uint32_t ud_qkey_ = 0;            // our UD QP's own qkey
   bool grh_is_ipv4_ = false;        // how our receives' GRH area names a sender
-  // The adaptive retransmission timeout (TCP's estimator): smoothed round trip and its mean
-  // deviation, in nanoseconds; no sample yet while srtt_ns_ == 0.
-  double srtt_ns_ = 0, rttvar_ns_ = 0;
+  // The adaptive retransmission timeout (TCP's estimator over this client's round trips).
+  RetransmitTimer timer_;
   std::vector<uint32_t> to_repost_;  // receive buffers consumed and not yet re-posted
   std::vector<transport::Completion> completions_;
   std::vector<transport::RecvWr> recv_wrs_;

@@ -29,6 +29,7 @@
 #include <cstdint>
 
 #include "absl/types/span.h"
+#include "herd/config.h"
 #include "herd/protocol.h"
 
 namespace herd {
@@ -82,9 +83,10 @@ class ResponseGate {
   // Once per worker loop: fills `released` with held responses that may go now; returns how
   // many (at most released.size()).
   virtual uint32_t Release(absl::Span<HeldId> released) = 0;
-  // The bytes the next batch's changes may take (the worker admits large writes only while
-  // they fit; 0: the gate is backlogged and the batch should add none). Unbounded by default.
-  virtual uint64_t WriteBytesBudget() const { return UINT64_MAX; }
+  // Large writes (each up to a landing buffer's bytes) the next batch may admit beside a
+  // batch of small requests: as many as a batch holds (postlist) unless the gate bounds what
+  // one batch's changes may add; 0 while it is backlogged.
+  virtual uint32_t LargeWritesAllowed(const Config& config) const { return config.postlist; }
 };
 
 }  // namespace herd

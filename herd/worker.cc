@@ -7,7 +7,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "glog/logging.h"
-#include "herd/replication/gate.h"
+#include "herd/admission.h"
 #include "herd/slot_scanner.h"
 #include "mica/item.h"
 #include "mica/keyhash.h"
@@ -285,13 +285,7 @@ uint32_t Worker::GatherFromReceives(uint32_t count) {
 }
 
 uint32_t Worker::LargeWritesAllowed() const {
-  if (gate_ == nullptr) return config_.postlist;
-  const uint64_t budget = gate_->WriteBytesBudget();
-  if (budget == UINT64_MAX) return config_.postlist;
-  const uint64_t reserve = SmallBatchRecordBytes(config_);
-  if (budget <= reserve) return 0;
-  return static_cast<uint32_t>(
-      std::min<uint64_t>(config_.postlist, (budget - reserve) / LargeWriteRecordBytes(config_)));
+  return gate_ == nullptr ? config_.postlist : gate_->LargeWritesAllowed(config_);
 }
 
 uint32_t Worker::GatherFromLanding(uint32_t count, uint32_t up_to) {
@@ -441,30 +435,38 @@ Worker::Admitted Worker::Admit(uint32_t client, uint32_t slot, const uint8_t* me
   if (consistent) {
     SlotState& state = slots_[uint64_t{client} * config_.window + p.slot];
     state.incomplete_marker = 0;
-    if (h.seq < state.last_seq) {
-      counters_.dropped.Add();  // an old retransmission: its answer was already sent
-      return Admitted::kConsumed;
+    const SendKind kind =
+        ClassifySend(state.last_seq, state.last_attempt, state.held, h.seq, h.attempt);
+    switch (kind) {
+      case SendKind::kOld:
+        counters_.dropped.Add();  // its answer was already sent
+        return Admitted::kConsumed;
+      case SendKind::kDuplicate:
+        counters_.duplicates.Add();  // its answer went out (or is going out) already
+        return Admitted::kConsumed;
+      case SendKind::kHeldRetransmission:
+        // Executed, but not yet safe to acknowledge: the release answers this newest attempt.
+        state.last_attempt = h.attempt;
+        counters_.held_retransmissions.Add();
+        return Admitted::kConsumed;
+      case SendKind::kRetransmission:
+      case SendKind::kNew:
+        break;
     }
-    if (h.seq == state.last_seq && h.attempt <= state.last_attempt) {
-      // The same send again: a WRITE's marker that landed twice, or a UD duplicate. Its answer
-      // went out (or is going out) already.
-      counters_.duplicates.Add();
-      return Admitted::kConsumed;
-    }
-    if (h.seq == state.last_seq && state.held) {
-      // Executed, but not yet safe to acknowledge: the release answers this newest attempt.
-      state.last_attempt = h.attempt;
-      counters_.held_retransmissions.Add();
-      return Admitted::kConsumed;
-    }
-    if (p.status == Status::kOk && mica::PartitionOf(h.keyhash, config_.workers) != index_) {
-      p.status = Status::kWrongWorker;
-    } else if (p.status == Status::kOk && replica_ != nullptr &&
-               IsMutation(static_cast<Op>(h.op))) {
-      p.status = Status::kNotPrimary;  // recorded below: a retransmission replays it
-    } else if (p.status == Status::kOk && h.seq == state.last_seq &&
-               IsMutation(static_cast<Op>(h.op))) {
-      p.replay = true;  // executed once already: answer from the table, never apply twice
+    switch (AdmissionOf(p.status, mica::PartitionOf(h.keyhash, config_.workers) == index_,
+                        replica_ != nullptr, IsMutation(static_cast<Op>(h.op)), kind)) {
+      case Admission::kWrongWorker:
+        p.status = Status::kWrongWorker;
+        break;
+      case Admission::kNotPrimary:
+        p.status = Status::kNotPrimary;  // recorded below: a retransmission replays it
+        break;
+      case Admission::kReplay:
+        p.replay = true;  // executed once already: answer from the table, never apply twice
+        break;
+      case Admission::kKeepStatus:
+      case Admission::kExecute:
+        break;
     }
     claim = &state;
   }

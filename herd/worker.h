@@ -15,8 +15,8 @@
 #include <vector>
 
 #include "herd/config.h"
-#include "herd/replication/outcome_table.h"
 #include "herd/protocol.h"
+#include "herd/replication/outcome_table.h"
 #include "herd/replication/replica_reader.h"
 #include "herd/response_gate.h"
 #include "herd/send_chains.h"
@@ -50,8 +50,8 @@ struct ClientRoute {
   uint64_t log_addr = 0;
   uint32_t log_rkey = 0;
   // A client that followed a failover (Join::resume_*): the id it had at the old primary and
-  // that session's secret. The worker takes over its recorded outcomes (herd/replication/outcome_table.h)
-  // when it first sees this session. 0: a fresh session.
+  // that session's secret. The worker takes over its recorded outcomes
+  // (herd/replication/outcome_table.h) when it first sees this session. 0: a fresh session.
   uint32_t resume_client = 0;
   uint64_t resume_session = 0;
 };
@@ -103,8 +103,8 @@ struct ReplicaTask {
   bool take_writes = false;
   absl::Status status;
   // A promotion's: the client ids whose outcomes the old primary left in this partition
-  // (replication/outcome_table.h). They await their clients' resumption: the worker records no new outcome
-  // over theirs until then.
+  // (replication/outcome_table.h). They await their clients' resumption: the worker records no new
+  // outcome over theirs until then.
   std::vector<uint32_t> awaiting_resume;
   std::atomic<bool> done{false};
 };
@@ -212,8 +212,8 @@ class Worker {
   uint32_t GatherFromReceives(uint32_t count);
   // Large PUTs that landed (WRITE_WITH_IMM completions), until the batch holds `up_to`.
   uint32_t GatherFromLanding(uint32_t count, uint32_t up_to);
-  // Large writes the next batch may take: postlist, or what the gate's WriteBytesBudget leaves
-  // after a batch of small requests (SmallBatchRecordBytes), in LargeWriteRecordBytes each.
+  // Large writes the next batch may take: postlist, or what the gate allows
+  // (ResponseGate::LargeWritesAllowed).
   uint32_t LargeWritesAllowed() const;
   // Of each batch, postlist / kLandingShareDivisor (at least 1) is open to large PUTs before
   // small requests are gathered: a large PUT copies up to a MiB into the store, so small

@@ -34,7 +34,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
-#include "rmem/pool.h"
+#include "rmem/types.h"
 #include "rmem/wire.h"
 #include "transport/control/message_channel.h"
 #include "transport/fabric.h"

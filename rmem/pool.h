@@ -34,6 +34,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "rmem/format.h"
+#include "rmem/types.h"
 
 namespace rmem {
 
@@ -46,33 +47,6 @@ struct PoolOptions {
   uint32_t max_clients = kDefaultMaxClients;
   uint32_t max_ops = kDefaultMaxOps;
   bool hugepages = true;  // pools in memory: try MFD_HUGETLB first (falls back quietly)
-};
-
-struct Region {
-  uint32_t id = 0;  // its record's index: stable while it lives
-  uint64_t tag = 0;
-  uint64_t offset = 0;  // in the data area
-  uint64_t bytes = 0;
-};
-
-struct TxnOp {
-  OpKind kind = OpKind::kCopy;
-  uint64_t src = 0, dst = 0, bytes = 0;  // copy: data-area offsets
-  uint32_t region = 0;                   // free: the region's id
-  uint64_t tag = 0;                      // free: the tag it must still be tied to
-};
-
-struct Txn {
-  uint64_t client_id = 0;  // non-zero
-  uint64_t txn_id = 0;     // increasing per client; non-zero
-  std::vector<TxnOp> ops;
-};
-
-// Who a client is across connections and restarts of either side: the id names its record (the
-// last transaction answered), the secret proves the caller is that client. Both random.
-struct ClientCredential {
-  uint64_t id = 0;
-  uint64_t secret = 0;
 };
 
 struct CommitResult {

@@ -33,7 +33,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "rmem/pool.h"
+#include "rmem/types.h"
 #include "transport/types.h"
 
 namespace rmem {

@@ -4,7 +4,7 @@
 #
 #   usage: scripts/test.sh
 #
-# Stages: setup, build (default and --config=opt), tests, tests again under --config=asan,
+# Stages: setup, build (default and --config=opt), the layering check (scripts/check_layers.sh), tests, tests again under --config=asan,
 # the verbs tests on Soft-RoCE, the Python unittests of the scripts and of herd_kv (reported in
 # their stage, not in the GoogleTest total), clang-format check. Each stage prints how long it took. Exit status is non-zero on any failure.
 # Then, inside ONE boot of a qemu guest with Soft-RoCE (scripts/rxe_vm.sh), the transport
@@ -72,6 +72,7 @@ check_format() {
 }
 
 stage "build (default)" bazel build //...
+stage "layers (scripts/check_layers.sh)" ./scripts/check_layers.sh
 stage "build (opt)" bazel build --config=opt //...
 run_tests default
 if [ "${HERD_SKIP_ASAN:-0}" != 1 ]; then

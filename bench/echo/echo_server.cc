@@ -16,6 +16,7 @@
 #include "bench/echo/echo_wire.h"
 #include "gflags/gflags.h"
 #include "glog/logging.h"
+#include "herd/flags.h"
 #include "herd/pinning.h"
 #include "herd/protocol.h"
 #include "herd/send_chains.h"
@@ -27,19 +28,14 @@
 #include "transport/shared_memory.h"
 #include "util/server_process.h"
 
+// --window, --slot_bytes, --max_clients, --postlist, --unsig_batch, --sq_depth and --max_inline
+// are herd's own flags (//herd:flags), read through herd::ConfigFromFlags.
 DEFINE_uint32(port, 31860, "TCP port of the control plane (0 picks a free one)");
 DEFINE_string(listen_address, "0.0.0.0", "Address the control plane listens on");
 DEFINE_int32(core, 0, "Core the echo thread is pinned to (-1: not pinned)");
 DEFINE_double(duration_s, 0, "Stop after this many seconds (0: run until SIGINT/SIGTERM)");
-DEFINE_uint32(max_clients, 64, "Logical clients the request region has slots for");
-DEFINE_uint32(window, 4, "Outstanding requests per logical client (herd's --window)");
-DEFINE_uint32(slot_bytes, 256, "Bytes per request slot (herd's --slot_bytes)");
 DEFINE_uint32(key_bytes, 16, "Messages are sized as herd's GET of a key of this size ...");
 DEFINE_uint32(value_bytes, 32, "... answered with a value of this size");
-DEFINE_uint32(postlist, 16, "Most responses chained into one post_send");
-DEFINE_uint32(unsig_batch, 32, "One response in this many is signalled");
-DEFINE_uint32(sq_depth, 256, "Send queue depth");
-DEFINE_uint32(max_inline, 188, "Inline limit asked of each QP");
 
 namespace bench::echo {
 namespace {
@@ -302,17 +298,21 @@ int Fail(const absl::Status& status) {
 int Main() {
   const sigset_t stop_signals = util::BlockStopSignals();
 
+  // herd's own knobs (herd/flags.h: the same flags, defaults and meaning as herd_server's), so
+  // the ceiling this baseline measures cannot drift from the engine it bounds.
+  absl::StatusOr<herd::Config> herd_config = herd::ConfigFromFlags();
+  if (!herd_config.ok()) return Fail(herd_config.status());
   EchoConfig config;
-  config.max_clients = FLAGS_max_clients;
-  config.window = FLAGS_window;
-  config.slot_bytes = FLAGS_slot_bytes;
+  config.max_clients = herd_config->max_clients;
+  config.window = herd_config->window;
+  config.slot_bytes = herd_config->slot_bytes;
   // The sizes of a herd GET: the same bytes cross the fabric as in herd's YCSB C.
   config.request_bytes = herd::RequestBytes(herd::Op::kGet, FLAGS_key_bytes, 0);
   config.response_bytes = herd::ResponseBytes(FLAGS_value_bytes);
-  config.postlist = FLAGS_postlist;
-  config.unsig_batch = FLAGS_unsig_batch;
-  config.sq_depth = FLAGS_sq_depth;
-  config.max_inline = FLAGS_max_inline;
+  config.postlist = herd_config->postlist;
+  config.unsig_batch = herd_config->unsig_batch;
+  config.sq_depth = herd_config->sq_depth;
+  config.max_inline = herd_config->max_inline;
   absl::StatusOr<transport::DeviceOptions> device = transport::DeviceOptionsFromFlags();
   if (!device.ok()) return Fail(device.status());
   absl::StatusOr<transport::PagePolicy> pages = transport::PagePolicyFromFlags();

@@ -661,4 +661,13 @@ uint32_t ReplicationGate::Release(absl::Span<HeldId> released) {
   return n;
 }
 
+uint32_t ReplicationGate::LargeWritesAllowed(const Config& config) const {
+  if (!changes_.ranges().empty()) return 0;
+  const uint64_t budget = MaxRecordBytes(options_.staging_bytes);
+  const uint64_t reserve = SmallBatchRecordBytes(config);
+  if (budget <= reserve) return 0;
+  return static_cast<uint32_t>(
+      std::min<uint64_t>(config.postlist, (budget - reserve) / LargeWriteRecordBytes(config)));
+}
+
 }  // namespace herd

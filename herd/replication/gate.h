@@ -80,7 +80,7 @@ inline constexpr uint32_t kChainFrameWrs = 3;
 // a 64 B line and 8 B of padding. The worker's per-batch budget for large writes counts it.
 inline constexpr uint64_t kRecordBytesPerWrite = 12 * (16 + 64 + 8);
 // The most bytes one batch's record may take: a third of the staging ring, less the record's
-// header and the commit words (replication_gate.cc: kMaxRecordShare).
+// header and the commit words (gate.cc: kMaxRecordShare).
 uint64_t MaxRecordBytes(uint64_t staging_bytes);
 // The most a batch of small requests adds to a replication record (each a slot's worth of item
 // and kRecordBytesPerWrite), and what one large write adds (a landing buffer's worth).
@@ -171,11 +171,10 @@ class ReplicationGate : public ResponseGate {
   void HoldRead(const HeldId& id) override;
   void EndBatch() override;
   uint32_t Release(absl::Span<HeldId> released) override;
-  // MaxRecordBytes, or 0 while a deferred batch's changes wait to be posted (more would pile
-  // up past what one record may take and drop every backup).
-  uint64_t WriteBytesBudget() const override {
-    return changes_.ranges().empty() ? MaxRecordBytes(options_.staging_bytes) : 0;
-  }
+  // What MaxRecordBytes leaves after a batch of small requests (SmallBatchRecordBytes), in
+  // LargeWriteRecordBytes each; 0 while a deferred batch's changes wait to be posted (more
+  // would pile up past what one record may take and drop every backup).
+  uint32_t LargeWritesAllowed(const Config& config) const override;
 
   uint32_t live_backups() const { return live_; }
   // Any thread (the control thread, when a backup's control connection closes): the gate drops

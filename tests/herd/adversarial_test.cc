@@ -35,6 +35,7 @@
 #include "herd/worker.h"
 #include "mica/keyhash.h"
 #include "mica/remote_item.h"
+#include "tests/herd/client_test_peer.h"
 #include "tests/herd/model_workload.h"
 #include "tests/herd/raw_client.h"
 #include "tests/herd/server_fixture.h"
@@ -206,7 +207,7 @@ TEST_P(ForeignSlotWrites, NeverLand) {
         {w, raw_victim->SlotAddress(1, w, kSlot) + c.slot_bytes - bytes.size(), std::move(bytes)});
     // The herd victim's block lies at its client id's place in the region.
     put.client_id = victim->first_client_id();
-    put.secret = victim->session_secret();
+    put.secret = herd::ClientTestPeer::SessionSecret(*victim);
     put.key = KeyOn(w, c.workers, "landed-herd");
     bytes = attacker->Encode(put);
     const uint64_t base = attacker->welcome().region_addr +
@@ -404,11 +405,12 @@ TEST(Adversarial, UdRequestsFromAnotherQpAreRejectedEvenWithTheVictimsSecret) {
   ASSERT_NE(victim, nullptr);
   ASSERT_NE(attacker, nullptr);
   const Config& c = attacker->config();
-  std::printf(
-      "[ qpns     ] victim's UD QP 0x%x (device %s), attacker's 0x%x\n",
-      victim->UdEndpointForTest().qp_num,
-      victim->UdEndpointForTest().gid == attacker->ud_endpoint().gid ? "the same" : "another",
-      attacker->ud_endpoint().qp_num);
+  std::printf("[ qpns     ] victim's UD QP 0x%x (device %s), attacker's 0x%x\n",
+              herd::ClientTestPeer::UdEndpoint(*victim).qp_num,
+              herd::ClientTestPeer::UdEndpoint(*victim).gid == attacker->ud_endpoint().gid
+                  ? "the same"
+                  : "another",
+              attacker->ud_endpoint().qp_num);
   for (uint32_t w = 0; w < c.workers; ++w) {
     for (uint64_t seq = 1; seq <= c.window; ++seq) {
       RawClient::Request put;
@@ -418,7 +420,7 @@ TEST(Adversarial, UdRequestsFromAnotherQpAreRejectedEvenWithTheVictimsSecret) {
       put.key = KeyOn(w, c.workers, "mine");
       put.value = "FORGED";
       put.client_id = victim->first_client_id();
-      put.secret = victim->session_secret();
+      put.secret = herd::ClientTestPeer::SessionSecret(*victim);
       ASSERT_TRUE(attacker->Send(put).ok());
     }
     // Receives are handled in arrival order: the attacker's own request, answered, comes after.
@@ -457,8 +459,8 @@ TEST(Adversarial, ForgedUdResponsesAreNeverDelivered) {
   ASSERT_NE(victim, nullptr);
   ASSERT_NE(attacker, nullptr);
   const Config& c = attacker->config();
-  const transport::QpEndpoint target = victim->UdEndpointForTest();
-  const uint32_t real_qkey = victim->UdQkeyForTest();
+  const transport::QpEndpoint target = herd::ClientTestPeer::UdEndpoint(*victim);
+  const uint32_t real_qkey = herd::ClientTestPeer::UdQkey(*victim);
   std::printf("[ qpns     ] attacker's UD QP 0x%x; workers' response QPs",
               attacker->ud_endpoint().qp_num);
   for (uint32_t qpn : attacker->welcome().worker_response_qpns) std::printf(" 0x%x", qpn);
@@ -650,7 +652,7 @@ TEST(Adversarial, MalformedJoinsAreRefusedAndTheServerServesOn) {
     std::string must_say;
     bool may_be_admitted;  // a join whose only harm falls on its own session
   };
-  const transport::Gid victim_gid = victim->UdEndpointForTest().gid;
+  const transport::Gid victim_gid = herd::ClientTestPeer::UdEndpoint(*victim).gid;
   transport::Gid garbage_same_fabric = victim_gid;  // this fabric's id, no such process and fd
   const int32_t no_pid = 0x7ffffff0, no_fd = 4242;
   std::memcpy(garbage_same_fabric.data() + 8, &no_pid, sizeof(no_pid));
@@ -674,13 +676,13 @@ TEST(Adversarial, MalformedJoinsAreRefusedAndTheServerServesOn) {
          for (auto& e : j.request_qps) e.gid = garbage_same_fabric;
        },
        "", true},
-      {"UD QP of the victim, own qkey", [&](herd::Join& j) { j.ud = victim->UdEndpointForTest(); },
-       "", true},
+      {"UD QP of the victim, own qkey",
+       [&](herd::Join& j) { j.ud = herd::ClientTestPeer::UdEndpoint(*victim); }, "", true},
       // Its answers reach the victim's queue: counted stray there, never delivered.
       {"UD QP and qkey of the victim",
        [&](herd::Join& j) {
-         j.ud = victim->UdEndpointForTest();
-         j.ud_qkey = victim->UdQkeyForTest();
+         j.ud = herd::ClientTestPeer::UdEndpoint(*victim);
+         j.ud_qkey = herd::ClientTestPeer::UdQkey(*victim);
        },
        "", true},
   };
@@ -845,7 +847,7 @@ TEST_P(ForgedSegment, AJoinNamingItDoesNotCrashTheServer) {
     } unmap{base, fd};
     auto* header = new (base) shm::SegmentHeader();
     shm::ShmAddress own;
-    const transport::Gid fabric_gid = victim->UdEndpointForTest().gid;
+    const transport::Gid fabric_gid = herd::ClientTestPeer::UdEndpoint(*victim).gid;
     std::memcpy(&own, fabric_gid.data(), sizeof(own));
     header->magic = shm::kSegmentMagic;
     header->fabric_id = own.fabric_id;
@@ -933,7 +935,7 @@ TEST_P(Garbage, EverywhereChangesNoAnswer) {
   ASSERT_NE(attacker, nullptr);
   const Config& c = attacker->config();
   const uint64_t own_block_bytes = c.client_block_bytes() * 2;
-  const transport::QpEndpoint victim_ud = victim->UdEndpointForTest();
+  const transport::QpEndpoint victim_ud = herd::ClientTestPeer::UdEndpoint(*victim);
   std::mt19937_64 rng(Seed(10 + static_cast<uint64_t>(verb) + delay_us));
   VictimRun run(*victim, kVictimOps, Seed(11));
   std::vector<uint8_t> bytes;
@@ -969,7 +971,7 @@ TEST_P(Garbage, EverywhereChangesNoAnswer) {
       for (auto& b : bytes) b = static_cast<uint8_t>(rng());
       uint32_t qkey = static_cast<uint32_t>(rng()) & ~kControlledQkeyBit;
       if (kind == 2) qkey = kQkey;  // the public one
-      if (qkey == victim->UdQkeyForTest()) ++qkey;
+      if (qkey == herd::ClientTestPeer::UdQkey(*victim)) ++qkey;
       ASSERT_TRUE(attacker->SendUd(victim_ud, qkey, bytes).ok());
     }
   }
@@ -1206,7 +1208,7 @@ TEST(AdversarialLarge, ImmediateNamingAnotherSessionsClientIsRejected) {
       put.key = keys[w][vc];
       put.value = std::string(kValueBytes, 'F');
       put.client_id = victim->first_client_id() + vc;
-      put.secret = victim->session_secret();
+      put.secret = herd::ClientTestPeer::SessionSecret(*victim);
       const std::vector<uint8_t> bytes = attacker->Encode(put);
       for (uint32_t b = 0; b < c.landing_buffers; ++b) {
         absl::StatusOr<CompletionStatus> s = attacker->WriteWithImm(

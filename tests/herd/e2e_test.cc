@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_format.h"
 #include "mica/keyhash.h"
+#include "tests/herd/client_test_peer.h"
 #include "tests/herd/model_workload.h"
 #include "tests/herd/server_fixture.h"
 
@@ -182,14 +183,17 @@ TEST(Herd, HostileSlotBytesNeverCrashTheServerNorDisturbOthers) {
                                 RequestHeaderBytes(static_cast<Op>(h.op), h.flags);
           if (round % 2 == 0 && need <= length && length % kWireAlign == 0) {
             uint8_t* start = bytes.data() + length - need;
-            const uint64_t sum = WireChecksum(attacker->session_secret(), start, need);
+            const uint64_t sum =
+                WireChecksum(herd::ClientTestPeer::SessionSecret(*attacker), start, need);
             std::memcpy(bytes.data() + length - kChecksumFromEnd, &sum, sizeof(sum));
           }
         }
       }
       const uint32_t worker = static_cast<uint32_t>(rng() % c.workers);
       const uint32_t slot = static_cast<uint32_t>(rng() % c.window);
-      ASSERT_TRUE(attacker->SendRaw(0, worker, slot, absl::MakeSpan(bytes.data(), length)).ok());
+      ASSERT_TRUE(herd::ClientTestPeer::SendRaw(*attacker, 0, worker, slot,
+                                                absl::MakeSpan(bytes.data(), length))
+                      .ok());
       attacker->Poll(absl::MakeSpan(drain));  // whatever comes back is not ours: counted stray
     }
     RunModelWorkload(*victim, 1000, 32, 3);

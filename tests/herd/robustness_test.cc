@@ -20,6 +20,7 @@
 #include "herd/join.h"
 #include "herd/server.h"
 #include "mica/keyhash.h"
+#include "tests/herd/client_test_peer.h"
 #include "tests/herd/model_workload.h"
 #include "tests/herd/server_fixture.h"
 #include "transport/control/channel.h"
@@ -125,7 +126,7 @@ TEST(Robustness, ABrokenClientQpEndsEveryRequestWithAReason) {
         }
       }
     }
-    (*client)->BreakQpsForTest();
+    herd::ClientTestPeer::BreakQps(**client);
     std::vector<Result> results(16);
     uint64_t ended = 0;
     const absl::Time give_up = absl::Now() + absl::Seconds(30);

@@ -1,0 +1,278 @@
+// Client: Poll. UD and WRITE responses checked and delivered, requests ended, the
+// retransmission timer and the server's health.
+#include <algorithm>
+#include <cstring>
+
+#include "absl/strings/str_format.h"
+#include "glog/logging.h"
+#include "herd/client.h"
+
+namespace herd {
+namespace {
+
+// UD responses: Polls with no response read the clock (for the retransmission check) once in
+// this many; an empty poll of a CQ is about 50-100 ns, the retry timeout milliseconds. (WRITE
+// responses: every Poll walks every slot, far more than a clock read, and reads it.)
+constexpr uint32_t kPollsPerIdleClockRead = 64;
+// How often Poll asks the control connection whether the server is still there (a syscall).
+constexpr absl::Duration kHealthCheckInterval = absl::Milliseconds(10);
+
+}  // namespace
+
+Client::Accepted Client::Accept(const ParsedResponse& response, Result* out) {
+  const ResponseHeader& h = response.header;
+  const uint32_t client = h.client_id - first_client_id_;  // wraps for foreign ids
+  if (client >= options_.clients || h.worker >= config_.workers ||
+      h.value_bytes > config_.slot_value_bytes()) {
+    return Accepted::kStray;
+  }
+  const auto slot = static_cast<uint32_t>(h.seq % config_.window);
+  Outstanding& o = slots_[SlotIndex(client, h.worker, slot)];
+  if (!o.active || o.seq != h.seq || h.attempt > o.attempt) {
+    return Accepted::kStray;
+  }
+  const auto status = static_cast<Status>(h.status);
+  if (o.op != Op::kGet && h.value_bytes != 0) return Accepted::kStray;
+  // An answer while its value is being read is a duplicate of the one that named it.
+  if (o.read_state != ReadState::kNone) return Accepted::kStray;
+  // A GET that asked for a copy into its landing buffer takes only its newest attempt's answer:
+  // after it, no attempt of it can still copy into the buffer (older ones are duplicates at the
+  // worker), so the buffer may be reused once this one is delivered.
+  if (o.landing >= 0 && !o.large_body && h.attempt != o.attempt) return Accepted::kStray;
+  // Every answer samples the time since the request was FIRST sent. Sampling only first-attempt
+  // answers (Karn) sees only the requests fast enough to beat the timeout, and an answer to a
+  // retransmission timed from that retransmission sees only the residual wait of a request
+  // that sat unscanned in its slot (the retransmission overwrote it): both bias the estimate
+  // low, and a timeout below the real round trip retransmits everything slower (measured:
+  // window 1024, 0.4-1.2M retransmissions and 4x lower throughput). Timing from the first send
+  // errs high only for requests that were really lost, which are rare.
+  // A request handed over by Follow was first sent before the failover: not a round trip.
+  if (!o.handed_over) timer_.Sample(SincePoll(o.submitted));
+  if ((h.flags & kResponseOutOfLine) != 0) {
+    return DeferOutOfLine(o, h, response.value) ? Accepted::kDeferred : Accepted::kStray;
+  }
+  if (h.flags != 0) return Accepted::kStray;
+  Deliver(o, status, h.version,
+          std::string_view(reinterpret_cast<const char*>(response.value), h.value_bytes), out);
+  return Accepted::kDelivered;
+}
+
+void Client::Deliver(Outstanding& o, Status status, uint64_t version, std::string_view value,
+                     Result* out) {
+  out->tag = o.tag;
+  out->client = o.client;
+  out->worker = o.worker;
+  out->op = o.op;
+  out->status = status;
+  out->version = version;
+  out->value = value;
+  out->attempts = o.sends;
+  out->latency_ns = static_cast<uint64_t>(SincePoll(o.submitted).count());
+  o.active = false;
+  if (o.read_state != ReadState::kNone) --deferred_;
+  o.read_state = ReadState::kNone;
+  ReleaseLanding(o);
+  --outstanding_;
+  ++stats_.completed;
+}
+
+void Client::PollUdResponses(absl::Span<Result> out, size_t* n) {
+  const size_t want = std::min(out.size() - *n, completions_.size());
+  const size_t got = recv_cq_->Poll(absl::MakeSpan(completions_.data(), want));
+  for (size_t i = 0; i < got; ++i) {
+    const transport::Completion& c = completions_[i];
+    to_repost_.push_back(static_cast<uint32_t>(c.wr_id));
+    ParsedResponse response;
+    bool ok = c.status == transport::CompletionStatus::kSuccess && c.has_imm &&
+              c.byte_len >= transport::kGrhBytes &&
+              ParseResponse(receives_->data() + c.wr_id * receive_bytes_ + transport::kGrhBytes,
+                            c.byte_len - transport::kGrhBytes, /*secret=*/0, &response) &&
+              response.header.worker < config_.workers;
+    if (ok) {
+      // Only the named worker's own QPs answer for it: their numbers, on the server's device
+      // (QP numbers are unique per device only).
+      const uint32_t per_worker = config_.ud_qps_per_worker;
+      const auto first = welcome_.worker_response_qpns.begin() +
+                         static_cast<ptrdiff_t>(response.header.worker * per_worker);
+      const uint8_t* grh = receives_->data() + c.wr_id * receive_bytes_;
+      ok = std::find(first, first + per_worker, c.src_qp) != first + per_worker &&
+           transport::SourceGidOfGrh(grh, grh_is_ipv4_) ==
+               welcome_.worker_ud[response.header.worker].gid;
+    }
+    response.header.client_id = c.imm_data;  // a UD response names its client in the immediate
+    const Accepted accepted = ok ? Accept(response, &out[*n]) : Accepted::kStray;
+    if (accepted == Accepted::kDelivered) {
+      ++*n;
+    } else if (accepted == Accepted::kStray) {
+      ++stats_.stray;
+    }
+  }
+}
+
+void Client::PollWriteResponses(absl::Span<Result> out, size_t* n) {
+  const uint32_t bytes = config_.response_slot_bytes();
+  for (uint64_t i = 0; i < slots_.size() && *n < out.size(); ++i) {
+    Outstanding& o = slots_[i];
+    if (!o.active) continue;
+    // The server writes [worker][client][window] response slots.
+    const uint64_t at =
+        ((uint64_t{o.worker} * options_.clients + o.client) * config_.window + o.slot) * bytes;
+    uint8_t* slot = responses_->data() + at;
+    std::atomic_ref<uint64_t> marker(*reinterpret_cast<uint64_t*>(slot + bytes - sizeof(uint64_t)));
+    const uint64_t seen = marker.load(std::memory_order_acquire);
+    if (seen == 0) continue;
+    if (SeqOfMarker(seen) != o.seq) {
+      marker.store(0, std::memory_order_relaxed);
+      ++stats_.stray;  // a late answer to this slot's previous request
+      continue;
+    }
+    // Copy first, then check the copy: what is delivered is what was checked, and no late
+    // duplicate landing in the slot can change it afterwards.
+    uint32_t value_bytes;
+    std::memcpy(&value_bytes,
+                slot + bytes - kResponseHeaderBytes + offsetof(ResponseTrailer, value_bytes),
+                sizeof(value_bytes));
+    ParsedResponse response;
+    uint8_t* copy = delivered_.data() + i * bytes;
+    const uint64_t length = uint64_t{Pad8(value_bytes)} + kResponseHeaderBytes;
+    if (length > bytes) {
+      ++stats_.torn;  // still landing, or torn: looked at again on the next Poll
+      continue;
+    }
+    std::memcpy(copy + bytes - length, slot + bytes - length, length);
+    if (!ParseResponse(copy + bytes - length, static_cast<uint32_t>(length), welcome_.secret,
+                       &response)) {
+      ++stats_.torn;
+      continue;
+    }
+    response.header.client_id = first_client_id_ + o.client;  // the slot says whose it is
+    const Accepted accepted = Accept(response, &out[*n]);
+    if (accepted == Accepted::kDelivered) {
+      ++*n;
+    } else if (accepted == Accepted::kStray) {
+      ++stats_.stray;
+    }
+    marker.store(0, std::memory_order_relaxed);
+  }
+}
+
+void Client::Fail(Outstanding& o, Status status, Result* r) {
+  *r = Result{};
+  r->tag = o.tag;
+  r->client = o.client;
+  r->worker = o.worker;
+  r->op = o.op;
+  r->status = status;
+  r->attempts = o.sends;
+  Forget(o);
+  ++(status == Status::kSendFailed ? stats_.send_failed : stats_.timed_out);
+}
+
+void Client::Forget(Outstanding& o) {
+  o.active = false;
+  ReleaseLanding(o);
+  if (o.read >= 0) {
+    // A READ into its buffer may still be in flight: the buffer frees once that retired.
+    reads_[static_cast<uint32_t>(o.read)].orphan = true;
+    ++orphans_;
+    o.read = -1;
+  }
+  if (o.read_state != ReadState::kNone) --deferred_;
+  o.read_state = ReadState::kNone;
+  --outstanding_;
+}
+
+Client::Clock::time_point Client::PollClock() {
+  if (!clock_read_) {
+    poll_now_ = Clock::now();
+    clock_read_ = true;
+    polls_since_clock_ = 0;
+  }
+  return poll_now_;
+}
+
+bool Client::RetryCheckDue() {
+  if (!clock_read_ && !config_.response_uses_slots() &&
+      ++polls_since_clock_ < kPollsPerIdleClockRead) {
+    return false;
+  }
+  return PollClock() >= next_retry_check_;
+}
+
+std::chrono::nanoseconds Client::SincePoll(Clock::time_point submitted) {
+  // A request submitted after this Poll read the clock (a synchronous call's, from inside a
+  // Poll) has waited 0, not a negative time.
+  return std::max(std::chrono::nanoseconds(0),
+                  std::chrono::duration_cast<std::chrono::nanoseconds>(PollClock() - submitted));
+}
+
+void Client::Retransmit(absl::Span<Result> out, size_t* n) {
+  const Clock::time_point now = PollClock();
+  if (now >= next_health_check_) {
+    next_health_check_ = now + absl::ToChronoNanoseconds(kHealthCheckInterval);
+    if (health_.ok() && channel_ != nullptr && channel_->PeerClosed()) {
+      health_ = absl::UnavailableError(absl::StrFormat(
+          "the server (%s) closed its control connection: it stopped or died", options_.server));
+      LOG(WARNING) << health_;
+    }
+  }
+  const std::chrono::nanoseconds deadline = absl::ToChronoNanoseconds(options_.request_deadline);
+  Clock::time_point next = now + timer_.TimeoutFor(1);
+  for (Outstanding& o : slots_) {
+    if (!o.active) continue;
+    // Answered out of line: its value is being read (AdvanceLargeValues owns it); only the
+    // request deadline and the server's health still end it here.
+    if (o.read_state != ReadState::kNone && health_.ok() && now - o.submitted < deadline) {
+      continue;
+    }
+    if (o.deadline > now && health_.ok() && o.read_state == ReadState::kNone) {
+      next = std::min(next, o.deadline);
+      continue;
+    }
+    // A client with members keeps its requests for Follow() when the server is lost.
+    const bool lost = !health_.ok() && (options_.members.empty() || followed_);
+    if (!health_.ok() && !lost && now - o.submitted < deadline) continue;
+    if (lost || o.sends >= options_.max_attempts || o.attempt >= kMaxAttempt ||
+        now - o.submitted >= deadline) {
+      if (*n == out.size()) return;  // the rest on the next Poll
+      Fail(o, Status::kTimedOut, &out[(*n)++]);
+      continue;
+    }
+    ++stats_.retransmissions;
+    absl::Status sent = Send(o, /*wait_for_room=*/false);
+    if (!sent.ok() && absl::IsUnavailable(sent)) {
+      if (*n == out.size()) return;
+      Fail(o, Status::kSendFailed, &out[(*n)++]);
+      continue;
+    }
+    if (!sent.ok()) {
+      ++o.sends;  // a full send queue: counted as a send, so max_attempts still bounds it
+      LOG_EVERY_N(WARNING, 1000) << "retransmission not sent: " << sent;
+    }
+    o.deadline = now + timer_.TimeoutFor(o.sends);
+    next = std::min(next, o.deadline);
+  }
+  next_retry_check_ = next;
+}
+
+size_t Client::Poll(absl::Span<Result> out) {
+  (void)Flush();  // a failed post leaves its requests to retransmission
+  if (!reads_.empty()) ReleaseDeliveredReads();
+  if (to_repost_.size() >= repost_batch_) RepostReceives();
+  Reap();
+  size_t n = 0;
+  if (!config_.response_uses_slots()) {
+    PollUdResponses(out, &n);
+  } else if (outstanding_ > 0) {
+    PollWriteResponses(out, &n);
+  }
+  if (deferred_ > 0 || orphans_ > 0) AdvanceLargeValues(out, &n);
+  if (outstanding_ > 0 && n < out.size() && RetryCheckDue()) {
+    Retransmit(out, &n);
+    (void)Flush();
+  }
+  clock_read_ = false;  // poll_now_ is this Poll's only: the next one reads the clock again
+  return n;
+}
+
+}  // namespace herd

@@ -1,0 +1,103 @@
+// herd::RetransmitTimer: RFC 6298's estimator, the clamp and the backoff, case by case.
+#include "herd/retransmit_timer.h"
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace herd {
+namespace {
+
+using std::chrono::microseconds;
+using std::chrono::milliseconds;
+using std::chrono::nanoseconds;
+using std::chrono::seconds;
+
+struct Case {
+  std::string name;
+  RetransmitPolicy policy;
+  std::vector<nanoseconds> samples;
+  uint32_t sends;
+  nanoseconds want;
+};
+
+const RetransmitPolicy kDefault{};  // 20 ms initial, [5 ms, 1 s], adaptive
+
+RetransmitPolicy With(nanoseconds initial, nanoseconds floor, nanoseconds ceiling,
+                      bool adaptive = true) {
+  return RetransmitPolicy{
+      .initial = initial, .adaptive = adaptive, .floor = floor, .ceiling = ceiling};
+}
+
+TEST(RetransmitTimerTest, TimeoutsFollowTheEstimatorClampAndBackoff) {
+  const std::vector<Case> cases = {
+      {"no sample: the initial timeout", kDefault, {}, 1, milliseconds(20)},
+      {"no sample, second send: doubled", kDefault, {}, 2, milliseconds(40)},
+      {"no sample, third send: doubled twice", kDefault, {}, 3, milliseconds(80)},
+      {"sends 0 counts as the first", kDefault, {}, 0, milliseconds(20)},
+      {"an initial below the floor is raised to it",
+       With(milliseconds(1), milliseconds(5), seconds(1)),
+       {},
+       1,
+       milliseconds(5)},
+      {"first sample: srtt = rtt, rttvar = rtt/2, timeout srtt + 4 rttvar",
+       kDefault,
+       {milliseconds(10)},
+       1,
+       milliseconds(30)},
+      {"second equal sample: rttvar decays by 1/4",
+       kDefault,
+       {milliseconds(10), milliseconds(10)},
+       1,
+       microseconds(25'000)},
+      {"a larger sample moves srtt by 1/8 and rttvar by 1/4 of the gap",
+       kDefault,
+       {milliseconds(10), milliseconds(18)},
+       1,
+       // rttvar = 5 + (8 - 5)/4 = 5.75; srtt = 10 + 8/8 = 11; 11 + 23 = 34 ms
+       milliseconds(34)},
+      {"a tiny round trip is clamped up to the floor",
+       kDefault,
+       {microseconds(100)},
+       1,
+       milliseconds(5)},
+      {"a huge round trip is clamped down to the ceiling", kDefault, {seconds(3)}, 1, seconds(1)},
+      {"backoff stops at the ceiling", kDefault, {milliseconds(10)}, 10, seconds(1)},
+      {"a thousand sends do not overflow the shift",
+       kDefault,
+       {milliseconds(10)},
+       1000,
+       seconds(1)},
+      {"a floor above the ceiling wins, with no backoff past it",
+       With(milliseconds(20), seconds(2), seconds(1)),
+       {milliseconds(10)},
+       5,
+       seconds(2)},
+      {"not adaptive: always the initial timeout, samples ignored",
+       With(milliseconds(7), milliseconds(5), seconds(1), /*adaptive=*/false),
+       {milliseconds(100), milliseconds(300)},
+       4,
+       milliseconds(7)},
+  };
+  for (const Case& c : cases) {
+    RetransmitTimer timer(c.policy);
+    for (nanoseconds s : c.samples) timer.Sample(s);
+    EXPECT_EQ(timer.TimeoutFor(c.sends).count(), c.want.count()) << c.name;
+  }
+}
+
+TEST(RetransmitTimerTest, TheEstimatorConvergesOnASteadyRoundTrip) {
+  RetransmitTimer timer(kDefault);
+  EXPECT_FALSE(timer.has_sample());
+  for (int i = 0; i < 200; ++i) timer.Sample(milliseconds(8));
+  EXPECT_TRUE(timer.has_sample());
+  EXPECT_NEAR(timer.srtt_ns(), 8e6, 1);
+  EXPECT_LT(timer.rttvar_ns(), 1e3);  // the deviation decays to nothing
+  EXPECT_NEAR(static_cast<double>(timer.TimeoutFor(1).count()), 8e6, 4e3);
+}
+
+}  // namespace
+}  // namespace herd
