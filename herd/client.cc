@@ -218,7 +218,11 @@ absl::Status Client::CreateResources(const Config& config) {
   }
   slots_.resize(slot_count);
   next_seq_.assign(uint64_t{options_.clients} * c.workers, 1);
-  if (c.response_uses_slots()) delivered_.resize(slot_count * c.response_slot_bytes());
+  if (c.response_uses_slots()) {
+    delivered_.resize(slot_count * c.response_slot_bytes());
+    live_.reserve(slot_count);
+    live_position_.assign(slot_count, kNotLive);
+  }
   completions_.resize(std::max<uint32_t>(c.sq_depth, 64));
   recv_wrs_.resize(receive_count_);
   recv_sges_.resize(receive_count_);

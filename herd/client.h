@@ -350,6 +350,11 @@ class Client {
   void ReleaseDeliveredReads();
   void PollUdResponses(absl::Span<Result> out, size_t* n);
   void PollWriteResponses(absl::Span<Result> out, size_t* n);
+  // Looks at one WRITE response slot (slots_[index]): delivers, drops or leaves its answer.
+  void PollWriteResponse(uint64_t index, absl::Span<Result> out, size_t* n);
+  // `o` became outstanding / ended: keeps live_ (WRITE responses only).
+  void MarkLive(const Outstanding& o);
+  void MarkEnded(const Outstanding& o);
   void Retransmit(absl::Span<Result> out, size_t* n);
   // Ends `o` with a client-side status (kTimedOut, kSendFailed) into *r.
   void Fail(Outstanding& o, Status status, Result* r);
@@ -417,8 +422,15 @@ class Client {
   uint64_t orphans_ = 0;
   std::vector<uint64_t> next_seq_;  // [client][worker]
   std::vector<uint8_t> delivered_;  // WRITE responses copied out before checking: [slot]
-  uint32_t ud_qkey_ = 0;            // our UD QP's own qkey
-  bool grh_is_ipv4_ = false;        // how our receives' GRH area names a sender
+  // WRITE responses: the slots_ indices of the outstanding requests (Poll looks at these only),
+  // each one's place in live_, and where the next Poll starts looking (a cursor, so that a full
+  // output span never leaves the same slots unexamined Poll after Poll).
+  static constexpr uint32_t kNotLive = UINT32_MAX;
+  std::vector<uint32_t> live_;
+  std::vector<uint32_t> live_position_;
+  size_t live_cursor_ = 0;
+  uint32_t ud_qkey_ = 0;      // our UD QP's own qkey
+  bool grh_is_ipv4_ = false;  // how our receives' GRH area names a sender
   // The adaptive retransmission timeout (TCP's estimator over this client's round trips).
   RetransmitTimer timer_;
   std::vector<uint32_t> to_repost_;  // receive buffers consumed and not yet re-posted

@@ -12,7 +12,7 @@ namespace {
 
 // UD responses: Polls with no response read the clock (for the retransmission check) once in
 // this many; an empty poll of a CQ is about 50-100 ns, the retry timeout milliseconds. (WRITE
-// responses: every Poll walks every slot, far more than a clock read, and reads it.)
+// responses: every Poll looks at every outstanding request's slot, and reads it.)
 constexpr uint32_t kPollsPerIdleClockRead = 64;
 // How often Poll asks the control connection whether the server is still there (a syscall).
 constexpr absl::Duration kHealthCheckInterval = absl::Milliseconds(10);
@@ -47,11 +47,12 @@ Client::Accepted Client::Accept(const ParsedResponse& response, Result* out) {
   // window 1024, 0.4-1.2M retransmissions and 4x lower throughput). Timing from the first send
   // errs high only for requests that were really lost, which are rare.
   // A request handed over by Follow was first sent before the failover: not a round trip.
+  // Only an answer taken (not a stray) is a round trip.
+  const bool out_of_line = (h.flags & kResponseOutOfLine) != 0;
+  if (!out_of_line && h.flags != 0) return Accepted::kStray;
+  if (out_of_line && !DeferOutOfLine(o, h, response.value)) return Accepted::kStray;
   if (!o.handed_over) timer_.Sample(SincePoll(o.submitted));
-  if ((h.flags & kResponseOutOfLine) != 0) {
-    return DeferOutOfLine(o, h, response.value) ? Accepted::kDeferred : Accepted::kStray;
-  }
-  if (h.flags != 0) return Accepted::kStray;
+  if (out_of_line) return Accepted::kDeferred;
   Deliver(o, status, h.version,
           std::string_view(reinterpret_cast<const char*>(response.value), h.value_bytes), out);
   return Accepted::kDelivered;
@@ -69,6 +70,7 @@ void Client::Deliver(Outstanding& o, Status status, uint64_t version, std::strin
   out->attempts = o.sends;
   out->latency_ns = static_cast<uint64_t>(SincePoll(o.submitted).count());
   o.active = false;
+  MarkEnded(o);
   if (o.read_state != ReadState::kNone) --deferred_;
   o.read_state = ReadState::kNone;
   ReleaseLanding(o);
@@ -110,50 +112,81 @@ void Client::PollUdResponses(absl::Span<Result> out, size_t* n) {
 }
 
 void Client::PollWriteResponses(absl::Span<Result> out, size_t* n) {
-  const uint32_t bytes = config_.response_slot_bytes();
-  for (uint64_t i = 0; i < slots_.size() && *n < out.size(); ++i) {
-    Outstanding& o = slots_[i];
-    if (!o.active) continue;
-    // The server writes [worker][client][window] response slots.
-    const uint64_t at =
-        ((uint64_t{o.worker} * options_.clients + o.client) * config_.window + o.slot) * bytes;
-    uint8_t* slot = responses_->data() + at;
-    std::atomic_ref<uint64_t> marker(*reinterpret_cast<uint64_t*>(slot + bytes - sizeof(uint64_t)));
-    const uint64_t seen = marker.load(std::memory_order_acquire);
-    if (seen == 0) continue;
-    if (SeqOfMarker(seen) != o.seq) {
-      marker.store(0, std::memory_order_relaxed);
-      ++stats_.stray;  // a late answer to this slot's previous request
-      continue;
-    }
-    // Copy first, then check the copy: what is delivered is what was checked, and no late
-    // duplicate landing in the slot can change it afterwards.
-    uint32_t value_bytes;
-    std::memcpy(&value_bytes,
-                slot + bytes - kResponseHeaderBytes + offsetof(ResponseTrailer, value_bytes),
-                sizeof(value_bytes));
-    ParsedResponse response;
-    uint8_t* copy = delivered_.data() + i * bytes;
-    const uint64_t length = uint64_t{Pad8(value_bytes)} + kResponseHeaderBytes;
-    if (length > bytes) {
-      ++stats_.torn;  // still landing, or torn: looked at again on the next Poll
-      continue;
-    }
-    std::memcpy(copy + bytes - length, slot + bytes - length, length);
-    if (!ParseResponse(copy + bytes - length, static_cast<uint32_t>(length), welcome_.secret,
-                       &response)) {
-      ++stats_.torn;
-      continue;
-    }
-    response.header.client_id = first_client_id_ + o.client;  // the slot says whose it is
-    const Accepted accepted = Accept(response, &out[*n]);
-    if (accepted == Accepted::kDelivered) {
-      ++*n;
-    } else if (accepted == Accepted::kStray) {
-      ++stats_.stray;
-    }
-    marker.store(0, std::memory_order_relaxed);
+  // Each live slot once, from where the last Poll stopped. A slot whose request ends is swapped
+  // out of live_ for the last one, which is looked at next in its place.
+  size_t position = live_cursor_;
+  for (size_t remaining = live_.size(); remaining > 0 && *n < out.size(); --remaining) {
+    if (position >= live_.size()) position = 0;
+    const uint32_t index = live_[position];
+    PollWriteResponse(index, out, n);
+    if (live_position_[index] == position) ++position;
   }
+  live_cursor_ = position;
+}
+
+void Client::PollWriteResponse(uint64_t index, absl::Span<Result> out, size_t* n) {
+  const uint32_t bytes = config_.response_slot_bytes();
+  Outstanding& o = slots_[index];
+  if (!o.active) return;
+  // The server writes [worker][client][window] response slots.
+  const uint64_t at =
+      ((uint64_t{o.worker} * options_.clients + o.client) * config_.window + o.slot) * bytes;
+  uint8_t* slot = responses_->data() + at;
+  std::atomic_ref<uint64_t> marker(*reinterpret_cast<uint64_t*>(slot + bytes - sizeof(uint64_t)));
+  const uint64_t seen = marker.load(std::memory_order_acquire);
+  if (seen == 0) return;
+  if (SeqOfMarker(seen) != o.seq) {
+    marker.store(0, std::memory_order_relaxed);
+    ++stats_.stray;  // a late answer to this slot's previous request
+    return;
+  }
+  // Copy first, then check the copy: what is delivered is what was checked, and no late
+  // duplicate landing in the slot can change it afterwards.
+  uint32_t value_bytes;
+  std::memcpy(&value_bytes,
+              slot + bytes - kResponseHeaderBytes + offsetof(ResponseTrailer, value_bytes),
+              sizeof(value_bytes));
+  ParsedResponse response;
+  uint8_t* copy = delivered_.data() + index * bytes;
+  const uint64_t length = uint64_t{Pad8(value_bytes)} + kResponseHeaderBytes;
+  if (length > bytes) {
+    ++stats_.torn;  // still landing, or torn: looked at again on the next Poll
+    return;
+  }
+  std::memcpy(copy + bytes - length, slot + bytes - length, length);
+  if (!ParseResponse(copy + bytes - length, static_cast<uint32_t>(length), welcome_.secret,
+                     &response)) {
+    ++stats_.torn;
+    return;
+  }
+  response.header.client_id = first_client_id_ + o.client;  // the slot says whose it is
+  const Accepted accepted = Accept(response, &out[*n]);
+  if (accepted == Accepted::kDelivered) {
+    ++*n;
+  } else if (accepted == Accepted::kStray) {
+    ++stats_.stray;
+  }
+  marker.store(0, std::memory_order_relaxed);
+}
+
+void Client::MarkLive(const Outstanding& o) {
+  if (live_position_.empty()) return;
+  const auto index = static_cast<uint32_t>(&o - slots_.data());
+  if (live_position_[index] != kNotLive) return;
+  live_position_[index] = static_cast<uint32_t>(live_.size());
+  live_.push_back(index);  // reserved for every slot: never allocates
+}
+
+void Client::MarkEnded(const Outstanding& o) {
+  if (live_position_.empty()) return;
+  const auto index = static_cast<uint32_t>(&o - slots_.data());
+  const uint32_t position = live_position_[index];
+  if (position == kNotLive) return;
+  const uint32_t last = live_.back();
+  live_[position] = last;
+  live_position_[last] = position;
+  live_.pop_back();
+  live_position_[index] = kNotLive;
 }
 
 void Client::Fail(Outstanding& o, Status status, Result* r) {
@@ -170,6 +203,7 @@ void Client::Fail(Outstanding& o, Status status, Result* r) {
 
 void Client::Forget(Outstanding& o) {
   o.active = false;
+  MarkEnded(o);
   ReleaseLanding(o);
   if (o.read >= 0) {
     // A READ into its buffer may still be in flight: the buffer frees once that retired.

@@ -155,6 +155,7 @@ absl::Status Client::Stage(const Staged& r) {
   // A new request's clock was read by Submit; a handed-over one was submitted before a failover.
   o.deadline = (r.attempt == 0 ? r.submitted : Clock::now()) + timer_.TimeoutFor(1);
   ++outstanding_;
+  MarkLive(o);
   return absl::OkStatus();
 }
 
@@ -169,13 +170,20 @@ uint8_t* Client::StagedBytes(const Outstanding& o) const {
 
 absl::Status Client::Send(Outstanding& o, bool wait_for_room) {
   SendQueue& queue = queues_[o.queue];
-  if (!queue.broken && !queue.HasRoom()) Reap();
+  // Room counts the WRs staged for the next doorbell too. A queue full of this client's own
+  // staged requests frees up only once they are posted (their completions, or a later signalled
+  // one, retire them): post them before waiting on completions.
+  auto make_room = [this, &queue] {
+    if (queue.unposted > 0) (void)Flush();
+    Reap();
+  };
+  if (!queue.broken && !queue.HasRoom()) make_room();
   if (!queue.broken && !queue.HasRoom()) {
     if (!wait_for_room) return absl::ResourceExhaustedError("the request send queue is full");
     const Clock::time_point give_up =
         Clock::now() + absl::ToChronoNanoseconds(options_.send_queue_timeout);
     while (!queue.broken && !queue.HasRoom()) {
-      Reap();
+      make_room();
       if (Clock::now() > give_up) {
         return absl::DeadlineExceededError(absl::StrFormat(
             "the request send queue stayed full for %s (%d WRs, no completion): the NIC or the "

@@ -2,6 +2,7 @@
 // memcached's tools do it: by hand, or from scripts (binary-safe with --hex or --value_file).
 // Each run joins the server as one client, runs one synchronous request, prints its answer and
 // leaves. kSynopsis and kDetails below are its manual (--help).
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -247,22 +248,41 @@ absl::StatusOr<std::string> Bytes(absl::string_view what, absl::string_view arg)
   return std::string(arg);
 }
 
+// Reads a value from `path` ('-': stdin) with read(2), so that whatever the path is (a
+// directory, a closed stdin, /proc/self/mem, /dev/zero) the answer is a value or a clear error:
+// a read error is never taken for the end of the value, and reading stops one chunk past the
+// largest value any server accepts.
 absl::StatusOr<std::string> ReadValueFile(const std::string& path) {
-  if (path == "-") {
-    std::ostringstream in;
-    in << std::cin.rdbuf();
-    if (std::cin.bad()) return absl::InvalidArgumentError("--value_file=-: cannot read stdin");
-    return in.str();
-  }
-  std::ifstream file(path, std::ios::binary);
-  if (!file.is_open()) {
+  constexpr size_t kChunkBytes = 64 << 10;
+  const bool from_stdin = path == "-";
+  const std::string name = from_stdin ? "- (stdin)" : path;
+  const int fd = from_stdin ? STDIN_FILENO : open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
     return absl::InvalidArgumentError(
-        absl::StrFormat("--value_file=%s: cannot open it: %s", path, strerror(errno)));
+        absl::StrFormat("--value_file=%s: cannot open it: %s", name, strerror(errno)));
   }
-  std::string bytes{std::istreambuf_iterator<char>(file), std::istreambuf_iterator<char>()};
-  if (file.bad()) {
-    return absl::InvalidArgumentError(absl::StrCat("--value_file=", path, ": read error"));
+  std::string bytes;
+  std::vector<char> chunk(kChunkBytes);
+  absl::Status status;
+  while (status.ok()) {
+    const ssize_t got = read(fd, chunk.data(), chunk.size());
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) {
+      status = absl::InvalidArgumentError(
+          absl::StrFormat("--value_file=%s: cannot read it: %s", name, strerror(errno)));
+    } else if (got == 0) {
+      break;
+    } else {
+      bytes.append(chunk.data(), static_cast<size_t>(got));
+      if (bytes.size() > herd::kMaxLargeValueBytes) {
+        status = absl::InvalidArgumentError(absl::StrFormat(
+            "--value_file=%s: longer than the largest value any server accepts (%d bytes)", name,
+            herd::kMaxLargeValueBytes));
+      }
+    }
   }
+  if (!from_stdin) close(fd);
+  if (!status.ok()) return status;
   return bytes;
 }
 

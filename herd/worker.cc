@@ -187,7 +187,13 @@ void Worker::Run(const std::atomic<bool>& stop) {
   running_.store(true, std::memory_order_release);
   uint32_t idle = 0;
   while (!stop.load(std::memory_order_relaxed)) {
-    epoch_.store(epoch_.load(std::memory_order_relaxed) + 1, std::memory_order_release);
+    // seq_cst, as the route and queue loads below and the control thread's unpublishing stores
+    // and epoch loads (Server::WaitForWorkers): a store followed by a load of another location,
+    // on each side, is the store-buffering pattern, which release/acquire does not order (x86
+    // lets each load pass the thread's own earlier store). With all four seq_cst, either this
+    // iteration sees the route gone, or the control thread sees this iteration's epoch and
+    // waits for the next one before it frees what the route named.
+    epoch_.store(epoch_.load(std::memory_order_relaxed) + 1, std::memory_order_seq_cst);
     if (task_.load(std::memory_order_relaxed) != nullptr) [[unlikely]]
       RunTask();
     // Large PUTs first, up to their share of the batch, then small requests, then large PUTs
@@ -233,7 +239,7 @@ void Worker::ScanActiveClients() {
   route_changes_seen_ = changes;
   active_clients_.clear();
   for (uint32_t c = 0; c < config_.max_clients; ++c) {
-    if (routes_[c].load(std::memory_order_acquire) != nullptr) active_clients_.push_back(c);
+    if (routes_[c].load(std::memory_order_seq_cst) != nullptr) active_clients_.push_back(c);
   }
   scanner_.SetClients(active_clients_);
 }
@@ -306,7 +312,7 @@ uint32_t Worker::GatherFromLanding(uint32_t count, uint32_t up_to) {
     // the session's first client id), so it goes back whatever the sender wrote.
     const uint64_t owner = c.wr_id;
     const ClientRoute* session =
-        owner < config_.max_clients ? routes_[owner].load(std::memory_order_acquire) : nullptr;
+        owner < config_.max_clients ? routes_[owner].load(std::memory_order_seq_cst) : nullptr;
     if (session == nullptr || session->large_qpn != c.qp_num) {
       counters_.rejected.Add();  // a departed session's QP: nothing to repost on
       continue;
@@ -322,7 +328,7 @@ uint32_t Worker::GatherFromLanding(uint32_t count, uint32_t up_to) {
     const uint32_t client = c.imm_data >> kLandingBufferBits;
     const uint32_t buffer = c.imm_data & ((1u << kLandingBufferBits) - 1);
     const ClientRoute* route =
-        client < config_.max_clients ? routes_[client].load(std::memory_order_acquire) : nullptr;
+        client < config_.max_clients ? routes_[client].load(std::memory_order_seq_cst) : nullptr;
     if (route == nullptr || route->large_qpn != c.qp_num) {
       counters_.rejected.Add();  // an immediate naming a client of another session, or none
       continue;
@@ -377,7 +383,7 @@ void Worker::RecordOutcome(uint32_t client, uint32_t slot, const MutationOutcome
 Worker::Admitted Worker::Admit(uint32_t client, uint32_t slot, const uint8_t* message,
                                uint32_t length, const uint8_t* grh, uint32_t src_qp,
                                uint32_t* count) {
-  const ClientRoute* route = routes_[client].load(std::memory_order_acquire);
+  const ClientRoute* route = routes_[client].load(std::memory_order_seq_cst);
   if (route == nullptr) {
     counters_.dropped.Add();  // nobody to answer: the client id is not in use
     return Admitted::kConsumed;
@@ -495,7 +501,7 @@ bool Worker::AssignResponse(Pending& p) {
     queue = &ud_queues_[next_ud_qp_];
     next_ud_qp_ = next_ud_qp_ + 1 == ud_queues_.size() ? 0 : next_ud_qp_ + 1;
   } else {
-    queue = queues_[p.route->response_queue].load(std::memory_order_acquire);
+    queue = queues_[p.route->response_queue].load(std::memory_order_seq_cst);
   }
   if (queue == nullptr || !AwaitRoom(
                               *queue, [this] { Reap(); }, kMaxWaitForRoom, kReapsPerClockCheck)) {
@@ -751,7 +757,7 @@ void Worker::AnswerReleased() {
     }
     if (id.client >= config_.max_clients || id.slot >= config_.window) continue;
     SlotState& state = slots_[uint64_t{id.client} * config_.window + id.slot];
-    const ClientRoute* route = routes_[id.client].load(std::memory_order_acquire);
+    const ClientRoute* route = routes_[id.client].load(std::memory_order_seq_cst);
     // A release for a slot that moved on (a new session took the client id) answers nothing.
     if (route == nullptr || route->generation != id.generation ||
         generations_seen_[id.client] != id.generation || !state.held || state.last_seq != id.seq) {
@@ -844,7 +850,7 @@ void Worker::Reap() {
     const transport::Completion& c = send_completions_[i];
     const uint16_t slot = TableSlotOf(c.wr_id);
     if (slot >= queues_.size()) continue;
-    SendQueue* queue = queues_[slot].load(std::memory_order_acquire);
+    SendQueue* queue = queues_[slot].load(std::memory_order_seq_cst);
     if (queue == nullptr) continue;
     queue->Complete(c.wr_id, c.status == transport::CompletionStatus::kSuccess);
     if (slot < ud_progress_.size()) {

@@ -145,12 +145,12 @@ class Worker {
 
   // Control thread: publish/unpublish a client's route, and a session's response queue.
   void PublishRoute(uint32_t client, const ClientRoute* route) {
-    routes_[client].store(route, std::memory_order_release);
+    routes_[client].store(route, std::memory_order_seq_cst);  // see Run: epoch_
     // After the route: a worker that sees the new count sees the route (ScanActiveClients).
     route_changes_.fetch_add(1, std::memory_order_acq_rel);
   }
   void PublishQueue(uint16_t slot, SendQueue* queue) {
-    queues_[slot].store(queue, std::memory_order_release);
+    queues_[slot].store(queue, std::memory_order_seq_cst);  // see Run: epoch_
   }
   // Control threads: hands the worker `task` and returns at once; the worker claims it at the
   // top of its next loop, runs it and sets task->done. `task` must live until done, or until
@@ -162,7 +162,7 @@ class Worker {
   bool replica() const { return replica_mode_.load(std::memory_order_acquire); }
   // A loop count: once it moves past a value read after unpublishing, the worker holds no
   // pointer it read before.
-  uint64_t epoch() const { return epoch_.load(std::memory_order_acquire); }
+  uint64_t epoch() const { return epoch_.load(std::memory_order_seq_cst); }  // see Run
   bool running() const { return running_.load(std::memory_order_acquire); }
 
   const WorkerCounters& counters() const { return counters_; }

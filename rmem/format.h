@@ -102,8 +102,11 @@ struct RedoHead {
   uint64_t client_id;
   uint64_t txn_id;
   uint32_t ops;
-  uint32_t zero;
-  uint64_t checksum;  // of client_id, txn_id, ops and the op records
+  // The outcome Apply records for the client: 0 (applied), or a refusal's absl::StatusCode
+  // (then ops == 0): a refusal goes through the redo too, so the client's record (last_txn and
+  // last_code, two stores) is never left half-written by a kill.
+  uint32_t code;
+  uint64_t checksum;  // of client_id, txn_id, ops, code and the op records
   uint64_t zero2[3];
 };
 static_assert(sizeof(RedoHead) == kRedoHeadBytes);

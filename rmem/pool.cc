@@ -23,6 +23,8 @@ namespace {
 constexpr uint64_t kHeaderSeed = 0x726d656d68656164;    // "rmemhead"
 constexpr uint64_t kRedoSeed = 0x726d656d7265646f;      // "rmemredo"
 constexpr uint64_t kHugePageBytes = uint64_t{2} << 20;  // x86-64's default hugetlb page
+// The largest absl::StatusCode (kUnauthenticated): a redo record naming a larger one is damaged.
+constexpr uint32_t kMaxStatusCode = static_cast<uint32_t>(absl::StatusCode::kUnauthenticated);
 
 // A random 64-bit word from the kernel (client ids and secrets: unguessable by other peers).
 uint64_t RandomWord() {
@@ -78,7 +80,8 @@ uint64_t RedoChecksum(const RedoHead& head, const RedoOp* ops) {
   util::WordChecksum sum(kRedoSeed, 24 + op_bytes);
   sum.Absorb(head.client_id);
   sum.Absorb(head.txn_id);
-  sum.Absorb(head.ops);
+  // ops and code share one word (a record with code 0 sums as before the field existed).
+  sum.Absorb(uint64_t{head.ops} | uint64_t{head.code} << 32);
   sum.AbsorbWords(reinterpret_cast<const uint8_t*>(ops), op_bytes / 8);
   return sum.Finish();
 }
@@ -245,7 +248,8 @@ absl::StatusOr<Pool> Pool::Open(const std::string& path, StepHook replay_hook) {
   }
   RedoHead& redo = pool->redo();
   if (redo.state == kRedoCommitted) {
-    if (redo.ops > pool->max_ops_ || RedoChecksum(redo, pool->redo_ops()) != redo.checksum) {
+    if (redo.ops > pool->max_ops_ || RedoChecksum(redo, pool->redo_ops()) != redo.checksum ||
+        redo.code > kMaxStatusCode || (redo.code != 0 && redo.ops != 0)) {
       return absl::DataLossError(absl::StrFormat(
           "%s: a committed transaction's redo record is damaged (its checksum does not match)",
           path));
@@ -530,8 +534,23 @@ std::optional<absl::StatusOr<CommitResult>> Pool::Answered(uint64_t client_id, u
 
 void Pool::Refuse(uint64_t client_id, uint64_t txn_id, absl::StatusCode code) {
   if (ClientFor(client_id) != nullptr && code != absl::StatusCode::kOk) {
-    Record(client_id, txn_id, code);
+    RecordRefusal(client_id, txn_id, code);
   }
+}
+
+void Pool::RecordRefusal(uint64_t client_id, uint64_t txn_id, absl::StatusCode code) {
+  // Steps 1-5 with no ops: the refusal is recorded all-or-nothing, as an applied transaction.
+  std::atomic_signal_fence(std::memory_order_seq_cst);
+  RedoHead& head = redo();
+  head.client_id = client_id;
+  head.txn_id = txn_id;
+  head.ops = 0;
+  head.code = static_cast<uint32_t>(code);
+  head.checksum = RedoChecksum(head, redo_ops());
+  Step(CommitStep::kRedoWritten);
+  __atomic_store_n(&head.state, kRedoCommitted, __ATOMIC_RELEASE);
+  Step(CommitStep::kCommitted);
+  Apply(head, redo_ops());
 }
 
 absl::StatusOr<CommitResult> Pool::Commit(const Txn& txn) {
@@ -542,7 +561,7 @@ absl::StatusOr<CommitResult> Pool::Commit(const Txn& txn) {
   if (absl::Status s = Validate(txn); !s.ok()) {
     // Refused: recorded too, so a retry is answered with the same refusal and an id is never
     // applied after a newer one was answered.
-    Record(txn.client_id, txn.txn_id, s.code());
+    RecordRefusal(txn.client_id, txn.txn_id, s.code());
     return s;
   }
   // 1: the ops and the txn's identity, state still empty. The previous commit's clear (a
@@ -569,6 +588,7 @@ absl::StatusOr<CommitResult> Pool::Commit(const Txn& txn) {
   head.client_id = txn.client_id;
   head.txn_id = txn.txn_id;
   head.ops = static_cast<uint32_t>(txn.ops.size());
+  head.code = 0;
   head.checksum = RedoChecksum(head, ops);
   Step(CommitStep::kRedoWritten);
   // 2: the commit point.
@@ -588,9 +608,8 @@ void Pool::Record(uint64_t client_id, uint64_t txn_id, absl::StatusCode code) {
                  << " applied but not recorded";
     return;
   }
-  // The two fields are not one store: a kill between them leaves the new id with the old code,
-  // which only a refused transaction (recorded outside the redo) can expose, as a stale refusal
-  // or success of a transaction the client is told to retry anyway.
+  // The two fields are not one store: a kill between them is repaired by replaying the redo
+  // record this runs under (Apply, for applied and refused transactions alike).
   c->last_code = static_cast<uint32_t>(code);
   __atomic_store_n(&c->last_txn, txn_id, __ATOMIC_RELEASE);
 }
@@ -693,7 +712,7 @@ void Pool::Apply(const RedoHead& head, const RedoOp* ops) {
     Step(CommitStep::kOpApplied, i);
   }
   // 4: the client's record.
-  Record(head.client_id, head.txn_id, absl::StatusCode::kOk);
+  Record(head.client_id, head.txn_id, static_cast<absl::StatusCode>(head.code));
   Step(CommitStep::kRecorded);
   // 5: done.
   __atomic_store_n(&redo().state, uint64_t{0}, __ATOMIC_RELEASE);

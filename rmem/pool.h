@@ -13,7 +13,9 @@
 //   3. every copy (memmove, source to destination), then every free (record state := 0)
 //   4. the client's record := {client_id, txn_id, outcome}
 //   5. state := 0
-// Open replays 3-5 when it finds state == kRedoCommitted. That is idempotent because Commit
+// A refused transaction takes the same steps with no ops and its refusal as the outcome, so the
+// client's record is never half-written either. Open replays 3-5 when it finds state ==
+// kRedoCommitted. That is idempotent because Commit
 // refuses a transaction in which a destination overlaps another destination or any source:
 // replaying copies that already ran copies the same bytes again. A kill before 2 leaves no trace.
 //
@@ -138,6 +140,8 @@ class Pool {
                                   bool hugepages);
   absl::Status Load();  // validates the tables and builds the indexes
   void Apply(const RedoHead& head, const RedoOp* ops);  // steps 3-5
+  // Records a refusal of `txn_id` through the redo record (steps 1-5, no ops).
+  void RecordRefusal(uint64_t client_id, uint64_t txn_id, absl::StatusCode code);
   void Step(CommitStep step, uint32_t op = 0) const {
     if (hook_) hook_(step, op);
   }

@@ -205,6 +205,82 @@ TEST(Robustness, RetransmissionsNeverRewriteABufferAPendingWrReads) {
   EXPECT_EQ(stats.rejected, 0u) << "requests that never checked out: torn by a rewrite";
 }
 
+// Issue 36: a client with a small legal send queue (sq_depth 4, one send in 2 signalled) waited
+// for room by reaping completions only, while its room check counted its own staged, never
+// posted WRs: with doorbell batching every Submit past the fourth ended DEADLINE_EXCEEDED ("the
+// request send queue stayed full"). A full queue of staged WRs is posted, then waited on.
+TEST(Robustness, ASendQueueFullOfStagedRequestsIsPostedNotWaitedOn) {
+  const std::string fabric = "robust-small-sq";
+  ServerOptions options = SmallServer(fabric);
+  options.config.sq_depth = 4;
+  options.config.postlist = 1;
+  options.config.unsig_batch = 2;
+  ServerProcess server(options);
+  ASSERT_TRUE(server.ok());
+  ClientOptions client_options;
+  client_options.server = server.address();
+  client_options.device.fabric = fabric;
+  client_options.clients = 8;  // 8 clients x window 4 x 2 workers: far more than 4 WRs staged
+  ASSERT_TRUE(client_options.batch_doorbells);
+  auto client = Client::Connect(client_options);
+  ASSERT_TRUE(client.ok()) << client.status();
+  RunModelWorkload(**client, 4000, 64, 11);  // every Submit must succeed
+  EXPECT_EQ((*client)->stats().send_failed, 0u);
+}
+
+// Issue 36: Poll looked at WRITE response slots from slot 0 every time and stopped once its
+// output span was full, so while low-numbered clients always had an answer waiting, the others'
+// answers were never looked at (their requests retransmitted, then timed out; seen at 1,024
+// clients with rc_write responses). A cursor carries on where the last Poll stopped.
+TEST(Robustness, EveryWriteResponseIsDeliveredThoughOthersKeepThePollSpanFull) {
+  constexpr uint32_t kClients = 64, kBusy = 4;
+  const std::string fabric = "robust-write-fair";
+  ServerOptions options = SmallServer(fabric);
+  options.config.workers = 1;
+  options.config.max_clients = kClients;
+  options.config.response_verb = ResponseVerb::kRcWrite;
+  std::unique_ptr<Server> server = StartInProcess(options);
+  ASSERT_NE(server, nullptr);
+  ClientOptions client_options = ClientFor(*server, fabric, kClients);
+  // No retransmission: a resent request's answer would not change who Poll looks at first.
+  client_options.adaptive_retry = false;
+  client_options.retry_timeout = absl::Seconds(60);
+  client_options.request_deadline = absl::Seconds(120);
+  auto client = Client::Connect(client_options);
+  ASSERT_TRUE(client.ok()) << client.status();
+  uint64_t sent = 0;
+  auto submit = [&](uint32_t c) {
+    ASSERT_TRUE((*client)->Submit(c, Op::kPut, absl::StrCat("fair-", c), "v", 0, c).ok());
+    ASSERT_TRUE((*client)->Flush().ok());
+    ++sent;
+  };
+  auto answered = [&] {
+    uint64_t total = 0;
+    for (uint64_t r : server->Stats().requests) total += r;
+    return total;
+  };
+  for (uint32_t c = 0; c < kClients; ++c) submit(c);
+  std::vector<bool> delivered(kClients, false);
+  uint32_t quiet_delivered = 0;
+  Result one[1];
+  const absl::Time give_up = absl::Now() + absl::Seconds(60);
+  while (quiet_delivered < kClients - kBusy && absl::Now() < give_up) {
+    // Every answer sent is in the client's memory before each Poll, the busy clients' too.
+    while (answered() < sent && absl::Now() < give_up) std::this_thread::yield();
+    if ((*client)->Poll(absl::MakeSpan(one, 1)) == 0) continue;
+    ASSERT_EQ(one[0].status, Status::kOk);
+    if (one[0].client < kBusy) {
+      submit(one[0].client);  // a busy client has an answer waiting again at the next Poll
+    } else if (!delivered[one[0].client]) {
+      delivered[one[0].client] = true;
+      ++quiet_delivered;
+    }
+  }
+  EXPECT_EQ(quiet_delivered, kClients - kBusy)
+      << "clients whose answers Poll never looked at while the first " << kBusy
+      << " kept one waiting";
+}
+
 // Defect 10: on Soft-RoCE a WRITE's bytes land in any order and some more than once (memcpy);
 // 0.2-0.35% of requests were executed twice, and a request read before its body landed would
 // be executed torn. The shm fabric reproduces it (write_disorder): requests (the client's

@@ -393,6 +393,50 @@ TEST(Pool, AServerKilledAtEveryStepOfACommitLeavesAllOrNothing) {
   EXPECT_EQ(applied_count, kSteps - 1);
 }
 
+// Issue 36: a refusal was recorded outside the redo record, its outcome code stored before its
+// transaction id: a kill between the two left the client's last APPLIED transaction recorded
+// as refused. Now a refusal goes through the redo (write, commit, record, clear): killed after
+// each step, the restarted pool holds the applied transaction's record or the refusal's, whole.
+TEST(Pool, AServerKilledWhileRecordingARefusalKeepsTheRecordWhole) {
+  constexpr int kSteps = 4;  // redo written, committed, recorded, cleared
+  for (int kill_at = 1; kill_at <= kSteps; ++kill_at) {
+    SCOPED_TRACE(absl::StrFormat("killed at step %d", kill_at));
+    const std::string path = TmpPath(absl::StrFormat("refusekill%d.pool", kill_at));
+    KillFixture f = MakeKillPool(path);
+    {
+      absl::StatusOr<Pool> pool = Pool::Open(path);
+      ASSERT_TRUE(pool.ok()) << pool.status();
+      ASSERT_TRUE(pool->Commit(f.txn).ok());  // transaction 1 applied
+    }
+    // Transaction 2 frees a region transaction 1 already freed: refused.
+    const Txn refused{f.txn.client_id, 2, {TxnOp{OpKind::kFree, 0, 0, 0, f.doomed0.id, 14}}};
+    ASSERT_TRUE(KillAtStep(kill_at, [&](StepHook hook) {
+      absl::StatusOr<Pool> pool = Pool::Open(path);
+      if (!pool.ok()) _exit(2);
+      pool->set_step_hook(hook);
+      (void)pool->Commit(refused);
+    })) << "the refusal passed no step: it is not recorded through the redo";
+    absl::StatusOr<Pool> pool = Pool::Open(path);
+    ASSERT_TRUE(pool.ok()) << pool.status();
+    EXPECT_TRUE(ExpectAllOrNothing(*pool, f)) << "transaction 1 stays applied";
+    // Transaction 1's retry is never answered "refused"; once the refusal is recorded (from the
+    // commit point on) transaction 1 is older than the last one.
+    absl::StatusOr<CommitResult> retry1 = pool->Commit(f.txn);
+    if (kill_at < 2) {
+      ASSERT_TRUE(retry1.ok()) << retry1.status();
+      EXPECT_TRUE(retry1->duplicate);
+    } else {
+      EXPECT_EQ(retry1.status().code(), absl::StatusCode::kFailedPrecondition) << retry1.status();
+      EXPECT_NE(retry1.status().message().find("older"), std::string::npos) << retry1.status();
+    }
+    // Transaction 2's retry is refused again, with the refusal's own code.
+    const absl::StatusCode refusal = pool->Validate(refused).code();
+    ASSERT_NE(refusal, absl::StatusCode::kOk);
+    absl::StatusOr<CommitResult> retry2 = pool->Commit(refused);
+    EXPECT_EQ(retry2.status().code(), refusal) << retry2.status();
+  }
+}
+
 // Killed again while replaying (at each replay step), the next restart still finishes it.
 TEST(Pool, AServerKilledWhileReplayingFinishesAtTheNextRestart) {
   constexpr int kReplaySteps = 6;  // 4 ops, recorded, cleared

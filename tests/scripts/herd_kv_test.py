@@ -246,6 +246,32 @@ class HerdKvTest(ServerTestCase):
         self.usage_error("get", "k", "--value_file=/dev/null")
         self.assertIn("cannot open", self.usage_error("put", "k", "--value_file=/nonexistent/f"))
 
+    def test_a_value_file_that_cannot_be_read_whole_stores_nothing(self):
+        # Each once stored an empty value and exited 0, aborted on an uncaught exception, or
+        # read until memory ran out.
+        self.assertIn("cannot read it", self.usage_error("put", "bad-dir", "--value_file=/"))
+        self.assertIn("cannot read it",
+                      self.usage_error("put", "bad-mem", "--value_file=/proc/self/mem"))
+        self.assertIn("longer than the largest value",
+                      self.usage_error("put", "bad-zero", "--value_file=/dev/zero"))
+        directory = os.open("/", os.O_RDONLY)
+        try:
+            for name, stdin, extra in (("bad-closed", None, {"preexec_fn": lambda: os.close(0)}),
+                                       ("bad-stdin-dir", directory, {})):
+                done = subprocess.run(
+                    [str(HERD_KV), f"--server={self.address}"] + self.fabric
+                    + ["put", name, "--value_file=-"],
+                    stdin=stdin, capture_output=True, timeout=RUN_TIMEOUT_S, **extra)
+                stderr = done.stderr.decode(errors="replace")
+                self.assertEqual(done.returncode, EXIT_USAGE, f"{name}: {stderr}")
+                self.assertIn("--value_file=- (stdin): cannot read it", stderr)
+        finally:
+            os.close(directory)
+        for name in ("bad-dir", "bad-mem", "bad-zero", "bad-closed", "bad-stdin-dir"):
+            code, _, stderr = self.kv("get", name)
+            self.assertEqual(code, EXIT_FAILED, f"{name} was stored: {stderr}")
+            self.assertIn("NOT_FOUND", stderr)
+
     def test_help_exits_0(self):
         code, stdout, _ = self.kv("--helpshort")
         self.assertEqual(code, EXIT_OK)
