@@ -14,11 +14,11 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
+#include "util/mutex.h"
 #include "herd/config.h"
 #include "herd/pinning.h"
-#include "herd/replication/replica_reader.h"
 #include "herd/replication/gate.h"
+#include "herd/replication/replica_reader.h"
 #include "herd/worker.h"
 #include "mica/config.h"
 #include "transport/control/channel.h"
@@ -79,6 +79,8 @@ struct ServerStats {
   // a landing buffer (kRequestCopyToLanding).
   std::vector<uint64_t> out_of_line, copied_values;
   uint64_t bad_requests = 0, replays = 0, duplicates = 0, rejected = 0, dropped = 0;
+  // Answers dropped (among `dropped`) because their client's own response QP was full.
+  uint64_t response_queue_full = 0;
   // Answered NO_MEMORY by the store (an item longer than the log); answered INTERNAL (the
   // server's own inconsistency, e.g. an item in a log that fails its checksum).
   uint64_t no_memory = 0, internal_errors = 0;
@@ -281,7 +283,7 @@ class Server {
     std::vector<std::unique_ptr<transport::QueuePair>> qps;
   };
   // Attach, detach and promotion exclude one another (control plane only).
-  absl::Mutex replication_mutex_;
+  util::Mutex replication_mutex_;
   std::unique_ptr<Attachment> primary_;  // written under replication_mutex_ (replication thread)
   bool promoting_ ABSL_GUARDED_BY(replication_mutex_) = false;
   // A primary attached once (this backup's data is its): no other attaches, promotion may.

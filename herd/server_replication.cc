@@ -328,7 +328,7 @@ absl::Status Server::AttachPrimary(transport::control::Channel& channel) {
   // promotion (which takes the lock on the clients' control thread).
   absl::StatusOr<transport::control::Message> message = channel.Receive(kReplicaHandshakeTimeout);
   if (!message.ok()) return message.status();
-  absl::MutexLock lock(&replication_mutex_);
+  util::MutexLock lock(&replication_mutex_);
   if (promoting_) {
     return absl::FailedPreconditionError(
         "this backup was promoted: it is a primary now and follows no one");
@@ -445,7 +445,7 @@ absl::Status Server::AttachPrimary(transport::control::Channel& channel) {
 }
 
 void Server::DetachPrimary() {
-  absl::MutexLock lock(&replication_mutex_);
+  util::MutexLock lock(&replication_mutex_);
   if (primary_ == nullptr) return;
   // Its QPs first: nothing it still sends lands once they are gone; then its MRs and PD.
   for (auto& qp : primary_->qps) qp->SetError();
@@ -512,7 +512,7 @@ absl::StatusOr<std::string> Server::Promote() {
         "this server is not a backup (--role=backup): there is nothing to promote");
   }
   {
-    absl::MutexLock lock(&replication_mutex_);
+    util::MutexLock lock(&replication_mutex_);
     if (promoted_.load()) return std::string("{\"promoted\":true,\"already\":true}");
     if (promoting_)
       return absl::FailedPreconditionError("an earlier promotion of this backup failed");

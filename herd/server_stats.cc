@@ -108,6 +108,7 @@ ServerStats Server::Stats() const {
     stats.duplicates += k.duplicates.Get();
     stats.rejected += k.rejected.Get();
     stats.dropped += k.dropped.Get();
+    stats.response_queue_full += k.response_queue_full.Get();
     stats.internal_errors += k.internal_errors.Get();
     stats.resumed_outcomes += k.resumed_outcomes.Get();
     stats.unrecorded_outcomes += k.unrecorded_outcomes.Get();
@@ -191,16 +192,17 @@ std::string StatsJson(const ServerStats& s, const ServerStats& since, double sec
   }
   return absl::StrFormat(
       "{\"mops\":%.3f,\"worker_mops\":[%s],\"batch\":%.2f,\"clients\":%d,\"bad\":%d,"
-      "\"replays\":%d,\"duplicates\":%d,\"rejected\":%d,\"dropped\":%d,\"no_memory\":%d,"
+      "\"replays\":%d,\"duplicates\":%d,\"rejected\":%d,\"dropped\":%d,"
+      "\"response_queue_full\":%d,\"no_memory\":%d,"
       "\"internal\":%d,"
       "\"get_hit_ratio\":[%s],\"get_misses\":[%s],\"evictions\":[%s],\"log_wraps\":[%s],"
       "\"out_of_line\":[%s],\"copied_values\":[%s],\"mode\":\"%s\",%s%s\"fabric\":%s}",
       requests / seconds / 1e6, absl::StrJoin(mops, ","),
       batches == 0 ? 0.0 : static_cast<double>(requests) / batches, s.clients, s.bad_requests,
-      s.replays, s.duplicates, s.rejected, s.dropped, s.no_memory, s.internal_errors,
-      absl::StrJoin(hit_ratio, ","), absl::StrJoin(misses, ","), absl::StrJoin(evictions, ","),
-      absl::StrJoin(wraps, ","), absl::StrJoin(out_of_line, ","), absl::StrJoin(copied, ","),
-      s.store_mode ? "store" : "cache",
+      s.replays, s.duplicates, s.rejected, s.dropped, s.response_queue_full, s.no_memory,
+      s.internal_errors, absl::StrJoin(hit_ratio, ","), absl::StrJoin(misses, ","),
+      absl::StrJoin(evictions, ","), absl::StrJoin(wraps, ","), absl::StrJoin(out_of_line, ","),
+      absl::StrJoin(copied, ","), s.store_mode ? "store" : "cache",
       s.store_mode ? absl::StrCat("\"store\":", StoreJson(s), ",") : "",
       s.role == ReplicationRole::kNone
           ? ""

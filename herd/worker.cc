@@ -503,10 +503,24 @@ bool Worker::AssignResponse(Pending& p) {
   } else {
     queue = queues_[p.route->response_queue].load(std::memory_order_seq_cst);
   }
-  if (queue == nullptr || !AwaitRoom(
-                              *queue, [this] { Reap(); }, kMaxWaitForRoom, kReapsPerClockCheck)) {
-    return false;
+  if (queue == nullptr) return false;
+  if (config_.response_verb == ResponseVerb::kUdSend) {
+    // The worker's own UD queues: their completions wait on no client (UD has no ACKs), so a
+    // full one is the NIC catching up, worth a bounded wait.
+    if (!AwaitRoom(
+            *queue, [this] { Reap(); }, kMaxWaitForRoom, kReapsPerClockCheck))
+      return false;
+  } else if (!queue->broken && !queue->HasRoom()) {
+    // The client's own response QP: full while that client does not keep up (an RC peer that
+    // stopped ACKing). The worker never waits on one peer: it drops the answer (counted) and
+    // the client's retransmission gets it (a mutation's from the dedupe table).
+    Reap();
+    if (!queue->HasRoom()) {
+      counters_.response_queue_full.Add();
+      return false;
+    }
   }
+  if (queue->broken) return false;
   p.queue = queue;
   p.wr_index = SendChains::Reserve(*queue);
   p.staging = queue->StagingFor(p.wr_index);

@@ -64,17 +64,19 @@ inline uint32_t LargeReceiveDepth(const Config& c) { return 4 * c.landing_buffer
 
 // What the worker counts (single writer; the progress printer reads them relaxed).
 struct WorkerCounters {
-  transport::Counter requests;      // requests answered (OK or not)
-  transport::Counter batches;       // batches executed
-  transport::Counter bad_requests;  // answered with an error status
-  transport::Counter replays;       // retransmitted mutations answered from the dedupe table
-  transport::Counter duplicates;    // a send seen again (same seq and attempt): bytes that
-                                    // landed twice; consumed, never executed or answered
-  transport::Counter rejected;      // never complete or not authentic (lengths, checksum, UD
-                                    // sender): dropped unanswered
-  transport::Counter dropped;       // stale sequence numbers, unknown clients, broken QPs
-  transport::Counter held;          // mutation responses the gate held (response_gate.h)
-  transport::Counter released;      // ... and released and answered
+  transport::Counter requests;             // requests answered (OK or not)
+  transport::Counter batches;              // batches executed
+  transport::Counter bad_requests;         // answered with an error status
+  transport::Counter replays;              // retransmitted mutations answered from the dedupe table
+  transport::Counter duplicates;           // a send seen again (same seq and attempt): bytes that
+                                           // landed twice; consumed, never executed or answered
+  transport::Counter rejected;             // never complete or not authentic (lengths, checksum, UD
+                                           // sender): dropped unanswered
+  transport::Counter dropped;              // stale sequence numbers, unknown clients, broken QPs
+  transport::Counter response_queue_full;  // answers dropped (among `dropped`) because their
+                                           // client's own response QP was full: retransmitted
+  transport::Counter held;                 // mutation responses the gate held (response_gate.h)
+  transport::Counter released;             // ... and released and answered
   transport::Counter held_retransmissions;  // retransmissions of a held response: consumed
   transport::Counter reads_held;           // GETs whose answer the gate held (a write not yet safe)
   transport::Counter reads_unanswered;     // ... with no held-read buffer free: left to their

@@ -192,7 +192,7 @@ absl::Status Client::Submit(std::string_view key, uint64_t tag) {
   Server& server = servers_[shard];
   if (server.failed) {
     return absl::UnavailableError(
-        absl::StrFormat("the server of shard %u failed: %s", shard, server.control->peer_name()));
+        absl::StrFormat("the server of shard %u failed: %s", shard, server.address));
   }
   const uint32_t index = free_slots_.back();
   free_slots_.pop_back();
@@ -235,7 +235,7 @@ void Client::Flush() {
     // At most `window` READs are in flight over all servers, so the send queue has room.
     absl::Status s = server.qp->PostSend(server.chain_head, &bad);
     if (!s.ok()) {
-      LOG(ERROR) << "hop client: posting READs to " << server.control->peer_name() << ": " << s;
+      LOG(ERROR) << "hop client: posting READs to " << server.address << ": " << s;
       server.failed = true;
       // Nothing from *bad on was posted: finished as failed by the next Poll.
       for (transport::SendWr* wr = bad; wr != nullptr; wr = wr->next) {
@@ -284,9 +284,8 @@ size_t Client::Poll(absl::Span<LookupDone> out) {
     if (c.status != transport::CompletionStatus::kSuccess) {
       servers_[slot.server].failed = true;
       Finish(slot,
-             absl::UnavailableError(absl::StrFormat("READ from %s: %s",
-                                                    servers_[slot.server].control->peer_name(),
-                                                    transport::ToString(c.status))),
+             absl::UnavailableError(absl::StrFormat(
+                 "READ from %s: %s", servers_[slot.server].address, transport::ToString(c.status))),
              {}, &out[done++]);
       continue;
     }

@@ -100,7 +100,8 @@ class Client {
 
  private:
   struct Server {
-    std::string address;  // host:port, as named
+    std::string address;  // host:port, as named (errors name it: a lookup-only CM join has no
+                          // control channel until ControlOf opens one)
     // Null over RDMA-CM until the first upsert or stats request (ControlOf).
     std::unique_ptr<transport::control::MessageChannel> control;
     std::unique_ptr<transport::CmConnection> cm;  // the lookup QP's CM connection (RDMA-CM)

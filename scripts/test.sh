@@ -4,15 +4,17 @@
 #
 #   usage: scripts/test.sh
 #
-# Stages: setup, build (default and --config=opt), the layering check (scripts/check_layers.sh), tests, tests again under --config=asan,
-# the verbs tests on Soft-RoCE, the Python unittests of the scripts and of herd_kv (reported in
+# Stages: setup, build (default and --config=opt), the layering check (scripts/check_layers.sh),
+# tests, tests again under --config=asan, the threaded tests under --config=tsan, the verbs
+# tests on Soft-RoCE, the Python unittests of the scripts and of herd_kv (reported in
 # their stage, not in the GoogleTest total), clang-format check. Each stage prints how long it took. Exit status is non-zero on any failure.
 # Then, inside ONE boot of a qemu guest with Soft-RoCE (scripts/rxe_vm.sh), the transport
 # conformance suite and the forked-peer case on the verbs backend, RDMA-CM, herd's end-to-end
 # test over verbs, hop_server with one-sided clients over verbs, and rmem_server (its service,
 # server-kill and hostile-client tests) over verbs.
 # Environment (local iteration only; CI runs everything):
-#   HERD_SKIP_ASAN=1  skips the sanitizer stage;  HERD_SKIP_VM=1  skips the Soft-RoCE stage.
+#   HERD_SKIP_ASAN=1 and HERD_SKIP_TSAN=1 skip the sanitizer stages;  HERD_SKIP_VM=1 skips the
+#   Soft-RoCE stage.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -46,14 +48,19 @@ stage() {  # stage NAME COMMAND...: run, time and record one stage.
   return $rc
 }
 
-count_cases() {  # count_cases LABEL: add the cases in the current bazel-testlogs to the totals.
-  local passed failed skipped
-  read -r passed failed skipped < <(python3 scripts/gtest_totals.py \
-    "$(bazel info bazel-testlogs "${@:2}" 2>/dev/null)" $(bazel query 'tests(//...) except attr(tags, manual, //...)' 2>/dev/null))
-  echo "==== $1 cases: ${passed} passed, ${failed} failed, ${skipped} skipped"
+add_totals() {  # add_totals LABEL TESTLOGS TARGET...: add those targets' cases to the totals.
+  local label=$1 testlogs=$2 passed failed skipped
+  shift 2
+  read -r passed failed skipped < <(python3 scripts/gtest_totals.py "$testlogs" "$@")
+  echo "==== ${label} cases: ${passed} passed, ${failed} failed, ${skipped} skipped"
   total_passed=$((total_passed + passed))
   total_failed=$((total_failed + failed))
   total_skipped=$((total_skipped + skipped))
+}
+
+count_cases() {  # count_cases LABEL BAZEL_FLAGS...: every test's cases under those flags.
+  add_totals "$1" "$(bazel info bazel-testlogs "${@:2}" 2>/dev/null)" \
+    $(bazel query 'tests(//...) except attr(tags, manual, //...)' 2>/dev/null)
 }
 
 run_tests() {  # run_tests LABEL BAZEL_FLAGS...: bazel test //... then count its cases.
@@ -77,6 +84,22 @@ stage "build (opt)" bazel build --config=opt //...
 run_tests default
 if [ "${HERD_SKIP_ASAN:-0}" != 1 ]; then
   run_tests asan --config=asan
+fi
+# ThreadSanitizer over the tests whose threads share memory: the worker's rules, the response
+# gate, replication's gate and readers, the shm fabric's progress thread and multi-process
+# peers, servers with their clients and failovers. (The rest adds time, not threads.)
+readonly tsan_tests=(
+  //tests/transport:conformance_test //tests/transport:multiprocess_test
+  //tests/transport:mirrored_registration_test //tests/transport:cm_channel_test
+  //tests/herd:worker_rules_test //tests/herd:send_queue_test //tests/herd:slot_scanner_test
+  //tests/herd:response_gate_test //tests/herd:replication_gate_test
+  //tests/herd:replica_reader_test //tests/herd:smoke_test //tests/herd:e2e_test
+  //tests/herd:robustness_test //tests/herd:replication_e2e_test
+  //tests/herd:failover_follow_test
+)
+if [ "${HERD_SKIP_TSAN:-0}" != 1 ]; then
+  stage "test (tsan)" bazel test --config=tsan "${tsan_tests[@]}"
+  add_totals tsan "$(bazel info bazel-testlogs --config=tsan 2>/dev/null)" "${tsan_tests[@]}"
 fi
 # The default-config binaries (no -march=native: the guest CPU lacks AVX-512). The guest writes
 # its gtest XML into a host directory mounted read-write.

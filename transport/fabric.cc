@@ -97,41 +97,51 @@ void CompletionQueue::CheckNoLiveQps() const {
                     << " QP(s) still use it: destroy them first (fabric.h, ownership)";
 }
 
-QueuePair::~QueuePair() {
-  if (registry_ != nullptr) registry_->Retire(this);
+QueuePair::~QueuePair() { LeaveCounterRegistry(); }  // the backend's destructor did, normally
+
+void QueuePair::LeaveCounterRegistry() {
+  if (registry_ == nullptr) return;
+  registry_->Retire(this);
+  registry_ = nullptr;
 }
 
 CompletionQueue::~CompletionQueue() {
   CheckNoLiveQps();
-  if (registry_ != nullptr) registry_->Retire(this);
+  LeaveCounterRegistry();
+}
+
+void CompletionQueue::LeaveCounterRegistry() {
+  if (registry_ == nullptr) return;
+  registry_->Retire(this);
+  registry_ = nullptr;
 }
 
 void CounterRegistry::Register(QueuePair* qp) {
-  absl::MutexLock lock(&mutex_);
+  util::MutexLock lock(&mutex_);
   qp->registry_ = this;
   qps_.push_back(qp);
 }
 
 void CounterRegistry::Register(CompletionQueue* cq) {
-  absl::MutexLock lock(&mutex_);
+  util::MutexLock lock(&mutex_);
   cq->registry_ = this;
   cqs_.push_back(cq);
 }
 
 void CounterRegistry::Retire(const QueuePair* qp) {
-  absl::MutexLock lock(&mutex_);
+  util::MutexLock lock(&mutex_);
   retired_.Add(qp->counters());
   std::erase(qps_, qp);
 }
 
 void CounterRegistry::Retire(const CompletionQueue* cq) {
-  absl::MutexLock lock(&mutex_);
+  util::MutexLock lock(&mutex_);
   retired_.Add(cq->counters());
   std::erase(cqs_, cq);
 }
 
 CounterSnapshot CounterRegistry::Snapshot() const {
-  absl::MutexLock lock(&mutex_);
+  util::MutexLock lock(&mutex_);
   CounterSnapshot total = retired_;
   for (const QueuePair* qp : qps_) total.Add(qp->counters());
   for (const CompletionQueue* cq : cqs_) total.Add(cq->counters());

@@ -50,9 +50,9 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
 #include "transport/types.h"
+#include "util/mutex.h"
 
 namespace transport {
 
@@ -95,7 +95,7 @@ class CounterRegistry {
   friend class CompletionQueue;
   void Retire(const QueuePair* qp);
   void Retire(const CompletionQueue* cq);
-  mutable absl::Mutex mutex_;
+  mutable util::Mutex mutex_;
   std::vector<const QueuePair*> qps_ ABSL_GUARDED_BY(mutex_);
   std::vector<const CompletionQueue*> cqs_ ABSL_GUARDED_BY(mutex_);
   CounterSnapshot retired_ ABSL_GUARDED_BY(mutex_);
@@ -158,6 +158,10 @@ class CompletionQueue {
   // CHECK-fails when a QP still uses this CQ. Backends call it first in their destructors
   // (before releasing anything); the base destructor checks again.
   void CheckNoLiveQps() const;
+  // Takes this CQ's last counts into the device's registry and leaves it. Backends call it
+  // first in their destructors: once a destructor runs, a Snapshot on another thread must no
+  // longer reach the object (its virtual SyncCounters would be a half-destroyed object's).
+  void LeaveCounterRegistry();
 
  private:
   friend class CounterRegistry;
@@ -217,6 +221,9 @@ class QueuePair {
   // total. A backend calls it once more before it gives its table entry up.
   virtual void SyncCounters() const {}
   explicit QueuePair(const QpConfig& config) : config_(config) {}
+  // Takes this QP's last counts into the device's registry and leaves it: backends call it
+  // first in their destructors (as CompletionQueue::LeaveCounterRegistry).
+  void LeaveCounterRegistry();
   // The post-time checks every backend makes, as a NIC's driver does: SGE count, inline length
   // against max_inline_data, and UD's SEND-only rule with an address handle.
   absl::Status ValidateSend(const SendWr& wr) const;

@@ -543,7 +543,12 @@ TEST(Replication, KillThePrimaryPromoteABackupLoseNoAcknowledgedWrite) {
         o.device.faults.delay_us = delay_us;
         o.retry_timeout = absl::Milliseconds(5);
         o.adaptive_retry = false;
-        o.max_attempts = 20;  // a dead primary: each write gives up within 100 ms
+        // A write fails only because the primary died: the client's health check (its control
+        // connection closed) ends what is outstanding then. Giving up after a count of
+        // retransmissions instead (20 x 5 ms) ended writes to a live primary that a loaded
+        // machine or ASan slowed past 100 ms, and the load never got going (seen in CI).
+        o.max_attempts = 10000;  // 50 s of 5 ms timeouts, within request_deadline
+        o.request_deadline = absl::Seconds(60);
         auto client = Client::Connect(o);
         if (!client.ok()) {
           errors[t] = client.status().ToString();
@@ -599,7 +604,8 @@ TEST(Replication, KillThePrimaryPromoteABackupLoseNoAcknowledgedWrite) {
       o.device.faults.delay_us = delay_us;
       o.retry_timeout = absl::Milliseconds(5);
       o.adaptive_retry = false;
-      o.max_attempts = 20;
+      o.max_attempts = 10000;  // as the writers'
+      o.request_deadline = absl::Seconds(60);
       auto client = Client::Connect(o);
       if (!client.ok()) {
         errors[id - kPrimaryReader + kWriters] = client.status().ToString();

@@ -125,7 +125,7 @@ Peer::Peer(std::unique_ptr<SegmentMapping> segment)
 }
 
 Peer::~Peer() {
-  absl::MutexLock lock(&map_mutex_);
+  util::MutexLock lock(&map_mutex_);
   for (const std::unique_ptr<MappedRegion>& region : mappings_) {
     if (region->mapping != nullptr) munmap(region->mapping, region->mapping_bytes);
   }
@@ -152,7 +152,7 @@ uint8_t* Peer::Resolve(uint32_t key, uint64_t addr, uint64_t length, uint32_t ac
 }
 
 const Peer::MappedRegion* Peer::MapRegion(uint32_t index, uint32_t key) {
-  absl::MutexLock lock(&map_mutex_);
+  util::MutexLock lock(&map_mutex_);
   // Another thread may have mapped it while we waited.
   if (const MappedRegion* current = regions_[index].load(std::memory_order_acquire);
       current != nullptr && current->key == key) {
@@ -583,7 +583,7 @@ absl::StatusOr<std::unique_ptr<CompletionQueue>> ShmDevice::DoCreateCq(uint32_t 
 }
 
 absl::StatusOr<uint64_t> ShmDevice::Carve(uint64_t bytes) {
-  absl::MutexLock lock(&control_mutex_);
+  util::MutexLock lock(&control_mutex_);
   const uint64_t offset = segment_->header()->arena_used.load();
   const uint64_t end = RoundUp(offset + bytes, kRingAlignment);
   if (end > kSegmentBytes) {
@@ -597,7 +597,7 @@ absl::StatusOr<uint64_t> ShmDevice::Carve(uint64_t bytes) {
 absl::StatusOr<uint32_t> ShmDevice::AddRegion(uint32_t pd, uint64_t addr, uint64_t length,
                                               uint32_t access, absl::Span<const Backing> extents) {
   CHECK(!extents.empty() && extents.size() <= kMaxMrExtents) << extents.size() << " extents";
-  absl::MutexLock lock(&control_mutex_);
+  util::MutexLock lock(&control_mutex_);
   for (uint32_t index = 0; index < kMaxMrs; ++index) {
     MrEntry& entry = segment_->header()->mrs[index];
     if (entry.key.load(std::memory_order_relaxed) != 0) continue;
@@ -621,12 +621,12 @@ absl::StatusOr<uint32_t> ShmDevice::AddRegion(uint32_t pd, uint64_t addr, uint64
 }
 
 void ShmDevice::RemoveRegion(uint32_t key) {
-  absl::MutexLock lock(&control_mutex_);
+  util::MutexLock lock(&control_mutex_);
   segment_->header()->mrs[key >> kMrIndexShift].key.store(0, std::memory_order_release);
 }
 
 absl::StatusOr<QpEntry*> ShmDevice::AddQp(ShmQp* qp, QpType type, uint32_t pd) {
-  absl::MutexLock lock(&control_mutex_);
+  util::MutexLock lock(&control_mutex_);
   for (uint32_t index = 0; index < kMaxQps; ++index) {
     QpEntry& entry = segment_->header()->qps[index];
     if (entry.qp_num.load(std::memory_order_relaxed) != 0) continue;
@@ -647,7 +647,7 @@ absl::StatusOr<QpEntry*> ShmDevice::AddQp(ShmQp* qp, QpType type, uint32_t pd) {
 }
 
 void ShmDevice::RemoveQp(QpEntry* entry) {
-  absl::MutexLock lock(&control_mutex_);
+  util::MutexLock lock(&control_mutex_);
   const uint32_t index = entry->qp_num.load() & ((1u << kQpIndexBits) - 1);
   ShmQp* qp = qps_[index].exchange(nullptr, std::memory_order_seq_cst);
   while (qp != nullptr && progressing_.load(std::memory_order_seq_cst) == qp) {

@@ -9,11 +9,11 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
 #include "transport/fabric.h"
 #include "transport/shared_memory.h"
 #include "transport/shm/segment.h"
+#include "util/mutex.h"
 
 namespace transport::shm {
 
@@ -83,7 +83,7 @@ class Peer {
   std::unique_ptr<SegmentMapping> segment_;
   // The current mapping of each region index (nullptr: none yet), read without a lock.
   std::unique_ptr<std::atomic<const MappedRegion*>[]> regions_;
-  absl::Mutex map_mutex_;  // serialises MapRegion: control-path cost, once per region
+  util::Mutex map_mutex_;  // serialises MapRegion: control-path cost, once per region
   // Every mapping ever made, unmapped only when the peer goes: a replaced one may still be in use
   // by another thread's Resolve.
   std::vector<std::unique_ptr<MappedRegion>> mappings_ ABSL_GUARDED_BY(map_mutex_);
@@ -153,7 +153,7 @@ class ShmDevice : public Device {
   // One past the highest QP table index ever used: the progress thread scans no further.
   std::atomic<uint32_t> qp_high_water_{0};
   std::atomic<uint32_t> next_pd_{1};
-  absl::Mutex control_mutex_;  // control path only: table slots and the arena
+  util::Mutex control_mutex_;  // control path only: table slots and the arena
   uint32_t next_generation_ ABSL_GUARDED_BY(control_mutex_) = 1;
   std::atomic<ShmQp*> qps_[kMaxQps] = {};
 };
@@ -165,7 +165,10 @@ class ShmCq : public CompletionQueue {
         offset_(offset),
         ring_(device->segment().At<CqRing>(offset)),
         depth_(depth) {}
-  ~ShmCq() override { CheckNoLiveQps(); }
+  ~ShmCq() override {
+    CheckNoLiveQps();
+    LeaveCounterRegistry();
+  }
   size_t Poll(absl::Span<Completion> out) override;
   uint64_t offset() const { return offset_; }
   uint32_t depth() const { return depth_; }

@@ -105,7 +105,8 @@ absl::StatusOr<std::unique_ptr<ShmQp>> ShmQp::Create(ShmDevice* device, const Qp
 
 ShmQp::~ShmQp() {
   if (entry_ != nullptr) {
-    SyncCounters();             // the last inbound drops, before the table entry goes
+    // The last inbound drops, before the table entry goes: the registry's last look.
+    LeaveCounterRegistry();
     device_->RemoveQp(entry_);  // after it, the progress thread never enters this QP again
   }
   // WRs that never executed no longer name their address handles.

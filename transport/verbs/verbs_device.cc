@@ -345,7 +345,7 @@ uint32_t TableSlot(uint32_t qp_num) {
 
 absl::Status VerbsDevice::AddQp(VerbsQp* qp) {
   const uint32_t qp_num = qp->qp_num();
-  absl::MutexLock lock(&table_mutex_);
+  util::MutexLock lock(&table_mutex_);
   for (uint32_t probe = 0, slot = TableSlot(qp_num); probe < kQpTableSlots;
        ++probe, slot = (slot + 1) & (kQpTableSlots - 1)) {
     const uint32_t key = qp_keys_[slot].load(std::memory_order_relaxed);
@@ -359,7 +359,7 @@ absl::Status VerbsDevice::AddQp(VerbsQp* qp) {
 }
 
 void VerbsDevice::RemoveQp(uint32_t qp_num) {
-  absl::MutexLock lock(&table_mutex_);
+  util::MutexLock lock(&table_mutex_);
   for (uint32_t probe = 0, slot = TableSlot(qp_num); probe < kQpTableSlots;
        ++probe, slot = (slot + 1) & (kQpTableSlots - 1)) {
     const uint32_t key = qp_keys_[slot].load(std::memory_order_relaxed);
@@ -384,7 +384,7 @@ VerbsQp* VerbsDevice::FindQp(uint32_t qp_num) const {
 
 // ---------------------------------------------------------------------------- CQ
 void PollGrace::Synchronize() {
-  absl::MutexLock lock(&synchronize_mutex_);
+  util::MutexLock lock(&synchronize_mutex_);
   for (int round = 0; round < 2; ++round) {
     const uint32_t draining = epoch_.fetch_add(1, std::memory_order_seq_cst) & 1;
     // New polls count on the other side now; the ones still counted here are a few WCs long.
@@ -394,6 +394,7 @@ void PollGrace::Synchronize() {
 
 VerbsCq::~VerbsCq() {
   CheckNoLiveQps();  // ibv_destroy_cq would only fail with EBUSY and leak
+  LeaveCounterRegistry();
   if (const int rc = ibv_destroy_cq(cq_); rc != 0) {
     LOG(ERROR) << "ibv_destroy_cq: " << std::strerror(rc) << " (QPs still use it?)";
   }

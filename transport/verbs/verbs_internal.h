@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "absl/synchronization/mutex.h"
+#include "util/mutex.h"
 #include "transport/fabric.h"
 
 namespace transport::verbs {
@@ -54,7 +54,7 @@ class VerbsDevice : public Device {
   int gid_index_ = 0;
   ibv_mtu path_mtu_ = IBV_MTU_1024;
   PortInfo port_info_;
-  absl::Mutex table_mutex_;                           // writers of the QP table only
+  util::Mutex table_mutex_;                           // writers of the QP table only
   std::unique_ptr<std::atomic<uint32_t>[]> qp_keys_;  // QP number per slot (see FindQp)
   std::unique_ptr<std::atomic<VerbsQp*>[]> qps_;
 };
@@ -79,7 +79,7 @@ class PollGrace {
   void Synchronize();
 
  private:
-  absl::Mutex synchronize_mutex_;  // one Synchronize at a time: each must see both flips
+  util::Mutex synchronize_mutex_;  // one Synchronize at a time: each must see both flips
   std::atomic<uint32_t> epoch_{0};
   std::atomic<uint32_t> readers_[2] = {};
 };

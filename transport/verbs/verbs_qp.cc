@@ -143,6 +143,7 @@ absl::StatusOr<std::unique_ptr<VerbsQp>> VerbsQp::Create(VerbsDevice* device, ib
 }
 
 VerbsQp::~VerbsQp() {
+  LeaveCounterRegistry();
   if (qp_ == nullptr) return;
   device_->RemoveQp(qp_->qp_num);
   // A poll of our send CQ on another thread may have found us just before the removal.

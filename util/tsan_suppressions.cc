@@ -1,0 +1,23 @@
+// ThreadSanitizer's suppressions, compiled into every binary that links the transport (TSan asks
+// for __tsan_default_suppressions at start). Each entry is a race that is the system's design,
+// not a bug; everything else TSan reports fails the test (halt_on_error, .bazelrc's tsan config).
+#if defined(__SANITIZE_THREAD__)
+
+extern "C" const char* __tsan_default_suppressions() {
+  return
+      // The shm fabric's emulated NIC. A WRITE lands in memory its owner may be reading, and a
+      // READ copies memory its owner may be writing, as a NIC's DMA does on real hardware (where
+      // TSan never sees it): the wire protocol's markers and checksums, and the readers'
+      // version checks, are what make those races safe, and the tests check them.
+      "race:transport::shm::OrderedCopy\n"
+      "race:transport::shm::StableLineCopy\n"
+      // The worker tests' stand-in for a client's WRITE landing in a request slot (the same DMA).
+      "race:herd::worker_test::Harness::Land\n"
+      // Registering memory on the shm fabric finds the memfd behind an address by fstat-ing
+      // every descriptor in /proc/self/fd, including ones another thread is opening or closing
+      // at that moment (its /proc/self/maps). Such a descriptor is never the memfd sought (that
+      // one stays open while its memory is mapped): the race on it decides nothing.
+      "race:transport::FindBackings\n";
+}
+
+#endif  // __SANITIZE_THREAD__
