@@ -3,6 +3,7 @@
 #include <dirent.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/sysmacros.h>
 #include <unistd.h>
 
@@ -37,8 +38,13 @@ int FindFdOf(dev_t device, ino_t inode) {
     char* end = nullptr;
     const long fd = std::strtol(entry->d_name, &end, 10);
     if (end == entry->d_name || *end != '\0' || fd == dirfd(dir)) continue;
+    // The raw system call, not fstat(3): this probes descriptors other threads may be opening
+    // or closing right now (a probe of one that is not the memfd decides nothing, and the memfd
+    // stays open while its memory is mapped), and ThreadSanitizer would take each probe for a
+    // use of that thread's descriptor racing with its close.
     struct stat st;
-    if (fstat(static_cast<int>(fd), &st) == 0 && st.st_dev == device && st.st_ino == inode) {
+    if (syscall(SYS_fstat, static_cast<int>(fd), &st) == 0 && st.st_dev == device &&
+        st.st_ino == inode) {
       found = static_cast<int>(fd);
       break;
     }

@@ -12,12 +12,7 @@ extern "C" const char* __tsan_default_suppressions() {
       "race:transport::shm::OrderedCopy\n"
       "race:transport::shm::StableLineCopy\n"
       // The worker tests' stand-in for a client's WRITE landing in a request slot (the same DMA).
-      "race:herd::worker_test::Harness::Land\n"
-      // Registering memory on the shm fabric finds the memfd behind an address by fstat-ing
-      // every descriptor in /proc/self/fd, including ones another thread is opening or closing
-      // at that moment (its /proc/self/maps). Such a descriptor is never the memfd sought (that
-      // one stays open while its memory is mapped): the race on it decides nothing.
-      "race:transport::FindBackings\n";
+      "race:herd::worker_test::Harness::Land\n";
 }
 
 #endif  // __SANITIZE_THREAD__

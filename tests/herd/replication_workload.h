@@ -43,6 +43,9 @@ inline ServerOptions ReplicatedServer(const std::string& fabric, mica::StoreMode
   options.replication.port = 0;
   options.replication.gate.staging_bytes = kTestStagingBytes;
   options.replication.connect_timeout = absl::Seconds(10);
+  // A backup is dropped for a dead link (tested), not because a loaded machine or a sanitizer
+  // slowed one chain past the 500 ms default (the tests of stalls set their own).
+  options.replication.gate.stall_timeout = absl::Seconds(10);
   return options;
 }
 
