@@ -2,8 +2,8 @@
 
 #include <cstring>
 
-#include "mica/limits.h"
 #include "mica/keyhash.h"
+#include "mica/limits.h"
 #include "util/word_checksum.h"
 
 namespace herd {

@@ -106,8 +106,8 @@ absl::Status Server::Init() {
   if (c.large_values()) store.checksum_from_value_bytes = c.inline_limit() + 1;
   // A replicated partition checksums every item: a backup hands out only what it verified whole
   // (mica::Partition::ReadReplica), and the layouts on both sides must agree.
-  // And it keeps its clients' mutation outcomes in the region (replication/outcome_table.h), mirrored with
-  // the mutations: a client that follows a failover is answered, never applied twice.
+  // And it keeps its clients' mutation outcomes in the region (replication/outcome_table.h),
+  // mirrored with the mutations: a client that follows a failover is answered, never applied twice.
   if (options_.replication.role != ReplicationRole::kNone) {
     store.checksum_from_value_bytes = 0;
     store.owner_area_bytes = OutcomeTableBytes(c);

@@ -14,7 +14,6 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
-#include "util/mutex.h"
 #include "herd/config.h"
 #include "herd/pinning.h"
 #include "herd/replication/gate.h"
@@ -26,6 +25,7 @@
 #include "transport/control/pending_connections.h"
 #include "transport/fabric.h"
 #include "transport/shared_memory.h"
+#include "util/mutex.h"
 
 namespace herd {
 

@@ -11,7 +11,6 @@
 
 namespace mica {
 
-
 // Index load the derived bucket count aims at: half-full buckets keep lossy evictions rare.
 inline constexpr double kTargetSlotLoad = 0.5;
 

@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "util/mutex.h"
 #include "transport/fabric.h"
+#include "util/mutex.h"
 
 namespace transport::verbs {
 
