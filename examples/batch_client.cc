@@ -42,6 +42,7 @@ bool RunAll(herd::Client& client, herd::Op op, uint32_t n, uint64_t* mismatches)
 
 int main(int argc, char** argv) {
   gflags::ParseCommandLineFlags(&argc, &argv, true);
+  if (FLAGS_keys == 0) return Fail("--keys must be at least 1: a run of nothing proves nothing");
   herd::ClientOptions options;
   options.server = FLAGS_server;
   absl::StatusOr<transport::DeviceOptions> device = transport::DeviceOptionsFromFlags();

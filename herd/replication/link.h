@@ -26,8 +26,8 @@ struct ReplicaLayout {
   uint64_t extra_bucket_count = 0;
   uint64_t buckets_offset = 0;
   uint64_t index_bytes = 0;
-  uint64_t owner_area_offset =
-      0;  // herd's replicated outcome table (herd/replication/outcome_table.h)
+  // herd's replicated outcome table (herd/replication/outcome_table.h).
+  uint64_t owner_area_offset = 0;
   uint64_t owner_area_bytes = 0;
   uint64_t log_bytes = 0;
   uint64_t pool_bytes = 0;
