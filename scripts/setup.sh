@@ -27,6 +27,9 @@ PACKAGES=(
   # scripts/original_herd_rxe.sh: building the original HERD (rdma_bench's libhrd links
   # libmemcached for its QP registry, and libnuma) and its registry at run time (memcached).
   libmemcached-dev libnuma-dev
+  # herd/replication's coordinator: Debian's ZooKeeper server (started privately on loopback by
+  # scripts/zk.sh for tests and scripts, never as the system service) and its C client.
+  zookeeper libzookeeper-mt-dev default-jre-headless
 )
 
 missing=()

@@ -32,6 +32,13 @@ _LIBRARIES = {
     "rdmacm": ["librdmacm"],
 }
 
+# Libraries whose Debian package ships no pkg-config module: (defines, link flags), by hand.
+# libzookeeper-mt-dev (headers under /usr/include/zookeeper/): THREADED declares the synchronous
+# calls of the multi-threaded client.
+_BY_HAND = {
+    "zookeeper": (["THREADED"], ["-lzookeeper_mt"]),
+}
+
 def _pkg_config(ctx, args):
     result = ctx.execute(["pkg-config"] + args)
     if result.return_code != 0:
@@ -61,6 +68,11 @@ def _system_libs_impl(ctx):
         rules.append(
             "cc_library(\n    name = %r,\n    defines = %r,\n    linkopts = %r,\n" %
             (name, defines, linkopts) + "    deps = [%s],\n)\n" % ", ".join(deps),
+        )
+    for name, (defines, linkopts) in sorted(_BY_HAND.items()):
+        rules.append(
+            "cc_library(\n    name = %r,\n    defines = %r,\n    linkopts = %r,\n)\n" %
+            (name, defines, linkopts),
         )
     ctx.file("WORKSPACE", 'workspace(name = "%s")\n' % ctx.name)
     ctx.file("BUILD.bazel", "\n".join(rules))

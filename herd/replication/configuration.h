@@ -1,0 +1,74 @@
+// A replicated cluster's numbered configuration (issue 35): who is the primary and which backups
+// hold every write it acknowledged, under an epoch that grows by one with every change. The
+// configuration lives in the coordination service (coordinator.h), never in a server's head:
+// each change is a conditional write of epoch e+1 over epoch e, so of two servers that race to
+// change epoch e exactly one wins, and the loser learns it is out of date.
+//
+// The rules, each a pure function of the configuration in force (configuration_test.cc):
+// - Promote: only a backup IN SYNC in the current epoch may become primary (any other misses
+//   acknowledged writes), and only once the current primary is gone (its coordination session
+//   ended) unless the operator forces it past a live but cut-off one. The new epoch has NO
+//   backups: the others may hold a chain the new primary lacks (or lack one it holds); each
+//   rejoins it by a state transfer and is added back (AddBackup) once synced.
+// - DropBackup: the primary of the current epoch removes a backup it will go on without; the
+//   caller must first wait out that backup's read lease (gate.h, "Leases").
+// - AddBackup: the primary of the current epoch adds a backup its state transfer brought up to
+//   date.
+// A server acts only in the epoch it holds: a backup takes chains only from its epoch's primary,
+// a primary acknowledges only while its epoch is current (see docs/architecture.md).
+#ifndef HERD_REPLICATION_CONFIGURATION_H_
+#define HERD_REPLICATION_CONFIGURATION_H_
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace herd {
+
+// Member names are the servers' own (--member): letters, digits, '-', '_' and '.', at most
+// kMaxMemberNameBytes, so that they can be coordination-service node names.
+inline constexpr size_t kMaxMemberNameBytes = 64;
+inline constexpr size_t kMaxBackups = 8;
+absl::Status CheckMemberName(std::string_view name);
+
+struct Configuration {
+  uint64_t epoch = 0;
+  std::string primary;
+  std::vector<std::string> backups;  // in sync: each holds every acknowledged write
+
+  bool HasBackup(std::string_view name) const;
+  // "epoch 7\nprimary p1\nbackups b1,b2\n" (the stored form; Decode refuses anything else).
+  std::string Encode() const;
+  static absl::StatusOr<Configuration> Decode(std::string_view text);
+  std::string ToString() const;  // one line, for logs and errors
+  bool operator==(const Configuration& other) const {
+    return epoch == other.epoch && primary == other.primary && backups == other.backups;
+  }
+};
+
+// Whether the current primary is still there (its coordination session holds its member node),
+// and whether the operator forces a promotion past a live one (it is cut off from its backups:
+// the operator vouches that it is fenced).
+enum class PrimaryPresence : uint8_t { kGone, kLive, kLiveButForced };
+
+absl::StatusOr<Configuration> PromoteIn(const Configuration& current, std::string_view candidate,
+                                        PrimaryPresence presence);
+absl::StatusOr<Configuration> DropBackupIn(const Configuration& current, std::string_view primary,
+                                           std::string_view backup);
+absl::StatusOr<Configuration> AddBackupIn(const Configuration& current, std::string_view primary,
+                                          std::string_view backup);
+
+// A member's registration (its ephemeral node's data): where clients and primaries reach it.
+struct MemberInfo {
+  std::string client_address;       // host:port of its join port
+  std::string replication_address;  // host:port where primaries attach ("" for none)
+  std::string Encode() const;
+  static absl::StatusOr<MemberInfo> Decode(std::string_view text);
+};
+
+}  // namespace herd
+
+#endif  // HERD_REPLICATION_CONFIGURATION_H_

@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# scripts/zk.sh -- a private ZooKeeper for herd's replicated clusters (issue 35): one standalone
+# server on loopback, its data, log and pid in a folder of the caller's. Never Debian's system
+# service: tests and scripts each start their own and stop it.
+#
+#   scripts/zk.sh start DIR [PORT]   starts one (PORT 0 or none: a free one); prints host:port
+#   scripts/zk.sh stop DIR           stops it (SIGTERM, then SIGKILL)
+#   scripts/zk.sh kill DIR           SIGKILL: a crash (its data stays: start again to recover)
+#   scripts/zk.sh address DIR        prints host:port of the one started in DIR
+#
+# Needs Debian's zookeeper package (scripts/setup.sh installs it).
+set -euo pipefail
+
+# ZooKeeper's tick: sessions may last 2 to 200 ticks. 100 ms lets tests use sessions of 0.4 s.
+TICK_MS=100
+READY_TIMEOUT_S=60
+JAR=/usr/share/java/zookeeper.jar
+
+die() { echo "zk.sh: $*" >&2; exit 1; }
+
+answers() {  # answers HOST PORT: the four-letter "ruok" gets "imok"
+  local reply
+  reply=$(timeout 1 bash -c "exec 3<>/dev/tcp/$1/$2 && echo ruok >&3 && cat <&3" 2>/dev/null) ||
+    return 1
+  [ "$reply" = imok ]
+}
+
+pid_of() { [ -s "$1/zk.pid" ] && cat "$1/zk.pid"; }
+
+start() {
+  local dir=$1 port=${2:-0}
+  [ -f "$JAR" ] || die "$JAR missing: run scripts/setup.sh (Debian's zookeeper package)"
+  command -v java >/dev/null || die "java missing: run scripts/setup.sh"
+  mkdir -p "$dir/data"
+  dir=$(cd "$dir" && pwd)
+  local pid
+  if pid=$(pid_of "$dir") && kill -0 "$pid" 2>/dev/null; then
+    die "one is running in $dir already (pid $pid)"
+  fi
+  if [ "$port" = 0 ]; then
+    port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  fi
+  cat >"$dir/zoo.cfg" <<EOF
+tickTime=$TICK_MS
+dataDir=$dir/data
+clientPort=$port
+clientPortAddress=127.0.0.1
+minSessionTimeout=$((2 * TICK_MS))
+maxSessionTimeout=$((200 * TICK_MS))
+admin.enableServer=false
+4lw.commands.whitelist=ruok,stat,srvr
+EOF
+  echo "127.0.0.1:$port" >"$dir/address"
+  setsid java -Xmx256m -cp "/etc/zookeeper/conf:$JAR" -Dzookeeper.log.dir="$dir" \
+    org.apache.zookeeper.server.ZooKeeperServerMain "$dir/zoo.cfg" >"$dir/zk.log" 2>&1 </dev/null &
+  echo $! >"$dir/zk.pid"
+  local deadline=$((SECONDS + READY_TIMEOUT_S))
+  until answers 127.0.0.1 "$port"; do
+    kill -0 "$(pid_of "$dir")" 2>/dev/null ||
+      die "ZooKeeper exited at start (port $port taken?): $(tail -5 "$dir/zk.log")"
+    [ $SECONDS -lt $deadline ] || die "ZooKeeper did not answer on 127.0.0.1:$port in ${READY_TIMEOUT_S}s"
+    sleep 0.05
+  done
+  echo "127.0.0.1:$port"
+}
+
+stop() {
+  local dir=$1 signal=${2:-TERM} pid
+  pid=$(pid_of "$dir") || return 0
+  kill -"$signal" "$pid" 2>/dev/null || true
+  for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.05; done
+  kill -KILL "$pid" 2>/dev/null || true
+  rm -f "$dir/zk.pid"
+}
+
+case "${1:-}" in
+  start) [ $# -ge 2 ] || die "usage: zk.sh start DIR [PORT]"; start "$2" "${3:-0}" ;;
+  stop) [ $# -eq 2 ] || die "usage: zk.sh stop DIR"; stop "$2" TERM ;;
+  kill) [ $# -eq 2 ] || die "usage: zk.sh kill DIR"; stop "$2" KILL ;;
+  address) [ $# -eq 2 ] || die "usage: zk.sh address DIR"; cat "$2/address" ;;
+  *) die "usage: zk.sh start|stop|kill|address DIR [PORT]" ;;
+esac

@@ -1,0 +1,98 @@
+// The configuration rules (herd/replication/configuration.h), one test per rule, each failing
+// without it: a promotion that would lose acknowledged writes or make a second primary is
+// refused; a new primary starts with no backups; only the epoch's primary changes its backups;
+// the stored form round-trips and a damaged one is refused.
+#include "herd/replication/configuration.h"
+
+#include "gtest/gtest.h"
+
+namespace herd {
+namespace {
+
+Configuration Three() {
+  Configuration c;
+  c.epoch = 4;
+  c.primary = "p";
+  c.backups = {"b1", "b2"};
+  return c;
+}
+
+TEST(ConfigurationTest, EncodeDecodeRoundTrips) {
+  for (Configuration c : {Three(), Configuration{1, "solo", {}}}) {
+    absl::StatusOr<Configuration> back = Configuration::Decode(c.Encode());
+    ASSERT_TRUE(back.ok()) << back.status();
+    EXPECT_EQ(*back, c);
+  }
+}
+
+TEST(ConfigurationTest, DamagedFormsAreRefused) {
+  for (const char* text : {"", "epoch 4\nprimary p\n", "epoch 4\nprimary p\nbackups b1\nextra x\n",
+                           "epoch x\nprimary p\nbackups b1\n", "epoch 0\nprimary p\nbackups\n",
+                           "epoch 4\nprimary p\nbackups b1,b1\n", "epoch 4\nprimary p\nbackups p\n",
+                           "epoch 4\nprimary \nbackups\n", "epoch 4\nprimary p/q\nbackups\n",
+                           "primary p\nepoch 4\nbackups\n", "epoch 4\nprimary p\nbackups b1"}) {
+    EXPECT_FALSE(Configuration::Decode(text).ok()) << text;
+  }
+}
+
+TEST(ConfigurationTest, MemberNamesAreNodeNames) {
+  EXPECT_TRUE(CheckMemberName("b-1_x.y").ok());
+  for (const char* bad : {"", ".", "..", "a/b", "a b", "a,b"}) {
+    EXPECT_FALSE(CheckMemberName(bad).ok()) << bad;
+  }
+  EXPECT_FALSE(CheckMemberName(std::string(kMaxMemberNameBytes + 1, 'a')).ok());
+}
+
+TEST(ConfigurationTest, PromotionTakesAnInSyncBackupAndNoBackups) {
+  absl::StatusOr<Configuration> next = PromoteIn(Three(), "b2", PrimaryPresence::kGone);
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_EQ(next->epoch, 5u);
+  EXPECT_EQ(next->primary, "b2");
+  // b1 may hold a chain b2 lacks (or lack one b2 holds): it rejoins by state transfer.
+  EXPECT_TRUE(next->backups.empty());
+}
+
+TEST(ConfigurationTest, PromotionOfABackupNotInSyncIsRefused) {
+  // The second-failure scenario: after b1 took over (epoch 5, no backups), b2 is no backup of
+  // epoch 5: it holds the old primary's state and would lose what b1 acknowledged.
+  const Configuration after = *PromoteIn(Three(), "b1", PrimaryPresence::kGone);
+  absl::StatusOr<Configuration> second = PromoteIn(after, "b2", PrimaryPresence::kGone);
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_FALSE(PromoteIn(Three(), "stranger", PrimaryPresence::kGone).ok());
+}
+
+TEST(ConfigurationTest, PromotionPastALivePrimaryIsRefusedUnlessForced) {
+  EXPECT_EQ(PromoteIn(Three(), "b1", PrimaryPresence::kLive).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(PromoteIn(Three(), "b1", PrimaryPresence::kLiveButForced).ok());
+  EXPECT_EQ(PromoteIn(Three(), "p", PrimaryPresence::kGone).status().code(),
+            absl::StatusCode::kAlreadyExists);
+}
+
+TEST(ConfigurationTest, OnlyTheEpochsPrimaryChangesItsBackups) {
+  absl::StatusOr<Configuration> dropped = DropBackupIn(Three(), "p", "b1");
+  ASSERT_TRUE(dropped.ok());
+  EXPECT_EQ(dropped->epoch, 5u);
+  EXPECT_EQ(dropped->backups, std::vector<std::string>{"b2"});
+  EXPECT_FALSE(DropBackupIn(Three(), "b2", "b1").ok());  // not the primary
+  EXPECT_FALSE(DropBackupIn(Three(), "p", "b9").ok());
+  absl::StatusOr<Configuration> added = AddBackupIn(*dropped, "p", "b1");
+  ASSERT_TRUE(added.ok());
+  EXPECT_EQ(added->epoch, 6u);
+  EXPECT_TRUE(added->HasBackup("b1"));
+  EXPECT_FALSE(AddBackupIn(*dropped, "b2", "b1").ok());
+  EXPECT_FALSE(AddBackupIn(*dropped, "p", "b2").ok());  // already one
+  EXPECT_FALSE(AddBackupIn(*dropped, "p", "p").ok());
+}
+
+TEST(ConfigurationTest, MemberInfoRoundTrips) {
+  MemberInfo info{"127.0.0.1:4000", "127.0.0.1:4001"};
+  absl::StatusOr<MemberInfo> back = MemberInfo::Decode(info.Encode());
+  ASSERT_TRUE(back.ok());
+  EXPECT_EQ(back->client_address, info.client_address);
+  EXPECT_EQ(back->replication_address, info.replication_address);
+  EXPECT_FALSE(MemberInfo::Decode("client x\n").ok());
+}
+
+}  // namespace
+}  // namespace herd
