@@ -72,7 +72,8 @@ absl::StatusOr<std::unique_ptr<ReplicationGate>> ReplicationGate::Create(
   }
   const uint64_t needed = LinkSendQueueDepth(options);
   for (const BackupLink& link : links) {
-    if (link.qp == nullptr || link.qp->config().type != transport::QpType::kRc) {
+    if (link.qp == nullptr) continue;  // vacant: a backup that joins later (OfferLink)
+    if (link.qp->config().type != transport::QpType::kRc) {
       return absl::InvalidArgumentError("every backup link needs an RC QP");
     }
     if (link.qp->config().send_cq != cq) {
@@ -120,9 +121,15 @@ ReplicationGate::ReplicationGate(mica::Partition* partition, transport::Protecti
   for (BackupLink& backup : links) {
     Link link;
     link.backup = backup;
+    if (backup.qp == nullptr) {  // vacant
+      link.live = false;
+      link.dropped->store(true, std::memory_order_relaxed);
+      link.synced->store(false, std::memory_order_relaxed);
+    } else {
+      ++live_;
+    }
     links_.push_back(std::move(link));
   }
-  live_ = static_cast<uint32_t>(links_.size());
   counters_.live_backups.Set(live_);
   released_clock_ = partition_->version_clock();  // what the backups start from
   // The chain, prepared once: WRITEs from the staging ring, one SGE each, linked; per batch only
@@ -150,7 +157,7 @@ bool ReplicationGate::Hold(const ExecutedMutation& mutation) {
 }
 
 bool ReplicationGate::ReadMustWait(bool found, uint64_t version, uint64_t keyhash) const {
-  if (!options_.hold_unreplicated_reads || live_ == 0) return false;
+  if (!options_.hold_unreplicated_reads || (live_ == 0 && awaiting_consent_ == 0)) return false;
   // A miss may be an unreleased DELETE's doing (an eviction by an unreleased PUT is a cache's
   // loss either way).
   return (found ? version : newest_delete_in_slot_[DeleteSlotOf(keyhash)]) > released_clock_;
@@ -158,7 +165,7 @@ bool ReplicationGate::ReadMustWait(bool found, uint64_t version, uint64_t keyhas
 
 bool ReplicationGate::ReadsCaughtUp() const {
   // Every version (DELETEs' included) is at most the clock: all of them released.
-  return !options_.hold_unreplicated_reads || live_ == 0 ||
+  return !options_.hold_unreplicated_reads || (live_ == 0 && awaiting_consent_ == 0) ||
          partition_->version_clock() <= released_clock_;
 }
 
@@ -389,6 +396,12 @@ void ReplicationGate::AssignUnposted(uint64_t batch) {
 
 void ReplicationGate::DropLink(Link& link) {
   if (!link.sends()) return;
+  if (link.live && options_.drops_need_consent) {
+    // It may serve reads (its lease) or be promoted (the configuration) until the control plane
+    // says otherwise: what it lacks is not released meanwhile.
+    link.awaiting_consent = true;
+    ++awaiting_consent_;
+  }
   if (link.live) --live_;
   link.live = false;
   link.joining = false;
@@ -415,6 +428,11 @@ bool ReplicationGate::OfferLink(size_t index, const BackupLink& backup) {
   Link& link = links_[index];
   if (!link.dropped->load(std::memory_order_acquire) ||
       link.offered->load(std::memory_order_acquire)) {
+    return false;
+  }
+  // A drop that awaits consent is the worker's to settle first (Release), and a consent given
+  // since must have been seen: otherwise adoption would forget the hold.
+  if (options_.drops_need_consent && link.consented->load(std::memory_order_acquire)) {
     return false;
   }
   if (region_mr_ == nullptr) {
@@ -452,6 +470,12 @@ void ReplicationGate::AdvanceJoins() {
       link.copied = false;
       link.published = 0;
       link.watermark_in_flight = false;
+      if (link.awaiting_consent) {
+        // The control thread offers a slot's new link only after it consented to the old
+        // one's drop; should it not have, the new link's backup is not the old one's member.
+        link.awaiting_consent = false;
+        --awaiting_consent_;
+      }
       link.dropped->store(false, std::memory_order_release);
       link.offered->store(false, std::memory_order_release);
       joining_ = true;
@@ -540,9 +564,18 @@ void ReplicationGate::PostChunks(size_t index, Link& link) {
 uint64_t ReplicationGate::ReleasableThrough() const {
   uint64_t through = last_posted_;  // with no live backup, everything posted is safe
   for (const Link& link : links_) {
-    if (link.live) through = std::min(through, link.completed_through);
+    if (link.live || link.awaiting_consent) through = std::min(through, link.completed_through);
   }
   return through;
+}
+
+void ReplicationGate::SettleConsents() {
+  for (Link& link : links_) {
+    if (!link.awaiting_consent || !link.consented->load(std::memory_order_acquire)) continue;
+    link.awaiting_consent = false;
+    --awaiting_consent_;
+    link.consented->store(false, std::memory_order_release);  // OfferLink may take it now
+  }
 }
 
 void ReplicationGate::FreeSnapshots(uint64_t through) {
@@ -608,6 +641,7 @@ void ReplicationGate::DropStalledOrRequested() {
 
 uint32_t ReplicationGate::Release(absl::Span<HeldId> released) {
   if (++releases_ % kStallCheckEvery == 0) DropStalledOrRequested();
+  if (awaiting_consent_ > 0) SettleConsents();
   for (;;) {
     const size_t got = cq_->Poll(absl::MakeSpan(completions_));
     for (size_t i = 0; i < got; ++i) {
@@ -636,11 +670,13 @@ uint32_t ReplicationGate::Release(absl::Span<HeldId> released) {
     if (got < completions_.size()) break;
   }
   if (joining_ || joins_offered_.load(std::memory_order_relaxed)) AdvanceJoins();
-  FreeSnapshots(CompletedByEveryLink());
+  // Never past what a drop awaiting consent holds (ReleasableThrough): freeing moves the read
+  // watermark too.
+  FreeSnapshots(std::min(CompletedByEveryLink(), ReleasableThrough()));
   // A deferred batch goes as soon as there is room (counted once, by the EndBatch it missed).
   if (!changes_.ranges().empty()) PostPending();
   const uint64_t through = ReleasableThrough();
-  FreeSnapshots(CompletedByEveryLink());
+  FreeSnapshots(std::min(CompletedByEveryLink(), through));
   for (size_t i = 0; i < snapshots_count_; ++i) {  // released, kept for a joining link
     const Snapshot& s = snapshots_[(snapshots_head_ + i) % snapshots_.size()];
     if (s.batch > through) break;

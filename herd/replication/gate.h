@@ -125,6 +125,11 @@ struct ReplicationOptions {
   // or unreachable backup whose QP reports no error: the answers it holds up wait at most
   // this long). Zero: never.
   absl::Duration stall_timeout = absl::Milliseconds(500);
+  // Coordinated replication (issue 35): a live backup the gate drops keeps holding releases at
+  // what it completed until ConsentToDrop (the control plane first waits out its read lease and
+  // commits a configuration without it): no answer goes out that it lacks while it may still
+  // serve reads or be promoted. Off (uncoordinated): a drop releases at once.
+  bool drops_need_consent = false;
 };
 
 // The send queue depth a backup link's QP needs: a full window of full chains.
@@ -188,6 +193,11 @@ class ReplicationGate : public ResponseGate {
     return link < links_.size() && !links_[link].offered->load(std::memory_order_acquire) &&
            links_[link].dropped->load(std::memory_order_acquire);
   }
+  // Any thread: the control plane committed a configuration without dropped backup `link` (and
+  // its read lease ran out): releases go on without it (ReplicationOptions::drops_need_consent).
+  void ConsentToDrop(size_t link) {
+    if (link < links_.size()) links_[link].consented->store(true, std::memory_order_release);
+  }
   // Any thread (the control thread, once a restarted backup attached again): hands the gate a
   // new link for dropped backup `index`, on the gate's CQ, its send queue LinkSendQueueDepth
   // deep, to a backup whose partition region is fresh. At its next Release the worker adopts it
@@ -195,7 +205,8 @@ class ReplicationGate : public ResponseGate {
   // is copied to it in kTransferChunkBytes WRITEs between batches. Its answers are not waited
   // for meanwhile. Once the copy and every chain that could have seen the region change under
   // the copy completed, the backup is live again (synced()). False (nothing taken) if `index`
-  // is not dropped, or an offer is still pending.
+  // is not dropped, its drop awaits consent, or an offer is still pending. Create's links may
+  // include vacant ones (a null qp): dropped from the start, for backups that join later.
   bool OfferLink(size_t index, const BackupLink& link);
   // Any thread: whether backup `index` holds every released batch and counts for releases.
   bool synced(size_t index) const {
@@ -215,6 +226,10 @@ class ReplicationGate : public ResponseGate {
     std::unique_ptr<std::atomic<bool>> drop_requested = std::make_unique<std::atomic<bool>>(false);
     std::unique_ptr<std::atomic<bool>> dropped = std::make_unique<std::atomic<bool>>(false);
     std::unique_ptr<std::atomic<bool>> synced = std::make_unique<std::atomic<bool>>(true);
+    // Dropped while live with drops_need_consent: holds releases at completed_through until the
+    // control thread's ConsentToDrop.
+    bool awaiting_consent = false;
+    std::unique_ptr<std::atomic<bool>> consented = std::make_unique<std::atomic<bool>>(false);
     // OfferLink's mailbox (the control thread fills it, the worker adopts it).
     std::unique_ptr<std::atomic<bool>> offered = std::make_unique<std::atomic<bool>>(false);
     BackupLink offer;
@@ -266,6 +281,8 @@ class ReplicationGate : public ResponseGate {
   uint64_t ReleasableThrough() const;
   // Fills ordered_ with the recorded ranges in the order the chain places them.
   void OrderRanges();
+  // Ends the holds of drops the control thread consented to.
+  void SettleConsents();
   // Drops requested links, and links whose oldest uncompleted chain is past stall_timeout.
   void DropStalledOrRequested();
   // Gives back the staging bytes of batches every live link completed.
@@ -308,6 +325,7 @@ class ReplicationGate : public ResponseGate {
   const ReplicationOptions options_;
   std::vector<Link> links_;
   uint32_t live_ = 0;
+  uint32_t awaiting_consent_ = 0;  // links whose drop awaits ConsentToDrop
   mica::DirtyRanges changes_;
   std::vector<mica::ByteRange> ordered_;  // OrderRanges' (capacity reserved once)
   std::vector<transport::SendWr> wrs_;    // one chain, prepared once; filled per batch

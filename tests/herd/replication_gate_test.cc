@@ -481,6 +481,42 @@ TEST(ReplicationGate, ABrokenBackupIsDroppedAndTheRestGoOn) {
   EXPECT_FALSE(r.BackupIdentical(1));
 }
 
+// Coordinated replication (issue 35): a dropped backup may still serve reads (its lease) or be
+// promoted (the configuration) until the control plane consents; nothing it lacks is released
+// before then, and releases resume at once after. Without drops_need_consent the drop released
+// at once (the test above), which this test fails on.
+TEST(ReplicationGate, ADropAwaitingConsentReleasesNothingTheBackupLacks) {
+  Replicated r;
+  ReplicationOptions options = Patient();
+  options.drops_need_consent = true;
+  ASSERT_TRUE(
+      r.Open(mica::StoreMode::kStore, "shm", 2, options, absl::StrCat("gate-consent-", getpid())));
+  std::mt19937_64 rng(5);
+  for (int round = 1; round <= 10; ++round) ASSERT_TRUE(r.ReleaseAll(r.RunBatch(rng, round)));
+  r.link_qp(1).SetError();
+  size_t held = 0;
+  for (int round = 11; round <= 20; ++round) held += r.RunBatch(rng, round);
+  ASSERT_GT(held, 0u);
+  // The gate sees the error and drops backup 1 ...
+  std::vector<HeldId> released(64);
+  const absl::Time give_up = absl::Now() + kCompletionDeadline;
+  while (!r.gate().dropped(1) && absl::Now() < give_up) {
+    ASSERT_EQ(r.gate().Release(absl::MakeSpan(released)), 0u);
+  }
+  ASSERT_TRUE(r.gate().dropped(1));
+  // ... and still releases nothing backup 1 lacks, however long it is asked, while backup 0
+  // completes every chain.
+  for (int i = 0; i < 10000; ++i) ASSERT_EQ(r.gate().Release(absl::MakeSpan(released)), 0u);
+  // A read of a write backup 1 lacks waits too.
+  EXPECT_FALSE(r.gate().ReadsCaughtUp());
+  // No new link for the slot before the drop is settled.
+  r.gate().ConsentToDrop(1);
+  EXPECT_TRUE(r.ReleaseAll(held));
+  EXPECT_TRUE(r.BackupIdentical(0));
+  EXPECT_EQ(r.gate().live_backups(), 1u);
+  EXPECT_TRUE(r.gate().ReadsCaughtUp());
+}
+
 // Kills at every step: for each batch's chain and every prefix of it (the primary died after
 // that many WRs reached the backup), the backup replays its last committed redo record and then
 // holds exactly the primary's state after the previous batch (record or commit word not yet
