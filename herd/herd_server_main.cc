@@ -43,6 +43,21 @@ DEFINE_uint32(replication_stall_ms, 500,
 DEFINE_bool(hold_unreplicated_reads, true,
             "Primary: a GET that read a write not yet at every live backup is answered once it "
             "is (false: at once, and a failover may take back a write a reader saw)");
+DEFINE_string(coordinator, "",
+              "Coordinated replication: the ZooKeeper server(s), HOST:PORT[,...] (scripts/zk.sh "
+              "starts one). The cluster's configuration lives there; failover is automatic");
+DEFINE_string(cluster, "herd", "--coordinator: the cluster's name");
+DEFINE_string(member, "", "--coordinator: this server's name in the cluster (unique)");
+DEFINE_string(advertise_host, "127.0.0.1",
+              "--coordinator: the host other members and clients reach this server at");
+DEFINE_bool(auto_failover, true,
+            "--coordinator, --role=backup: take over when the primary's session ends");
+DEFINE_uint32(session_timeout_ms, 2000,
+              "--coordinator: the coordination session's timeout (a dead primary is replaced "
+              "about this long after it died)");
+DEFINE_uint32(read_lease_ms, 500,
+              "--coordinator: a backup serves GETs this long after its primary last renewed its "
+              "lease; a write waits at most this long for a backup that stops answering");
 
 namespace {
 
@@ -113,6 +128,19 @@ int main(int argc, char** argv) {
   options.replication.gate.staging_bytes = FLAGS_replication_staging_bytes;
   options.replication.gate.stall_timeout = absl::Milliseconds(FLAGS_replication_stall_ms);
   options.replication.gate.hold_unreplicated_reads = FLAGS_hold_unreplicated_reads;
+  if (!FLAGS_coordinator.empty()) {
+    if (FLAGS_read_lease_ms == 0 || FLAGS_session_timeout_ms == 0) {
+      return Fail(
+          absl::InvalidArgumentError("--read_lease_ms and --session_timeout_ms must be > 0"));
+    }
+    options.replication.coordinator.hosts = FLAGS_coordinator;
+    options.replication.coordinator.cluster = FLAGS_cluster;
+    options.replication.coordinator.session_timeout = absl::Milliseconds(FLAGS_session_timeout_ms);
+    options.replication.member = FLAGS_member;
+    options.replication.advertise_host = FLAGS_advertise_host;
+    options.replication.auto_failover = FLAGS_auto_failover;
+    options.replication.read_lease = absl::Milliseconds(FLAGS_read_lease_ms);
+  }
   absl::StatusOr<std::unique_ptr<herd::Server>> server = herd::Server::Create(options);
   if (!server.ok()) return Fail(server.status());
   if (absl::Status s = (*server)->Start(); !s.ok()) return Fail(s);

@@ -87,7 +87,7 @@ std::vector<uint8_t> Encode(const Welcome& welcome) {
   PutEndpoints(w, welcome.response_qps);
   PutEndpoints(w, welcome.large_qps);
   w.U64(welcome.landing_addr).U32(welcome.landing_rkey);
-  w.U8(welcome.takes_writes ? 1 : 0).U8(welcome.resumed ? 1 : 0);
+  w.U8(welcome.takes_writes ? 1 : 0).U8(welcome.resumed ? 1 : 0).U64(welcome.epoch);
   return w.Take();
 }
 
@@ -162,7 +162,7 @@ absl::StatusOr<Welcome> DecodeWelcome(const std::vector<uint8_t>& bytes, uint32_
   GetEndpoints(r, workers, &w.request_qps, &error) &&
       GetEndpoints(r, workers, &w.response_qps, &error) &&
       GetEndpoints(r, workers, &w.large_qps, &error) && r.U64(&w.landing_addr) &&
-      r.U32(&w.landing_rkey) && r.U8(&takes_writes) && r.U8(&resumed);
+      r.U32(&w.landing_rkey) && r.U8(&takes_writes) && r.U8(&resumed) && r.U64(&w.epoch);
   if (!error.ok()) return error;
   if (absl::Status s = r.Finish(); !s.ok()) return s;
   if (takes_writes > 1 || resumed > 1) {

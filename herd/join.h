@@ -45,6 +45,11 @@ enum MessageType : uint16_t {
   // Primary to a joining backup, on the replication channel: the state transfer is complete and
   // every later write reaches it before it is acknowledged; it serves reads from now on.
   kReplicaSynced = 13,
+  // Coordinated replication, on the replication channel: a backup asks for its read lease
+  // (payload: the u64 time it sent the request, its monotonic clock), and the primary grants it
+  // (the same u64 back): the backup then serves reads until that time + its lease length.
+  kLeaseRequest = 14,
+  kLeaseGrant = 15,
 };
 
 struct Hello {
@@ -91,6 +96,9 @@ struct Welcome {
   // The join named a lost session (Join::resume_session) and this server takes its outcomes
   // over: only a promoted backup, which holds what its dead primary replicated.
   bool resumed = false;
+  // Coordinated replication: the configuration epoch the server acts in (0: uncoordinated).
+  // A client follows only to the primary of a newer epoch (Client::Follow).
+  uint64_t epoch = 0;
 };
 
 std::vector<uint8_t> Encode(const Hello& hello);

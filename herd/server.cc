@@ -195,9 +195,10 @@ absl::Status Server::Init() {
   }
   for (uint32_t w = 0; w < c.workers; ++w) {
     WorkerResources& r = workers_[w];
+    const bool coordinated = options_.replication.coordinated();
     r.worker = std::make_unique<Worker>(w, c, std::move(r.partition), std::move(worker_qps[w]),
                                         r.send_cq.get(), r.recv_cq.get(), memories[w], r.gate.get(),
-                                        r.reader.get());
+                                        r.reader.get(), coordinated ? &primary_lease_ : nullptr);
     if (absl::Status s = r.worker->PostInitialReceives(); !s.ok()) return s;
   }
   transport::control::PendingOptions pending;
@@ -219,6 +220,7 @@ absl::Status Server::Init() {
   ids_awaiting_resume_.assign(c.max_clients, 0);
   queue_slots_used_.assign(c.max_clients, false);
   queue_slot_generation_.assign(c.max_clients, 0);
+  if (options_.replication.coordinated()) return JoinCluster();  // once the ports are known
   return absl::OkStatus();
 }
 
@@ -280,7 +282,11 @@ void Server::ControlLoop() {
       }
     }
     BuryRetiredHandles();
-    if (options_.replication.role == ReplicationRole::kPrimary) WatchBackups();
+    if (coordinator_ != nullptr) {
+      Coordinate();
+    } else if (options_.replication.role == ReplicationRole::kPrimary) {
+      WatchBackups();
+    }
   }
   for (auto& session : sessions_) Retire(*session);
   sessions_.clear();
@@ -304,7 +310,8 @@ void Server::OnHandshakeEvent(transport::control::HandshakeEvent& event) {
     return;
   }
   if (event.message.type == kPromoteRequest && !handshakes_.contains(event.id)) {
-    absl::StatusOr<std::string> promoted = Promote();
+    absl::StatusOr<std::string> promoted =
+        coordinator_ != nullptr ? PromoteCoordinated() : Promote();
     if (promoted.ok()) {
       (void)pending_->Send(event.id, kPromoted,
                            transport::control::WireWriter().Bytes(*promoted).Take());
@@ -409,7 +416,10 @@ absl::Status Server::OnJoin(uint64_t id, const transport::control::Message& mess
     welcome.region_rkey = session->region_mr->rkey();
   }
   welcome.secret = session->secret;
-  welcome.takes_writes = options_.replication.role != ReplicationRole::kBackup || promoted_.load();
+  welcome.takes_writes =
+      (options_.replication.role != ReplicationRole::kBackup || promoted_.load()) &&
+      !fenced_.load();
+  welcome.epoch = epoch_.load();
   welcome.resumed = join->resume_session != 0;
   for (uint32_t w = 0; w < c.workers; ++w) {
     welcome.worker_ud.push_back(workers_[w].ud_qps[0]->endpoint());

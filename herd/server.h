@@ -16,6 +16,8 @@
 #include "absl/status/statusor.h"
 #include "herd/config.h"
 #include "herd/pinning.h"
+#include "herd/replication/configuration.h"
+#include "herd/replication/coordinator.h"
 #include "herd/replication/gate.h"
 #include "herd/replication/replica_reader.h"
 #include "herd/worker.h"
@@ -25,6 +27,7 @@
 #include "transport/control/pending_connections.h"
 #include "transport/fabric.h"
 #include "transport/shared_memory.h"
+#include "util/lease.h"
 #include "util/mutex.h"
 
 namespace herd {
@@ -51,6 +54,20 @@ struct ReplicationServerOptions {
   // kPrimary: the device the backup links use, when not the clients' (a NIC of their own; on
   // the shm fabric, links with faults of their own, e.g. slower than the clients').
   std::optional<transport::DeviceOptions> device;
+  // Coordinated replication (issue 35), when coordinator.hosts is set: the membership is a
+  // numbered configuration in ZooKeeper (herd/replication/configuration.h). A kPrimary starts a
+  // cluster (epoch 1; refused if one exists) and takes as backups the members that register; a
+  // kBackup registers and waits for its epoch's primary to attach it with a state transfer.
+  // Failover is automatic (auto_failover) or by herd_admin promote, through the same
+  // conditional write. `backups` must be empty: backups join through the coordinator.
+  CoordinatorOptions coordinator;
+  std::string member;                        // this server's name in the cluster
+  std::string advertise_host = "127.0.0.1";  // the host its registration names
+  bool auto_failover = true;
+  // A backup answers GETs only this long after the primary last renewed its lease; a primary
+  // waits this long (plus a margin) after its last renewal before it goes on without a backup.
+  absl::Duration read_lease = absl::Milliseconds(500);
+  bool coordinated() const { return !coordinator.hosts.empty(); }
 };
 
 struct ServerOptions {
@@ -112,6 +129,11 @@ struct ServerStats {
   uint64_t resumed_outcomes = 0, unrecorded_outcomes = 0;
   // A primary's GETs held with no held-read buffer free: unanswered, their clients retransmit.
   uint64_t reads_unanswered = 0;
+  // Coordinated replication: the configuration epoch this server acts in (0: none), whether it
+  // is fenced (it lost its place as primary: it serves nothing), and its lease's time left.
+  uint64_t epoch = 0;
+  bool fenced = false;
+  double lease_left_s = 0;
   transport::CounterSnapshot fabric;  // all of the server's QPs and CQs
 };
 
@@ -175,6 +197,18 @@ class Server {
   void DetachPrimary();
   // kPrimary, control thread: a backup whose control connection closed is dropped by every gate.
   void WatchBackups();
+  // kPrimary, in Init (or a coordinated promotion): the links' PD and per-worker CQs, and each
+  // worker's gate over `links` (per worker, per backup slot; a null qp is a vacant slot).
+  absl::Status PrepareLinks(transport::Device* device);
+  absl::Status CreateGates(const std::vector<std::vector<BackupLink>>& links);
+  ReplicationOptions GateOptions() const;
+  // Coordinated primary, control thread: commits the removal of dropping slot `b` once its
+  // lease ran out, then lets the gates go on without it; commits a synced slot's addition.
+  void SettleDrop(size_t b);
+  bool CommitAddition(size_t b);
+  // How long after a lease grant its backup's lease is surely over (read_lease and a margin for
+  // the two clocks' drift).
+  absl::Duration LeaseWait() const;
   // kPrimary: attaches to backup `address` (the hello says whether a state transfer follows):
   // one RC QP per worker, kept in workers_[w].backup_qps; the links in `links` (per worker).
   absl::StatusOr<transport::control::Channel> ConnectBackup(const std::string& address,
@@ -192,8 +226,30 @@ class Server {
   // commit line; with take_writes, ResumeFromRegion, a version clock jump and writes) and waits
   // for them; what failed, per worker. With take_writes: the control thread only (it notes the
   // ids awaiting their clients' resumption).
-  std::vector<std::string> RunOnWorkers(bool take_writes);
+  // With make_gates (a coordinated takeover), each worker also answers through a new gate
+  // with every backup slot vacant.
+  std::vector<std::string> RunOnWorkers(bool take_writes, bool make_gates = false);
   void WaitForWorkers();
+  // Coordinated replication (server_coordination.cc). In Init: connects, checks the role
+  // against the stored configuration (a kPrimary creates epoch 1) and registers the member.
+  absl::Status JoinCluster();
+  // Control thread, every pass: renews the primary's lease, follows the configuration (a
+  // backup's failover, a primary's fencing), attaches registered members as backups, and
+  // commits their addition and removal.
+  void Coordinate();
+  void CoordinateAsPrimary(const Configuration& stored, int32_t version);
+  void CoordinateAsBackup(const Configuration& stored, int32_t version);
+  // Takes over as the primary of `next` (committed): waits for the old primary's detachment,
+  // promotes the workers with fresh gates, and serves as primary of that epoch.
+  absl::Status TakeOver(const Configuration& next);
+  // A promotion asked for by herd_admin: the same conditional write as an automatic one.
+  absl::StatusOr<std::string> PromoteCoordinated();
+  // Ends this primary's service for good (another epoch took over, or its session expired).
+  void Fence(std::string_view why);
+  // The primary's side of a backup slot's life in coordinated mode (WatchBackups's states).
+  void AttachRegisteredMembers(const std::vector<std::string>& members);
+  void AnswerLeaseRequests(size_t b);
+  bool CommitChange(const Configuration& next, int32_t version);
   // Destroys the retired address handles no posted WR can name any more.
   void BuryRetiredHandles();
   static uint64_t DrawSecret();
@@ -268,9 +324,38 @@ class Server {
     kLive,     // in sync: its gates count it
     kJoining,  // rejoined: its state transfer runs; told kReplicaSynced once every gate synced
     kLost,     // dropped; tried again every kRejoinInterval
+    // Coordinated only: a slot no member holds; and a dropped member whose removal from the
+    // configuration (after its read lease ran out) the gates wait for (ConsentToDrop).
+    kVacant,
+    kDropping,
   };
   std::vector<BackupState> backup_states_;
   std::vector<absl::Time> next_rejoin_;
+  // Per backup slot: where it attaches, its member name (coordinated), and when the primary
+  // last granted it a read lease (the lease ends by then + read_lease).
+  std::vector<std::string> backup_addresses_;
+  std::vector<std::string> backup_members_;
+  std::vector<absl::Time> lease_granted_;
+  std::vector<absl::Time> drop_after_;
+
+  // Coordinated replication (control thread, but for the atomics).
+  std::unique_ptr<Coordinator> coordinator_;
+  Configuration held_;                       // the configuration this server acts in
+  int32_t held_version_ = 0;                 // its stored version (what a conditional write names)
+  std::atomic<uint32_t> config_backups_{0};  // held_.backups.size(), for Stats
+  uint64_t coordinator_changes_ = 0;         // coordinator_->changes() last acted on
+  absl::Time next_coordination_ = absl::InfinitePast();
+  absl::Time next_confirm_ = absl::InfinitePast();
+  // A backup's: the configuration it committed to take over, while the old primary detaches.
+  std::optional<Configuration> taking_over_;
+  std::atomic<uint64_t> epoch_{0};  // held_.epoch, for Stats and the replication thread
+  std::atomic<bool> fenced_{false};
+  util::Lease primary_lease_;  // the workers of a coordinated primary serve while it is valid
+  util::Lease read_lease_;     // a coordinated backup's readers answer while it is valid
+  // The replication thread's (a coordinated backup): the attached primary's epoch and member.
+  uint64_t attached_epoch_ = 0;
+  std::string attached_member_;
+  absl::Time next_lease_request_ = absl::InfinitePast();
   // kBackup: the replication port, its thread, and the attached primary (replication thread
   // only), whose QPs alone can write the partitions and redo areas (its own PD).
   std::unique_ptr<transport::control::Listener> replication_listener_;
@@ -288,6 +373,14 @@ class Server {
   bool promoting_ ABSL_GUARDED_BY(replication_mutex_) = false;
   // A primary attached once (this backup's data is its): no other attaches, promotion may.
   bool ever_attached_ ABSL_GUARDED_BY(replication_mutex_) = false;
+  // Coordinated: the primary attached is of an older epoch than the configuration's (set by the
+  // control thread): the replication thread detaches it (revoking its access) at once.
+  std::atomic<bool> detach_requested_{false};
+  // Coordinated: the configuration the control thread last read, for the replication thread.
+  util::Mutex published_mutex_;
+  Configuration published_ ABSL_GUARDED_BY(published_mutex_);
+  // The gates of a promoted coordinated primary exist (Stats may read them).
+  std::atomic<bool> gates_ready_{false};
   // Its primary dropped it (kReplicaDropped): GETs answer BACKUP_BUSY, promotion is refused.
   std::atomic<bool> stale_{false};
   // A state transfer to it is under way (ReplicaHello::transfer): no reads, no promotion.

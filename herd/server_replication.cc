@@ -44,6 +44,9 @@ constexpr absl::Duration kRejoinWelcomeTimeout = absl::Seconds(10);
 constexpr uint32_t kReplicationCqSlack = 64;
 // A backup's end of a link receives nothing and sends nothing.
 constexpr uint32_t kBackupQpDepth = 1;
+// A coordinated backup asks for its read lease this many times per lease length (a lost or late
+// grant or two leave it serving).
+constexpr int64_t kLeaseRenewalsPerLease = 4;
 
 }  // namespace
 
@@ -71,8 +74,14 @@ absl::StatusOr<ReplicationRole> ParseReplicationRole(std::string_view name) {
 absl::Status Server::AttachToBackups() {
   const Config& c = options_.config;
   const ReplicationServerOptions& ro = options_.replication;
-  if (ro.backups.empty()) {
-    return absl::InvalidArgumentError("--role=primary needs --backups=HOST:PORT[,HOST:PORT...]");
+  if (ro.backups.empty() && !ro.coordinated()) {
+    return absl::InvalidArgumentError(
+        "--role=primary needs --backups=HOST:PORT[,HOST:PORT...] (or --coordinator)");
+  }
+  if (!ro.backups.empty() && ro.coordinated()) {
+    return absl::InvalidArgumentError(
+        "--backups with --coordinator: coordinated backups register with the coordinator and the "
+        "primary attaches them; drop --backups");
   }
   // One batch's record must hold a batch of small writes and, with large values, one large
   // write: the worker admits large writes only while they fit (LargeWritesAllowed).
@@ -86,7 +95,7 @@ absl::Status Server::AttachToBackups() {
         3 * (needed + sizeof(RedoHeader) + 64)));
   }
   const uint64_t depth = LinkSendQueueDepth(ro.gate);
-  if (depth > UINT32_MAX / ro.backups.size()) {
+  if (depth > UINT32_MAX / (ro.coordinated() ? kMaxBackups : ro.backups.size())) {
     return absl::InvalidArgumentError("replication: the links' queues are too deep");
   }
   transport::Device* device = device_.get();
@@ -96,10 +105,11 @@ absl::Status Server::AttachToBackups() {
     }
     device = replication_device_.get();
   }
-  if (absl::Status s = Take(device->AllocatePd(), &replication_pd_); !s.ok()) return s;
-  for (WorkerResources& r : workers_) {
-    const auto cq_depth = static_cast<uint32_t>(depth * ro.backups.size() + kReplicationCqSlack);
-    if (absl::Status s = Take(device->CreateCq(cq_depth), &r.replication_cq); !s.ok()) return s;
+  if (absl::Status s = PrepareLinks(device); !s.ok()) return s;
+  if (ro.coordinated()) {
+    // Every slot vacant: members that register join by state transfer (Coordinate).
+    return CreateGates(
+        std::vector<std::vector<BackupLink>>(c.workers, std::vector<BackupLink>(kMaxBackups)));
   }
   std::vector<std::vector<BackupLink>> links(c.workers);
   for (const std::string& address : ro.backups) {
@@ -113,11 +123,47 @@ absl::Status Server::AttachToBackups() {
   }
   backup_states_.assign(backup_channels_.size(), BackupState::kLive);
   next_rejoin_.assign(backup_channels_.size(), absl::InfinitePast());
-  for (uint32_t w = 0; w < c.workers; ++w) {
+  backup_addresses_ = ro.backups;
+  return CreateGates(links);
+}
+
+absl::Status Server::PrepareLinks(transport::Device* device) {
+  const ReplicationServerOptions& ro = options_.replication;
+  const size_t slots = ro.coordinated() ? kMaxBackups : ro.backups.size();
+  if (absl::Status s = Take(device->AllocatePd(), &replication_pd_); !s.ok()) return s;
+  for (WorkerResources& r : workers_) {
+    const auto cq_depth =
+        static_cast<uint32_t>(LinkSendQueueDepth(ro.gate) * slots + kReplicationCqSlack);
+    if (absl::Status s = Take(device->CreateCq(cq_depth), &r.replication_cq); !s.ok()) return s;
+  }
+  if (ro.coordinated()) {
+    backup_channels_.clear();
+    for (size_t b = 0; b < kMaxBackups; ++b) {
+      backup_channels_.push_back(std::make_unique<transport::control::Channel>(-1));
+    }
+    backup_states_.assign(kMaxBackups, BackupState::kVacant);
+    next_rejoin_.assign(kMaxBackups, absl::InfinitePast());
+    backup_addresses_.assign(kMaxBackups, "");
+    backup_members_.assign(kMaxBackups, "");
+    lease_granted_.assign(kMaxBackups, absl::InfinitePast());
+    drop_after_.assign(kMaxBackups, absl::InfinitePast());
+  }
+  return absl::OkStatus();
+}
+
+ReplicationOptions Server::GateOptions() const {
+  ReplicationOptions options = options_.replication.gate;
+  options.drops_need_consent = options_.replication.coordinated();
+  return options;
+}
+
+absl::Status Server::CreateGates(const std::vector<std::vector<BackupLink>>& links) {
+  for (uint32_t w = 0; w < options_.config.workers; ++w) {
     WorkerResources& r = workers_[w];
-    if (absl::Status s = Take(ReplicationGate::Create(r.partition.get(), replication_pd_.get(),
-                                                      r.replication_cq.get(), links[w], ro.gate),
-                              &r.gate);
+    if (absl::Status s =
+            Take(ReplicationGate::Create(r.partition.get(), replication_pd_.get(),
+                                         r.replication_cq.get(), links[w], GateOptions()),
+                 &r.gate);
         !s.ok()) {
       return s;
     }
@@ -146,6 +192,8 @@ absl::StatusOr<transport::control::Channel> Server::ConnectBackup(const std::str
   hello.transfer = transfer;
   hello.max_clients = c.max_clients;
   hello.window = c.window;
+  hello.epoch = held_.epoch;
+  hello.member = ro.member;
   std::vector<std::unique_ptr<transport::QueuePair>> qps;
   for (WorkerResources& r : workers_) {
     transport::QpConfig qc;
@@ -191,8 +239,14 @@ absl::StatusOr<transport::control::Channel> Server::ConnectBackup(const std::str
 
 void Server::WatchBackups() {
   const absl::Time now = absl::Now();
+  const bool coordinated = options_.replication.coordinated();
   for (size_t b = 0; b < backup_channels_.size(); ++b) {
-    const std::string& address = options_.replication.backups[b];
+    const std::string& address = backup_addresses_[b];
+    if (backup_states_[b] == BackupState::kVacant) continue;
+    if (backup_states_[b] == BackupState::kDropping) {
+      SettleDrop(b);
+      continue;
+    }
     if (backup_states_[b] == BackupState::kLost) {
       if (now >= next_rejoin_[b]) {
         next_rejoin_[b] = now + kRejoinInterval;
@@ -214,14 +268,24 @@ void Server::WatchBackups() {
       for (WorkerResources& r : workers_) r.gate->RequestDrop(b);
       if (!closed) (void)backup_channels_[b]->Send(kReplicaDropped, {});
       backup_channels_[b] = std::make_unique<transport::control::Channel>(-1);  // closes it
+      if (coordinated) {
+        // Its gates hold releases until the configuration no longer lists it, once its read
+        // lease ran out (a member still joining never had one, nor a place to lose).
+        drop_after_[b] = backup_states_[b] == BackupState::kLive ? lease_granted_[b] + LeaseWait()
+                                                                 : absl::InfinitePast();
+        backup_states_[b] = BackupState::kDropping;
+        continue;
+      }
       backup_states_[b] = BackupState::kLost;
       next_rejoin_[b] = now + kRejoinInterval;
       continue;
     }
+    if (coordinated && backup_states_[b] == BackupState::kLive) AnswerLeaseRequests(b);
     if (backup_states_[b] == BackupState::kJoining) {
       bool synced = true;
       for (const WorkerResources& r : workers_) synced = synced && r.gate->synced(b);
       if (!synced) continue;
+      if (coordinated && !CommitAddition(b)) continue;  // tried again on the next pass
       (void)backup_channels_[b]->Send(kReplicaSynced, {});
       backup_states_[b] = BackupState::kLive;
       LOG(INFO) << "backup " << address << " is up to date: replicating to it again";
@@ -230,11 +294,11 @@ void Server::WatchBackups() {
 }
 
 void Server::Rejoin(size_t b) {
-  const std::string& address = options_.replication.backups[b];
+  const std::string& address = backup_addresses_[b];
   // Every gate must have let go of the old link first (RequestDrop takes up to
-  // kStallCheckEvery of a worker's loops).
+  // kStallCheckEvery of a worker's loops, a consent one loop).
   for (const WorkerResources& r : workers_) {
-    if (!r.gate->dropped(b)) return;
+    if (!r.gate->dropped(b) || r.gate->drop_unsettled(b)) return;
   }
   std::vector<BackupLink> links;
   absl::StatusOr<transport::control::Channel> channel = ConnectBackup(
@@ -264,7 +328,8 @@ absl::Status Server::PrepareReplica() {
     if (!redo.ok()) return redo.status();
     r.redo = std::make_unique<transport::SharedMemory>(*std::move(redo));
     std::memset(r.redo->data(), 0, kRedoCommitLineBytes);  // nothing committed, nothing landing
-    r.reader = std::make_unique<ReplicaReader>(r.partition.get(), r.redo->data(), &reads_refused_);
+    r.reader = std::make_unique<ReplicaReader>(r.partition.get(), r.redo->data(), &reads_refused_,
+                                               ro.coordinated() ? &read_lease_ : nullptr);
   }
   absl::StatusOr<transport::control::Listener> listener =
       transport::control::Listener::Listen(ro.listen_address, ro.port);
@@ -274,12 +339,50 @@ absl::Status Server::PrepareReplica() {
 }
 
 void Server::ServeReplication() {
+  const bool coordinated = options_.replication.coordinated();
   while (!stop_.load()) {
+    if (primary_ != nullptr && coordinated) {
+      Configuration now;
+      {
+        util::MutexLock lock(&published_mutex_);
+        now = published_;
+      }
+      if (now.epoch > attached_epoch_ && now.primary != attached_member_) {
+        // Fenced: a newer epoch has another primary. Its QPs go to error before anything else
+        // (nothing it sends lands from now on), and this copy, which may hold its unacknowledged
+        // writes, serves nothing until a state transfer from the new primary replaces it.
+        LOG(WARNING) << "epoch " << now.epoch << "'s primary is " << now.primary << ": detaching "
+                     << attached_member_ << " of epoch " << attached_epoch_;
+        stale_.store(true);
+        reads_refused_.store(true);
+        DetachPrimary();
+        continue;
+      }
+      if (absl::Now() >= next_lease_request_) {
+        next_lease_request_ =
+            absl::Now() + options_.replication.read_lease / kLeaseRenewalsPerLease;
+        const int64_t sent = util::Lease::NowNs();
+        (void)primary_->channel->Send(
+            kLeaseRequest,
+            transport::control::WireWriter().U64(static_cast<uint64_t>(sent)).Take());
+      }
+    }
     if (primary_ != nullptr) {
       // The primary's only message: it dropped this backup (it went on without it, so this
       // copy misses acknowledged writes from then on): stale for good.
       absl::StatusOr<transport::control::Message> message =
           primary_->channel->Receive(absl::ZeroDuration());
+      while (message.ok() && message->type == kLeaseGrant) {
+        // The lease runs from when its request was sent (this clock): never past what the
+        // primary can bound from when it received it.
+        transport::control::WireReader r(message->payload, "lease grant");
+        uint64_t sent = 0;
+        if (r.U64(&sent) && r.Finish().ok() && sent <= static_cast<uint64_t>(INT64_MAX)) {
+          read_lease_.ExtendTo(static_cast<int64_t>(sent) +
+                               absl::ToInt64Nanoseconds(options_.replication.read_lease));
+        }
+        message = primary_->channel->Receive(absl::ZeroDuration());
+      }
       if (message.ok() && message->type == kReplicaDropped) {
         LOG(ERROR) << "the primary dropped this backup: its copy is stale from now on (GETs "
                       "answer BACKUP_BUSY, promotion is refused)";
@@ -354,6 +457,24 @@ absl::Status Server::AttachPrimary(transport::control::Channel& channel) {
   }
   absl::StatusOr<ReplicaHello> hello = DecodeReplicaHello(message->payload, c.workers);
   if (!hello.ok()) return hello.status();
+  if (options_.replication.coordinated()) {
+    // Fencing: only the primary of the configuration in force, and only with a transfer (this
+    // copy may hold another epoch's writes).
+    Configuration now;
+    {
+      util::MutexLock published(&published_mutex_);
+      now = published_;
+    }
+    if (hello->epoch != now.epoch || hello->member != now.primary) {
+      return absl::FailedPreconditionError(
+          absl::StrFormat("%s of epoch %d is not the primary of this backup's configuration (%s)",
+                          hello->member, hello->epoch, now.ToString()));
+    }
+    if (!hello->transfer) {
+      return absl::FailedPreconditionError(
+          "a coordinated backup is attached only with a state transfer");
+    }
+  }
   if (hello->workers != c.workers) {
     return absl::FailedPreconditionError(
         absl::StrFormat("the primary has %d workers, this backup %d (--workers must match)",
@@ -438,6 +559,9 @@ absl::Status Server::AttachPrimary(transport::control::Channel& channel) {
     LOG(WARNING) << "replication channel keepalive: " << s;
   }
   ever_attached_ = true;
+  attached_epoch_ = hello->epoch;
+  attached_member_ = hello->member;
+  next_lease_request_ = absl::InfinitePast();
   attachment->channel = std::make_unique<transport::control::Channel>(std::move(channel));
   primary_ = std::move(attachment);
   primary_attached_.store(true);
@@ -460,11 +584,27 @@ void Server::DetachPrimary() {
   }
 }
 
-std::vector<std::string> Server::RunOnWorkers(bool take_writes) {
+std::vector<std::string> Server::RunOnWorkers(bool take_writes, bool make_gates) {
   std::vector<std::unique_ptr<ReplicaTask>> tasks;
   for (WorkerResources& r : workers_) {
     auto task = std::make_unique<ReplicaTask>();
     task->take_writes = take_writes;
+    if (make_gates) {
+      // After the takeover (the version clock jumped): the gate's released clock starts there.
+      // Every slot vacant: registered members join by state transfer.
+      WorkerResources* resources = &r;
+      task->make_gate = [this, resources](mica::Partition& partition) -> ResponseGate* {
+        absl::StatusOr<std::unique_ptr<ReplicationGate>> gate = ReplicationGate::Create(
+            &partition, replication_pd_.get(), resources->replication_cq.get(),
+            std::vector<BackupLink>(kMaxBackups), GateOptions());
+        if (!gate.ok()) {
+          LOG(ERROR) << "the promoted worker takes no backups: " << gate.status();
+          return nullptr;
+        }
+        resources->gate = *std::move(gate);
+        return resources->gate.get();
+      };
+    }
     transport::SharedMemory* redo = r.redo.get();
     task->apply = [redo, take_writes](mica::Partition& partition) -> absl::Status {
       const mica::MirroredRegion& region = partition.region();

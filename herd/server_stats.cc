@@ -57,9 +57,9 @@ std::string StoreJson(const ServerStats& s) {
       s.no_memory_index, s.moves, absl::StrJoin(classes, ","));
 }
 
-// The replication object (counters since `since`): a primary's gates, or a backup's reads.
-std::string ReplicationJson(const ServerStats& s, const ServerStats& since) {
-  if (s.promoted) {
+// The role's object (counters since `since`): a primary's gates, or a backup's reads.
+std::string RoleJson(const ServerStats& s, const ServerStats& since) {
+  if (s.promoted && s.epoch == 0) {
     return absl::StrFormat(
         "{\"role\":\"primary\",\"promoted\":true,\"backups\":0,\"resumed_outcomes\":%d,"
         "\"unrecorded_outcomes\":%d}",
@@ -95,6 +95,15 @@ std::string ReplicationJson(const ServerStats& s, const ServerStats& since) {
       s.replica_held_back - since.replica_held_back, s.replica_busy - since.replica_busy);
 }
 
+// The replication object: the role's, and a coordinated server's epoch, fence and lease.
+std::string ReplicationJson(const ServerStats& s, const ServerStats& since) {
+  std::string json = RoleJson(s, since);
+  if (s.epoch == 0) return json;
+  json.pop_back();  // its closing brace
+  return absl::StrFormat("%s,\"epoch\":%d,\"fenced\":%s,\"lease_left_s\":%.3f}", json, s.epoch,
+                         s.fenced ? "true" : "false", s.lease_left_s);
+}
+
 }  // namespace
 
 ServerStats Server::Stats() const {
@@ -125,9 +134,18 @@ ServerStats Server::Stats() const {
   }
   stats.role = promoted_.load() ? ReplicationRole::kPrimary : options_.replication.role;
   stats.promoted = promoted_.load();
-  if (stats.role == ReplicationRole::kPrimary && !stats.promoted) {
-    stats.backups = static_cast<uint32_t>(options_.replication.backups.size());
-    stats.live_backups = stats.backups;
+  const bool coordinated = options_.replication.coordinated();
+  stats.epoch = epoch_.load();
+  stats.fenced = fenced_.load();
+  if (coordinated) {
+    stats.lease_left_s = absl::ToDoubleSeconds(
+        stats.role == ReplicationRole::kPrimary ? primary_lease_.left() : read_lease_.left());
+  }
+  // Gates exist on a primary from the start, and on a coordinated one promoted (gates_ready_).
+  if (stats.role == ReplicationRole::kPrimary && (!stats.promoted || gates_ready_.load())) {
+    stats.backups = coordinated ? config_backups_.load()
+                                : static_cast<uint32_t>(options_.replication.backups.size());
+    stats.live_backups = coordinated ? UINT32_MAX : stats.backups;
     for (const WorkerResources& r : workers_) {
       const ReplicationCounters g = r.gate->counters();
       stats.live_backups = std::min<uint32_t>(stats.live_backups, g.live_backups);

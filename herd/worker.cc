@@ -82,7 +82,7 @@ struct Worker::Pending {
 Worker::Worker(uint32_t index, const Config& config, std::unique_ptr<mica::Partition> partition,
                std::vector<transport::QueuePair*> ud_qps, transport::CompletionQueue* send_cq,
                transport::CompletionQueue* recv_cq, const WorkerMemory& memory, ResponseGate* gate,
-               ReplicaReader* replica)
+               ReplicaReader* replica, const util::Lease* lease)
     : index_(index),
       config_(config),
       landing_share_(std::max(1u, config.postlist / kLandingShareDivisor)),
@@ -95,9 +95,10 @@ Worker::Worker(uint32_t index, const Config& config, std::unique_ptr<mica::Parti
       recv_cq_(recv_cq),
       memory_(memory),
       gate_(gate),
-      hold_reads_(gate != nullptr && gate->HoldsReads()),
+      hold_reads_(false),
       read_answer_bytes_(static_cast<uint32_t>(Pad8(config.inline_limit()))),
       replica_(replica),
+      lease_(lease),
       replica_mode_(replica != nullptr),
       routes_(config.max_clients),
       queues_(config.ud_qps_per_worker + config.max_clients),
@@ -121,14 +122,7 @@ Worker::Worker(uint32_t index, const Config& config, std::unique_ptr<mica::Parti
                           config.max_clients, config.window, config.slot_bytes,
                           config.client_block_bytes()}) {
   active_clients_.reserve(config_.max_clients);
-  if (hold_reads_) {
-    const uint32_t held = config_.postlist * kHeldReadBatches;
-    get_aside_.resize(uint64_t{config_.postlist} * read_answer_bytes_);
-    held_reads_.resize(held);
-    held_read_bytes_.resize(uint64_t{held} * read_answer_bytes_);
-    free_held_reads_.reserve(held);
-    for (uint32_t i = held; i-- > 0;) free_held_reads_.push_back(i);
-  }
+  if (gate_ != nullptr) InstallGate(gate_);
   if (partition_->owner_area().size() >= OutcomeTableBytes(config_)) {
     outcomes_.emplace(partition_.get(), config_);
     awaiting_resume_.assign(config_.max_clients, 0);
@@ -148,6 +142,18 @@ Worker::Worker(uint32_t index, const Config& config, std::unique_ptr<mica::Parti
 
 Worker::~Worker() = default;
 
+void Worker::InstallGate(ResponseGate* gate) {
+  gate_ = gate;
+  hold_reads_ = gate->HoldsReads();
+  if (!hold_reads_ || !held_reads_.empty()) return;
+  const uint32_t held = config_.postlist * kHeldReadBatches;
+  get_aside_.resize(uint64_t{config_.postlist} * read_answer_bytes_);
+  held_reads_.resize(held);
+  held_read_bytes_.resize(uint64_t{held} * read_answer_bytes_);
+  free_held_reads_.reserve(held);
+  for (uint32_t i = held; i-- > 0;) free_held_reads_.push_back(i);
+}
+
 void Worker::RunTask() {
   // Claimed by exchange: a task the control thread cancelled is never half run.
   ReplicaTask* task = task_.exchange(nullptr, std::memory_order_acq_rel);
@@ -160,7 +166,11 @@ void Worker::RunTask() {
     }
     replica_ = nullptr;  // from the next batch on, mutations execute here
     replica_mode_.store(false, std::memory_order_release);
-    LOG(INFO) << "worker " << index_ << " promoted: it takes writes";
+    if (task->make_gate) {
+      if (ResponseGate* gate = task->make_gate(*partition_); gate != nullptr) InstallGate(gate);
+    }
+    LOG(INFO) << "worker " << index_ << " promoted: it takes writes"
+              << (gate_ != nullptr ? ", through a replication gate" : "");
   } else if (!task->status.ok()) {
     LOG(ERROR) << "worker " << index_ << ": replica task failed: " << task->status;
   }
@@ -196,6 +206,13 @@ void Worker::Run(const std::atomic<bool>& stop) {
     epoch_.store(epoch_.load(std::memory_order_relaxed) + 1, std::memory_order_seq_cst);
     if (task_.load(std::memory_order_relaxed) != nullptr) [[unlikely]]
       RunTask();
+    if (lease_ != nullptr && replica_ == nullptr && !lease_->Valid()) [[unlikely]] {
+      // Not (or no longer) sure of its place as primary: nothing is read, executed or
+      // acknowledged until the control thread renews the lease (or for good, when fenced).
+      Reap();
+      std::this_thread::yield();
+      continue;
+    }
     // Large PUTs first, up to their share of the batch, then small requests, then large PUTs
     // again for what is left: neither kind can starve the other.
     uint32_t count = 0;

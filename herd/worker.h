@@ -24,6 +24,7 @@
 #include "herd/slot_scanner.h"
 #include "mica/partition.h"
 #include "transport/fabric.h"
+#include "util/lease.h"
 
 namespace herd {
 
@@ -108,6 +109,10 @@ struct ReplicaTask {
   // (replication/outcome_table.h). They await their clients' resumption: the worker records no new
   // outcome over theirs until then.
   std::vector<uint32_t> awaiting_resume;
+  // A promotion that takes backups again (coordinated replication): called on the worker's
+  // thread once the partition took writes, it returns the gate the worker answers through from
+  // the next batch on (it must outlive the worker's thread); null: none.
+  std::function<ResponseGate*(mica::Partition&)> make_gate;
   std::atomic<bool> done{false};
 };
 
@@ -137,7 +142,8 @@ class Worker {
   Worker(uint32_t index, const Config& config, std::unique_ptr<mica::Partition> partition,
          std::vector<transport::QueuePair*> ud_qps, transport::CompletionQueue* send_cq,
          transport::CompletionQueue* recv_cq, const WorkerMemory& memory,
-         ResponseGate* gate = nullptr, ReplicaReader* replica = nullptr);
+         ResponseGate* gate = nullptr, ReplicaReader* replica = nullptr,
+         const util::Lease* lease = nullptr);
   ~Worker();
 
   // The thread body: runs until `stop` is set.
@@ -266,6 +272,8 @@ class Worker {
   void RepostReceives(uint32_t count);
   // Claims and runs the pending task (RequestTask).
   void RunTask();
+  // Answers through `gate` from now on (its held-read buffers, if it holds reads).
+  void InstallGate(ResponseGate* gate);
   // Polls the send CQ once; applies signalled completions.
   void Reap();
 
@@ -279,14 +287,18 @@ class Worker {
   transport::CompletionQueue* send_cq_;
   transport::CompletionQueue* recv_cq_;
   WorkerMemory memory_;
-  ResponseGate* const gate_;
+  // Set at construction, or once by a promotion's task (ReplicaTask::make_gate).
+  ResponseGate* gate_;
   // The gate may hold GETs: the answer of a GET that could read an unreleased write
   // (ResponseGate::ReadsCaughtUp false as its batch began, or a mutation ahead of it in the
   // batch) is built in get_aside_ and copied to its send-queue staging buffer only once it may
   // go (a held one would keep a reserved WR from being posted).
-  const bool hold_reads_;
+  bool hold_reads_;
   const uint32_t read_answer_bytes_;  // the most a GET's answer holds (inline limit, padded)
   ReplicaReader* replica_;            // null once promoted
+  // Coordinated replication: the primary's lease on its place. A primary worker whose lease is
+  // not valid takes no request and releases no answer (its requests wait in their slots).
+  const util::Lease* const lease_;
   // A replicated partition's mutation outcomes (its owner area holds OutcomeTableBytes): set on
   // a primary and on a backup (which writes none until promoted).
   std::optional<OutcomeTable> outcomes_;

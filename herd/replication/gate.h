@@ -198,6 +198,11 @@ class ReplicationGate : public ResponseGate {
   void ConsentToDrop(size_t link) {
     if (link < links_.size()) links_[link].consented->store(true, std::memory_order_release);
   }
+  // Any thread: a consent given to `link`'s drop that the worker has not seen yet (OfferLink
+  // refuses meanwhile).
+  bool drop_unsettled(size_t link) const {
+    return link < links_.size() && links_[link].consented->load(std::memory_order_acquire);
+  }
   // Any thread (the control thread, once a restarted backup attached again): hands the gate a
   // new link for dropped backup `index`, on the gate's CQ, its send queue LinkSendQueueDepth
   // deep, to a backup whose partition region is fresh. At its next Release the worker adopts it

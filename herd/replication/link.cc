@@ -101,6 +101,7 @@ std::vector<uint8_t> Encode(const ReplicaHello& hello) {
   Put(w, hello.layout);
   w.U32(static_cast<uint32_t>(hello.link_qps.size()));
   for (const transport::QpEndpoint& e : hello.link_qps) w.Endpoint(e);
+  w.U64(hello.epoch).Bytes(hello.member);
   return w.Take();
 }
 
@@ -112,6 +113,9 @@ std::vector<uint8_t> Encode(const ReplicaWelcome& welcome) {
   }
   return w.Take();
 }
+
+// A member name (configuration.h allows 64 bytes); more is no name.
+constexpr uint32_t kMaxHelloMemberBytes = 64;
 
 absl::StatusOr<ReplicaHello> DecodeReplicaHello(const std::vector<uint8_t>& bytes,
                                                 uint32_t max_workers) {
@@ -127,9 +131,11 @@ absl::StatusOr<ReplicaHello> DecodeReplicaHello(const std::vector<uint8_t>& byte
                           hello.workers, max_workers));
     }
     hello.link_qps.resize(n);
+    bool endpoints = true;
     for (transport::QpEndpoint& e : hello.link_qps) {
-      if (!r.Endpoint(&e)) break;
+      if (!(endpoints = r.Endpoint(&e))) break;
     }
+    if (endpoints && r.U64(&hello.epoch)) r.Bytes(&hello.member, kMaxHelloMemberBytes);
   }
   if (absl::Status s = r.Finish(); !s.ok()) return s;
   if (transfer > 1) return absl::InvalidArgumentError("replica hello: transfer is neither 0 nor 1");

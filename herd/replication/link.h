@@ -10,6 +10,7 @@
 #define HERD_HERD_REPLICATION_LINK_H_
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -54,6 +55,10 @@ struct ReplicaHello {
   uint32_t max_clients = 0;
   uint32_t window = 0;
   std::vector<transport::QpEndpoint> link_qps;  // per worker
+  // Coordinated replication: the configuration epoch the primary acts in and its member name
+  // (epoch 0: uncoordinated). A backup takes only its current epoch's primary.
+  uint64_t epoch = 0;
+  std::string member;
 };
 
 struct ReplicaPartition {

@@ -5,15 +5,17 @@
 namespace herd {
 
 ReplicaReader::ReplicaReader(const mica::Partition* partition, const uint8_t* redo_area,
-                             const std::atomic<bool>* stale)
+                             const std::atomic<bool>* stale, const util::Lease* lease)
     : partition_(partition),
       redo_area_(redo_area),
       stale_(stale),
+      lease_(lease),
       scratch_((partition->layout().max_item_bytes + sizeof(uint64_t) - 1) / sizeof(uint64_t)) {}
 
 mica::Response ReplicaReader::Get(const mica::Request& request) {
   counters_.reads.Add();
-  if (stale_ != nullptr && stale_->load(std::memory_order_relaxed)) [[unlikely]] {
+  if ((stale_ != nullptr && stale_->load(std::memory_order_relaxed)) ||
+      (lease_ != nullptr && !lease_->Valid())) [[unlikely]] {
     counters_.busy.Add();
     return mica::Response{mica::Result::kCorrupt, 0, 0};
   }

@@ -32,6 +32,7 @@
 
 #include "mica/partition.h"
 #include "transport/types.h"
+#include "util/lease.h"
 
 namespace herd {
 
@@ -57,8 +58,10 @@ class ReplicaReader {
   // `redo_area`: the backup's redo area for this partition (its commit line's begun and done
   // words). Both must outlive the reader.
   // `stale`, when set, means the primary dropped this backup: every GET is answered busy.
+  // `lease`, if not null, is this backup's read lease (coordinated replication): GETs are
+  // answered busy whenever it is not valid (the primary may be acknowledging writes without it).
   ReplicaReader(const mica::Partition* partition, const uint8_t* redo_area,
-                const std::atomic<bool>* stale = nullptr);
+                const std::atomic<bool>* stale = nullptr, const util::Lease* lease = nullptr);
 
   // A GET (request.op must be kGet): ReadReplica's results, with kNotFound confirmed and
   // kCorrupt meaning busy (see above).
@@ -70,6 +73,7 @@ class ReplicaReader {
   const mica::Partition* partition_;
   const uint8_t* redo_area_;
   const std::atomic<bool>* stale_;
+  const util::Lease* lease_;
   std::vector<uint64_t> scratch_;  // one item, the largest the partition stores
   ReplicaReadCounters counters_;
 };

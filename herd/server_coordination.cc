@@ -1,0 +1,381 @@
+// Coordinated replication on the server (issue 35): the configuration in ZooKeeper decides who
+// is primary and which backups count; this file is the control thread's side of it. The rules
+// it applies are herd/replication/configuration.h's; what each epoch fences is described in
+// docs/architecture.md ("Configurations, fencing and leases").
+//
+// A primary: renews its lease on its place (a round trip to the coordinator every quarter of
+// the session timeout; its workers serve while it holds, half a session timeout past each
+// round trip's start, so it has lapsed before the coordinator can have ended the session and
+// let a backup take over); attaches every registered member as a backup by state transfer and
+// commits its addition once synced; grants the backups' read leases; and, when a backup drops
+// out, waits out its read lease and commits its removal before its gates go on without it. A
+// newer epoch with another primary, or a lost session, fences it for good.
+//
+// A backup: publishes the configuration to its replication thread (which takes only that
+// epoch's primary and detaches an older one); and, when the primary's registration is gone and
+// it is an in-sync backup of the epoch, takes over by the conditional write (automatic failover)
+// and serves as the primary of the new epoch, which takes backups again.
+#include <algorithm>
+#include <thread>
+
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "glog/logging.h"
+#include "herd/join.h"
+#include "herd/server.h"
+
+namespace herd {
+namespace {
+
+// Without a watch event, the control thread reads the configuration this often anyway.
+constexpr absl::Duration kCoordinationInterval = absl::Milliseconds(100);
+// A primary confirms its session this many times per session timeout ...
+constexpr int64_t kConfirmsPerSession = 4;
+// ... and serves until this fraction of a session timeout past a confirmation's start: the
+// coordinator ends a session no sooner than a full timeout after the last message it got.
+constexpr int64_t kPrimaryLeaseDivisor = 2;
+// What a lease's waiter adds for the two clocks' drift and for scheduling: a tenth of the lease
+// and this much.
+constexpr absl::Duration kLeaseMarginFloor = absl::Milliseconds(20);
+// How long a takeover waits for the old primary's detachment (the replication thread polls
+// every 20 ms).
+constexpr absl::Duration kDetachTimeout = absl::Seconds(5);
+// How long a restarted member waits for its previous life's registration to expire.
+constexpr absl::Duration kRegisterSlack = absl::Seconds(2);
+constexpr absl::Duration kRegisterRetry = absl::Milliseconds(50);
+
+std::string HostPort(const std::string& host, uint16_t port) {
+  return absl::StrFormat("%s:%d", host, port);
+}
+
+}  // namespace
+
+absl::Duration Server::LeaseWait() const {
+  const absl::Duration lease = options_.replication.read_lease;
+  return lease + lease / 10 + kLeaseMarginFloor;
+}
+
+absl::Status Server::JoinCluster() {
+  const ReplicationServerOptions& ro = options_.replication;
+  if (absl::Status s = CheckMemberName(ro.member); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--member: ", s.message()));
+  }
+  if (ro.role == ReplicationRole::kNone) {
+    return absl::InvalidArgumentError("--coordinator needs --role=primary or --role=backup");
+  }
+  absl::StatusOr<std::unique_ptr<Coordinator>> coordinator = Coordinator::Connect(ro.coordinator);
+  if (!coordinator.ok()) return coordinator.status();
+  coordinator_ = *std::move(coordinator);
+  if (ro.role == ReplicationRole::kPrimary) {
+    // A new cluster's first configuration. A cluster that has one has a primary (or had): this
+    // server's empty store is no copy of it, so it joins as a backup instead.
+    Configuration first;
+    first.epoch = 1;
+    first.primary = ro.member;
+    absl::Status created = coordinator_->CreateConfiguration(first);
+    if (created.code() == absl::StatusCode::kAlreadyExists) {
+      absl::StatusOr<VersionedConfiguration> stored = coordinator_->ReadConfiguration();
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "cluster \"%s\" exists (%s): start this server with --role=backup; the primary "
+          "brings it up to date by state transfer",
+          ro.coordinator.cluster,
+          stored.ok() ? stored->configuration.ToString() : stored.status().ToString()));
+    }
+    if (!created.ok()) return created;
+    held_ = first;
+    epoch_.store(first.epoch);
+    const int64_t sent = util::Lease::NowNs();
+    if (absl::Status s = coordinator_->Confirm().status(); !s.ok()) return s;
+    primary_lease_.ExtendTo(sent + absl::ToInt64Nanoseconds(coordinator_->session_timeout()) /
+                                       kPrimaryLeaseDivisor);
+    LOG(INFO) << "cluster " << ro.coordinator.cluster << " started: " << first.ToString();
+  } else if (absl::StatusOr<VersionedConfiguration> stored = coordinator_->ReadConfiguration();
+             stored.ok()) {
+    // The epoch's primary may attach as soon as this member registers.
+    util::MutexLock lock(&published_mutex_);
+    published_ = stored->configuration;
+    epoch_.store(stored->configuration.epoch);
+  }
+  MemberInfo info;
+  info.client_address = HostPort(ro.advertise_host, port());
+  if (replication_listener_ != nullptr) {
+    info.replication_address = HostPort(ro.advertise_host, replication_listener_->port());
+  }
+  // A member restarted at once finds its previous life's registration until that session
+  // expires.
+  const absl::Time give_up = absl::Now() + ro.coordinator.session_timeout + kRegisterSlack;
+  while (true) {
+    absl::Status s = coordinator_->Register(ro.member, info);
+    if (s.ok()) break;
+    if (s.code() != absl::StatusCode::kAlreadyExists || absl::Now() >= give_up) {
+      return absl::Status(s.code(), absl::StrCat(s.message(), " (is another server named \"",
+                                                 ro.member, "\" running?)"));
+    }
+    absl::SleepFor(kRegisterRetry);
+  }
+  coordinator_changes_ = coordinator_->changes();
+  return absl::OkStatus();
+}
+
+void Server::Fence(std::string_view why) {
+  if (fenced_.exchange(true)) return;
+  primary_lease_.Revoke();
+  LOG(ERROR) << "fenced: " << why
+             << ". This server serves nothing from now on (restart it as a backup to rejoin).";
+}
+
+bool Server::CommitChange(const Configuration& next, int32_t version) {
+  VersionedConfiguration current{held_, version};
+  absl::Status s = coordinator_->ReplaceConfiguration(current, next);
+  if (!s.ok()) {
+    LOG(WARNING) << "configuration change to " << next.ToString() << " not made: " << s;
+    next_coordination_ = absl::InfinitePast();  // read it again on the next pass
+    return false;
+  }
+  LOG(INFO) << "configuration: " << next.ToString();
+  held_ = next;
+  held_version_ = version + 1;
+  epoch_.store(next.epoch);
+  config_backups_.store(static_cast<uint32_t>(next.backups.size()));
+  return true;
+}
+
+void Server::Coordinate() {
+  const ReplicationServerOptions& ro = options_.replication;
+  const absl::Time now = absl::Now();
+  const bool acting_primary = ro.role == ReplicationRole::kPrimary || promoted_.load();
+  if (acting_primary && !fenced_.load()) {
+    if (coordinator_->expired()) {
+      Fence("the coordination session expired");
+    } else if (now >= next_confirm_) {
+      next_confirm_ = now + coordinator_->session_timeout() / kConfirmsPerSession;
+      const int64_t sent = util::Lease::NowNs();
+      if (coordinator_->Confirm().ok() && !fenced_.load()) {
+        primary_lease_.ExtendTo(sent + absl::ToInt64Nanoseconds(coordinator_->session_timeout()) /
+                                           kPrimaryLeaseDivisor);
+      }
+    }
+  }
+  if (fenced_.load()) return;
+  const uint64_t changes = coordinator_->changes();
+  if (changes != coordinator_changes_ || now >= next_coordination_) {
+    coordinator_changes_ = changes;
+    next_coordination_ = now + kCoordinationInterval;
+    absl::StatusOr<VersionedConfiguration> stored = coordinator_->ReadConfiguration();
+    if (!stored.ok()) {
+      VLOG(1) << "coordination: " << stored.status();
+    } else if (acting_primary) {
+      CoordinateAsPrimary(stored->configuration, stored->version);
+    } else {
+      CoordinateAsBackup(stored->configuration, stored->version);
+    }
+  }
+  if ((ro.role == ReplicationRole::kPrimary || promoted_.load()) && !fenced_.load() &&
+      !backup_states_.empty()) {
+    WatchBackups();
+  }
+}
+
+void Server::CoordinateAsPrimary(const Configuration& stored, int32_t version) {
+  if (stored.primary != options_.replication.member) {
+    Fence(absl::StrFormat("%s took over (%s)", stored.primary, stored.ToString()));
+    return;
+  }
+  if (stored.epoch != held_.epoch) {
+    // Its own change, whose answer was lost (a connection loss after the write).
+    LOG(INFO) << "configuration: " << stored.ToString() << " (this primary's own change)";
+    held_ = stored;
+    epoch_.store(stored.epoch);
+    config_backups_.store(static_cast<uint32_t>(stored.backups.size()));
+  }
+  held_version_ = version;
+  absl::StatusOr<std::vector<std::string>> members = coordinator_->Members();
+  if (members.ok()) AttachRegisteredMembers(*members);
+}
+
+void Server::AttachRegisteredMembers(const std::vector<std::string>& members) {
+  const absl::Time now = absl::Now();
+  for (size_t b = 0; b < backup_members_.size(); ++b) {
+    // A member that never attached and is gone now frees its slot.
+    if (backup_states_[b] == BackupState::kLost &&
+        std::find(members.begin(), members.end(), backup_members_[b]) == members.end()) {
+      backup_states_[b] = BackupState::kVacant;
+      backup_members_[b].clear();
+    }
+  }
+  for (const std::string& member : members) {
+    if (member == options_.replication.member ||
+        std::find(backup_members_.begin(), backup_members_.end(), member) !=
+            backup_members_.end()) {
+      continue;
+    }
+    absl::StatusOr<MemberInfo> info = coordinator_->Member(member);
+    if (!info.ok() || info->replication_address.empty()) continue;  // not a backup
+    const auto vacant =
+        std::find(backup_states_.begin(), backup_states_.end(), BackupState::kVacant);
+    if (vacant == backup_states_.end()) {
+      LOG_EVERY_N(WARNING, 100) << "member " << member << " not attached: all " << kMaxBackups
+                                << " backup slots are taken";
+      return;
+    }
+    const size_t b = static_cast<size_t>(vacant - backup_states_.begin());
+    backup_members_[b] = member;
+    backup_addresses_[b] = info->replication_address;
+    backup_states_[b] = BackupState::kLost;  // WatchBackups attaches it (Rejoin)
+    next_rejoin_[b] = now;
+    LOG(INFO) << "member " << member << " (" << info->replication_address
+              << ") registered: attaching it as a backup";
+  }
+}
+
+void Server::AnswerLeaseRequests(size_t b) {
+  transport::control::Channel& channel = *backup_channels_[b];
+  for (absl::StatusOr<transport::control::Message> m = channel.Receive(absl::ZeroDuration());
+       m.ok(); m = channel.Receive(absl::ZeroDuration())) {
+    if (m->type != kLeaseRequest) continue;
+    // Granted only while this primary is sure of its place: a fenced one lets them lapse.
+    if (fenced_.load() || !primary_lease_.Valid()) continue;
+    lease_granted_[b] = absl::Now();
+    (void)channel.Send(kLeaseGrant, m->payload);
+  }
+}
+
+bool Server::CommitAddition(size_t b) {
+  absl::StatusOr<Configuration> next =
+      AddBackupIn(held_, options_.replication.member, backup_members_[b]);
+  if (!next.ok()) {
+    LOG(WARNING) << "backup " << backup_members_[b] << " not added: " << next.status();
+    return false;
+  }
+  if (!CommitChange(*next, held_version_)) return false;
+  lease_granted_[b] = absl::InfinitePast();
+  return true;
+}
+
+void Server::SettleDrop(size_t b) {
+  for (const WorkerResources& r : workers_) {
+    if (!r.gate->dropped(b)) return;  // RequestDrop takes a few of the worker's loops
+  }
+  if (absl::Now() < drop_after_[b]) return;  // its read lease may still run
+  const std::string& member = backup_members_[b];
+  if (held_.HasBackup(member)) {
+    absl::StatusOr<Configuration> next = DropBackupIn(held_, options_.replication.member, member);
+    if (!next.ok() || !CommitChange(*next, held_version_)) return;  // tried again next pass
+  }
+  // It can neither read nor be promoted now: the gates go on without it.
+  for (WorkerResources& r : workers_) r.gate->ConsentToDrop(b);
+  LOG(INFO) << "backup " << member << " removed from the configuration";
+  backup_states_[b] = BackupState::kVacant;
+  backup_members_[b].clear();
+}
+
+void Server::CoordinateAsBackup(const Configuration& stored, int32_t version) {
+  const ReplicationServerOptions& ro = options_.replication;
+  {
+    util::MutexLock lock(&published_mutex_);
+    published_ = stored;
+  }
+  epoch_.store(stored.epoch);
+  if (taking_over_.has_value()) {
+    if (absl::Status s = TakeOver(*taking_over_); !s.ok()) {
+      LOG(WARNING) << "takeover not complete yet: " << s;
+    }
+    return;
+  }
+  if (!ro.auto_failover || !stored.HasBackup(ro.member) || stale_.load() || syncing_.load()) {
+    return;
+  }
+  if (coordinator_->Member(stored.primary).status().code() != absl::StatusCode::kNotFound) return;
+  absl::StatusOr<Configuration> next = PromoteIn(stored, ro.member, PrimaryPresence::kGone);
+  if (!next.ok()) return;
+  held_ = stored;
+  if (!CommitChange(*next, version)) return;  // another backup won: this one rejoins it
+  LOG(WARNING) << "primary " << stored.primary << " of epoch " << stored.epoch
+               << " is gone: taking over as the primary of epoch " << next->epoch;
+  taking_over_ = *next;
+  {
+    util::MutexLock lock(&published_mutex_);
+    published_ = *next;
+  }
+  if (absl::Status s = TakeOver(*next); !s.ok()) LOG(WARNING) << "takeover: " << s;
+}
+
+absl::Status Server::TakeOver(const Configuration& next) {
+  // The old primary's access goes first (the replication thread sees the new epoch).
+  const absl::Time give_up = absl::Now() + kDetachTimeout;
+  while (primary_attached_.load()) {
+    if (absl::Now() >= give_up || stop_.load()) {
+      return absl::DeadlineExceededError("the old primary is still attached");
+    }
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  const int64_t sent = util::Lease::NowNs();
+  if (absl::Status s = coordinator_->Confirm().status(); !s.ok()) return s;
+  primary_lease_.ExtendTo(sent + absl::ToInt64Nanoseconds(coordinator_->session_timeout()) /
+                                     kPrimaryLeaseDivisor);
+  {
+    util::MutexLock lock(&replication_mutex_);
+    promoting_ = true;  // no primary attaches from now on
+  }
+  if (replication_pd_ == nullptr) {
+    if (absl::Status s = PrepareLinks(device_.get()); !s.ok()) return s;
+  }
+  const std::vector<std::string> failures = RunOnWorkers(/*take_writes=*/true, /*make_gates=*/true);
+  taking_over_.reset();
+  if (!failures.empty()) {
+    Fence(absl::StrCat("the takeover failed: ", absl::StrJoin(failures, "; ")));
+    return absl::DataLossError(absl::StrCat("takeover failed: ", absl::StrJoin(failures, "; ")));
+  }
+  for (const WorkerResources& r : workers_) {
+    if (r.gate == nullptr) {
+      Fence("a promoted worker has no replication gate");
+      return absl::InternalError("a promoted worker has no replication gate");
+    }
+  }
+  gates_ready_.store(true);
+  held_ = next;
+  epoch_.store(next.epoch);
+  config_backups_.store(0);
+  promoted_.store(true);
+  next_coordination_ = absl::InfinitePast();
+  LOG(INFO) << "took over: the primary of epoch " << next.epoch << " (" << workers_.size()
+            << " partitions)";
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> Server::PromoteCoordinated() {
+  const ReplicationServerOptions& ro = options_.replication;
+  if (promoted_.load() || ro.role == ReplicationRole::kPrimary) {
+    return absl::FailedPreconditionError("this server is a primary already");
+  }
+  absl::StatusOr<VersionedConfiguration> stored = coordinator_->ReadConfiguration();
+  if (!stored.ok()) return stored.status();
+  const absl::StatusCode primary =
+      coordinator_->Member(stored->configuration.primary).status().code();
+  if (primary != absl::StatusCode::kOk && primary != absl::StatusCode::kNotFound) {
+    return absl::UnavailableError("the coordinator does not answer");
+  }
+  absl::StatusOr<Configuration> next =
+      PromoteIn(stored->configuration, ro.member,
+                primary == absl::StatusCode::kOk ? PrimaryPresence::kLive : PrimaryPresence::kGone);
+  if (!next.ok()) return next.status();
+  if (stale_.load() || syncing_.load()) {
+    return absl::FailedPreconditionError(
+        "this backup's copy is not whole (dropped, or its state transfer not complete)");
+  }
+  held_ = stored->configuration;
+  if (!CommitChange(*next, stored->version)) {
+    return absl::AbortedError("another configuration change came first: none made");
+  }
+  taking_over_ = *next;
+  {
+    util::MutexLock lock(&published_mutex_);
+    published_ = *next;
+  }
+  const absl::Time start = absl::Now();
+  if (absl::Status s = TakeOver(*next); !s.ok()) return s;
+  return absl::StrFormat("{\"promoted\":true,\"epoch\":%d,\"workers\":%d,\"seconds\":%.6f}",
+                         next->epoch, workers_.size(), absl::ToDoubleSeconds(absl::Now() - start));
+}
+
+}  // namespace herd
