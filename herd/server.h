@@ -233,6 +233,10 @@ class Server {
   // Coordinated replication (server_coordination.cc). In Init: connects, checks the role
   // against the stored configuration (a kPrimary creates epoch 1) and registers the member.
   absl::Status JoinCluster();
+  // Registers this member (waiting out its previous life's registration); a backup whose
+  // session expired reconnects and registers again.
+  absl::Status Register();
+  absl::Status Reconnect();
   // Control thread, every pass: renews the primary's lease, follows the configuration (a
   // backup's failover, a primary's fencing), attaches registered members as backups, and
   // commits their addition and removal.

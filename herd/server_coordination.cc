@@ -96,6 +96,21 @@ absl::Status Server::JoinCluster() {
     published_ = stored->configuration;
     epoch_.store(stored->configuration.epoch);
   }
+  return Register();
+}
+
+absl::Status Server::Reconnect() {
+  absl::StatusOr<std::unique_ptr<Coordinator>> coordinator =
+      Coordinator::Connect(options_.replication.coordinator);
+  if (!coordinator.ok()) return coordinator.status();
+  coordinator_ = *std::move(coordinator);
+  if (absl::Status s = Register(); !s.ok()) return s;
+  LOG(INFO) << "coordination session renewed";
+  return absl::OkStatus();
+}
+
+absl::Status Server::Register() {
+  const ReplicationServerOptions& ro = options_.replication;
   MemberInfo info;
   info.client_address = HostPort(ro.advertise_host, port());
   if (replication_listener_ != nullptr) {
@@ -157,6 +172,15 @@ void Server::Coordinate() {
     }
   }
   if (fenced_.load()) return;
+  if (!acting_primary && coordinator_->expired()) {
+    // A backup's session ended (it was paused or cut off for longer than the timeout): its
+    // registration went with it. A new session registers it again; its place in the
+    // configuration is the primary's to keep or drop.
+    if (absl::Status s = Reconnect(); !s.ok()) {
+      LOG_EVERY_N(WARNING, 50) << "coordination session expired; not reconnected yet: " << s;
+      return;
+    }
+  }
   const uint64_t changes = coordinator_->changes();
   if (changes != coordinator_changes_ || now >= next_coordination_) {
     coordinator_changes_ = changes;
