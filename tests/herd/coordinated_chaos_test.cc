@@ -1,0 +1,428 @@
+// The checker that tries to break coordinated replication (issue 35): ONE cluster of three
+// herd_server processes (the real binary, with automatic failover) and a private ZooKeeper,
+// under a checked load (writers following the primary through the configuration, readers of
+// every member), through rounds of mixed faults chosen at random:
+//   kill -9 of the primary or of a backup (then restarted as a backup: it rejoins);
+//   SIGSTOP of the primary past its session (a paused primary: another takes over, and the old
+//   one, fenced, is restarted as a backup) or of a backup past its read lease;
+//   two manual promotions racing the automatic one after the primary's death;
+//   the coordinator itself killed and restarted.
+// Every operation goes into one history, checked at the end (tests/herd/history.h): no
+// acknowledged write lost, no stale read, no version reused, no CAS applied twice. Rounds:
+// $HERD_CHAOS_ROUNDS (CI runs a short form; scripts/chaos_check.sh a long one), seed:
+// $HERD_CHAOS_SEED. One CHAOS_RUN line reports rounds, operations and violations.
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <map>
+#include <mutex>
+#include <random>
+#include <thread>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "gtest/gtest.h"
+#include "herd/client.h"
+#include "herd/join.h"
+#include "herd/replication/coordinator.h"
+#include "tests/herd/history.h"
+#include "tests/herd/server_binary.h"
+#include "tests/herd/zookeeper.h"
+
+namespace herd {
+namespace {
+
+namespace h = testing::history;
+
+constexpr char kServerBinary[] = "herd/herd_server";
+constexpr int kSessionTimeoutMs = 800;
+constexpr char kCasFailedPrefix[] = "CAS_FAILED: the key's current version is ";
+constexpr int kReadLeaseMs = 250;
+constexpr uint32_t kKeys = 16;
+constexpr int kWriters = 2;
+constexpr int kReaders = 2;
+constexpr int kDefaultRounds = 6;
+// Any awaited change (a failover, a rejoin with its state transfer) on a loaded 2-core machine.
+constexpr absl::Duration kChangeDeadline = absl::Seconds(90);
+// An operation to a member that died or was fenced ends (unknown) after this.
+constexpr absl::Duration kRequestDeadline = absl::Seconds(2);
+const char* const kMembers[] = {"m0", "m1", "m2"};
+
+int EnvInt(const char* name, int fallback) {
+  const char* v = getenv(name);
+  return v != nullptr && atoi(v) > 0 ? atoi(v) : fallback;
+}
+
+std::string OutputDir() {
+  const char* d = getenv("TEST_UNDECLARED_OUTPUTS_DIR");
+  if (d == nullptr) d = getenv("TEST_TMPDIR");
+  return d != nullptr ? d : "/tmp";
+}
+
+class Chaos {
+ public:
+  Chaos() : fabric_(absl::StrCat("chaos-", getpid())) {
+    for (const char* m : kMembers) {
+      servers_[m] = std::make_unique<testing::ServerBinary>(
+          kServerBinary, absl::StrCat(OutputDir(), "/chaos-", m, ".log"));
+    }
+  }
+  ~Chaos() {
+    stop_.store(true);
+    for (std::thread& t : threads_) t.join();
+  }
+  testing::PrivateZooKeeper& zk() { return zk_; }
+
+  absl::Status Open() {
+    if (!zk_.ok()) return zk_.status();
+    CoordinatorOptions o;
+    o.hosts = zk_.hosts();
+    o.cluster = "chaos";
+    absl::StatusOr<std::unique_ptr<Coordinator>> c = Coordinator::Connect(o);
+    if (!c.ok()) return c.status();
+    view_ = *std::move(c);
+    return absl::OkStatus();
+  }
+
+  absl::Status StartMember(const std::string& name, bool primary) {
+    return servers_[name]->Start(
+        {"--coordinator=" + zk_.hosts(), "--cluster=chaos", "--member=" + name,
+         primary ? "--role=primary" : "--role=backup", "--port=0", "--replication_port=0",
+         "--listen_address=127.0.0.1", "--workers=2", "--pin_workers=false", "--store_mode=store",
+         "--mica_pool_bytes=4194304", "--mica_items=4096", "--max_clients=32",
+         absl::StrCat("--shm_fabric_name=", fabric_),
+         absl::StrCat("--session_timeout_ms=", kSessionTimeoutMs),
+         absl::StrCat("--read_lease_ms=", kReadLeaseMs), "--logtostderr"},
+        kChangeDeadline);
+  }
+
+  // The view's reads, reconnecting when the coordinator itself was restarted.
+  absl::StatusOr<Configuration> Read() {
+    std::lock_guard<std::mutex> lock(view_mutex_);
+    if (view_ == nullptr || view_->expired()) {
+      if (absl::Status s = Open(); !s.ok()) return s;
+    }
+    absl::StatusOr<VersionedConfiguration> v = view_->ReadConfiguration();
+    if (!v.ok()) return v.status();
+    return v->configuration;
+  }
+  absl::StatusOr<std::string> ClientAddress(const std::string& member) {
+    std::lock_guard<std::mutex> lock(view_mutex_);
+    if (view_ == nullptr) return absl::UnavailableError("no view");
+    absl::StatusOr<MemberInfo> info = view_->Member(member);
+    if (!info.ok()) return info.status();
+    return info->client_address;
+  }
+  bool Await(const std::function<bool(const Configuration&)>& done) {
+    const absl::Time give_up = absl::Now() + kChangeDeadline;
+    while (absl::Now() < give_up) {
+      absl::StatusOr<Configuration> c = Read();
+      if (c.ok() && done(*c)) return true;
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    absl::StatusOr<Configuration> c = Read();
+    ADD_FAILURE() << "no such configuration in time; last: "
+                  << (c.ok() ? c->ToString() : c.status().ToString());
+    return false;
+  }
+  bool AwaitWhole() {
+    return Await([](const Configuration& c) { return c.backups.size() == 2; });
+  }
+
+  std::unique_ptr<Client> Connect(const std::string& address) {
+    ClientOptions o;
+    o.server = address;
+    o.device.fabric = fabric_;
+    o.retry_timeout = absl::Milliseconds(5);
+    o.max_attempts = 100000;
+    o.request_deadline = kRequestDeadline;
+    o.connect_timeout = absl::Seconds(2);
+    absl::StatusOr<std::unique_ptr<Client>> c = Client::Connect(o);
+    return c.ok() ? *std::move(c) : nullptr;
+  }
+
+  // Writers: PUT, DELETE and CAS on the current primary (found through the configuration); an
+  // operation that gets no answer is recorded as unknown, and the writer joins the primary again.
+  void Writer(uint32_t id) {
+    std::mt19937_64 rng(seed_ * 131 + id);
+    std::unique_ptr<Client> client;
+    std::vector<uint64_t> last_version(kKeys, 0);
+    for (uint64_t seq = 1; !stop_.load(); ++seq) {
+      if (client == nullptr || !client->health().ok()) {
+        client.reset();
+        absl::StatusOr<Configuration> c = Read();
+        absl::StatusOr<std::string> address =
+            c.ok() ? ClientAddress(c->primary) : absl::StatusOr<std::string>(c.status());
+        if (address.ok()) client = Connect(*address);
+        if (client == nullptr) {
+          absl::SleepFor(absl::Milliseconds(10));
+          continue;
+        }
+      }
+      h::Event e;
+      e.key = static_cast<uint32_t>(rng() % kKeys);
+      e.writer = id;
+      e.seq = seq;
+      const uint32_t pick = static_cast<uint32_t>(rng() % 10);
+      e.op = pick < 6 ? Op::kPut : pick < 8 ? Op::kCas : Op::kDelete;
+      const std::string key = absl::StrFormat("ck%03d", e.key);
+      std::string value;
+      if (e.op != Op::kDelete) {
+        e.value_bytes = h::kValueHeaderBytes + static_cast<uint32_t>(rng() % 64);
+        value = h::EncodeValue({e.key, e.writer, e.seq, e.value_bytes});
+      }
+      e.expected_version = last_version[e.key];
+      e.invoke_ns = h::MonotonicNowNs();
+      absl::StatusOr<uint64_t> r = e.op == Op::kPut ? client->Put(key, value)
+                                   : e.op == Op::kDelete
+                                       ? client->Delete(key)
+                                       : client->Cas(key, e.expected_version, value);
+      e.complete_ns = h::MonotonicNowNs();
+      if (r.ok()) {
+        e.status = Status::kOk;
+        e.version = *r;
+        last_version[e.key] = e.op == Op::kDelete ? 0 : *r;
+      } else if (absl::IsNotFound(r.status())) {
+        e.status = Status::kNotFound;
+      } else if (e.op == Op::kCas && absl::IsFailedPrecondition(r.status()) &&
+                 absl::StartsWith(r.status().message(), kCasFailedPrefix) &&
+                 absl::SimpleAtoi(r.status().message().substr(sizeof(kCasFailedPrefix) - 1),
+                                  &e.version)) {
+        // The sync API's CAS_FAILED names the key's current version (client_sync.cc).
+        e.status = Status::kCasFailed;
+        last_version[e.key] = e.version;
+      } else {
+        // NOT_PRIMARY, a timeout, a dead session: its outcome is unknown.
+        e.status = Status::kTimedOut;
+        e.complete_ns = h::kNever;
+        client.reset();
+      }
+      const bool answered = e.status != Status::kTimedOut;
+      Record(std::move(e));
+      if (answered) acknowledged_.fetch_add(1);
+    }
+  }
+
+  // Readers: GETs at any member (primary or backup); BACKUP_BUSY, NOT_PRIMARY or no answer is
+  // no answer (nothing to check), an answer is checked against everything.
+  void Reader(uint32_t id) {
+    std::mt19937_64 rng(seed_ * 977 + id);
+    std::map<std::string, std::pair<std::string, std::unique_ptr<Client>>> clients;
+    for (uint64_t seq = 1; !stop_.load(); ++seq) {
+      const std::string member = kMembers[rng() % 3];
+      absl::StatusOr<std::string> address = ClientAddress(member);
+      if (!address.ok()) {
+        absl::SleepFor(absl::Milliseconds(5));
+        continue;
+      }
+      auto& [known, client] = clients[member];
+      if (client == nullptr || known != *address || !client->health().ok()) {
+        client = Connect(*address);
+        known = *address;
+        if (client == nullptr) continue;
+      }
+      h::Event e;
+      e.key = static_cast<uint32_t>(rng() % kKeys);
+      e.writer = kWriters + id;
+      e.seq = seq;
+      e.op = Op::kGet;
+      e.invoke_ns = h::MonotonicNowNs();
+      absl::StatusOr<Value> got = client->Get(absl::StrFormat("ck%03d", e.key));
+      e.complete_ns = h::MonotonicNowNs();
+      if (got.ok()) {
+        e.status = Status::kOk;
+        e.version = got->version;
+        h::RecordRead(got->value, &e);
+      } else if (absl::IsNotFound(got.status())) {
+        e.status = Status::kNotFound;
+      } else {
+        if (!client->health().ok()) client.reset();
+        continue;
+      }
+      reads_answered_.fetch_add(1);
+      Record(std::move(e));
+    }
+  }
+
+  void StartLoad(uint64_t seed) {
+    seed_ = seed;
+    for (int w = 0; w < kWriters; ++w) threads_.emplace_back([this, w] { Writer(w); });
+    for (int r = 0; r < kReaders; ++r) threads_.emplace_back([this, r] { Reader(r); });
+  }
+  void StopLoad() {
+    stop_.store(true);
+    for (std::thread& t : threads_) t.join();
+    threads_.clear();
+  }
+  // Lets the load run until `n` more operations were acknowledged (bounded).
+  void RunLoad(uint64_t n) {
+    const uint64_t target = acknowledged_.load() + n;
+    const absl::Time give_up = absl::Now() + kChangeDeadline;
+    while (acknowledged_.load() < target && absl::Now() < give_up) {
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+  }
+
+  std::vector<h::Event> History() {
+    std::lock_guard<std::mutex> lock(events_mutex_);
+    return events_;
+  }
+  uint64_t acknowledged() const { return acknowledged_.load(); }
+  uint64_t reads_answered() const { return reads_answered_.load(); }
+  testing::ServerBinary& server(const std::string& name) { return *servers_.at(name); }
+  std::string primary() {
+    absl::StatusOr<Configuration> c = Read();
+    return c.ok() ? c->primary : "";
+  }
+  std::vector<std::string> backups() {
+    absl::StatusOr<Configuration> c = Read();
+    return c.ok() ? c->backups : std::vector<std::string>{};
+  }
+
+ private:
+  void Record(h::Event e) {
+    std::lock_guard<std::mutex> lock(events_mutex_);
+    events_.push_back(std::move(e));
+  }
+  std::string fabric_;
+  testing::PrivateZooKeeper zk_;
+  std::mutex view_mutex_;
+  std::unique_ptr<Coordinator> view_;
+  std::map<std::string, std::unique_ptr<testing::ServerBinary>> servers_;
+  std::vector<std::thread> threads_;
+  std::atomic<bool> stop_{false};
+  std::atomic<uint64_t> acknowledged_{0}, reads_answered_{0};
+  uint64_t seed_ = 1;
+  std::mutex events_mutex_;
+  std::vector<h::Event> events_;
+};
+
+enum class Fault {
+  kKillPrimary,
+  kKillBackup,
+  kPausePrimary,
+  kPauseBackup,
+  kRacePromotions,
+  kRestartCoordinator
+};
+constexpr int kFaults = 6;
+const char* FaultName(Fault f) {
+  switch (f) {
+    case Fault::kKillPrimary:
+      return "kill-primary";
+    case Fault::kKillBackup:
+      return "kill-backup";
+    case Fault::kPausePrimary:
+      return "pause-primary";
+    case Fault::kPauseBackup:
+      return "pause-backup";
+    case Fault::kRacePromotions:
+      return "race-promotions";
+    case Fault::kRestartCoordinator:
+      return "restart-coordinator";
+  }
+  return "?";
+}
+
+TEST(CoordinatedChaos, EveryHistoryChecksOutThroughMixedFaults) {
+  const int rounds = EnvInt("HERD_CHAOS_ROUNDS", kDefaultRounds);
+  const uint64_t seed = static_cast<uint64_t>(EnvInt("HERD_CHAOS_SEED", 1));
+  std::mt19937_64 rng(seed);
+  Chaos chaos;
+  ASSERT_TRUE(chaos.Open().ok());
+  ASSERT_TRUE(chaos.StartMember("m0", /*primary=*/true).ok());
+  ASSERT_TRUE(chaos.StartMember("m1", false).ok());
+  ASSERT_TRUE(chaos.StartMember("m2", false).ok());
+  ASSERT_TRUE(chaos.AwaitWhole());
+  chaos.StartLoad(seed);
+  chaos.RunLoad(200);
+  std::map<std::string, int> faults_run;
+  for (int round = 0; round < rounds; ++round) {
+    const Fault fault = static_cast<Fault>(rng() % kFaults);
+    SCOPED_TRACE(absl::StrCat("round ", round, ": ", FaultName(fault)));
+    ++faults_run[FaultName(fault)];
+    absl::StatusOr<Configuration> before = chaos.Read();
+    ASSERT_TRUE(before.ok()) << before.status();
+    const std::string primary = before->primary;
+    const std::string backup = before->backups.empty() ? "" : before->backups[rng() % 2];
+    ASSERT_FALSE(backup.empty());
+    const auto new_primary = [&](const Configuration& c) {
+      return c.epoch > before->epoch && c.primary != primary;
+    };
+    switch (fault) {
+      case Fault::kKillPrimary:
+        chaos.server(primary).Kill();
+        ASSERT_TRUE(chaos.Await(new_primary));
+        ASSERT_TRUE(chaos.StartMember(primary, false).ok());
+        break;
+      case Fault::kKillBackup:
+        chaos.server(backup).Kill();
+        // Dropped (after its lease) before its next life can join again.
+        ASSERT_TRUE(chaos.Await([&](const Configuration& c) { return !c.HasBackup(backup); }));
+        ASSERT_TRUE(chaos.StartMember(backup, false).ok());
+        break;
+      case Fault::kPausePrimary:
+        // Past its session: a backup takes over while it sleeps; woken, it finds itself fenced.
+        chaos.server(primary).Signal(SIGSTOP);
+        ASSERT_TRUE(chaos.Await(new_primary));
+        chaos.RunLoad(20);
+        chaos.server(primary).Signal(SIGCONT);
+        chaos.RunLoad(20);
+        chaos.server(primary).Kill();  // fenced: it rejoins only as a restarted backup
+        ASSERT_TRUE(chaos.StartMember(primary, false).ok());
+        break;
+      case Fault::kPauseBackup:
+        // Past its read lease (sometimes past its session too): writes wait at most the lease
+        // and the stall timeout, its reads stop, and it comes back (or is dropped and rejoins).
+        chaos.server(backup).Signal(SIGSTOP);
+        absl::SleepFor(absl::Milliseconds(kReadLeaseMs * (1 + rng() % 4)));
+        chaos.server(backup).Signal(SIGCONT);
+        break;
+      case Fault::kRacePromotions: {
+        chaos.server(primary).Kill();
+        std::vector<std::thread> racers;
+        for (const std::string& b : before->backups) {
+          racers.emplace_back([&chaos, b] {
+            absl::StatusOr<std::string> address = chaos.ClientAddress(b);
+            if (address.ok()) (void)RequestPromotion(*address, absl::Seconds(5));
+          });
+        }
+        for (std::thread& t : racers) t.join();
+        ASSERT_TRUE(chaos.Await(new_primary));
+        ASSERT_TRUE(chaos.StartMember(primary, false).ok());
+        break;
+      }
+      case Fault::kRestartCoordinator:
+        ASSERT_TRUE(chaos.zk().Kill().ok());
+        chaos.RunLoad(0);
+        ASSERT_TRUE(chaos.zk().Start().ok());
+        break;
+    }
+    ASSERT_TRUE(chaos.AwaitWhole());
+    // Each round must see the load go on, acknowledged by the (possibly new) primary.
+    chaos.RunLoad(100);
+  }
+  chaos.StopLoad();
+  const std::vector<h::Event> history = chaos.History();
+  const h::CheckResult result = h::Check(history);
+  std::string faults;
+  for (const auto& [name, n] : faults_run)
+    absl::StrAppend(&faults, faults.empty() ? "" : ",", "\"", name, "\":", n);
+  const std::string line = absl::StrFormat(
+      "CHAOS_RUN {\"seed\":%d,\"rounds\":%d,\"operations\":%d,\"acknowledged\":%d,"
+      "\"reads_answered\":%d,\"unknown\":%d,\"violations\":%d,\"lost\":%d,\"stale\":%d,"
+      "\"double_applied\":%d,\"faults\":{%s}}",
+      seed, rounds, result.operations, chaos.acknowledged(), chaos.reads_answered(), result.unknown,
+      result.violations.size(), result.Count(h::Rule::kLostWrite),
+      result.Count(h::Rule::kStaleRead), result.Count(h::Rule::kDoubleApply), faults);
+  printf("%s\n", line.c_str());
+  fflush(stdout);
+  EXPECT_GT(result.writes, static_cast<uint64_t>(rounds) * 50);
+  ASSERT_TRUE(result.ok()) << result.Summary();
+}
+
+}  // namespace
+}  // namespace herd
