@@ -210,7 +210,8 @@ class Client {
   // could not hand over as TIMED_OUT (outcome unknown), and Follow refuses from then on.
   // The new primary answers a mutation the old one executed from the outcome replicated with
   // it (herd/replication/outcome_table.h): it is never applied twice, and no acknowledged one is
-  // lost. The follower continues this client's sequence numbers; use it from now on (results of the
+  // lost. With coordinated replication (the server's Welcome names an epoch), only a primary of
+  // a newer epoch is followed. The follower continues this client's sequence numbers; use it from now on (results of the
   // handed-over requests come from its Poll, with their tags and first-submit latencies).
   absl::StatusOr<std::unique_ptr<Client>> Follow(absl::Duration timeout);
   // Follow's pause between rounds over the members, and the most time one join attempt takes

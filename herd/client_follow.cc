@@ -38,6 +38,13 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Follow(absl::Duration timeout) {
       if (s.ok() && !follower->welcome_.takes_writes) {
         s = absl::FailedPreconditionError("a backup, not (yet) promoted");
       }
+      if (s.ok() && welcome_.epoch != 0 && follower->welcome_.epoch <= welcome_.epoch) {
+        // Coordinated replication: only a primary of a newer configuration took over from the
+        // one this client followed (one of the same epoch is that primary, or a fenced one).
+        s = absl::FailedPreconditionError(
+            absl::StrFormat("its epoch %d is not newer than the lost primary's %d",
+                            follower->welcome_.epoch, welcome_.epoch));
+      }
       if (s.ok() && !follower->welcome_.resumed) {
         // Only a promoted backup holds the lost session's outcomes (an unreplicated server, a
         // primary that still runs the old session, a restarted one: re-applied, or acknowledged

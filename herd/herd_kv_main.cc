@@ -29,6 +29,7 @@
 #include "glog/logging.h"
 #include "herd/client.h"
 #include "herd/join.h"
+#include "herd/replication/coordinator.h"
 #include "transport/flags.h"
 
 DECLARE_bool(help);  // gflags'
@@ -49,6 +50,11 @@ DEFINE_string(members, "",
               "it is given) while one cannot be reached, or (a backup) answers NOT_PRIMARY or "
               "BACKUP_BUSY; a mutation outstanding at a server that dies goes to the member "
               "promoted in its place (Client::Follow)");
+
+DEFINE_string(coordinator, "",
+              "A coordinated cluster's ZooKeeper, HOST:PORT[,...]: its members (the primary "
+              "first) are taken from there, as --members");
+DEFINE_string(cluster, "herd", "--coordinator: the cluster's name");
 
 namespace {
 
@@ -340,6 +346,19 @@ absl::Status CheckServerAddress(absl::string_view server) {
 // its default, the members alone: a request for a replicated store never goes to whatever
 // happens to listen on the default port.
 absl::StatusOr<std::vector<std::string>> ServersFromFlags() {
+  if (!FLAGS_coordinator.empty()) {
+    if (!FLAGS_members.empty()) {
+      return absl::InvalidArgumentError("--coordinator names the members: drop --members");
+    }
+    herd::CoordinatorOptions options;
+    options.hosts = FLAGS_coordinator;
+    options.cluster = FLAGS_cluster;
+    options.connect_timeout = absl::Milliseconds(FLAGS_timeout_ms);
+    absl::StatusOr<std::vector<std::string>> members = herd::ClusterAddresses(options);
+    if (!members.ok()) return members.status();
+    FLAGS_members = absl::StrJoin(*members, ",");  // followed as --members are
+    return members;
+  }
   std::vector<std::string> servers;
   if (FLAGS_members.empty() || !gflags::GetCommandLineFlagInfoOrDie("server").is_default) {
     servers.push_back(FLAGS_server);

@@ -63,6 +63,15 @@ absl::Status Server::JoinCluster() {
   if (ro.role == ReplicationRole::kNone) {
     return absl::InvalidArgumentError("--coordinator needs --role=primary or --role=backup");
   }
+  if (LeaseWait() > ro.coordinator.session_timeout / kPrimaryLeaseDivisor) {
+    // A backup's read lease must end before a new primary can exist (docs/architecture.md).
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--read_lease_ms=%d is too long for --session_timeout_ms=%d: the lease and its margin "
+        "(%s) must fit in half the session timeout",
+        absl::ToInt64Milliseconds(ro.read_lease),
+        absl::ToInt64Milliseconds(ro.coordinator.session_timeout),
+        absl::FormatDuration(LeaseWait())));
+  }
   absl::StatusOr<std::unique_ptr<Coordinator>> coordinator = Coordinator::Connect(ro.coordinator);
   if (!coordinator.ok()) return coordinator.status();
   coordinator_ = *std::move(coordinator);
@@ -220,9 +229,16 @@ void Server::CoordinateAsPrimary(const Configuration& stored, int32_t version) {
 void Server::AttachRegisteredMembers(const std::vector<std::string>& members) {
   const absl::Time now = absl::Now();
   for (size_t b = 0; b < backup_members_.size(); ++b) {
-    // A member that never attached and is gone now frees its slot.
-    if (backup_states_[b] == BackupState::kLost &&
-        std::find(members.begin(), members.end(), backup_members_[b]) == members.end()) {
+    if (backup_states_[b] != BackupState::kLost) continue;
+    // Not attached yet: a member that is gone frees its slot; one that registered again (a
+    // restart, on new ports) is tried at its new address.
+    absl::StatusOr<MemberInfo> info =
+        std::find(members.begin(), members.end(), backup_members_[b]) == members.end()
+            ? absl::NotFoundError("gone")
+            : coordinator_->Member(backup_members_[b]);
+    if (info.ok() && !info->replication_address.empty()) {
+      backup_addresses_[b] = info->replication_address;
+    } else if (info.ok() || absl::IsNotFound(info.status())) {
       backup_states_[b] = BackupState::kVacant;
       backup_members_[b].clear();
     }

@@ -36,6 +36,8 @@ constexpr absl::Duration kReplicationPollInterval = absl::Milliseconds(20);
 // How often a primary tries to attach a lost backup again, and how long one try may take (the
 // control thread waits for it).
 constexpr absl::Duration kRejoinInterval = absl::Seconds(1);
+// ... and with a coordinator, where every attach is a (re)join of a registered member.
+constexpr absl::Duration kCoordinatedRejoinInterval = absl::Milliseconds(200);
 constexpr absl::Duration kRejoinConnectTimeout = absl::Milliseconds(200);
 // ... and how long its welcome may take once connected: the backup registers its partitions
 // first (seconds for large ones; the control thread waits, a known cost of rejoining).
@@ -249,7 +251,7 @@ void Server::WatchBackups() {
     }
     if (backup_states_[b] == BackupState::kLost) {
       if (now >= next_rejoin_[b]) {
-        next_rejoin_[b] = now + kRejoinInterval;
+        next_rejoin_[b] = now + (coordinated ? kCoordinatedRejoinInterval : kRejoinInterval);
         Rejoin(b);
       }
       continue;

@@ -42,6 +42,9 @@ hold the same build).
 
 Runner knobs (no binary's flag; an axis, or a key of `server` or `client`):
   replicas: N   starts N `herd_server --role=backup` beside the server, its primary.
+  coordinated: true|false   with replicas: the servers keep their configuration in a private
+                ZooKeeper (scripts/zk.sh, started and stopped per point), the backups join the
+                primary by state transfer, and the clients start once all N are in sync.
   system: S     which system serves the point's GETs (default herd, the binaries as configured):
     herd       herd_server/herd_client with UC WRITE requests and UD SEND responses;
     herd_rc    the same with RC WRITE responses (--response_verb=rc_write);
@@ -85,7 +88,9 @@ RUNNER_FLAGS = {"port", "listen_address", "server", "fabric", "device", "shm_fab
                 "gid_index", "ib_port"}
 # Knobs of the runner itself, no binary's flag: `replicas` (an axis or a server knob) starts that
 # many `herd_server --role=backup` beside the server and makes the server their primary.
-RUNNER_KNOBS = {"replicas", "system"}
+RUNNER_KNOBS = {"replicas", "system", "coordinated"}
+# A coordinated point's backups join by state transfer: how long the runner waits for them.
+COORDINATED_SYNC_TIMEOUT_S = 120
 # `system`: which knobs each herd variant sets (over the experiment's fixed knobs; a sweep axis of
 # the same knob wins), and hopscotch (None): the one-sided hop_server/hop_client pair instead.
 SYSTEMS = {"herd": {"request_verb": "uc_write", "response_verb": "ud_send"},
@@ -504,9 +509,24 @@ class Runner:
         client_knobs = self.knobs_for("client", point)
         server_argv = [str(self.bin / "herd" / "herd_server"), "--port=0"]
         server_argv += self.fabric_flags(self.x.server, name) + flags(server_knobs)
-        replicas = int({**self.x.fixed["server"], **point}.get("replicas", 0))
-        backups = self.start_backups(server_argv, replicas, log_name) if replicas else []
-        if backups:
+        merged = {**self.x.fixed["server"], **point}
+        replicas = int(merged.get("replicas", 0))
+        coordinated = replicas > 0 and str(merged.get("coordinated", "false")).lower() == "true"
+        self.zk_dir = None
+        self.awaited_backups = replicas if coordinated else 0
+        if coordinated:
+            self.zk_dir = self.logs / f"{log_name}.zk"
+            zk = subprocess.run([str(REPO / "scripts" / "zk.sh"), "start", str(self.zk_dir)],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, check=False)
+            if zk.returncode != 0:
+                raise PointFailed(f"zk.sh start: {zk.stderr.decode(errors='replace').strip()}")
+            server_argv += [f"--coordinator={zk.stdout.decode().strip()}", "--cluster=exp"]
+        backups = (self.start_backups(server_argv, replicas, log_name, coordinated)
+                   if replicas else [])
+        if backups and coordinated:
+            server_argv += ["--role=primary", "--member=primary"]
+            self.backup_clients = ",".join(b[2] for b in backups)
+        elif backups:
             server_argv += ["--role=primary",
                             "--backups=" + ",".join(b[1] for b in backups)]
             self.backup_clients = ",".join(b[2] for b in backups)
@@ -520,8 +540,30 @@ class Runner:
         finally:
             for process, _, _ in backups:
                 self.processes.stop(process, SERVER_STOP_TIMEOUT_S)
+            if self.zk_dir is not None:
+                subprocess.run([str(REPO / "scripts" / "zk.sh"), "stop", str(self.zk_dir)],
+                               check=False)
 
-    def start_backups(self, server_argv, replicas, log_name):
+    def await_backups(self, address, count, log_name):
+        """A coordinated primary's backups join by state transfer after it starts: waits until
+        its stats count `count` backups in its configuration, all live."""
+        deadline = time.time() + COORDINATED_SYNC_TIMEOUT_S
+        admin = str(self.bin / "herd" / "herd_admin")
+        while time.time() < deadline:
+            done = subprocess.run([admin, "stats", address], stdout=subprocess.PIPE,
+                                  stderr=subprocess.DEVNULL, check=False)
+            try:
+                replication = json.loads(done.stdout)["stats"].get("replication", {})
+            except (ValueError, KeyError):
+                replication = {}
+            if (replication.get("backups") == count and
+                    replication.get("live_backups") == count):
+                return
+            time.sleep(0.1)
+        raise PointFailed(f"the coordinated primary never had {count} backups in sync "
+                          f"(see logs/{log_name}.*.log)")
+
+    def start_backups(self, server_argv, replicas, log_name, coordinated=False):
         """`replicas` backups with the server's knobs (unpinned: their workers only serve the
         primary's WRITEs and the GETs sent to them); returns (process, replication address,
         client address) of each."""
@@ -529,6 +571,8 @@ class Runner:
         host = "127.0.0.1" if self.x.server.local else self.x.server.address
         for index in range(replicas):
             argv = server_argv + ["--role=backup", "--replication_port=0", "--pin_workers=false"]
+            if coordinated:
+                argv.append(f"--member=backup{index}")
             log = open(self.logs / f"{log_name}.backup{index}.log", "wb")
             process = self.processes.start(self.x.server, argv, subprocess.PIPE, log)
             backups.append((process, None, None))
@@ -559,6 +603,12 @@ class Runner:
         with open(self.logs / f"{log_name}.server.log", "wb") as server_log:
             server, port = self.start_server(server_argv, server_log, log_name, "herd_server")
             address = "127.0.0.1" if self.x.server.local else self.x.server.address
+            if getattr(self, "awaited_backups", 0):
+                try:
+                    self.await_backups(f"{address}:{port}", self.awaited_backups, log_name)
+                except PointFailed:
+                    self.processes.stop(server, SERVER_STOP_TIMEOUT_S)
+                    raise
             budget = (float(client_knobs.get("warmup_s", 1)) +
                       float(client_knobs.get("duration_s", 5)) + CLIENT_SLACK_S)
             argvs = []

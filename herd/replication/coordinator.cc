@@ -2,6 +2,7 @@
 
 #include <zookeeper/zookeeper.h>
 
+#include <algorithm>
 #include <mutex>
 #include <thread>
 
@@ -209,6 +210,32 @@ absl::StatusOr<absl::Time> Coordinator::Confirm() {
 
 absl::Duration Coordinator::session_timeout() const {
   return absl::Milliseconds(zoo_recv_timeout(zh_));
+}
+
+absl::StatusOr<std::vector<std::string>> ClusterAddresses(const CoordinatorOptions& options) {
+  absl::StatusOr<std::unique_ptr<Coordinator>> c = Coordinator::Connect(options);
+  if (!c.ok()) return c.status();
+  absl::StatusOr<VersionedConfiguration> stored = (*c)->ReadConfiguration();
+  if (!stored.ok()) return stored.status();
+  absl::StatusOr<std::vector<std::string>> registered = (*c)->Members();
+  if (!registered.ok()) return registered.status();
+  std::vector<std::string> order = {stored->configuration.primary};
+  order.insert(order.end(), stored->configuration.backups.begin(),
+               stored->configuration.backups.end());
+  for (const std::string& m : *registered) {
+    if (std::find(order.begin(), order.end(), m) == order.end()) order.push_back(m);
+  }
+  std::vector<std::string> addresses;
+  for (const std::string& m : order) {
+    absl::StatusOr<MemberInfo> info = (*c)->Member(m);
+    if (info.ok()) addresses.push_back(info->client_address);
+  }
+  if (addresses.empty()) {
+    return absl::UnavailableError(absl::StrFormat(
+        "cluster \"%s\": no member is registered (%s)", options.cluster,
+        stored->configuration.ToString()));
+  }
+  return addresses;
 }
 
 }  // namespace herd

@@ -91,6 +91,11 @@ class Coordinator {
   std::atomic<bool> connected_{false};
 };
 
+// Where a client reaches a coordinated cluster: the client addresses of its configuration's
+// primary first, then of its in-sync backups, then of any other registered member (herd_kv
+// --coordinator takes them as its --members: it follows a failover to the next primary).
+absl::StatusOr<std::vector<std::string>> ClusterAddresses(const CoordinatorOptions& options);
+
 }  // namespace herd
 
 #endif  // HERD_REPLICATION_COORDINATOR_H_
