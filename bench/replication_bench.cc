@@ -36,6 +36,10 @@ DEFINE_uint32(value_bytes, 32, "Value size.");
 DEFINE_uint32(batch, 16, "PUTs per batch (a worker's postlist).");
 DEFINE_uint64(ops, 2000000, "PUTs timed per case.");
 DEFINE_uint32(max_backups, 2, "Cases run: 0..max_backups backups.");
+DEFINE_bool(drops_need_consent, false,
+            "Coordinated replication's gates (issue 35): a dropped backup holds releases until "
+            "the control plane consents. Nothing is dropped here: this measures what the mode "
+            "costs a healthy cluster's write path.");
 
 namespace {
 
@@ -105,6 +109,7 @@ Result RunCase(uint32_t backups, const std::string& fabric_prefix) {
   std::vector<Backup> nodes(backups);
   std::vector<herd::BackupLink> links;
   herd::ReplicationOptions options;
+  options.drops_need_consent = FLAGS_drops_need_consent;
   for (Backup& b : nodes) {
     b.node = OpenNode(absl::StrCat(fabric_prefix, "-", backups));
     auto partition = mica::Partition::Create(config);
@@ -227,12 +232,13 @@ int main(int argc, char** argv) {
     const double puts = static_cast<double>(FLAGS_ops);
     const double per_backup = backups == 0 ? 0 : 1.0 / backups;
     std::printf(
-        "{\"backups\":%u,\"mode\":\"%s\",\"value_bytes\":%u,\"batch\":%u,\"mops\":%.3f,"
+        "{\"backups\":%u,\"mode\":\"%s\",\"drops_need_consent\":%s,\"value_bytes\":%u,\"batch\":%u,"
+        "\"mops\":%.3f,"
         "\"batches_posted\":%lu,\"wrs_per_put_per_backup\":%.3f,"
         "\"doorbells_per_batch_per_backup\":%.3f,\"bytes_per_put_per_backup\":%.1f,"
         "\"deferred\":%lu,\"overflowed\":%lu}\n",
-        backups, FLAGS_mode.c_str(), FLAGS_value_bytes, FLAGS_batch, r.mops, r.gate.batches_posted,
-        r.link_wrs / puts * per_backup,
+        backups, FLAGS_mode.c_str(), FLAGS_drops_need_consent ? "true" : "false", FLAGS_value_bytes,
+        FLAGS_batch, r.mops, r.gate.batches_posted, r.link_wrs / puts * per_backup,
         r.gate.batches_posted == 0
             ? 0.0
             : static_cast<double>(r.link_doorbells) / r.gate.batches_posted * per_backup,

@@ -8,6 +8,8 @@
 #   scripts/zk.sh kill DIR           SIGKILL: a crash (its data stays: start again to recover)
 #   scripts/zk.sh address DIR        prints host:port of the one started in DIR
 #
+# With HERD_ZK_OWNER=PID in the environment, the server is killed when process PID ends.
+#
 # Needs Debian's zookeeper package (scripts/setup.sh installs it).
 set -euo pipefail
 
@@ -54,6 +56,17 @@ EOF
   setsid java -Xmx256m -cp "/etc/zookeeper/conf:$JAR" -Dzookeeper.log.dir="$dir" \
     org.apache.zookeeper.server.ZooKeeperServerMain "$dir/zoo.cfg" >"$dir/zk.log" 2>&1 </dev/null &
   echo $! >"$dir/zk.pid"
+  if [ -n "${HERD_ZK_OWNER:-}" ]; then
+    # A test's: it goes when its owner process does, however that ends (a crash included).
+    (
+      trap '' HUP
+      while kill -0 "$HERD_ZK_OWNER" 2>/dev/null && kill -0 "$(pid_of "$dir")" 2>/dev/null; do
+        sleep 1
+      done
+      kill -KILL "$(pid_of "$dir")" 2>/dev/null || true
+    ) </dev/null >/dev/null 2>&1 &
+    disown
+  fi
   local deadline=$((SECONDS + READY_TIMEOUT_S))
   until answers 127.0.0.1 "$port"; do
     kill -0 "$(pid_of "$dir")" 2>/dev/null ||

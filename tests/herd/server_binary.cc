@@ -1,10 +1,11 @@
 #include "tests/herd/server_binary.h"
 
 #include <fcntl.h>
-#include <spawn.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -12,8 +13,6 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-
-extern char** environ;
 
 namespace herd::testing {
 namespace {
@@ -56,22 +55,31 @@ absl::Status ServerBinary::Start(const std::vector<std::string>& flags, absl::Du
     std::ifstream in(log_, std::ios::ate);
     if (in) from = in.tellg();
   }
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, log_.c_str(),
-                                   O_WRONLY | O_CREAT | O_APPEND, 0644);
-  posix_spawn_file_actions_adddup2(&actions, STDOUT_FILENO, STDERR_FILENO);
-  posix_spawn_file_actions_addopen(&actions, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
   std::vector<std::string> args = {binary_};
   args.insert(args.end(), flags.begin(), flags.end());
   std::vector<char*> argv;
   for (std::string& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
-  const int rc = posix_spawn(&pid_, binary_.c_str(), &actions, nullptr, argv.data(), environ);
-  posix_spawn_file_actions_destroy(&actions);
-  if (rc != 0) {
+  // fork and exec, not posix_spawn: between the two the child sets PR_SET_PDEATHSIG (a test that
+  // dies takes its servers with it). Only async-signal-safe calls run there, so the parent's
+  // other threads (ZooKeeper's) hold no lock the child needs.
+  const pid_t parent = getpid();
+  pid_ = fork();
+  if (pid_ < 0) {
     pid_ = -1;
-    return absl::InternalError(absl::StrCat("posix_spawn ", binary_, ": ", rc));
+    return absl::InternalError(absl::StrCat("fork: ", errno));
+  }
+  if (pid_ == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) _exit(127);  // the parent died before the line above
+    const int log = open(log_.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+    const int null = open("/dev/null", O_RDONLY);
+    if (log < 0 || null < 0) _exit(126);
+    dup2(null, STDIN_FILENO);
+    dup2(log, STDOUT_FILENO);
+    dup2(log, STDERR_FILENO);
+    execv(binary_.c_str(), argv.data());
+    _exit(127);
   }
   const absl::Time give_up = absl::Now() + timeout;
   while (true) {

@@ -1,7 +1,7 @@
-// A herd_server binary run as an operator runs it (posix_spawn of the real program, its flags),
-// for tests whose own threads talk to ZooKeeper: a fork without exec would copy into the child a
-// lock one of those threads holds. Its output goes to a log file; Start returns once it printed
-// its "herd_server ready port=N" line.
+// A herd_server binary run as an operator runs it (the real program and its flags, exec'd), for
+// tests whose own threads talk to ZooKeeper: a fork without exec would copy into the child a lock
+// one of those threads holds. It dies with the test process (PR_SET_PDEATHSIG). Its output goes
+// to a log file; Start returns once it printed its "herd_server ready port=N" line.
 #ifndef HERD_TESTS_HERD_SERVER_BINARY_H_
 #define HERD_TESTS_HERD_SERVER_BINARY_H_
 

@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
@@ -32,8 +33,10 @@ PrivateZooKeeper::~PrivateZooKeeper() {
 }
 
 absl::Status PrivateZooKeeper::Run(const std::string& verb, std::string* output) {
-  const std::string command = absl::StrCat(
-      kScript, " ", verb, " ", dir_, verb == "start" ? absl::StrCat(" ", port_) : "", " 2>&1");
+  // HERD_ZK_OWNER: the server goes when this test process does, even if it crashes.
+  const std::string command =
+      absl::StrCat("HERD_ZK_OWNER=", getpid(), " ", kScript, " ", verb, " ", dir_,
+                   verb == "start" ? absl::StrCat(" ", port_) : "", " 2>&1");
   FILE* pipe = popen(command.c_str(), "r");
   if (pipe == nullptr) return absl::InternalError(absl::StrCat("popen ", command));
   char buffer[512];
