@@ -70,6 +70,7 @@ import os
 import pathlib
 import select
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -516,6 +517,7 @@ class Runner:
         self.awaited_backups = replicas if coordinated else 0
         if coordinated:
             self.zk_dir = self.logs / f"{log_name}.zk"
+            shutil.rmtree(self.zk_dir, ignore_errors=True)  # a rerun's point starts a new cluster
             zk = subprocess.run([str(REPO / "scripts" / "zk.sh"), "start", str(self.zk_dir)],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, check=False)
             if zk.returncode != 0:

@@ -97,7 +97,7 @@ readonly tsan_tests=(
   //tests/herd:response_gate_test //tests/herd:replication_gate_test
   //tests/herd:smoke_test //tests/herd:e2e_test
   //tests/herd:robustness_test //tests/herd:replication_e2e_test
-  //tests/herd:failover_follow_test
+  //tests/herd:failover_follow_test //tests/herd:coordinator_test //tests/util:lease_test
 )
 if [ "${HERD_SKIP_TSAN:-0}" != 1 ]; then
   stage "test (tsan)" bazel test --config=tsan "${tsan_tests[@]}"

@@ -127,6 +127,7 @@ ReplicationGate::ReplicationGate(mica::Partition* partition, transport::Protecti
       link.synced->store(false, std::memory_order_relaxed);
     } else {
       ++live_;
+      in_use_ = links_.size() + 1;
     }
     links_.push_back(std::move(link));
   }
@@ -218,7 +219,7 @@ bool ReplicationGate::PostPending() {
     // A full window first (cheap, and a deferred batch is retried on every worker loop): the
     // ranges are ordered and sized only when they can go.
     if (snapshots_count_ == snapshots_.size()) return false;
-    for (const Link& link : links_) {
+    for (const Link& link : UsedLinks()) {
       if (link.sends() &&
           link.posted_through - link.completed_through >= options_.max_batches_in_flight) {
         return false;  // that backup's window is full: keep accumulating
@@ -240,7 +241,7 @@ bool ReplicationGate::PostPending() {
                << " ranges is over a third of the " << options_.staging_bytes
                << "-byte staging ring; dropping every backup";
     counters_.overflowed.Add(changes_.overflowed());
-    for (Link& link : links_) DropLink(link);
+    for (Link& link : UsedLinks()) DropLink(link);
   }
   if (n == 0 || !(live_ > 0 || joining_)) {
     // Nothing to write, or nobody to write to: what is held goes with the last batch posted
@@ -307,7 +308,7 @@ bool ReplicationGate::PostPending() {
                partition_->version_clock()};
   ++snapshots_count_;
   const uint64_t wire_bytes = record_bytes + kCommitSourceBytes + padded;
-  for (size_t l = 0; l < links_.size(); ++l) {
+  for (size_t l = 0; l < in_use_; ++l) {
     Link& link = links_[l];
     if (!link.sends()) continue;
     // Every WR names its link: a failed QP flushes the unsignaled ones with error completions
@@ -359,7 +360,7 @@ void ReplicationGate::PostWatermarks() {
   static_assert(2 * sizeof(uint64_t) <= kWatermarkSourceBytes);  // this word, PostChunks' next
   // A WRITE still reading an older value reads this one: newer, and as true.
   std::atomic_ref<uint64_t>(*source).store(released, std::memory_order_relaxed);
-  for (size_t l = 0; l < links_.size(); ++l) {
+  for (size_t l = 0; l < in_use_; ++l) {
     Link& link = links_[l];
     if (!link.live || link.watermark_in_flight || link.published >= released) continue;
     transport::Sge sge{reinterpret_cast<uint64_t>(source), sizeof(uint64_t), staging_mr_->lkey()};
@@ -414,7 +415,7 @@ void ReplicationGate::DropLink(Link& link) {
 
 uint64_t ReplicationGate::CompletedByEveryLink() const {
   uint64_t through = last_posted_;
-  for (const Link& link : links_) {
+  for (const Link& link : UsedLinks()) {
     if (link.sends()) through = std::min(through, link.completed_through);
   }
   return through;
@@ -478,6 +479,7 @@ void ReplicationGate::AdvanceJoins() {
       }
       link.dropped->store(false, std::memory_order_release);
       link.offered->store(false, std::memory_order_release);
+      in_use_ = std::max(in_use_, static_cast<size_t>(&link - links_.data()) + 1);
       joining_ = true;
       LOG(INFO) << "replication: a backup joins; transferring " << region_copy_bytes_
                 << " bytes of the partition";
@@ -485,7 +487,7 @@ void ReplicationGate::AdvanceJoins() {
   }
   if (!joining_) return;
   joining_ = false;
-  for (size_t l = 0; l < links_.size(); ++l) {
+  for (size_t l = 0; l < in_use_; ++l) {
     Link& link = links_[l];
     if (!link.joining) continue;
     PostChunks(l, link);
@@ -563,14 +565,14 @@ void ReplicationGate::PostChunks(size_t index, Link& link) {
 
 uint64_t ReplicationGate::ReleasableThrough() const {
   uint64_t through = last_posted_;  // with no live backup, everything posted is safe
-  for (const Link& link : links_) {
+  for (const Link& link : UsedLinks()) {
     if (link.live || link.awaiting_consent) through = std::min(through, link.completed_through);
   }
   return through;
 }
 
 void ReplicationGate::SettleConsents() {
-  for (Link& link : links_) {
+  for (Link& link : UsedLinks()) {
     if (!link.awaiting_consent || !link.consented->load(std::memory_order_acquire)) continue;
     link.awaiting_consent = false;
     --awaiting_consent_;
@@ -615,7 +617,7 @@ void ReplicationGate::DropStalledOrRequested() {
   const bool check_stalls = options_.stall_timeout > absl::ZeroDuration() && snapshots_count_ > 0;
   const int64_t now = check_stalls ? absl::GetCurrentTimeNanos() : 0;
   const int64_t timeout_ns = absl::ToInt64Nanoseconds(options_.stall_timeout);
-  for (size_t l = 0; l < links_.size(); ++l) {
+  for (size_t l = 0; l < in_use_; ++l) {
     Link& link = links_[l];
     if (!link.sends()) continue;
     if (link.drop_requested->load(std::memory_order_acquire)) {

@@ -331,6 +331,11 @@ class ReplicationGate : public ResponseGate {
   std::vector<Link> links_;
   uint32_t live_ = 0;
   uint32_t awaiting_consent_ = 0;  // links whose drop awaits ConsentToDrop
+  // Slots [0, in_use_) ever held a link; the vacant ones after them (a coordinated primary's
+  // room for backups that join later) cost the worker's loops nothing.
+  size_t in_use_ = 0;
+  absl::Span<Link> UsedLinks() { return absl::MakeSpan(links_.data(), in_use_); }
+  absl::Span<const Link> UsedLinks() const { return absl::MakeConstSpan(links_.data(), in_use_); }
   mica::DirtyRanges changes_;
   std::vector<mica::ByteRange> ordered_;  // OrderRanges' (capacity reserved once)
   std::vector<transport::SendWr> wrs_;    // one chain, prepared once; filled per batch
