@@ -27,8 +27,10 @@
 namespace herd {
 namespace {
 
-// Without a watch event, the control thread reads the configuration this often anyway.
-constexpr absl::Duration kCoordinationInterval = absl::Milliseconds(100);
+// Watches report every change; without one the control thread reads the configuration this
+// often anyway (each read is a round trip to the coordinator: on a small machine its CPU is
+// the clients').
+constexpr absl::Duration kCoordinationInterval = absl::Seconds(1);
 // A primary confirms its session this many times per session timeout ...
 constexpr int64_t kConfirmsPerSession = 4;
 // ... and serves until this fraction of a session timeout past a confirmation's start: the
