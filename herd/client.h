@@ -211,8 +211,9 @@ class Client {
   // The new primary answers a mutation the old one executed from the outcome replicated with
   // it (herd/replication/outcome_table.h): it is never applied twice, and no acknowledged one is
   // lost. With coordinated replication (the server's Welcome names an epoch), only a primary of
-  // a newer epoch is followed. The follower continues this client's sequence numbers; use it from now on (results of the
-  // handed-over requests come from its Poll, with their tags and first-submit latencies).
+  // a newer epoch is followed. The follower continues this client's sequence numbers; use it from
+  // now on (results of the handed-over requests come from its Poll, with their tags and
+  // first-submit latencies).
   absl::StatusOr<std::unique_ptr<Client>> Follow(absl::Duration timeout);
   // Follow's pause between rounds over the members, and the most time one join attempt takes
   // (ClientOptions::connect_timeout, if shorter).

@@ -209,6 +209,9 @@ class Server {
   // How long after a lease grant its backup's lease is surely over (read_lease and a margin for
   // the two clocks' drift).
   absl::Duration LeaseWait() const;
+  // A coordinated backup's copy is whole: a state transfer completed in this life, and its
+  // primary has not dropped it since.
+  bool HoldsWholeCopy();
   // kPrimary: attaches to backup `address` (the hello says whether a state transfer follows):
   // one RC QP per worker, kept in workers_[w].backup_qps; the links in `links` (per worker).
   absl::StatusOr<transport::control::Channel> ConnectBackup(const std::string& address,
@@ -352,6 +355,9 @@ class Server {
   absl::Time next_confirm_ = absl::InfinitePast();
   // A backup's: the configuration it committed to take over, while the old primary detaches.
   std::optional<Configuration> taking_over_;
+  uint64_t tried_epoch_ = 0;  // the epoch of this member's last promotion write
+  // When the takeover may take writes: every read lease of the old primary over (NowNs terms).
+  std::optional<int64_t> lease_wait_until_;
   std::atomic<uint64_t> epoch_{0};  // held_.epoch, for Stats and the replication thread
   std::atomic<bool> fenced_{false};
   util::Lease primary_lease_;  // the workers of a coordinated primary serve while it is valid

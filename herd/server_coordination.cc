@@ -45,12 +45,21 @@ constexpr absl::Duration kDetachTimeout = absl::Seconds(5);
 // How long a restarted member waits for its previous life's registration to expire.
 constexpr absl::Duration kRegisterSlack = absl::Seconds(2);
 constexpr absl::Duration kRegisterRetry = absl::Milliseconds(50);
+// How long a former primary restarted as a backup waits for another member to take over.
+constexpr absl::Duration kFormerPrimaryWait = absl::Minutes(5);
 
 std::string HostPort(const std::string& host, uint16_t port) {
   return absl::StrFormat("%s:%d", host, port);
 }
 
 }  // namespace
+
+bool Server::HoldsWholeCopy() {
+  // The configuration may list this member from an earlier life (killed and restarted before
+  // the primary dropped it): only a transfer completed in this life makes its copy whole.
+  util::MutexLock lock(&replication_mutex_);
+  return ever_attached_ && !stale_.load() && !syncing_.load();
+}
 
 absl::Duration Server::LeaseWait() const {
   const absl::Duration lease = options_.replication.read_lease;
@@ -77,6 +86,15 @@ absl::Status Server::JoinCluster() {
   absl::StatusOr<std::unique_ptr<Coordinator>> coordinator = Coordinator::Connect(ro.coordinator);
   if (!coordinator.ok()) return coordinator.status();
   coordinator_ = *std::move(coordinator);
+  if (LeaseWait() > coordinator_->session_timeout() / kPrimaryLeaseDivisor) {
+    // The service bounds sessions to its own range: what counts is what it granted.
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--read_lease_ms=%d does not fit the session the coordinator granted (%s of the %s "
+        "asked): the lease and its margin (%s) must fit in half of it",
+        absl::ToInt64Milliseconds(ro.read_lease),
+        absl::FormatDuration(coordinator_->session_timeout()),
+        absl::FormatDuration(ro.coordinator.session_timeout), absl::FormatDuration(LeaseWait())));
+  }
   if (ro.role == ReplicationRole::kPrimary) {
     // A new cluster's first configuration. A cluster that has one has a primary (or had): this
     // server's empty store is no copy of it, so it joins as a backup instead.
@@ -100,12 +118,31 @@ absl::Status Server::JoinCluster() {
     primary_lease_.ExtendTo(sent + absl::ToInt64Nanoseconds(coordinator_->session_timeout()) /
                                        kPrimaryLeaseDivisor);
     LOG(INFO) << "cluster " << ro.coordinator.cluster << " started: " << first.ToString();
-  } else if (absl::StatusOr<VersionedConfiguration> stored = coordinator_->ReadConfiguration();
-             stored.ok()) {
-    // The epoch's primary may attach as soon as this member registers.
-    util::MutexLock lock(&published_mutex_);
-    published_ = stored->configuration;
-    epoch_.store(stored->configuration.epoch);
+  } else {
+    // A former primary restarted as a backup: while the configuration still names it, its
+    // registration would tell the backups their primary lives (no failover would ever come).
+    // It registers once another member took over.
+    const absl::Time give_up = absl::Now() + kFormerPrimaryWait;
+    absl::StatusOr<VersionedConfiguration> stored = coordinator_->ReadConfiguration();
+    while (stored.ok() && stored->configuration.primary == ro.member) {
+      if (absl::Now() >= give_up) {
+        return absl::FailedPreconditionError(absl::StrFormat(
+            "%s is still the primary of %s and no backup took over within %s: promote one "
+            "(herd_admin promote), then start this server again",
+            ro.member, stored->configuration.ToString(), absl::FormatDuration(kFormerPrimaryWait)));
+      }
+      LOG_EVERY_N(INFO, 100) << "the configuration still names this member its primary ("
+                             << stored->configuration.ToString()
+                             << "): waiting for a backup to take over before registering";
+      absl::SleepFor(kRegisterRetry);
+      stored = coordinator_->ReadConfiguration();
+    }
+    if (stored.ok()) {
+      // The epoch's primary may attach as soon as this member registers.
+      util::MutexLock lock(&published_mutex_);
+      published_ = stored->configuration;
+      epoch_.store(stored->configuration.epoch);
+    }
   }
   return Register();
 }
@@ -283,6 +320,8 @@ void Server::AnswerLeaseRequests(size_t b) {
 }
 
 bool Server::CommitAddition(size_t b) {
+  // Committed already (the answer to the write was lost, and the next read found it there).
+  if (held_.HasBackup(backup_members_[b])) return true;
   absl::StatusOr<Configuration> next =
       AddBackupIn(held_, options_.replication.member, backup_members_[b]);
   if (!next.ok()) {
@@ -318,19 +357,26 @@ void Server::CoordinateAsBackup(const Configuration& stored, int32_t version) {
     published_ = stored;
   }
   epoch_.store(stored.epoch);
+  if (!taking_over_.has_value() && stored.primary == ro.member && stored.epoch == tried_epoch_) {
+    // This member's own promotion, whose answer was lost (the write went through).
+    LOG(WARNING) << "the configuration names this member primary (" << stored.ToString()
+                 << "): its promotion went through; taking over";
+    held_ = stored;
+    held_version_ = version;
+    taking_over_ = stored;
+  }
   if (taking_over_.has_value()) {
     if (absl::Status s = TakeOver(*taking_over_); !s.ok()) {
       LOG(WARNING) << "takeover not complete yet: " << s;
     }
     return;
   }
-  if (!ro.auto_failover || !stored.HasBackup(ro.member) || stale_.load() || syncing_.load()) {
-    return;
-  }
+  if (!ro.auto_failover || !stored.HasBackup(ro.member) || !HoldsWholeCopy()) return;
   if (coordinator_->Member(stored.primary).status().code() != absl::StatusCode::kNotFound) return;
   absl::StatusOr<Configuration> next = PromoteIn(stored, ro.member, PrimaryPresence::kGone);
   if (!next.ok()) return;
   held_ = stored;
+  tried_epoch_ = next->epoch;
   if (!CommitChange(*next, version)) return;  // another backup won: this one rejoins it
   LOG(WARNING) << "primary " << stored.primary << " of epoch " << stored.epoch
                << " is gone: taking over as the primary of epoch " << next->epoch;
@@ -350,6 +396,13 @@ absl::Status Server::TakeOver(const Configuration& next) {
       return absl::DeadlineExceededError("the old primary is still attached");
     }
     absl::SleepFor(absl::Milliseconds(1));
+  }
+  // The old primary may have granted read leases until its very end (a clean stop ends its
+  // session at once, with no timeout to wait out): none is valid when this one takes writes.
+  if (!lease_wait_until_.has_value())
+    lease_wait_until_ = util::Lease::NowNs() + absl::ToInt64Nanoseconds(LeaseWait());
+  if (util::Lease::NowNs() < *lease_wait_until_) {
+    absl::SleepFor(absl::Nanoseconds(*lease_wait_until_ - util::Lease::NowNs()));
   }
   const int64_t sent = util::Lease::NowNs();
   if (absl::Status s = coordinator_->Confirm().status(); !s.ok()) return s;
@@ -401,11 +454,13 @@ absl::StatusOr<std::string> Server::PromoteCoordinated() {
       PromoteIn(stored->configuration, ro.member,
                 primary == absl::StatusCode::kOk ? PrimaryPresence::kLive : PrimaryPresence::kGone);
   if (!next.ok()) return next.status();
-  if (stale_.load() || syncing_.load()) {
+  if (!HoldsWholeCopy()) {
     return absl::FailedPreconditionError(
-        "this backup's copy is not whole (dropped, or its state transfer not complete)");
+        "this backup's copy is not whole (dropped, restarted since the configuration listed it, "
+        "or its state transfer not complete)");
   }
   held_ = stored->configuration;
+  tried_epoch_ = next->epoch;
   if (!CommitChange(*next, stored->version)) {
     return absl::AbortedError("another configuration change came first: none made");
   }

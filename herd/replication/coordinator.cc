@@ -231,9 +231,9 @@ absl::StatusOr<std::vector<std::string>> ClusterAddresses(const CoordinatorOptio
     if (info.ok()) addresses.push_back(info->client_address);
   }
   if (addresses.empty()) {
-    return absl::UnavailableError(absl::StrFormat(
-        "cluster \"%s\": no member is registered (%s)", options.cluster,
-        stored->configuration.ToString()));
+    return absl::UnavailableError(absl::StrFormat("cluster \"%s\": no member is registered (%s)",
+                                                  options.cluster,
+                                                  stored->configuration.ToString()));
   }
   return addresses;
 }

@@ -572,10 +572,14 @@ uint64_t ReplicationGate::ReleasableThrough() const {
 }
 
 void ReplicationGate::SettleConsents() {
-  for (Link& link : UsedLinks()) {
-    if (!link.awaiting_consent || !link.consented->load(std::memory_order_acquire)) continue;
-    link.awaiting_consent = false;
-    --awaiting_consent_;
+  // An exchange: a consent given after it reads the flag raises it again (never lost).
+  consents_given_.exchange(false, std::memory_order_acq_rel);
+  for (Link& link : links_) {  // all: a consent may name a slot past the ones in use
+    if (!link.consented->load(std::memory_order_acquire)) continue;
+    if (link.awaiting_consent) {
+      link.awaiting_consent = false;
+      --awaiting_consent_;
+    }
     link.consented->store(false, std::memory_order_release);  // OfferLink may take it now
   }
 }
@@ -643,7 +647,8 @@ void ReplicationGate::DropStalledOrRequested() {
 
 uint32_t ReplicationGate::Release(absl::Span<HeldId> released) {
   if (++releases_ % kStallCheckEvery == 0) DropStalledOrRequested();
-  if (awaiting_consent_ > 0) SettleConsents();
+  if (consents_given_.load(std::memory_order_acquire)) [[unlikely]]
+    SettleConsents();
   for (;;) {
     const size_t got = cq_->Poll(absl::MakeSpan(completions_));
     for (size_t i = 0; i < got; ++i) {

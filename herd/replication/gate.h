@@ -195,8 +195,11 @@ class ReplicationGate : public ResponseGate {
   }
   // Any thread: the control plane committed a configuration without dropped backup `link` (and
   // its read lease ran out): releases go on without it (ReplicationOptions::drops_need_consent).
+  // (A consent to a link that was not live when dropped holds nothing, and is cleared too.)
   void ConsentToDrop(size_t link) {
-    if (link < links_.size()) links_[link].consented->store(true, std::memory_order_release);
+    if (link >= links_.size()) return;
+    links_[link].consented->store(true, std::memory_order_release);
+    consents_given_.store(true, std::memory_order_release);
   }
   // Any thread: a consent given to `link`'s drop that the worker has not seen yet (OfferLink
   // refuses meanwhile).
@@ -330,7 +333,8 @@ class ReplicationGate : public ResponseGate {
   const ReplicationOptions options_;
   std::vector<Link> links_;
   uint32_t live_ = 0;
-  uint32_t awaiting_consent_ = 0;  // links whose drop awaits ConsentToDrop
+  uint32_t awaiting_consent_ = 0;            // links whose drop awaits ConsentToDrop
+  std::atomic<bool> consents_given_{false};  // a ConsentToDrop the worker has not settled
   // Slots [0, in_use_) ever held a link; the vacant ones after them (a coordinated primary's
   // room for backups that join later) cost the worker's loops nothing.
   size_t in_use_ = 0;

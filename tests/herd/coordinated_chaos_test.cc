@@ -355,9 +355,18 @@ TEST(CoordinatedChaos, EveryHistoryChecksOutThroughMixedFaults) {
   std::mt19937_64 rng(seed);
   Chaos chaos;
   ASSERT_TRUE(chaos.Open().ok());
-  ASSERT_TRUE(chaos.StartMember("m0", /*primary=*/true).ok());
-  ASSERT_TRUE(chaos.StartMember("m1", false).ok());
-  ASSERT_TRUE(chaos.StartMember("m2", false).ok());
+  {
+    const absl::Status started = chaos.StartMember("m0", /*primary=*/true);
+    ASSERT_TRUE(started.ok()) << started;
+  }
+  {
+    const absl::Status started = chaos.StartMember("m1", false);
+    ASSERT_TRUE(started.ok()) << started;
+  }
+  {
+    const absl::Status started = chaos.StartMember("m2", false);
+    ASSERT_TRUE(started.ok()) << started;
+  }
   ASSERT_TRUE(chaos.AwaitWhole());
   chaos.StartLoad(seed);
   chaos.RunLoad(200);
@@ -387,13 +396,19 @@ TEST(CoordinatedChaos, EveryHistoryChecksOutThroughMixedFaults) {
       case Fault::kKillPrimary:
         chaos.server(primary).Kill();
         ASSERT_TRUE(chaos.Await(new_primary));
-        ASSERT_TRUE(chaos.StartMember(primary, false).ok());
+        {
+          const absl::Status started = chaos.StartMember(primary, false);
+          ASSERT_TRUE(started.ok()) << started;
+        }
         break;
       case Fault::kKillBackup:
         chaos.server(backup).Kill();
         // Dropped (after its lease) before its next life can join again.
         ASSERT_TRUE(chaos.Await([&](const Configuration& c) { return !c.HasBackup(backup); }));
-        ASSERT_TRUE(chaos.StartMember(backup, false).ok());
+        {
+          const absl::Status started = chaos.StartMember(backup, false);
+          ASSERT_TRUE(started.ok()) << started;
+        }
         break;
       case Fault::kPausePrimary:
         // Past its session: a backup takes over while it sleeps; woken, it finds itself fenced.
@@ -403,7 +418,10 @@ TEST(CoordinatedChaos, EveryHistoryChecksOutThroughMixedFaults) {
         chaos.server(primary).Signal(SIGCONT);
         chaos.RunLoad(20);
         chaos.server(primary).Kill();  // fenced: it rejoins only as a restarted backup
-        ASSERT_TRUE(chaos.StartMember(primary, false).ok());
+        {
+          const absl::Status started = chaos.StartMember(primary, false);
+          ASSERT_TRUE(started.ok()) << started;
+        }
         break;
       case Fault::kPauseBackup:
         // Past its read lease (sometimes past its session too): writes wait at most the lease
@@ -423,7 +441,10 @@ TEST(CoordinatedChaos, EveryHistoryChecksOutThroughMixedFaults) {
         }
         for (std::thread& t : racers) t.join();
         ASSERT_TRUE(chaos.Await(new_primary));
-        ASSERT_TRUE(chaos.StartMember(primary, false).ok());
+        {
+          const absl::Status started = chaos.StartMember(primary, false);
+          ASSERT_TRUE(started.ok()) << started;
+        }
         break;
       }
       case Fault::kRestartCoordinator:

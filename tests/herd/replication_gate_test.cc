@@ -517,6 +517,22 @@ TEST(ReplicationGate, ADropAwaitingConsentReleasesNothingTheBackupLacks) {
   EXPECT_TRUE(r.gate().ReadsCaughtUp());
 }
 
+// A consent that holds nothing (the control thread's for a backup dropped while it was still
+// joining, never live) is settled too: left set, it would refuse every later OfferLink for the
+// slot, and the slot would never take a backup again.
+TEST(ReplicationGate, AConsentToADropThatHeldNothingIsSettled) {
+  Replicated r;
+  ReplicationOptions options = Patient();
+  options.drops_need_consent = true;
+  ASSERT_TRUE(r.Open(mica::StoreMode::kStore, "shm", 1, options,
+                     absl::StrCat("gate-idle-consent-", getpid())));
+  r.gate().ConsentToDrop(0);
+  EXPECT_TRUE(r.gate().drop_unsettled(0));
+  std::vector<HeldId> released(8);
+  (void)r.gate().Release(absl::MakeSpan(released));
+  EXPECT_FALSE(r.gate().drop_unsettled(0));
+}
+
 // Kills at every step: for each batch's chain and every prefix of it (the primary died after
 // that many WRs reached the backup), the backup replays its last committed redo record and then
 // holds exactly the primary's state after the previous batch (record or commit word not yet
