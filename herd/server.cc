@@ -246,6 +246,7 @@ absl::Status Server::Start() {
     });
   }
   control_ = std::thread([this] { ControlLoop(); });
+  if (coordinator_ != nullptr) lease_keeper_ = std::thread([this] { KeepPrimaryLease(); });
   if (replication_listener_) replication_thread_ = std::thread([this] { ServeReplication(); });
   return absl::OkStatus();
 }
@@ -253,6 +254,7 @@ absl::Status Server::Start() {
 void Server::Stop() {
   if (!started_ || stop_.exchange(true)) return;
   control_.join();  // retires every session first, while the workers still run
+  if (lease_keeper_.joinable()) lease_keeper_.join();
   if (replication_thread_.joinable()) replication_thread_.join();  // detaches the primary
   for (std::thread& t : threads_) t.join();
   const ServerStats stats = Stats();

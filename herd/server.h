@@ -244,6 +244,8 @@ class Server {
   // backup's failover, a primary's fencing), attaches registered members as backups, and
   // commits their addition and removal.
   void Coordinate();
+  // A coordinated server's thread: while it acts as primary, renews its lease on its place.
+  void KeepPrimaryLease();
   void CoordinateAsPrimary(const Configuration& stored, int32_t version);
   void CoordinateAsBackup(const Configuration& stored, int32_t version);
   // Takes over as the primary of `next` (committed): waits for the old primary's detachment,
@@ -307,6 +309,7 @@ class Server {
   std::vector<WorkerResources> workers_;
   std::vector<std::thread> threads_;
   std::thread control_;
+  std::thread lease_keeper_;  // coordinated servers: KeepPrimaryLease
   std::atomic<bool> stop_{false};
   bool started_ = false;
   absl::Time start_time_;
@@ -342,8 +345,11 @@ class Server {
   // last granted it a read lease (the lease ends by then + read_lease).
   std::vector<std::string> backup_addresses_;
   std::vector<std::string> backup_members_;
-  std::vector<absl::Time> lease_granted_;
-  std::vector<absl::Time> drop_after_;
+  // On util::Lease::NowNs()'s monotonic clock, as the backups' leases (a wall clock that jumps
+  // would end a wait early).
+  static constexpr int64_t kNeverGranted = 0;
+  std::vector<int64_t> lease_granted_;
+  std::vector<int64_t> drop_after_;
 
   // Coordinated replication (control thread, but for the atomics).
   std::unique_ptr<Coordinator> coordinator_;
@@ -352,7 +358,6 @@ class Server {
   std::atomic<uint32_t> config_backups_{0};  // held_.backups.size(), for Stats
   uint64_t coordinator_changes_ = 0;         // coordinator_->changes() last acted on
   absl::Time next_coordination_ = absl::InfinitePast();
-  absl::Time next_confirm_ = absl::InfinitePast();
   // A backup's: the configuration it committed to take over, while the old primary detaches.
   std::optional<Configuration> taking_over_;
   uint64_t tried_epoch_ = 0;  // the epoch of this member's last promotion write

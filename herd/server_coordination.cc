@@ -31,7 +31,9 @@ namespace {
 // often anyway (each read is a round trip to the coordinator: on a small machine its CPU is
 // the clients').
 constexpr absl::Duration kCoordinationInterval = absl::Seconds(1);
-// A primary confirms its session this many times per session timeout ...
+// A primary confirms its session this many times per session timeout (its lease keeper thread,
+// which looks for the server's stop this often) ...
+constexpr absl::Duration kLeaseKeeperPoll = absl::Milliseconds(10);
 constexpr int64_t kConfirmsPerSession = 4;
 // ... and serves until this fraction of a session timeout past a confirmation's start: the
 // coordinator ends a session no sooner than a full timeout after the last message it got.
@@ -203,22 +205,33 @@ bool Server::CommitChange(const Configuration& next, int32_t version) {
   return true;
 }
 
+void Server::KeepPrimaryLease() {
+  // Its own thread: the control thread may wait seconds on a member's attach, and the workers
+  // must not stop serving meanwhile.
+  const ReplicationServerOptions& ro = options_.replication;
+  while (!stop_.load()) {
+    // promoted_ is set after any reconnection: from then on coordinator_ never changes.
+    if ((ro.role == ReplicationRole::kPrimary || promoted_.load()) && !fenced_.load()) {
+      if (coordinator_->expired()) {
+        Fence("the coordination session expired");
+      } else {
+        const int64_t sent = util::Lease::NowNs();
+        if (coordinator_->Confirm().ok() && !fenced_.load()) {
+          primary_lease_.ExtendTo(sent + absl::ToInt64Nanoseconds(coordinator_->session_timeout()) /
+                                             kPrimaryLeaseDivisor);
+        }
+      }
+    }
+    const absl::Time next = absl::Now() + ro.coordinator.session_timeout / kConfirmsPerSession;
+    while (!stop_.load() && absl::Now() < next) absl::SleepFor(kLeaseKeeperPoll);
+  }
+}
+
 void Server::Coordinate() {
   const ReplicationServerOptions& ro = options_.replication;
   const absl::Time now = absl::Now();
   const bool acting_primary = ro.role == ReplicationRole::kPrimary || promoted_.load();
-  if (acting_primary && !fenced_.load()) {
-    if (coordinator_->expired()) {
-      Fence("the coordination session expired");
-    } else if (now >= next_confirm_) {
-      next_confirm_ = now + coordinator_->session_timeout() / kConfirmsPerSession;
-      const int64_t sent = util::Lease::NowNs();
-      if (coordinator_->Confirm().ok() && !fenced_.load()) {
-        primary_lease_.ExtendTo(sent + absl::ToInt64Nanoseconds(coordinator_->session_timeout()) /
-                                           kPrimaryLeaseDivisor);
-      }
-    }
-  }
+  if (acting_primary && coordinator_->expired()) Fence("the coordination session expired");
   if (fenced_.load()) return;
   if (!acting_primary && coordinator_->expired()) {
     // A backup's session ended (it was paused or cut off for longer than the timeout): its
@@ -314,7 +327,7 @@ void Server::AnswerLeaseRequests(size_t b) {
     if (m->type != kLeaseRequest) continue;
     // Granted only while this primary is sure of its place: a fenced one lets them lapse.
     if (fenced_.load() || !primary_lease_.Valid()) continue;
-    lease_granted_[b] = absl::Now();
+    lease_granted_[b] = util::Lease::NowNs();
     (void)channel.Send(kLeaseGrant, m->payload);
   }
 }
@@ -329,7 +342,7 @@ bool Server::CommitAddition(size_t b) {
     return false;
   }
   if (!CommitChange(*next, held_version_)) return false;
-  lease_granted_[b] = absl::InfinitePast();
+  lease_granted_[b] = kNeverGranted;
   return true;
 }
 
@@ -337,7 +350,7 @@ void Server::SettleDrop(size_t b) {
   for (const WorkerResources& r : workers_) {
     if (!r.gate->dropped(b)) return;  // RequestDrop takes a few of the worker's loops
   }
-  if (absl::Now() < drop_after_[b]) return;  // its read lease may still run
+  if (util::Lease::NowNs() < drop_after_[b]) return;  // its read lease may still run
   const std::string& member = backup_members_[b];
   if (held_.HasBackup(member)) {
     absl::StatusOr<Configuration> next = DropBackupIn(held_, options_.replication.member, member);

@@ -147,8 +147,8 @@ absl::Status Server::PrepareLinks(transport::Device* device) {
     next_rejoin_.assign(kMaxBackups, absl::InfinitePast());
     backup_addresses_.assign(kMaxBackups, "");
     backup_members_.assign(kMaxBackups, "");
-    lease_granted_.assign(kMaxBackups, absl::InfinitePast());
-    drop_after_.assign(kMaxBackups, absl::InfinitePast());
+    lease_granted_.assign(kMaxBackups, kNeverGranted);
+    drop_after_.assign(kMaxBackups, kNeverGranted);
   }
   return absl::OkStatus();
 }
@@ -273,8 +273,9 @@ void Server::WatchBackups() {
       if (coordinated) {
         // Its gates hold releases until the configuration no longer lists it, once its read
         // lease ran out (a member still joining never had one, nor a place to lose).
-        drop_after_[b] = backup_states_[b] == BackupState::kLive ? lease_granted_[b] + LeaseWait()
-                                                                 : absl::InfinitePast();
+        drop_after_[b] = backup_states_[b] == BackupState::kLive
+                             ? lease_granted_[b] + absl::ToInt64Nanoseconds(LeaseWait())
+                             : kNeverGranted;
         backup_states_[b] = BackupState::kDropping;
         continue;
       }

@@ -38,9 +38,9 @@ namespace {
 namespace h = testing::history;
 
 constexpr char kServerBinary[] = "herd/herd_server";
-constexpr int kSessionTimeoutMs = 800;
+constexpr int kSessionTimeoutMs = 2000;
 constexpr char kCasFailedPrefix[] = "CAS_FAILED: the key's current version is ";
-constexpr int kReadLeaseMs = 250;
+constexpr int kReadLeaseMs = 500;
 constexpr uint32_t kKeys = 16;
 constexpr int kWriters = 2;
 constexpr int kReaders = 2;

@@ -24,8 +24,8 @@ namespace herd::testing {
 
 // Session timeout of the members' coordination sessions: a dead primary is replaced about this
 // long after it died.
-inline constexpr absl::Duration kTestSessionTimeout = absl::Milliseconds(800);
-inline constexpr absl::Duration kTestReadLease = absl::Milliseconds(300);
+inline constexpr absl::Duration kTestSessionTimeout = absl::Seconds(2);
+inline constexpr absl::Duration kTestReadLease = absl::Milliseconds(500);
 // What any awaited state change may take on a loaded 2-core machine (state transfers of every
 // partition included).
 inline constexpr absl::Duration kClusterDeadline = absl::Seconds(60);
