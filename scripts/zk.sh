@@ -57,13 +57,16 @@ EOF
     org.apache.zookeeper.server.ZooKeeperServerMain "$dir/zoo.cfg" >"$dir/zk.log" 2>&1 </dev/null &
   echo $! >"$dir/zk.pid"
   if [ -n "${HERD_ZK_OWNER:-}" ]; then
-    # A test's: it goes when its owner process does, however that ends (a crash included).
+    # A test's: it goes when its owner process does, however that ends (a crash included). The
+    # watcher names this server's pid, never the folder's pid file: a restart's new server is its
+    # own watcher's.
+    local java_pid
+    java_pid=$(pid_of "$dir")
+    ours() { tr '\0' ' ' <"/proc/$java_pid/cmdline" 2>/dev/null | grep -qF "$dir/zoo.cfg"; }
     (
       trap '' HUP
-      while kill -0 "$HERD_ZK_OWNER" 2>/dev/null && kill -0 "$(pid_of "$dir")" 2>/dev/null; do
-        sleep 1
-      done
-      kill -KILL "$(pid_of "$dir")" 2>/dev/null || true
+      while kill -0 "$HERD_ZK_OWNER" 2>/dev/null && ours; do sleep 1; done
+      if ours; then kill -KILL "$java_pid" 2>/dev/null || true; fi
     ) </dev/null >/dev/null 2>&1 &
     disown
   fi
