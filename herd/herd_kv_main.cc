@@ -534,7 +534,12 @@ int main(int argc, char** argv) {
   absl::StatusOr<herd::ClientOptions> options = ClientOptionsFromFlags();
   if (!options.ok()) return UsageFailure(options.status());
   absl::StatusOr<std::vector<std::string>> servers = ServersFromFlags();
-  if (!servers.ok()) return UsageFailure(servers.status());
+  if (!servers.ok()) {
+    // A bad flag is a usage error; a coordinator that does not answer, or a cluster with no
+    // member registered, is a server that cannot be reached.
+    return absl::IsInvalidArgument(servers.status()) ? UsageFailure(servers.status())
+                                                     : Fail(kExitUnreachable, servers.status());
+  }
   const int exit_code = Run(*command, *options, *servers);
   if (fflush(stdout) != 0 && exit_code == kExitOk) {
     return Fail(kExitFailed,

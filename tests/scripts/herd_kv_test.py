@@ -12,6 +12,7 @@ usage: tests/scripts/herd_kv_test.py [-v]
 import json
 import os
 import pathlib
+import shutil
 import select
 import signal
 import socket
@@ -563,6 +564,101 @@ class HerdKvFollowTest(unittest.TestCase):
                               capture_output=True, timeout=RUN_TIMEOUT_S)
         self.assertEqual((done.returncode, done.stdout), (EXIT_OK, b"once"), done.stderr)
         self.assertIn(f"version={version}".encode(), done.stderr)
+
+
+class HerdKvCoordinatorTest(unittest.TestCase):
+    """--coordinator on a coordinated cluster (a private ZooKeeper, a primary and two backups
+    that join it by state transfer): herd_kv finds the primary through the configuration, and
+    after the primary is killed and a backup takes over by itself (no operator), the same
+    command reaches the new primary and every acknowledged write is there."""
+
+    SESSION_MS = 2000
+    DEADLINE_S = 60
+
+    @classmethod
+    def setUpClass(cls):
+        cls.admin = replication_binaries()
+        cls.zk_dir = tempfile.mkdtemp(prefix="herd-kv-zk-")
+        started = subprocess.run([str(REPO / "scripts" / "zk.sh"), "start", cls.zk_dir],
+                                 capture_output=True, timeout=RUN_TIMEOUT_S,
+                                 env={**os.environ, "HERD_ZK_OWNER": str(os.getpid())})
+        assert started.returncode == 0, started.stderr.decode(errors="replace")
+        cls.zk = started.stdout.decode().strip()
+        cls.fabric = [f"--shm_fabric_name=herd-kv-coordinator-{os.getpid()}"]
+        cls.servers = {}
+        cls.logs = []
+        for name, role in (("a", "primary"), ("b", "backup"), ("c", "backup")):
+            log = tempfile.TemporaryFile()
+            cls.logs.append(log)
+            server = subprocess.Popen(
+                [str(SERVER), "--port=0", "--replication_port=0", "--workers=1",
+                 "--pin_workers=false", "--max_clients=8", "--mica_items=4096",
+                 "--mica_log_bytes=4194304", f"--coordinator={cls.zk}", "--cluster=kv",
+                 f"--member={name}", f"--role={role}",
+                 f"--session_timeout_ms={cls.SESSION_MS}"] + cls.fabric,
+                stdout=subprocess.PIPE, stderr=log, start_new_session=True)
+            cls.servers[name] = server
+            ready = read_ready_line(server, SERVER_READY_TIMEOUT_S)
+            if name == "a":
+                cls.primary_address = "127.0.0.1:" + ready.split(" port=", 1)[1].split()[0]
+        # Both backups in sync (joined by state transfer, added to the configuration).
+        deadline = time.time() + cls.DEADLINE_S
+        while time.time() < deadline:
+            stats = subprocess.run([str(cls.admin), "stats", cls.primary_address],
+                                   capture_output=True, timeout=RUN_TIMEOUT_S)
+            try:
+                replication = json.loads(stats.stdout)["stats"]["replication"]
+            except (ValueError, KeyError):
+                replication = {}
+            if replication.get("backups") == 2 and replication.get("live_backups") == 2:
+                return
+            time.sleep(0.1)
+        raise AssertionError("the backups never joined the coordinated primary")
+
+    @classmethod
+    def tearDownClass(cls):
+        for server in cls.servers.values():
+            stop_server(server)
+        for log in cls.logs:
+            log.close()
+        subprocess.run([str(REPO / "scripts" / "zk.sh"), "stop", cls.zk_dir], timeout=60)
+        shutil.rmtree(cls.zk_dir, ignore_errors=True)
+
+    def kv(self, *args):
+        done = subprocess.run([str(HERD_KV), f"--coordinator={self.zk}", "--cluster=kv",
+                               "--timeout_ms=3000"] + self.fabric + list(args),
+                              capture_output=True, timeout=RUN_TIMEOUT_S)
+        return done.returncode, done.stdout, done.stderr.decode(errors="replace")
+
+    def test_the_configuration_leads_to_the_primary_before_and_after_a_failover(self):
+        code, stdout, stderr = self.kv("put", "k", "v1")
+        self.assertEqual(code, EXIT_OK, stderr)
+        first_version = int(stdout)
+        code, stdout, stderr = self.kv("get", "k")
+        self.assertEqual((code, stdout), (EXIT_OK, b"v1"), stderr)
+        self.servers["a"].kill()
+        self.servers["a"].wait()
+        # A backup takes over about a session timeout later; until then the configuration still
+        # names the dead primary and the backups refuse writes.
+        deadline = time.time() + self.DEADLINE_S
+        while True:
+            code, stdout, stderr = self.kv("put", "k", "v2")
+            if code == EXIT_OK:
+                break
+            self.assertLess(time.time(), deadline, stderr)
+            time.sleep(0.1)
+        self.assertGreater(int(stdout), first_version)  # versions never reused across epochs
+        code, stdout, stderr = self.kv("get", "k")
+        self.assertEqual((code, stdout), (EXIT_OK, b"v2"), stderr)
+        code, _, stderr = self.kv("--members=127.0.0.1:1", "get", "k")
+        self.assertEqual(code, EXIT_USAGE, stderr)
+        self.assertIn("drop --members", stderr)
+
+    def test_a_coordinator_nobody_runs_is_unreachable(self):
+        done = subprocess.run([str(HERD_KV), "--coordinator=127.0.0.1:1", "--timeout_ms=300",
+                               "get", "k"], capture_output=True, timeout=RUN_TIMEOUT_S)
+        self.assertEqual(done.returncode, EXIT_UNREACHABLE, done.stderr)
+        self.assertIn(b"127.0.0.1:1", done.stderr)
 
 if __name__ == "__main__":
     unittest.main()
