@@ -74,7 +74,6 @@ class Coordinator {
   // primary until t + session_timeout() minus its margin (its lease).
   absl::StatusOr<absl::Time> Confirm();
   absl::Duration session_timeout() const;  // as the service granted it
-  const CoordinatorOptions& options() const { return options_; }
 
  private:
   explicit Coordinator(const CoordinatorOptions& options);
