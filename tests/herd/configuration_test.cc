@@ -9,13 +9,7 @@
 namespace herd {
 namespace {
 
-Configuration Three() {
-  Configuration c;
-  c.epoch = 4;
-  c.primary = "p";
-  c.backups = {"b1", "b2"};
-  return c;
-}
+Configuration Three() { return Configuration{4, "p", {"b1", "b2"}}; }
 
 TEST(ConfigurationTest, EncodeDecodeRoundTrips) {
   for (Configuration c : {Three(), Configuration{1, "solo", {}}}) {
