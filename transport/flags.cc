@@ -24,6 +24,9 @@ DEFINE_uint32(inject_delay_jitter_us, 0,
 DEFINE_uint32(inject_slow_read_us, 0,
               "shm: a READ copies its bytes in pieces with this pause between them, so the "
               "responder's memory can change under it (implies --shm_async)");
+DEFINE_string(shm_partition_file, "",
+              "shm: obey the partition table in this file (created if missing): WRs between "
+              "processes cut apart there are lost (`shm_partition` cuts and heals)");
 DEFINE_bool(shm_async, false,
             "shm: execute send WRs on a progress thread after PostSend returns, as a NIC does");
 
@@ -90,6 +93,7 @@ absl::StatusOr<DeviceOptions> DeviceOptionsFromFlags() {
   options.faults.delay_jitter_us = FLAGS_inject_delay_jitter_us;
   options.faults.write_disorder = FLAGS_inject_write_disorder;
   options.faults.slow_read_us = FLAGS_inject_slow_read_us;
+  options.faults.partition_file = FLAGS_shm_partition_file;
   options.shm_async = FLAGS_shm_async;
   return options;
 }

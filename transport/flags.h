@@ -1,7 +1,8 @@
 // Command-line choice of fabric and device (gflags), shared by every binary that opens one:
 //   --fabric=shm|verbs --device --shm_fabric_name --mtu --ib_port --gid_index
 //   --inject_ud_loss --inject_uc_loss --inject_delay_us --inject_delay_jitter_us
-//   --inject_write_disorder --inject_slow_read_us (shm fault injection) --shm_async
+//   --inject_write_disorder --inject_slow_read_us --shm_partition_file (shm fault injection)
+//   --shm_async
 //   --hugepages (the pages of the large registered regions)
 //   --connect=tcp|cm (how clients join servers)
 #ifndef HERD_TRANSPORT_FLAGS_H_

@@ -524,6 +524,11 @@ absl::StatusOr<std::unique_ptr<ShmDevice>> ShmDevice::Open(const DeviceOptions& 
   const bool async = options.shm_async || faults.delay_us > 0 || faults.delay_jitter_us > 0 ||
                      faults.write_disorder > 0 || faults.slow_read_us > 0;
   std::unique_ptr<ShmDevice> device(new ShmDevice(*std::move(segment), faults, async));
+  if (!faults.partition_file.empty()) {
+    absl::StatusOr<PartitionTable> partitions = PartitionTable::Open(faults.partition_file);
+    if (!partitions.ok()) return partitions.status();
+    device->partitions_ = std::make_unique<PartitionTable>(*std::move(partitions));
+  }
   if (async) device->progress_thread_ = std::thread([d = device.get()] { d->RunProgress(); });
   return device;
 }

@@ -12,6 +12,7 @@
 #include "absl/types/span.h"
 #include "transport/fabric.h"
 #include "transport/shared_memory.h"
+#include "transport/shm/partition_table.h"
 #include "transport/shm/segment.h"
 #include "util/mutex.h"
 
@@ -129,6 +130,10 @@ class ShmDevice : public Device {
   absl::StatusOr<QpEntry*> AddQp(ShmQp* qp, QpType type, uint32_t pd);
   void RemoveQp(QpEntry* entry);
   const FaultOptions& faults() const { return faults_; }
+  // Whether FaultOptions::partition_file cuts this device's process off from `peer`'s.
+  bool CutFrom(const Peer& peer) const {
+    return partitions_ != nullptr && partitions_->IsCut(segment_->header()->pid, peer.header()->pid);
+  }
   // Asynchronous mode (DeviceOptions::shm_async, or an injected delay): a progress thread runs
   // the QPs' pending send WRs.
   bool async() const { return async_; }
@@ -144,6 +149,7 @@ class ShmDevice : public Device {
   void RunProgress();
   std::unique_ptr<SegmentMapping> segment_;
   const FaultOptions faults_;
+  std::unique_ptr<PartitionTable> partitions_;  // FaultOptions::partition_file, or null
   const bool async_;
   std::thread progress_thread_;
   std::atomic<bool> stop_progress_{false};

@@ -370,7 +370,9 @@ std::optional<CompletionStatus> ShmQp::Execute(const SendWr& wr, uint32_t* byte_
     return CompletionStatus::kSuccess;
   }
   Peer* peer = PeerFor(wr);
-  if (peer == nullptr || peer->header()->alive.load(std::memory_order_acquire) == 0) {
+  // A partitioned peer looks like a dead one: nothing arrives, RC gives up on it.
+  if (peer == nullptr || peer->header()->alive.load(std::memory_order_acquire) == 0 ||
+      device_->CutFrom(*peer)) {
     if (reliable) return CompletionStatus::kRetryExceeded;
     outbound_dropped_.Add();
     return CompletionStatus::kSuccess;
