@@ -50,6 +50,9 @@ DEFINE_string(cluster, "herd", "--coordinator: the cluster's name");
 DEFINE_string(member, "", "--coordinator: this server's name in the cluster (unique)");
 DEFINE_string(advertise_host, "127.0.0.1",
               "--coordinator: the host other members and clients reach this server at");
+DEFINE_uint32(advertise_replication_port, 0,
+              "--coordinator: the replication port other members dial, when not the one listened "
+              "on (a port forward, a proxy); 0: --replication_port");
 DEFINE_bool(auto_failover, true,
             "--coordinator, --role=backup: take over when the primary's session ends");
 DEFINE_uint32(session_timeout_ms, 2000,
@@ -138,6 +141,12 @@ int main(int argc, char** argv) {
     options.replication.coordinator.session_timeout = absl::Milliseconds(FLAGS_session_timeout_ms);
     options.replication.member = FLAGS_member;
     options.replication.advertise_host = FLAGS_advertise_host;
+    if (FLAGS_advertise_replication_port > 65535) {
+      return Fail(absl::InvalidArgumentError(absl::StrCat(
+          "--advertise_replication_port=", FLAGS_advertise_replication_port, ": not a port")));
+    }
+    options.replication.advertise_replication_port =
+        static_cast<uint16_t>(FLAGS_advertise_replication_port);
     options.replication.auto_failover = FLAGS_auto_failover;
     options.replication.read_lease = absl::Milliseconds(FLAGS_read_lease_ms);
   }

@@ -63,6 +63,9 @@ struct ReplicationServerOptions {
   CoordinatorOptions coordinator;
   std::string member;                        // this server's name in the cluster
   std::string advertise_host = "127.0.0.1";  // the host its registration names
+  // The replication port its registration names, when the primary must dial another than the
+  // one it listens on (a port forward, a proxy); 0: the port it listens on.
+  uint16_t advertise_replication_port = 0;
   bool auto_failover = true;
   // A backup answers GETs only this long after the primary last renewed its lease; a primary
   // waits this long (plus a margin) after its last renewal before it goes on without a backup.

@@ -164,7 +164,9 @@ absl::Status Server::Register() {
   MemberInfo info;
   info.client_address = HostPort(ro.advertise_host, port());
   if (replication_listener_ != nullptr) {
-    info.replication_address = HostPort(ro.advertise_host, replication_listener_->port());
+    info.replication_address = HostPort(ro.advertise_host, ro.advertise_replication_port != 0
+                                                               ? ro.advertise_replication_port
+                                                               : replication_listener_->port());
   }
   // A member restarted at once finds its previous life's registration until that session
   // expires.

@@ -20,6 +20,7 @@ class PrivateZooKeeper {
   const absl::Status& status() const { return status_; }
   bool ok() const { return status_.ok(); }
   const std::string& hosts() const { return hosts_; }  // "127.0.0.1:PORT"
+  uint16_t port() const { return static_cast<uint16_t>(std::stoi(port_)); }
   // SIGKILL (its sessions then expire for its clients) and start again on the same port.
   absl::Status Kill();
   absl::Status Start();
