@@ -342,7 +342,7 @@ struct FaultOptions {
   // A partition table (transport/shm/partition_table.h) this device obeys: a WR between two
   // processes cut apart there is lost (UD/UC silently, RC with RETRY_EXCEEDED), in either
   // direction, from the moment of the cut until it heals. Created if missing. Empty: none.
-  std::string partition_file;
+  std::string partition_file = {};  // (initialised: designated initialisers may omit it)
   bool any() const {
     return ud_loss > 0 || uc_loss > 0 || delay_us > 0 || delay_jitter_us > 0 ||
            write_disorder > 0 || slow_read_us > 0 || !partition_file.empty();
