@@ -132,7 +132,8 @@ class ShmDevice : public Device {
   const FaultOptions& faults() const { return faults_; }
   // Whether FaultOptions::partition_file cuts this device's process off from `peer`'s.
   bool CutFrom(const Peer& peer) const {
-    return partitions_ != nullptr && partitions_->IsCut(segment_->header()->pid, peer.header()->pid);
+    return partitions_ != nullptr &&
+           partitions_->IsCut(segment_->header()->pid, peer.header()->pid);
   }
   // Asynchronous mode (DeviceOptions::shm_async, or an injected delay): a progress thread runs
   // the QPs' pending send WRs.
