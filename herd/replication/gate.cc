@@ -215,6 +215,13 @@ void ReplicationGate::OrderRanges() {
 
 bool ReplicationGate::PostPending() {
   const bool anyone = live_ > 0 || joining_;
+  if (!anyone && awaiting_consent_ > 0 && !changes_.ranges().empty()) {
+    // Every backup dropped, and a drop not consented to yet: a dropped backup may still serve
+    // reads (its lease) or be promoted (the configuration), and these writes reach nobody. Their
+    // answers wait, unposted, with the changes, until the consent (or for good, if this primary
+    // is fenced first); posted to nobody now, they would be released with an older batch.
+    return false;
+  }
   if (!changes_.ranges().empty() && anyone) {
     // A full window first (cheap, and a deferred batch is retried on every worker loop): the
     // ranges are ordered and sized only when they can go.
@@ -248,8 +255,10 @@ bool ReplicationGate::PostPending() {
     // (its answer may name a version still in flight there).
     changes_.Clear();
     // With nobody to write to, nobody can lack these writes (a later joiner copies them): the
-    // watermark moves past them, or it would stay behind every write made alone.
-    if (!(live_ > 0 || joining_)) {
+    // watermark moves past them, or it would stay behind every write made alone. Not while a
+    // drop awaits consent: the dropped backup lacks what its last chains carried, and a read
+    // of that must wait as long as their answers do.
+    if (!(live_ > 0 || joining_) && awaiting_consent_ == 0) {
       released_clock_ = std::max(released_clock_, partition_->version_clock());
     }
     AssignUnposted(last_posted_);

@@ -517,6 +517,85 @@ TEST(ReplicationGate, ADropAwaitingConsentReleasesNothingTheBackupLacks) {
   EXPECT_TRUE(r.gate().ReadsCaughtUp());
 }
 
+// Issue 35's partition-primary violation: a primary cut off from every backup went on to
+// answer GETs with a write none of them holds (and the configuration's next primary lacks),
+// once a batch with nobody left to write to moved the read watermark past every version. While
+// a drop awaits consent, a read of what the dropped backups lack waits, however many batches
+// pass; after the consent it goes at once.
+TEST(ReplicationGate, AReadOfAWriteEveryDroppedBackupLacksWaitsForConsent) {
+  Replicated r;
+  ReplicationOptions options = Patient();
+  options.drops_need_consent = true;
+  ASSERT_TRUE(r.Open(mica::StoreMode::kStore, "shm", 2, options,
+                     absl::StrCat("gate-cut-reads-", getpid())));
+  mica::Request put;
+  put.op = mica::OpCode::kPut;
+  put.key = "cut-off";
+  put.keyhash = mica::KeyHash(put.key);
+  put.value = "v1";
+  ASSERT_TRUE(r.ReleaseAll(r.Run({put}).size()));
+  r.link_qp(0).SetError();
+  r.link_qp(1).SetError();
+  put.value = "v2";
+  const uint64_t v2 = r.Run({put})[0].version;
+  std::vector<HeldId> released(8);
+  const absl::Time give_up = absl::Now() + kCompletionDeadline;
+  while (!(r.gate().dropped(0) && r.gate().dropped(1)) && absl::Now() < give_up) {
+    ASSERT_EQ(r.gate().Release(absl::MakeSpan(released)), 0u) << "v2 is at no backup";
+  }
+  ASSERT_EQ(r.gate().live_backups(), 0u);
+  // Batches of GETs alone, with nobody left to write to.
+  for (int i = 0; i < 4; ++i) {
+    r.gate().EndBatch();
+    ASSERT_EQ(r.gate().Release(absl::MakeSpan(released)), 0u);
+    ASSERT_TRUE(r.gate().ReadMustWait(true, v2, put.keyhash))
+        << "a read of a write no backup holds goes out while its drops await consent";
+    ASSERT_FALSE(r.gate().ReadsCaughtUp());
+  }
+  r.gate().ConsentToDrop(0);
+  r.gate().ConsentToDrop(1);
+  EXPECT_TRUE(r.ReleaseAll(1));
+  EXPECT_FALSE(r.gate().ReadMustWait(true, v2, put.keyhash)) << "consented: nobody can lack it";
+  EXPECT_TRUE(r.gate().ReadsCaughtUp());
+}
+
+// The same cut, found by the control thread first (RequestDrop: the backups' control connections
+// closed) after every chain completed: a write made then reaches nobody, and its answer waits
+// for the consent; posted to nobody, it went out with the last (completed) batch at once,
+// acknowledged though a dropped backup that could still be promoted lacks it.
+TEST(ReplicationGate, AWriteMadeWithEveryBackupDroppedWaitsForConsent) {
+  Replicated r;
+  ReplicationOptions options = Patient();
+  options.drops_need_consent = true;
+  ASSERT_TRUE(r.Open(mica::StoreMode::kCache, "shm", 2, options,
+                     absl::StrCat("gate-cut-writes-", getpid())));
+  mica::Request put;
+  put.op = mica::OpCode::kPut;
+  put.key = "written-alone";
+  put.keyhash = mica::KeyHash(put.key);
+  put.value = "v1";
+  ASSERT_TRUE(r.ReleaseAll(r.Run({put}).size()));
+  r.gate().RequestDrop(0);
+  r.gate().RequestDrop(1);
+  std::vector<HeldId> released(8);
+  const absl::Time give_up = absl::Now() + kCompletionDeadline;
+  while (!(r.gate().dropped(0) && r.gate().dropped(1)) && absl::Now() < give_up) {
+    ASSERT_EQ(r.gate().Release(absl::MakeSpan(released)), 0u);
+  }
+  ASSERT_EQ(r.gate().live_backups(), 0u);
+  put.value = "v2";
+  const uint64_t v2 = r.Run({put})[0].version;
+  for (int i = 0; i < 2 * 1024; ++i) {
+    ASSERT_EQ(r.gate().Release(absl::MakeSpan(released)), 0u)
+        << "a write no backup holds was acknowledged while its drops await consent";
+  }
+  EXPECT_TRUE(r.gate().ReadMustWait(true, v2, put.keyhash));
+  r.gate().ConsentToDrop(0);
+  r.gate().ConsentToDrop(1);
+  EXPECT_TRUE(r.ReleaseAll(1));
+  EXPECT_FALSE(r.gate().ReadMustWait(true, v2, put.keyhash));
+}
+
 // A consent that holds nothing (the control thread's for a backup dropped while it was still
 // joining, never live) is settled too: left set, it would refuse every later OfferLink for the
 // slot, and the slot would never take a backup again.

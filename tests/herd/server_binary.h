@@ -31,6 +31,7 @@ class ServerBinary {
   bool running() const { return pid_ > 0; }
   uint16_t port() const { return port_; }
   pid_t pid() const { return pid_; }
+  const std::string& log() const { return log_; }
 
  private:
   std::string binary_;
