@@ -2,13 +2,13 @@
 # The chaos checker of coordinated replication (issue 35), long form: ROUNDS rounds of mixed
 # faults on ONE cluster of three herd_server processes and a private ZooKeeper (kill -9 of the
 # primary or a backup, SIGSTOP past the session or the read lease, promotions racing the
-# automatic one, the coordinator killed and restarted, a backup partitioned), one history checked
-# at the end (tests/herd/coordinated_chaos_test.cc). CI runs its short form through `bazel test`.
+# automatic one, the coordinator killed and restarted, a backup or the primary partitioned), one
+# history checked at the end (tests/herd/coordinated_chaos_test.cc). CI runs its short form
+# through `bazel test`.
 #
 # usage: scripts/chaos_check.sh [ROUNDS [SEED]]   (default 50 rounds, seed 1)
 #   HERD_CHAOS_FAULT=NAME runs that fault every round (kill-primary, kill-backup, pause-primary,
-#   pause-backup, race-promotions, restart-coordinator, partition-backup, partition-primary: the
-#   last one is out of the mix, it still finds violations; docs/architecture.md).
+#   pause-backup, race-promotions, restart-coordinator, partition-backup, partition-primary).
 # Prints the run's CHAOS_RUN JSON line (rounds, operations, acknowledged, violations, lost, stale,
 # double_applied, faults by kind) and exits non-zero on any violation; the servers' logs stay in
 # the folder it names.
