@@ -54,6 +54,9 @@ constexpr uint32_t kKeys = 16;
 constexpr int kWriters = 2;
 constexpr int kReaders = 2;
 constexpr int kDefaultRounds = 6;
+// Its 6 rounds are 6 different faults: race-promotions, pause-backup, partition-backup,
+// kill-primary, restart-coordinator, pause-primary (the partitions have tests of their own).
+constexpr int kDefaultSeed = 188;
 // Any awaited change (a failover, a rejoin with its state transfer) on a loaded 2-core machine.
 constexpr absl::Duration kChangeDeadline = absl::Seconds(90);
 // An operation to a member that died or was fenced ends (unknown) after this.
@@ -591,7 +594,7 @@ void RunChaos(int rounds, uint64_t seed, const std::function<Fault(std::mt19937_
 
 TEST(CoordinatedChaos, EveryHistoryChecksOutThroughMixedFaults) {
   const char* only = getenv("HERD_CHAOS_FAULT");  // NAME: every round that fault (to hunt one)
-  RunChaos(EnvInt("HERD_CHAOS_ROUNDS", kDefaultRounds), EnvInt("HERD_CHAOS_SEED", 1),
+  RunChaos(EnvInt("HERD_CHAOS_ROUNDS", kDefaultRounds), EnvInt("HERD_CHAOS_SEED", kDefaultSeed),
            [only](std::mt19937_64& rng, int) {
              Fault fault = static_cast<Fault>(rng() % kMixedFaults);
              for (int f = 0; only != nullptr && f < kFaults; ++f) {
