@@ -1,6 +1,7 @@
 #include "herd/server.h"
 
 #include <algorithm>
+#include <array>
 #include <random>
 
 #include "absl/strings/str_format.h"
@@ -34,6 +35,11 @@ constexpr uint32_t kMaxHandshakeBytes = 256 << 10;
 // Completion queue entries per worker beyond its UD queues' signalled sends: error completions
 // of session queues (every failed WR completes).
 constexpr uint32_t kSendCqSlack = 4096;
+// The fence sink's receives (Worker::RequestFence: at most one fence per UD queue per idle
+// loop, and the control thread gives them back every pass), each room for a GRH and nothing.
+constexpr uint32_t kFenceReceives = 64;
+constexpr uint32_t kFenceReceiveBytes = 64;
+static_assert(kFenceReceiveBytes >= transport::kGrhBytes);
 
 // Over RDMA-CM a message is one RC SEND of at most kCmMaxMessageBytes: the largest Welcome this
 // configuration sends (every endpoint list full) must fit, or no client could ever join.
@@ -201,6 +207,7 @@ absl::Status Server::Init() {
                                         r.reader.get(), coordinated ? &primary_lease_ : nullptr);
     if (absl::Status s = r.worker->PostInitialReceives(); !s.ok()) return s;
   }
+  if (absl::Status s = PrepareFences(); !s.ok()) return s;
   transport::control::PendingOptions pending;
   pending.max_payload = kMaxHandshakeBytes;
   pending.first_message_timeout = kHandshakeTimeout;
@@ -640,6 +647,7 @@ void Server::Retire(Session& session) {
     retired.handles.push_back(std::move(session.workers[w].ah));
   }
   graveyard_.push_back(std::move(retired));
+  graveyard_size_.store(graveyard_.size(), std::memory_order_relaxed);
   session.workers.clear();
   session.landing_mr.reset();
   session.landing.reset();
@@ -663,12 +671,88 @@ void Server::Retire(Session& session) {
 }
 
 void Server::BuryRetiredHandles() {
+  ReclaimFenceReceives();
+  if (graveyard_.empty()) return;
   std::erase_if(graveyard_, [](const RetiredHandles& r) {
     for (const auto& [progress, posted] : r.wait_for) {
       if (progress->retired.load(std::memory_order_acquire) < posted) return false;
     }
     return true;
   });
+  graveyard_size_.store(graveyard_.size(), std::memory_order_relaxed);
+  // A worker with no more requests would never retire its last unsignalled WRs, and every later
+  // departure would wait here with a mapping of its client's device: an idle worker fences.
+  if (!graveyard_.empty()) {
+    for (WorkerResources& r : workers_) r.worker->RequestFence();
+  }
+}
+
+absl::Status Server::PrepareFences() {
+  if (absl::Status s = Take(device_->CreateCq(kFenceReceives + 1), &fence_cq_); !s.ok()) return s;
+  transport::QpConfig qc;
+  qc.type = transport::QpType::kUd;
+  qc.send_cq = fence_cq_.get();
+  qc.recv_cq = fence_cq_.get();
+  qc.max_send_wr = 1;
+  qc.max_recv_wr = kFenceReceives;
+  if (absl::Status s = Take(pd_->CreateQp(qc), &fence_sink_); !s.ok()) return s;
+  transport::ConnectConfig connect;
+  connect.qkey = kQkey;
+  if (absl::Status s = fence_sink_->Connect(connect); !s.ok()) return s;
+  absl::StatusOr<transport::SharedMemory> buffers = transport::SharedMemory::Allocate(
+      uint64_t{kFenceReceives} * kFenceReceiveBytes, "herd-fences");
+  if (!buffers.ok()) return buffers.status();
+  fence_buffers_ = std::make_unique<transport::SharedMemory>(*std::move(buffers));
+  if (absl::Status s = Take(pd_->RegisterMemory(fence_buffers_->data(), fence_buffers_->size(),
+                                                transport::kLocalWrite),
+                            &fence_mr_);
+      !s.ok()) {
+    return s;
+  }
+  std::vector<uint32_t> all(kFenceReceives);
+  for (uint32_t i = 0; i < kFenceReceives; ++i) all[i] = i;
+  PostFenceReceives(all);
+  const transport::QpEndpoint sink = fence_sink_->endpoint();
+  if (absl::Status s = Take(pd_->CreateAddressHandle({sink.lid, sink.gid}), &fence_ah_); !s.ok()) {
+    return s;
+  }
+  for (WorkerResources& r : workers_) {
+    r.worker->SetFenceTarget(FenceTarget{fence_ah_.get(), sink.qp_num, kQkey});
+  }
+  return absl::OkStatus();
+}
+
+void Server::PostFenceReceives(absl::Span<const uint32_t> indices) {
+  if (indices.empty()) return;
+  std::vector<transport::Sge> sges(indices.size());
+  std::vector<transport::RecvWr> wrs(indices.size());
+  for (size_t i = 0; i < indices.size(); ++i) {
+    sges[i] = transport::Sge{reinterpret_cast<uint64_t>(fence_buffers_->data()) +
+                                 uint64_t{indices[i]} * kFenceReceiveBytes,
+                             kFenceReceiveBytes, fence_mr_->lkey()};
+    wrs[i].wr_id = indices[i];
+    wrs[i].sg_list = &sges[i];
+    wrs[i].num_sge = 1;
+    wrs[i].next = i + 1 < indices.size() ? &wrs[i + 1] : nullptr;
+  }
+  transport::RecvWr* bad = nullptr;
+  if (absl::Status s = fence_sink_->PostRecv(wrs.data(), &bad); !s.ok()) {
+    LOG_EVERY_N(WARNING, 100) << "the fence sink's receives were not posted: " << s;
+  }
+}
+
+void Server::ReclaimFenceReceives() {
+  if (fence_cq_ == nullptr) return;
+  std::array<transport::Completion, kFenceReceives> completions;
+  const size_t got = fence_cq_->Poll(absl::MakeSpan(completions));
+  if (got == 0) return;
+  std::array<uint32_t, kFenceReceives> indices;
+  size_t n = 0;
+  for (size_t i = 0; i < got; ++i) {
+    if (completions[i].wr_id < kFenceReceives)
+      indices[n++] = static_cast<uint32_t>(completions[i].wr_id);
+  }
+  PostFenceReceives(absl::MakeConstSpan(indices.data(), n));
 }
 
 uint64_t Server::DrawSecret() {

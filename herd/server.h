@@ -116,6 +116,10 @@ struct ServerStats {
   uint64_t extra_buckets_capacity = 0;         // per worker
   uint64_t no_memory_pool = 0, no_memory_index = 0, moves = 0;
   uint32_t sessions = 0, clients = 0;
+  // Departed sessions whose address handles still wait for the UD queues to retire past what
+  // they had posted (they pin a mapping of the client's device each), and the fences the idle
+  // workers posted so that they do (Worker::RequestFence).
+  uint64_t sessions_unreclaimed = 0, fences = 0;
   // Replication (ReplicationRole): the role; a primary's gates summed (live_backups: the fewest
   // any worker still has, < backups means degraded); a backup's replica reads, and whether a
   // primary is attached.
@@ -264,6 +268,12 @@ class Server {
   bool CommitChange(const Configuration& next, int32_t version);
   // Destroys the retired address handles no posted WR can name any more.
   void BuryRetiredHandles();
+  // Makes the fence sink and its handle, and hands them to the workers.
+  absl::Status PrepareFences();
+  // Gives the sink back the receives fences took.
+  void ReclaimFenceReceives();
+  // (Re)posts the sink's receives named by `indices`.
+  void PostFenceReceives(absl::Span<const uint32_t> indices);
   static uint64_t DrawSecret();
   // The first of `count` contiguous free client ids for a join (a resuming one's old ids when
   // they are free), or why there are none.
@@ -289,6 +299,15 @@ class Server {
     std::vector<std::unique_ptr<transport::AddressHandle>> handles;
   };
   std::vector<RetiredHandles> graveyard_;
+  std::atomic<uint64_t> graveyard_size_{0};  // for Stats()
+  // Where the workers' fences go (Worker::RequestFence): a UD QP whose receives the control
+  // thread gives back (ReclaimFences), and the handle that names it. Declared before workers_:
+  // destroyed after the QPs whose WRs may name it.
+  std::unique_ptr<transport::CompletionQueue> fence_cq_;
+  std::unique_ptr<transport::QueuePair> fence_sink_;
+  std::unique_ptr<transport::SharedMemory> fence_buffers_;
+  std::unique_ptr<transport::MemoryRegion> fence_mr_;
+  std::unique_ptr<transport::AddressHandle> fence_ah_;
 
   // Destroyed in reverse: the worker, then its QPs (whose pending WRs read the staging and
   // receive buffers), then the memory, then the CQs.

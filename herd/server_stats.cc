@@ -118,6 +118,7 @@ ServerStats Server::Stats() const {
     stats.rejected += k.rejected.Get();
     stats.dropped += k.dropped.Get();
     stats.response_queue_full += k.response_queue_full.Get();
+    stats.fences += k.fences.Get();
     stats.internal_errors += k.internal_errors.Get();
     stats.resumed_outcomes += k.resumed_outcomes.Get();
     stats.unrecorded_outcomes += k.unrecorded_outcomes.Get();
@@ -181,6 +182,7 @@ ServerStats Server::Stats() const {
   stats.fabric = device_->counters();
   stats.sessions = session_count_.load();
   stats.clients = client_count_.load();
+  stats.sessions_unreclaimed = graveyard_size_.load(std::memory_order_relaxed);
   return stats;
 }
 
@@ -209,18 +211,20 @@ std::string StatsJson(const ServerStats& s, const ServerStats& since, double sec
     copied.push_back(absl::StrCat(s.copied_values[w] - before(since.copied_values, w)));
   }
   return absl::StrFormat(
-      "{\"mops\":%.3f,\"worker_mops\":[%s],\"batch\":%.2f,\"clients\":%d,\"bad\":%d,"
+      "{\"mops\":%.3f,\"worker_mops\":[%s],\"batch\":%.2f,\"clients\":%d,\"sessions\":%d,"
+      "\"sessions_unreclaimed\":%d,\"fences\":%d,\"bad\":%d,"
       "\"replays\":%d,\"duplicates\":%d,\"rejected\":%d,\"dropped\":%d,"
       "\"response_queue_full\":%d,\"no_memory\":%d,"
       "\"internal\":%d,"
       "\"get_hit_ratio\":[%s],\"get_misses\":[%s],\"evictions\":[%s],\"log_wraps\":[%s],"
       "\"out_of_line\":[%s],\"copied_values\":[%s],\"mode\":\"%s\",%s%s\"fabric\":%s}",
       requests / seconds / 1e6, absl::StrJoin(mops, ","),
-      batches == 0 ? 0.0 : static_cast<double>(requests) / batches, s.clients, s.bad_requests,
-      s.replays, s.duplicates, s.rejected, s.dropped, s.response_queue_full, s.no_memory,
-      s.internal_errors, absl::StrJoin(hit_ratio, ","), absl::StrJoin(misses, ","),
-      absl::StrJoin(evictions, ","), absl::StrJoin(wraps, ","), absl::StrJoin(out_of_line, ","),
-      absl::StrJoin(copied, ","), s.store_mode ? "store" : "cache",
+      batches == 0 ? 0.0 : static_cast<double>(requests) / batches, s.clients, s.sessions,
+      s.sessions_unreclaimed, s.fences, s.bad_requests, s.replays, s.duplicates, s.rejected,
+      s.dropped, s.response_queue_full, s.no_memory, s.internal_errors,
+      absl::StrJoin(hit_ratio, ","), absl::StrJoin(misses, ","), absl::StrJoin(evictions, ","),
+      absl::StrJoin(wraps, ","), absl::StrJoin(out_of_line, ","), absl::StrJoin(copied, ","),
+      s.store_mode ? "store" : "cache",
       s.store_mode ? absl::StrCat("\"store\":", StoreJson(s), ",") : "",
       s.role == ReplicationRole::kNone
           ? ""

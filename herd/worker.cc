@@ -238,6 +238,8 @@ void Worker::Run(const std::atomic<bool>& stop) {
     }
     if (count == 0) {
       Reap();
+      if (fence_requests_.load(std::memory_order_relaxed) != fences_seen_) [[unlikely]]
+        PostFences();
       if (++idle >= kIdlePollsBeforeYield) {
         idle = 0;
         std::this_thread::yield();
@@ -873,6 +875,41 @@ void Worker::RepostReceives(uint32_t count) {
   if (absl::Status s = ud_qps_[0]->PostRecv(recv_wrs_.data(), &bad); !s.ok()) {
     LOG_EVERY_N(ERROR, 1000) << "worker " << index_ << ": re-posting receives failed: " << s;
   }
+}
+
+void Worker::PostFences() {
+  const uint64_t requested = fence_requests_.load(std::memory_order_relaxed);
+  if (fence_.ah == nullptr) {
+    fences_seen_ = requested;
+    return;
+  }
+  bool all = true;
+  for (uint32_t q = 0; q < ud_queues_.size(); ++q) {
+    SendQueue& queue = ud_queues_[q];
+    if (queue.broken || queue.posted == queue.retired) continue;
+    if (!queue.HasRoom()) {
+      all = false;  // WRs are in flight: tried again once some retire
+      continue;
+    }
+    transport::SendWr wr;
+    wr.wr_id = queue.WrId(queue.posted);
+    wr.opcode = transport::Opcode::kSend;
+    wr.num_sge = 0;
+    wr.flags = transport::kSignaled;
+    wr.ah = fence_.ah;
+    wr.remote_qpn = fence_.qpn;
+    wr.remote_qkey = fence_.qkey;
+    transport::SendWr* bad = nullptr;
+    if (absl::Status s = queue.qp->PostSend(&wr, &bad); !s.ok()) {
+      LOG_EVERY_N(WARNING, 1000) << "worker " << index_ << ": a fence was not posted: " << s;
+      all = false;
+      continue;
+    }
+    ++queue.posted;
+    ud_progress_[q].posted.store(queue.posted, std::memory_order_release);
+    counters_.fences.Add();
+  }
+  if (all) fences_seen_ = requested;
 }
 
 void Worker::Reap() {

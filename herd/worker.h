@@ -76,6 +76,7 @@ struct WorkerCounters {
   transport::Counter dropped;              // stale sequence numbers, unknown clients, broken QPs
   transport::Counter response_queue_full;  // answers dropped (among `dropped`) because their
                                            // client's own response QP was full: retransmitted
+  transport::Counter fences;               // RequestFence's empty SENDs (an idle worker's, rare)
   transport::Counter held;                 // mutation responses the gate held (response_gate.h)
   transport::Counter released;             // ... and released and answered
   transport::Counter held_retransmissions;  // retransmissions of a held response: consumed
@@ -95,6 +96,14 @@ struct WorkerCounters {
 struct QueueProgress {
   std::atomic<uint64_t> posted{0};
   std::atomic<uint64_t> retired{0};
+};
+
+// Where a worker's fences go (Worker::RequestFence): a UD QP of the server's that takes them
+// and discards them.
+struct FenceTarget {
+  transport::AddressHandle* ah = nullptr;
+  uint32_t qpn = 0;
+  uint32_t qkey = 0;
 };
 
 // Work a backup's worker runs on its own thread between two batches (its partition is its
@@ -167,6 +176,14 @@ class Worker {
   bool CancelTask(ReplicaTask* task) {
     return task_.compare_exchange_strong(task, nullptr, std::memory_order_acq_rel);
   }
+  // Before Run: where fences go. Without one, RequestFence does nothing.
+  void SetFenceTarget(const FenceTarget& target) { fence_ = target; }
+  // Any thread (the control thread, while departed sessions' address handles wait): the next
+  // time the worker finds nothing to do, it posts a signalled, empty SEND to the fence target on
+  // each UD response queue with WRs not yet known complete. Its completion retires every WR
+  // before it (QueueProgress::retired), which an idle worker's unsignalled WRs never do
+  // otherwise (one WR in unsig_batch is signalled). Costs a busy worker nothing.
+  void RequestFence() { fence_requests_.fetch_add(1, std::memory_order_relaxed); }
   bool replica() const { return replica_mode_.load(std::memory_order_acquire); }
   // A loop count: once it moves past a value read after unpublishing, the worker holds no
   // pointer it read before.
@@ -341,6 +358,12 @@ class Worker {
   SlotScanner scanner_;      // over this worker's slots of the region
   uint32_t reposts_ = 0;     // receives consumed by the current batch (recv_sges_[0..reposts_))
   uint32_t next_ud_qp_ = 0;  // round robin over the response UD QPs
+  // RequestFence's: the requests so far, and the count the last complete round of fences saw.
+  FenceTarget fence_;
+  std::atomic<uint64_t> fence_requests_{0};
+  uint64_t fences_seen_ = 0;
+  // An idle loop's: a fence on every UD queue with WRs not known complete.
+  void PostFences();
   WorkerCounters counters_;
 };
 

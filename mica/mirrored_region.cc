@@ -72,11 +72,18 @@ absl::StatusOr<MirroredRegion> MirroredRegion::Create(const RegionRequest& reque
   }
   MirroredRegion region;
   absl::Status last = absl::OkStatus();
+  // The layout (where the ring and the mirror start, how long each is) follows from the request
+  // alone, never from whether the pool had hugepages when the region was made: a primary and
+  // its backups mirror each other at the same offsets, and a member restarted once the pool ran
+  // dry must still match them. A small-page fallback keeps the hugepage rounding (it costs
+  // address space only: the padding is never touched).
+  const bool huge_eligible = request.try_hugepages && request.ring_bytes >= kHugePageBytes;
+  const size_t unit = huge_eligible ? kHugePageBytes : kSmallPageBytes;
+  const size_t head = RoundUp(request.head_bytes, unit);
+  const size_t ring = RoundUp(request.ring_bytes, unit);
+  const size_t mirror = RoundUp(request.mirror_bytes, unit);
   for (const size_t page : {kHugePageBytes, kSmallPageBytes}) {
-    if (page == kHugePageBytes && (!request.try_hugepages || request.ring_bytes < page)) continue;
-    const size_t head = RoundUp(request.head_bytes, page);
-    const size_t ring = RoundUp(request.ring_bytes, page);
-    const size_t mirror = RoundUp(request.mirror_bytes, page);
+    if (page == kHugePageBytes && !huge_eligible) continue;
     last = MapRegion(page, head, ring, mirror, &region.fd_, &region.reservation_,
                      &region.reserved_bytes_, &region.base_);
     if (last.ok()) {

@@ -19,10 +19,12 @@
 
 namespace mica {
 
+// Each size is rounded up to 2 MiB when hugepages are tried (try_hugepages and ring_bytes >= 2
+// MiB), whether or not the pool had them, else to 4 KiB: the layout depends on the request only.
 struct RegionRequest {
-  size_t head_bytes = 0;      // rounded up to the page size
-  size_t ring_bytes = 0;      // rounded up to the page size; mirror_bytes <= ring_bytes
-  size_t mirror_bytes = 0;    // rounded up to the page size
+  size_t head_bytes = 0;
+  size_t ring_bytes = 0;  // mirror_bytes <= ring_bytes
+  size_t mirror_bytes = 0;
   bool try_hugepages = true;  // 2 MiB pages when the pool has them, else 4 KiB pages
 };
 

@@ -867,7 +867,8 @@ TEST_P(ForgedSegment, AJoinNamingItDoesNotCrashTheServer) {
       auto* ring =
           reinterpret_cast<shm::RecvRing*>(static_cast<uint8_t*>(base) + layout.ring_offset);
       ring->depth = layout.ring_depth;
-      ring->tail.store(1);  // "a receive is posted"
+      ring->owner.store(kForgedQpIndex);  // its QP's: the sender goes on to the ring itself
+      ring->tail.store(1);                // "a receive is posted"
     }
     shm::ShmAddress forged{own.fabric_id, getpid(), fd};
     RawClientOptions options;

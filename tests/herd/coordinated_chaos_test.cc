@@ -196,7 +196,8 @@ class Chaos {
       std::ifstream in(servers_.at(m)->log());
       std::deque<std::string> tail;
       for (std::string line; std::getline(in, line);) {
-        if (line.empty() || line[0] == '{' || line.find("] clients ") != std::string::npos) {
+        if (line.empty() || line[0] == '{' || line.starts_with("progress ") ||
+            line.find("] clients ") != std::string::npos) {
           continue;
         }
         tail.push_back(line.substr(0, 300));

@@ -337,6 +337,48 @@ TEST(Robustness, ServerReportsHitsMissesAndEvictions) {
   EXPECT_EQ(stats.get_misses[0], 200 - found + 1);
 }
 
+// Issue 36: a departed session's address handles wait until every UD response queue retired
+// past what it had posted at the departure, and a queue retires only on a signalled completion
+// (one send in unsig_batch): a worker that answered once and then went idle pinned every later
+// departure, each with a mapping of its client's device (6,600 sessions: 1.5k -> 18.3k maps).
+// An idle worker now fences its queues when asked (Worker::RequestFence); this fails without.
+TEST(Robustness, DepartedSessionsAreReclaimedThoughAWorkerIsIdle) {
+  const std::string fabric = "robust-reclaim";
+  ServerOptions options = SmallServer(fabric);  // 2 workers, one send in 32 signalled
+  std::unique_ptr<Server> server = StartInProcess(options);
+  ASSERT_NE(server, nullptr);
+  const auto key_on = [](uint32_t worker) {
+    for (int i = 0;; ++i) {
+      std::string key = absl::StrCat("reclaim-", i);
+      if (mica::PartitionOf(mica::KeyHash(key), 2) == worker) return key;
+    }
+  };
+  const std::string idle_key = key_on(1), busy_key = key_on(0);
+  {
+    // Worker 1 answers once (an unsignalled send) and then never again.
+    auto client = Client::Connect(ClientFor(*server, fabric, 1));
+    ASSERT_TRUE(client.ok()) << client.status();
+    ASSERT_TRUE((*client)->Put(idle_key, "v").ok());
+  }
+  constexpr int kSessions = 40;
+  for (int i = 0; i < kSessions; ++i) {
+    auto client = Client::Connect(ClientFor(*server, fabric, 1));
+    ASSERT_TRUE(client.ok()) << client.status();
+    ASSERT_TRUE((*client)->Put(busy_key, absl::StrCat("v", i)).ok());
+  }
+  const absl::Time give_up = absl::Now() + absl::Seconds(30);
+  ServerStats stats = server->Stats();
+  while ((stats.sessions > 0 || stats.sessions_unreclaimed > 0) && absl::Now() < give_up) {
+    absl::SleepFor(absl::Milliseconds(10));
+    stats = server->Stats();
+  }
+  EXPECT_EQ(stats.sessions, 0u) << "the departures were never seen";
+  EXPECT_EQ(stats.sessions_unreclaimed, 0u)
+      << "departed sessions still hold their address handles (and mappings of their clients)";
+  EXPECT_GT(stats.fences, 0u) << "nothing was fenced: was worker 1's last send signalled?";
+  EXPECT_EQ(stats.fabric.dropped, 0u) << "a fence found no receive at the sink";
+}
+
 // Defect 18: handshakes ran one at a time with 10 s timeouts, so one silent TCP connection
 // delayed every join (a real client failed after 10.07 s). 1,000 connections that never finish
 // their join (silent, half a frame, a Hello and then nothing) must not delay a good one.

@@ -355,6 +355,12 @@ class Harness {
         others.push_back(*got);
       }
     }
+    // The probe's answer arrives while the worker is still in the loop that posted it, before it
+    // publishes what it posted (QueueProgress): once its next loop begins (the epoch, seq_cst,
+    // stored after), counters read by the test include everything up to the probes.
+    const uint64_t epoch = worker_->epoch();
+    const absl::Time give_up = absl::Now() + kDeadline;
+    while (worker_->epoch() == epoch && absl::Now() < give_up) std::this_thread::yield();
     return others;
   }
   uint64_t probes() const { return probe_seq_; }

@@ -58,6 +58,32 @@ TEST(MirroredRegion, HugepageRequestFallsBackWhenThePoolIsEmpty) {
   EXPECT_EQ(region->mirror_bytes() % region->page_bytes(), 0u);
 }
 
+// A backup refused its primary for ever ("index bytes: 2097152 there, 204800 here") when one
+// of them found the hugepage pool empty at start and fell back to 4 KiB rounding: the layout a
+// request gets must not depend on what the pool had then (on a machine with no hugepages free
+// this fails without the fix; with hugepages it holds trivially).
+TEST(MirroredRegion, TheLayoutDependsOnTheRequestNotOnThePool) {
+  RegionRequest request;
+  request.head_bytes = 204800;
+  request.ring_bytes = 3 * MirroredRegion::kHugePageBytes;
+  request.mirror_bytes = 4096;
+  request.try_hugepages = true;
+  auto region = MirroredRegion::Create(request);
+  ASSERT_TRUE(region.ok()) << region.status();
+  EXPECT_EQ(region->head_bytes(), MirroredRegion::kHugePageBytes)
+      << "hugepages: " << region->hugepages();
+  EXPECT_EQ(region->ring_bytes(), 3 * MirroredRegion::kHugePageBytes);
+  EXPECT_EQ(region->mirror_bytes(), MirroredRegion::kHugePageBytes);
+  region->ring()[1] = 'm';
+  EXPECT_EQ(region->ring()[region->ring_bytes() + 1], 'm') << "the mirror, on whichever pages";
+  // Below 2 MiB of ring no hugepage is tried: 4 KiB rounding, as before.
+  request.ring_bytes = 8192;
+  auto small = MirroredRegion::Create(request);
+  ASSERT_TRUE(small.ok()) << small.status();
+  EXPECT_EQ(small->head_bytes(), 204800u);
+  EXPECT_EQ(small->ring_bytes(), 8192u);
+}
+
 TEST(MirroredRegion, RejectsAMirrorLargerThanTheRing) {
   RegionRequest request;
   request.ring_bytes = 4096;

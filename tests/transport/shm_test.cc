@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <random>
 #include <thread>
@@ -74,7 +75,7 @@ TEST(ShmCompletionRing, ConcurrentProducersNeverLoseACompletion) {
         Completion c;
         c.wr_id = (uint64_t{p} << 48) | i;
         c.qp_num = p;
-        if (!shm::PushCompletion(ring, kDepth, c, 0)) {
+        if (!shm::PushCompletion(ring, kDepth, ring_cq.id(), c, 0)) {
           failed_pushes.fetch_add(1);
           received[p].fetch_add(1);  // lost: do not wait for it
         }
@@ -349,6 +350,127 @@ TEST_F(HostileMrEntry, ABadLayoutIsARemoteAccessError) {
     Forge(forged);
     EXPECT_EQ(WriteAt(0), CompletionStatus::kRemoteAccessError) << forged.what;
   }
+}
+
+// Issue 36: every QP's receive ring and every CQ was carved from the device's segment by a bump
+// allocator that never freed, so a server that many short sessions joined (each with QPs and
+// CQs of its own) refused every join after ~189,000 of them ("shm device segment full").
+// Destroyed rings are reused now, once their quarantine passed; with deep rings the segment
+// would be full within a few thousand of these cycles without it.
+TEST(ShmSegment, DestroyedRingsAreReusedSoTheSegmentNeverFillsUp) {
+  auto node = MakeNode("shm");
+  ASSERT_NE(node, nullptr);
+  shm::ShmDevice& device = dynamic_cast<shm::ShmDevice&>(*node->device);
+  device.set_ring_quarantine(std::chrono::nanoseconds(0));
+  constexpr uint32_t kDepth = 4096;  // ~450 KiB of CQ and ring per cycle
+  constexpr int kCycles = 2000;      // ~900 MiB in all: 3.5 segments' worth
+  uint64_t high_water = 0;
+  for (int i = 0; i < kCycles; ++i) {
+    auto cq = node->device->CreateCq(kDepth);
+    ASSERT_TRUE(cq.ok()) << "cycle " << i << ": " << cq.status();
+    QpConfig config;
+    config.type = QpType::kUd;
+    config.send_cq = cq->get();
+    config.recv_cq = cq->get();
+    config.max_send_wr = 16;
+    config.max_recv_wr = kDepth;
+    auto qp = node->pd->CreateQp(config);
+    ASSERT_TRUE(qp.ok()) << "cycle " << i << ": " << qp.status();
+    high_water = device.segment().header()->arena_used.load();
+  }
+  EXPECT_LT(high_water, uint64_t{4} << 20) << "the arena grew with every cycle";
+}
+
+// A released ring waits out its quarantine: a peer that found the old QP an instant before it
+// was destroyed may still be writing a completion into its CQ.
+TEST(ShmSegment, ARingIsNotReusedBeforeItsQuarantineEnds) {
+  auto node = MakeNode("shm");
+  ASSERT_NE(node, nullptr);
+  shm::ShmDevice& device = dynamic_cast<shm::ShmDevice&>(*node->device);
+  device.set_ring_quarantine(std::chrono::hours(1));
+  uint64_t first = 0;
+  {
+    auto cq = node->device->CreateCq(64);
+    ASSERT_TRUE(cq.ok()) << cq.status();
+    first = AsShm(**cq).offset();
+  }
+  auto cq = node->device->CreateCq(64);
+  ASSERT_TRUE(cq.ok()) << cq.status();
+  EXPECT_NE(AsShm(**cq).offset(), first);
+  device.set_ring_quarantine(std::chrono::nanoseconds(0));
+  auto again = node->device->CreateCq(64);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(AsShm(**again).offset(), first) << "released and past its quarantine: reused";
+}
+
+// A sender that looked a QP up just before it was destroyed, and whose ring and CQ another QP
+// and CQ then took over, lands nothing there: the ring names its QP and the CQ its id, checked
+// after every head or tail read, and the new life's counters start past the old one's, so a
+// claim begun on the old ring fails its CAS and retries into the owner check.
+TEST(ShmSegment, AReusedRingRefusesWhoeverFoundItsOldOwner) {
+  auto node = MakeNode("shm");
+  ASSERT_NE(node, nullptr);
+  shm::ShmDevice& device = dynamic_cast<shm::ShmDevice&>(*node->device);
+  device.set_ring_quarantine(std::chrono::nanoseconds(0));
+  const auto make = [&](CompletionQueue* cq) {
+    QpConfig config;
+    config.type = QpType::kUd;
+    config.send_cq = cq;
+    config.recv_cq = cq;
+    config.max_send_wr = 4;
+    config.max_recv_wr = 8;
+    auto qp = node->pd->CreateQp(config);
+    EXPECT_TRUE(qp.ok()) << qp.status();
+    ConnectConfig connect;
+    connect.qkey = 7;
+    EXPECT_TRUE((*qp)->Connect(connect).ok());
+    return *std::move(qp);
+  };
+  const auto post = [&](QueuePair& qp) {
+    Sge sge{reinterpret_cast<uint64_t>(node->memory->data()), 64, node->mr->lkey()};
+    RecvWr wr;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    RecvWr* bad = nullptr;
+    EXPECT_TRUE(qp.PostRecv(&wr, &bad).ok());
+  };
+  const auto entry_of = [&](uint32_t qpn) -> shm::QpEntry& {
+    return device.segment().header()->qps[qpn & ((1u << shm::kQpIndexBits) - 1)];
+  };
+  auto old_cq = node->device->CreateCq(16);
+  ASSERT_TRUE(old_cq.ok());
+  auto old_qp = make(old_cq->get());
+  post(*old_qp);
+  const uint32_t old_qpn = old_qp->qp_num();
+  const uint64_t ring_offset = entry_of(old_qpn).recv_ring_offset;
+  const uint64_t cq_offset = AsShm(**old_cq).offset();
+  const uint32_t old_cq_id = AsShm(**old_cq).id();
+  shm::RecvRing* ring = device.segment().At<shm::RecvRing>(ring_offset);
+  shm::CqRing* cq_ring = device.segment().At<shm::CqRing>(cq_offset);
+  const uint64_t old_head = ring->head.load();
+  const uint64_t old_tail = cq_ring->tail.load();
+  old_qp.reset();
+  old_cq->reset();
+  auto new_cq = node->device->CreateCq(16);
+  ASSERT_TRUE(new_cq.ok());
+  auto new_qp = make(new_cq->get());
+  post(*new_qp);
+  ASSERT_EQ(entry_of(new_qp->qp_num()).recv_ring_offset, ring_offset) << "not reused";
+  ASSERT_EQ(AsShm(**new_cq).offset(), cq_offset) << "not reused";
+  ASSERT_NE(new_qp->qp_num(), old_qpn);
+  // The stale sender's claim on the head it read fails, whatever it retries with.
+  uint64_t stale = old_head;
+  EXPECT_FALSE(ring->head.compare_exchange_strong(stale, old_head + 1));
+  EXPECT_FALSE(cq_ring->tail.load() == old_tail) << "tickets start over where old ones were";
+  shm::RecvEntry taken;
+  EXPECT_EQ(shm::PopReceive(ring, 8, old_qpn, &taken), shm::Pop::kGone);
+  Completion c;
+  EXPECT_FALSE(shm::PushCompletion(cq_ring, 16, old_cq_id, c, 0));
+  // Its own QP and CQ work as before.
+  EXPECT_EQ(shm::PopReceive(ring, 8, new_qp->qp_num(), &taken), shm::Pop::kTaken);
+  EXPECT_TRUE(shm::PushCompletion(cq_ring, 16, AsShm(**new_cq).id(), c, 0));
+  Completion got[2];
+  EXPECT_EQ((*new_cq)->Poll(absl::MakeSpan(got)), 1u);
 }
 
 }  // namespace

@@ -20,7 +20,7 @@ namespace transport::shm {
 
 inline constexpr uint64_t kSegmentMagic = 0x6865726473686d31ULL;  // "herdshm1"
 // The layout below; a peer with another version is refused (bump on any layout change).
-inline constexpr uint32_t kSegmentVersion = 5;
+inline constexpr uint32_t kSegmentVersion = 6;
 // Virtual size of a segment; memfd pages are allocated only when touched.
 inline constexpr uint64_t kSegmentBytes = uint64_t{256} << 20;
 inline constexpr uint32_t kMaxMrs = 4096;  // registered regions per device
@@ -68,11 +68,16 @@ inline constexpr size_t kCacheLineBytes = 64;
 
 // Owner posts at tail; senders claim at head with a CAS. Head and tail on separate cache lines:
 // a sender's claim does not take the owner's tail line away from it, nor a post the senders'.
+//
+// A destroyed QP's ring is reused by a later QP of the same depth (ShmDevice::Carve, after a
+// quarantine). A sender may have found the old QP just before: the ring names its QP (`owner`,
+// written before the counters), and a new life's counters go on past the old one's, so a claim
+// begun on the old ring fails its CAS and the retry sees another owner (PopReceive: kGone).
 struct RecvRing {
   alignas(kCacheLineBytes) std::atomic<uint64_t> head;  // written by senders
   alignas(kCacheLineBytes) std::atomic<uint64_t> tail;  // written by the owner
-  uint32_t depth;  // written once at creation, next to what the senders read anyway
-  uint32_t reserved;
+  uint32_t depth;               // written once at creation, next to what the senders read anyway
+  std::atomic<uint32_t> owner;  // the QP number it belongs to
   alignas(kCacheLineBytes) RecvEntry entries[];  // depth entries follow
 };
 
@@ -96,12 +101,14 @@ inline constexpr uint64_t kRingAlignment = 64;
 // Head (the consumer's, published once per Poll) and tail (the producers') on separate cache
 // lines. overflows sits with head: producers write it only when the ring is full, and the
 // consumer reads it on every poll without touching the producers' line.
+// Reused like a RecvRing: `id` names the CQ (its QPs' entries name it too, QpEntry::recv_cq_id),
+// and a new life's tickets go on past the old one's.
 struct CqRing {
   alignas(kCacheLineBytes) std::atomic<uint64_t> head;  // consumer
   std::atomic<uint64_t> overflows;
   alignas(kCacheLineBytes) std::atomic<uint64_t> tail;  // producers reserve tickets
-  uint32_t depth;  // written once at creation; read by producers with tail
-  uint32_t reserved;
+  uint32_t depth;            // written once at creation; read by producers with tail
+  std::atomic<uint32_t> id;  // unique in its device, never 0
   alignas(kCacheLineBytes) CqEntry entries[];
 };
 
@@ -138,7 +145,7 @@ struct QpEntry {
   uint32_t remote_qpn;
   int32_t remote_pid;
   int32_t remote_fd;
-  uint32_t reserved2;
+  std::atomic<uint32_t> recv_cq_id;  // the CqRing::id at recv_cq_offset
 };
 inline constexpr int kRetiredCountBits = 52;
 inline constexpr uint64_t kRetiredCountMask = (uint64_t{1} << kRetiredCountBits) - 1;
@@ -154,7 +161,7 @@ struct SegmentHeader {
   int32_t fd;
   std::atomic<uint32_t> alive;  // cleared on close: peers fail fast instead of writing on
   uint32_t mtu;
-  std::atomic<uint64_t> arena_used;  // bump allocator for rings, from the segment's start
+  std::atomic<uint64_t> arena_used;  // the arena's high water (ShmDevice::Carve reuses below it)
   MrEntry mrs[kMaxMrs];
   QpEntry qps[kMaxQps];
 };

@@ -322,9 +322,13 @@ bool Peer::MapExtents(uint64_t addr, uint64_t length, absl::Span<const MrExtent>
 }
 
 // ----------------------------------------------------------------------------- rings
-bool PushCompletion(CqRing* ring, uint32_t depth, const Completion& c, uint64_t sq_sequence) {
+bool PushCompletion(CqRing* ring, uint32_t depth, uint32_t id, const Completion& c,
+                    uint64_t sq_sequence) {
   uint64_t ticket = ring->tail.load(std::memory_order_acquire);
   while (true) {
+    // After the tail it read (a reused ring's id is written before its tickets move on): a
+    // ticket of the new life is never taken for the CQ that was destroyed.
+    if (ring->id.load(std::memory_order_acquire) != id) return false;
     const uint64_t head = ring->head.load(std::memory_order_acquire);
     if (ticket < head) {
       // The tail we hold is stale: other producers pushed past it and the consumer caught up
@@ -355,17 +359,19 @@ bool PushCompletion(CqRing* ring, uint32_t depth, const Completion& c, uint64_t 
   return true;
 }
 
-bool PopReceive(RecvRing* ring, uint32_t depth, RecvEntry* out, uint64_t min_length,
-                bool* too_small) {
+Pop PopReceive(RecvRing* ring, uint32_t depth, uint32_t owner, RecvEntry* out,
+               uint64_t min_length) {
   uint64_t head = ring->head.load(std::memory_order_acquire);
   while (true) {
-    if (head == ring->tail.load(std::memory_order_acquire)) return false;
+    // After the head it read: a reused ring's owner is written before its counters move on, so
+    // a head of the new life comes with the new owner here, and a claim on an old head fails.
+    if (ring->owner.load(std::memory_order_acquire) != owner) return Pop::kGone;
+    if (head == ring->tail.load(std::memory_order_acquire)) return Pop::kEmpty;
     *out = ring->entries[head % depth];
-    if (out->length < min_length) {
-      *too_small = true;
-      return false;
+    if (out->length < min_length) return Pop::kTooSmall;
+    if (ring->head.compare_exchange_weak(head, head + 1, std::memory_order_acq_rel)) {
+      return Pop::kTaken;
     }
-    if (ring->head.compare_exchange_weak(head, head + 1, std::memory_order_acq_rel)) return true;
   }
 }
 
@@ -576,27 +582,58 @@ absl::StatusOr<std::unique_ptr<ProtectionDomain>> ShmDevice::DoAllocatePd() {
 
 absl::StatusOr<std::unique_ptr<CompletionQueue>> ShmDevice::DoCreateCq(uint32_t depth) {
   if (depth == 0) return absl::InvalidArgumentError("CQ depth must be positive");
-  absl::StatusOr<uint64_t> offset = Carve(sizeof(CqRing) + uint64_t{depth} * sizeof(CqEntry));
-  if (!offset.ok()) return offset.status();
-  auto* ring = new (segment_->base() + *offset) CqRing();
+  absl::StatusOr<Extent> extent = Carve(ShmCq::RingBytes(depth));
+  if (!extent.ok()) return extent.status();
+  const uint32_t id = NewCqId();
+  CqRing* ring = extent->fresh ? new (segment_->base() + extent->offset) CqRing()
+                               : segment_->At<CqRing>(extent->offset);
+  // A reused ring (segment.h): its new id first, then tickets past every old one.
+  const uint64_t start = extent->fresh
+                             ? 0
+                             : NextLifeStart(ring->head.load(std::memory_order_acquire),
+                                             ring->tail.load(std::memory_order_acquire), depth);
+  ring->id.store(id, std::memory_order_release);
   ring->depth = depth;
-  for (uint32_t i = 0; i < depth; ++i) new (&ring->entries[i]) CqEntry{};
-  for (uint32_t i = 0; i < depth; ++i) ring->entries[i].sequence.store(i);
-  auto cq = std::make_unique<ShmCq>(this, *offset, depth);
+  ring->overflows.store(0, std::memory_order_relaxed);
+  for (uint32_t i = 0; i < depth; ++i) {
+    CqEntry& e = ring->entries[(start + i) % depth];
+    if (extent->fresh) new (&e) CqEntry{};
+    e.sequence.store(start + i, std::memory_order_release);
+  }
+  ring->head.store(start, std::memory_order_release);
+  ring->tail.store(start, std::memory_order_release);
+  auto cq = std::make_unique<ShmCq>(this, extent->offset, depth, id);
   counter_registry().Register(cq.get());
   return std::unique_ptr<CompletionQueue>(std::move(cq));
 }
 
-absl::StatusOr<uint64_t> ShmDevice::Carve(uint64_t bytes) {
+absl::StatusOr<ShmDevice::Extent> ShmDevice::Carve(uint64_t bytes) {
+  const uint64_t rounded = RoundUp(bytes, kRingAlignment);
   util::MutexLock lock(&control_mutex_);
+  const int64_t now = SteadyNanos();
+  while (!quarantined_.empty() && now - quarantined_.front().release_ns >= ring_quarantine_ns_) {
+    reusable_[quarantined_.front().bytes].push_back(quarantined_.front().offset);
+    quarantined_.pop_front();
+  }
+  if (auto it = reusable_.find(rounded); it != reusable_.end() && !it->second.empty()) {
+    const uint64_t offset = it->second.back();
+    it->second.pop_back();
+    return Extent{offset, /*fresh=*/false};
+  }
   const uint64_t offset = segment_->header()->arena_used.load();
-  const uint64_t end = RoundUp(offset + bytes, kRingAlignment);
+  const uint64_t end = offset + rounded;
   if (end > kSegmentBytes) {
     return absl::ResourceExhaustedError(absl::StrFormat(
-        "shm device segment full (%d bytes): too many or too deep queues", kSegmentBytes));
+        "shm device segment full (%d bytes): too many or too deep queues live at once",
+        kSegmentBytes));
   }
   segment_->header()->arena_used.store(end);
-  return offset;
+  return Extent{offset, /*fresh=*/true};
+}
+
+void ShmDevice::Release(uint64_t offset, uint64_t bytes) {
+  util::MutexLock lock(&control_mutex_);
+  quarantined_.push_back(Released{offset, RoundUp(bytes, kRingAlignment), SteadyNanos()});
 }
 
 absl::StatusOr<uint32_t> ShmDevice::AddRegion(uint32_t pd, uint64_t addr, uint64_t length,

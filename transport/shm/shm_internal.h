@@ -2,8 +2,10 @@
 #ifndef HERD_TRANSPORT_SHM_SHM_INTERNAL_H_
 #define HERD_TRANSPORT_SHM_SHM_INTERNAL_H_
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <deque>
 #include <memory>
 #include <thread>
 #include <vector>
@@ -17,6 +19,10 @@
 #include "util/mutex.h"
 
 namespace transport::shm {
+
+// How long a destroyed QP's or CQ's ring waits before its extent is reused (ShmDevice::Release):
+// far longer than a peer takes between finding a ring and writing a completion into it.
+inline constexpr std::chrono::nanoseconds kRingQuarantine = std::chrono::seconds(1);
 
 inline int64_t SteadyNanos() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -119,8 +125,30 @@ class ShmDevice : public Device {
   PortInfo port() const override;
 
   SegmentMapping& segment() { return *segment_; }
-  // Carves `bytes` from the segment's arena; returns its offset.
-  absl::StatusOr<uint64_t> Carve(uint64_t bytes);
+  // Carves `bytes` from the segment's arena and returns its offset, and whether it is fresh
+  // (zero) memory or an extent of that size given back (Release) at least ring_quarantine ago,
+  // which still holds its last ring. Control path.
+  struct Extent {
+    uint64_t offset = 0;
+    bool fresh = true;
+  };
+  absl::StatusOr<Extent> Carve(uint64_t bytes);
+  // Gives back an extent Carve returned, once its ring's owner destroyed it. It is reused only
+  // after the quarantine: a peer that found the ring just before may still be pushing into it
+  // (a completion's entry is written after its ticket is taken), and a ring knows its owner and
+  // moves its counters on (segment.h) but cannot fence a write already past those checks.
+  void Release(uint64_t offset, uint64_t bytes);
+  // How long a released extent waits (default kRingQuarantine); tests shorten or lengthen it.
+  void set_ring_quarantine(std::chrono::nanoseconds quarantine) {
+    util::MutexLock lock(&control_mutex_);
+    ring_quarantine_ns_ = quarantine.count();
+  }
+  // A new CQ's id (never 0).
+  uint32_t NewCqId() {
+    uint32_t id = next_cq_id_.fetch_add(1, std::memory_order_relaxed);
+    while (id == 0) id = next_cq_id_.fetch_add(1, std::memory_order_relaxed);
+    return id;
+  }
   // A new protection domain's id (unique in this device, never 0).
   uint32_t NewPdId() { return next_pd_.fetch_add(1, std::memory_order_relaxed); }
   // Publishes a region made of `extents` (1..kMaxMrExtents, lengths summing to `length`).
@@ -162,23 +190,40 @@ class ShmDevice : public Device {
   std::atomic<uint32_t> next_pd_{1};
   util::Mutex control_mutex_;  // control path only: table slots and the arena
   uint32_t next_generation_ ABSL_GUARDED_BY(control_mutex_) = 1;
+  std::atomic<uint32_t> next_cq_id_{1};
+  // Released extents: waiting out the quarantine (oldest first), and reusable, by size.
+  struct Released {
+    uint64_t offset;
+    uint64_t bytes;
+    int64_t release_ns;
+  };
+  std::deque<Released> quarantined_ ABSL_GUARDED_BY(control_mutex_);
+  absl::flat_hash_map<uint64_t, std::vector<uint64_t>> reusable_ ABSL_GUARDED_BY(control_mutex_);
+  int64_t ring_quarantine_ns_ ABSL_GUARDED_BY(control_mutex_) = kRingQuarantine.count();
   std::atomic<ShmQp*> qps_[kMaxQps] = {};
 };
 
 class ShmCq : public CompletionQueue {
  public:
-  ShmCq(ShmDevice* device, uint64_t offset, uint32_t depth)
+  ShmCq(ShmDevice* device, uint64_t offset, uint32_t depth, uint32_t id)
       : device_(device),
         offset_(offset),
         ring_(device->segment().At<CqRing>(offset)),
-        depth_(depth) {}
+        depth_(depth),
+        id_(id) {}
   ~ShmCq() override {
     CheckNoLiveQps();
     LeaveCounterRegistry();
+    device_->Release(offset_, RingBytes(depth_));
+  }
+  // The bytes of a ring of `depth` entries.
+  static uint64_t RingBytes(uint32_t depth) {
+    return sizeof(CqRing) + uint64_t{depth} * sizeof(CqEntry);
   }
   size_t Poll(absl::Span<Completion> out) override;
   uint64_t offset() const { return offset_; }
   uint32_t depth() const { return depth_; }
+  uint32_t id() const { return id_; }
   ShmDevice* device() const { return device_; }
 
  private:
@@ -188,20 +233,29 @@ class ShmCq : public CompletionQueue {
   ShmDevice* device_;
   uint64_t offset_;
   CqRing* ring_;
-  uint32_t depth_;                   // ours, not the ring's copy (which peers can write)
+  uint32_t depth_;  // ours, not the ring's copy (which peers can write)
+  uint32_t id_;
   uint64_t reported_overflows_ = 0;  // Poll's view of ring_->overflows
   int64_t last_overrun_log_ns_ = 0;
 };
 
-// Pushes one completion into a ring of `depth` entries (any process); false when the ring is full
-// (an overrun, counted in the ring). `depth` is the one the caller validated (ValidRing), never
-// re-read from the ring: its owner may change it.
-bool PushCompletion(CqRing* ring, uint32_t depth, const Completion& completion,
+// Pushes one completion into a ring of `depth` entries that must be CQ `id` (any process); false
+// when the ring is full (an overrun, counted in the ring) or is another CQ's now (reused: the
+// completion is lost with the CQ it was meant for). `depth` is the one the caller validated
+// (ValidRing), never re-read from the ring: its owner may change it.
+bool PushCompletion(CqRing* ring, uint32_t depth, uint32_t id, const Completion& completion,
                     uint64_t sq_sequence);
-// Takes one posted receive from a ring of `depth` (validated) entries; false when none is posted.
-// A receive shorter than `min_length` is left posted: false, with *too_small set.
-bool PopReceive(RecvRing* ring, uint32_t depth, RecvEntry* out, uint64_t min_length = 0,
-                bool* too_small = nullptr);
+enum class Pop { kTaken, kEmpty, kTooSmall, kGone };
+// Takes one posted receive from a ring of `depth` (validated) entries that must belong to QP
+// `owner`: kEmpty when none is posted, kTooSmall when the one at the head is shorter than
+// `min_length` (left posted), kGone when the ring belongs to another QP now (reused).
+Pop PopReceive(RecvRing* ring, uint32_t depth, uint32_t owner, RecvEntry* out,
+               uint64_t min_length = 0);
+// How far a reused ring's counters start past its last life's (any gap > 0 fences a stale CAS;
+// a full lap keeps the entry indices' old contents out of reach of a stale reader too).
+inline uint64_t NextLifeStart(uint64_t head, uint64_t tail, uint32_t depth) {
+  return std::max(head, tail) + depth + 1;
+}
 
 // The ring of type Ring (RecvRing, CqRing) at `offset` of a mapped segment, with its depth read
 // once into *depth, or nullptr when its header or its entries would not lie inside the segment's

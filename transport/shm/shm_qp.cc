@@ -81,16 +81,35 @@ absl::StatusOr<std::unique_ptr<ShmQp>> ShmQp::Create(ShmDevice* device, const Qp
   }
   std::unique_ptr<ShmQp> qp(new ShmQp(device, config));
   qp->pd_ = pd;
-  absl::StatusOr<uint64_t> ring =
-      device->Carve(sizeof(RecvRing) + uint64_t{config.max_recv_wr} * sizeof(RecvEntry));
+  const uint64_t ring_bytes = sizeof(RecvRing) + uint64_t{config.max_recv_wr} * sizeof(RecvEntry);
+  absl::StatusOr<ShmDevice::Extent> ring = device->Carve(ring_bytes);
   if (!ring.ok()) return ring.status();
-  qp->recv_ring_ = new (device->segment().base() + *ring) RecvRing();
-  qp->recv_ring_->depth = config.max_recv_wr;
   absl::StatusOr<QpEntry*> entry = device->AddQp(qp.get(), config.type, pd);
-  if (!entry.ok()) return entry.status();
+  if (!entry.ok()) {
+    device->Release(ring->offset, ring_bytes);
+    return entry.status();
+  }
+  // Published in RESET, which every sender refuses: the ring is made ready before its offset
+  // is written, and a reused one (segment.h) gets its owner first, then counters past its last
+  // life's.
   qp->entry_ = *entry;
-  qp->entry_->recv_ring_offset = *ring;
+  qp->recv_ring_offset_ = ring->offset;
+  qp->recv_ring_bytes_ = ring_bytes;
+  RecvRing* recv = ring->fresh ? new (device->segment().base() + ring->offset) RecvRing()
+                               : device->segment().At<RecvRing>(ring->offset);
+  const uint64_t start =
+      ring->fresh ? 0
+                  : NextLifeStart(recv->head.load(std::memory_order_acquire),
+                                  recv->tail.load(std::memory_order_acquire), config.max_recv_wr);
+  recv->owner.store(qp->entry_->qp_num.load(std::memory_order_relaxed), std::memory_order_release);
+  recv->depth = config.max_recv_wr;
+  recv->head.store(start, std::memory_order_release);
+  recv->tail.store(start, std::memory_order_release);
+  qp->recv_ring_ = recv;
+  qp->recv_head_seen_ = start;
+  qp->entry_->recv_ring_offset = ring->offset;
   qp->entry_->recv_cq_offset = recv_cq->offset();
+  qp->entry_->recv_cq_id.store(recv_cq->id(), std::memory_order_release);
   qp->send_cq_ = send_cq;
   qp->loss_state_ = device->faults().seed ^ (uint64_t{qp->number()} << 32);
   qp->disorder_state_ = qp->loss_state_ ^ kDisorderStream;
@@ -108,6 +127,7 @@ ShmQp::~ShmQp() {
     // The last inbound drops, before the table entry goes: the registry's last look.
     LeaveCounterRegistry();
     device_->RemoveQp(entry_);  // after it, the progress thread never enters this QP again
+    device_->Release(recv_ring_offset_, recv_ring_bytes_);
   }
   // WRs that never executed no longer name their address handles.
   const uint64_t tail = pending_tail_.load(std::memory_order_acquire);
@@ -336,7 +356,8 @@ void ShmQp::Complete(const SendWr& wr, CompletionStatus status, uint32_t byte_le
   c.opcode = CompletionOpcodeOf(wr.opcode);
   c.byte_len = byte_len;
   c.qp_num = number();
-  PushCompletion(device_->segment().At<CqRing>(send_cq_->offset()), send_cq_->depth(), c, sequence);
+  PushCompletion(device_->segment().At<CqRing>(send_cq_->offset()), send_cq_->depth(),
+                 send_cq_->id(), c, sequence);
 }
 
 uint8_t* ShmQp::LocalBuffer(const Sge& sge, uint32_t need_access) const {
@@ -527,18 +548,21 @@ std::optional<CompletionStatus> ShmQp::Deliver(Peer& peer, uint32_t dst_qpn, con
   auto* cq = ValidRing<CqRing, CqEntry>(
       peer.segment(), std::atomic_ref<uint64_t>(dst.recv_cq_offset).load(std::memory_order_relaxed),
       &cq_depth);
+  const uint32_t cq_id = dst.recv_cq_id.load(std::memory_order_acquire);
   if (ring == nullptr || cq == nullptr) return reliable ? CompletionStatus::kRetryExceeded : drop();
   // UD: a message larger than the receive at the head is the sender's problem: dropped (counted
   // at the receiver) before it takes the receive; the receiver's QP stays usable.
   const uint64_t min_length = config_.type == QpType::kUd ? length + grh : 0;
-  bool too_small = false;
   RecvEntry recv;
   // Read only once a receive is missing: a clock read per message is a measurable cost.
   std::optional<std::chrono::steady_clock::time_point> started;
   const bool forever = connect_.rnr_retry == kRnrRetryForever;
-  for (uint32_t attempt = 0; !PopReceive(ring, ring_depth, &recv, min_length, &too_small);
-       ++attempt) {
-    if (!reliable || too_small) return drop();
+  for (uint32_t attempt = 0;; ++attempt) {
+    const Pop pop = PopReceive(ring, ring_depth, dst_qpn, &recv, min_length);
+    if (pop == Pop::kTaken) break;
+    // The QP was destroyed (its ring is another's now): as if it was gone when looked up.
+    if (pop == Pop::kGone) return reliable ? CompletionStatus::kRetryExceeded : drop();
+    if (!reliable || pop == Pop::kTooSmall) return drop();
     if (rnr != nullptr) {  // asynchronous: one attempt now, the next after the RNR timer
       if (!forever && rnr->attempts >= connect_.rnr_retry) {
         return CompletionStatus::kRnrRetryExceeded;
@@ -594,7 +618,7 @@ std::optional<CompletionStatus> ShmQp::Deliver(Peer& peer, uint32_t dst_qpn, con
       }
     }
   }
-  if (!PushCompletion(cq, cq_depth, c, 0)) {
+  if (!PushCompletion(cq, cq_depth, cq_id, c, 0)) {
     dst.dropped.fetch_add(1, std::memory_order_relaxed);  // receiver's CQ overran
   }
   *byte_len = static_cast<uint32_t>(length);

@@ -86,6 +86,7 @@ class ShmQp : public QueuePair {
   uint32_t pd_ = 0;  // our protection domain: local SGEs must be registered in it
   QpEntry* entry_ = nullptr;
   RecvRing* recv_ring_ = nullptr;
+  uint64_t recv_ring_offset_ = 0, recv_ring_bytes_ = 0;  // given back when destroyed
   ShmCq* send_cq_ = nullptr;
   ConnectConfig connect_{};
   std::unique_ptr<Peer> connected_peer_;  // RC/UC
