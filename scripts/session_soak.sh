@@ -89,8 +89,10 @@ for c in $cases; do
   line=$("$bin/bench/session_soak" --shm_fabric_name="$fabric" --server="127.0.0.1:$pport" \
     --pids="$(IFS=,; echo "${soak_pids[*]}")" --stats_servers="$(IFS=,; echo "${addresses[*]}")" \
     --sessions="$sessions" --keys="$keys" 2>>"$log" | tee -a "$log" | tail -n 1) || rc=1
-  echo "${line:-{\"case\":\"session_soak\",\"backups\":$backups,\"keys\":\"$keys\",\"failed\":true}}" |
-    sed "s/^{\"case\":\"session_soak\",/{\"case\":\"session_soak\",\"backups\":$backups,/"
+  if [ -z "$line" ]; then
+    line="{\"case\":\"session_soak\",\"keys\":\"$keys\",\"failed\":true}"
+  fi
+  sed "s/^{\"case\":\"session_soak\",/{\"case\":\"session_soak\",\"backups\":$backups,/" <<<"$line"
   cleanup
 done
 echo "session_soak: samples in $log" >&2
