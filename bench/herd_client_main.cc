@@ -22,10 +22,15 @@
 #include "glog/logging.h"
 #include "herd/client.h"
 #include "herd/pinning.h"
+#include "herd/replication/coordinator.h"
 #include "mica/keyhash.h"
 #include "transport/flags.h"
 
 DEFINE_string(server, "127.0.0.1:31850", "host:port of the server's control plane");
+DEFINE_string(coordinator, "",
+              "A coordinated cluster's ZooKeeper, HOST:PORT[,...]: the run goes to the primary of "
+              "its configuration (as found at start) instead of --server");
+DEFINE_string(cluster, "herd", "--coordinator: the cluster's name");
 DEFINE_uint32(threads, 1, "Client threads (each its own connection and QPs)");
 DEFINE_uint32(clients_per_thread, 1, "Logical clients per thread (HERD ran many per thread)");
 DEFINE_double(duration_s, 5, "Measured seconds (after the warm-up)");
@@ -310,6 +315,23 @@ int main(int argc, char** argv) {
   }
   herd::ClientOptions options;
   options.server = FLAGS_server;
+  if (!FLAGS_coordinator.empty()) {
+    if (!gflags::GetCommandLineFlagInfoOrDie("server").is_default) {
+      fprintf(stderr, "herd_client: --coordinator names the server: drop --server\n");
+      return 1;
+    }
+    herd::CoordinatorOptions coordinator;
+    coordinator.hosts = FLAGS_coordinator;
+    coordinator.cluster = FLAGS_cluster;
+    // The primary's address first (replication/coordinator.h).
+    absl::StatusOr<std::vector<std::string>> members = herd::ClusterAddresses(coordinator);
+    if (!members.ok() || members->empty()) {
+      fprintf(stderr, "herd_client: --coordinator=%s: %s\n", FLAGS_coordinator.c_str(),
+              members.ok() ? "the cluster has no member" : members.status().ToString().c_str());
+      return 1;
+    }
+    options.server = members->front();
+  }
   options.connect = *connect;
   options.clients = FLAGS_clients_per_thread;
   options.device = *device;
@@ -437,7 +459,7 @@ int main(int argc, char** argv) {
       "\"inline_fraction\":%.4f,\"bytes_per_wr\":%.1f,\"cpu_s\":%.3f,\"cpu_model\":\"%s\","
       "\"cores\":%d,\"oversubscribed\":%s,\"read_from\":\"%s\",\"backup_busy\":%d}",
       FLAGS_threads, FLAGS_clients_per_thread, FLAGS_threads * FLAGS_clients_per_thread,
-      FLAGS_server, device->name == "shm" ? "shm" : "verbs", device->name, workload->ToJson(),
+      options.server, device->name == "shm" ? "shm" : "verbs", device->name, workload->ToJson(),
       seconds, ops, errors, gets, get_misses, no_memory, ops / seconds / 1e6,
       absl::StrJoin(per_thread, ","), absl::StrJoin(per_worker, ","), latency.Quantile(0.5) / 1e3,
       latency.Quantile(0.99) / 1e3, latency.Quantile(0.999) / 1e3, latency.max() / 1e3,

@@ -26,6 +26,7 @@ REPO = pathlib.Path(__file__).resolve().parent.parent.parent
 BIN = REPO / os.environ.get("HERD_BIN", "bazel-out/k8-opt/bin")
 SERVER = BIN / "herd" / "herd_server"
 HERD_KV = BIN / "herd" / "herd_kv"
+HERD_CLIENT = BIN / "bench" / "herd_client"
 SERVER_READY_TIMEOUT_S = 30
 SERVER_STOP_TIMEOUT_S = 10
 # One herd_kv run: a join and one request (its own --timeout_ms bounds each).
@@ -586,6 +587,7 @@ class HerdKvCoordinatorTest(unittest.TestCase):
         cls.zk = started.stdout.decode().strip()
         cls.fabric = [f"--shm_fabric_name=herd-kv-coordinator-{os.getpid()}"]
         cls.servers = {}
+        cls.addresses = {}
         cls.logs = []
         for name, role in (("a", "primary"), ("b", "backup"), ("c", "backup")):
             log = tempfile.TemporaryFile()
@@ -599,8 +601,9 @@ class HerdKvCoordinatorTest(unittest.TestCase):
                 stdout=subprocess.PIPE, stderr=log, start_new_session=True)
             cls.servers[name] = server
             ready = read_ready_line(server, SERVER_READY_TIMEOUT_S)
+            cls.addresses[name] = "127.0.0.1:" + ready.split(" port=", 1)[1].split()[0]
             if name == "a":
-                cls.primary_address = "127.0.0.1:" + ready.split(" port=", 1)[1].split()[0]
+                cls.primary_address = cls.addresses[name]
         # Both backups in sync (joined by state transfer, added to the configuration).
         deadline = time.time() + cls.DEADLINE_S
         while time.time() < deadline:
@@ -653,6 +656,23 @@ class HerdKvCoordinatorTest(unittest.TestCase):
         code, _, stderr = self.kv("--members=127.0.0.1:1", "get", "k")
         self.assertEqual(code, EXIT_USAGE, stderr)
         self.assertIn("drop --members", stderr)
+
+    def test_herd_client_runs_against_the_primary_the_configuration_names(self):
+        # Workload A (half PUTs): a run sent to a backup would end every PUT NOT_PRIMARY.
+        done = subprocess.run(
+            [str(HERD_CLIENT), f"--coordinator={self.zk}", "--cluster=kv", "--workload=A",
+             "--keys=200", "--duration_s=0.5", "--warmup_s=0.1", "--threads=1",
+             "--clients_per_thread=2"] + self.fabric, capture_output=True, timeout=RUN_TIMEOUT_S)
+        self.assertEqual(done.returncode, 0, done.stderr.decode(errors="replace")[-2000:])
+        result = json.loads(done.stdout.decode().strip().splitlines()[-1])
+        self.assertGreater(result["ops"], 0)
+        self.assertEqual(result["errors"], 0, result)
+        self.assertIn(result["server"], self.addresses.values())
+        both = subprocess.run([str(HERD_CLIENT), f"--coordinator={self.zk}",
+                               "--server=127.0.0.1:1"] + self.fabric,
+                              capture_output=True, timeout=RUN_TIMEOUT_S)
+        self.assertNotEqual(both.returncode, 0)
+        self.assertIn(b"drop --server", both.stderr)
 
     def test_a_coordinator_nobody_runs_is_unreachable(self):
         done = subprocess.run([str(HERD_KV), "--coordinator=127.0.0.1:1", "--timeout_ms=300",
