@@ -517,6 +517,27 @@ TEST(ReplicationGate, ADropAwaitingConsentReleasesNothingTheBackupLacks) {
   EXPECT_TRUE(r.gate().ReadsCaughtUp());
 }
 
+// A PUT of `key` to `value`, for the tests below. The request views its arguments: pass what
+// outlives it (string literals).
+mica::Request PutOf(std::string_view key, std::string_view value) {
+  mica::Request put;
+  put.op = mica::OpCode::kPut;
+  put.key = key;
+  put.keyhash = mica::KeyHash(key);
+  put.value = value;
+  return put;
+}
+
+// Releases (nothing: the caller's writes are at no backup) until the gate dropped both links.
+void AwaitBothDroppedReleasingNothing(Replicated& r) {
+  std::vector<HeldId> released(8);
+  const absl::Time give_up = absl::Now() + kCompletionDeadline;
+  while (!(r.gate().dropped(0) && r.gate().dropped(1)) && absl::Now() < give_up) {
+    ASSERT_EQ(r.gate().Release(absl::MakeSpan(released)), 0u) << "released what no backup holds";
+  }
+  ASSERT_EQ(r.gate().live_backups(), 0u);
+}
+
 // Issue 35's partition-primary violation: a primary cut off from every backup went on to
 // answer GETs with a write none of them holds (and the configuration's next primary lacks),
 // once a batch with nobody left to write to moved the read watermark past every version. While
@@ -528,23 +549,15 @@ TEST(ReplicationGate, AReadOfAWriteEveryDroppedBackupLacksWaitsForConsent) {
   options.drops_need_consent = true;
   ASSERT_TRUE(r.Open(mica::StoreMode::kStore, "shm", 2, options,
                      absl::StrCat("gate-cut-reads-", getpid())));
-  mica::Request put;
-  put.op = mica::OpCode::kPut;
-  put.key = "cut-off";
-  put.keyhash = mica::KeyHash(put.key);
-  put.value = "v1";
-  ASSERT_TRUE(r.ReleaseAll(r.Run({put}).size()));
+  ASSERT_TRUE(r.ReleaseAll(r.Run({PutOf("cut-off", "v1")}).size()));
   r.link_qp(0).SetError();
   r.link_qp(1).SetError();
-  put.value = "v2";
+  const mica::Request put = PutOf("cut-off", "v2");
   const uint64_t v2 = r.Run({put})[0].version;
-  std::vector<HeldId> released(8);
-  const absl::Time give_up = absl::Now() + kCompletionDeadline;
-  while (!(r.gate().dropped(0) && r.gate().dropped(1)) && absl::Now() < give_up) {
-    ASSERT_EQ(r.gate().Release(absl::MakeSpan(released)), 0u) << "v2 is at no backup";
-  }
-  ASSERT_EQ(r.gate().live_backups(), 0u);
+  AwaitBothDroppedReleasingNothing(r);
+  if (::testing::Test::HasFatalFailure()) return;
   // Batches of GETs alone, with nobody left to write to.
+  std::vector<HeldId> released(8);
   for (int i = 0; i < 4; ++i) {
     r.gate().EndBatch();
     ASSERT_EQ(r.gate().Release(absl::MakeSpan(released)), 0u);
@@ -569,22 +582,14 @@ TEST(ReplicationGate, AWriteMadeWithEveryBackupDroppedWaitsForConsent) {
   options.drops_need_consent = true;
   ASSERT_TRUE(r.Open(mica::StoreMode::kCache, "shm", 2, options,
                      absl::StrCat("gate-cut-writes-", getpid())));
-  mica::Request put;
-  put.op = mica::OpCode::kPut;
-  put.key = "written-alone";
-  put.keyhash = mica::KeyHash(put.key);
-  put.value = "v1";
-  ASSERT_TRUE(r.ReleaseAll(r.Run({put}).size()));
+  ASSERT_TRUE(r.ReleaseAll(r.Run({PutOf("written-alone", "v1")}).size()));
   r.gate().RequestDrop(0);
   r.gate().RequestDrop(1);
-  std::vector<HeldId> released(8);
-  const absl::Time give_up = absl::Now() + kCompletionDeadline;
-  while (!(r.gate().dropped(0) && r.gate().dropped(1)) && absl::Now() < give_up) {
-    ASSERT_EQ(r.gate().Release(absl::MakeSpan(released)), 0u);
-  }
-  ASSERT_EQ(r.gate().live_backups(), 0u);
-  put.value = "v2";
+  AwaitBothDroppedReleasingNothing(r);
+  if (::testing::Test::HasFatalFailure()) return;
+  const mica::Request put = PutOf("written-alone", "v2");
   const uint64_t v2 = r.Run({put})[0].version;
+  std::vector<HeldId> released(8);
   for (int i = 0; i < 2 * 1024; ++i) {
     ASSERT_EQ(r.gate().Release(absl::MakeSpan(released)), 0u)
         << "a write no backup holds was acknowledged while its drops await consent";
