@@ -225,6 +225,13 @@ ReplicationOptions Patient() {
   return options;
 }
 
+// Patient, and coordinated: a dropped backup holds releases until ConsentToDrop.
+ReplicationOptions Consenting() {
+  ReplicationOptions options = Patient();
+  options.drops_need_consent = true;
+  return options;
+}
+
 using Params = std::tuple<mica::StoreMode, std::string>;
 class ReplicationGateTest : public ::testing::TestWithParam<Params> {};
 
@@ -487,8 +494,7 @@ TEST(ReplicationGate, ABrokenBackupIsDroppedAndTheRestGoOn) {
 // at once (the test above), which this test fails on.
 TEST(ReplicationGate, ADropAwaitingConsentReleasesNothingTheBackupLacks) {
   Replicated r;
-  ReplicationOptions options = Patient();
-  options.drops_need_consent = true;
+  const ReplicationOptions options = Consenting();
   ASSERT_TRUE(
       r.Open(mica::StoreMode::kStore, "shm", 2, options, absl::StrCat("gate-consent-", getpid())));
   std::mt19937_64 rng(5);
@@ -545,8 +551,7 @@ void AwaitBothDroppedReleasingNothing(Replicated& r) {
 // pass; after the consent it goes at once.
 TEST(ReplicationGate, AReadOfAWriteEveryDroppedBackupLacksWaitsForConsent) {
   Replicated r;
-  ReplicationOptions options = Patient();
-  options.drops_need_consent = true;
+  const ReplicationOptions options = Consenting();
   ASSERT_TRUE(r.Open(mica::StoreMode::kStore, "shm", 2, options,
                      absl::StrCat("gate-cut-reads-", getpid())));
   ASSERT_TRUE(r.ReleaseAll(r.Run({PutOf("cut-off", "v1")}).size()));
@@ -578,8 +583,7 @@ TEST(ReplicationGate, AReadOfAWriteEveryDroppedBackupLacksWaitsForConsent) {
 // acknowledged though a dropped backup that could still be promoted lacks it.
 TEST(ReplicationGate, AWriteMadeWithEveryBackupDroppedWaitsForConsent) {
   Replicated r;
-  ReplicationOptions options = Patient();
-  options.drops_need_consent = true;
+  const ReplicationOptions options = Consenting();
   ASSERT_TRUE(r.Open(mica::StoreMode::kCache, "shm", 2, options,
                      absl::StrCat("gate-cut-writes-", getpid())));
   ASSERT_TRUE(r.ReleaseAll(r.Run({PutOf("written-alone", "v1")}).size()));
@@ -606,8 +610,7 @@ TEST(ReplicationGate, AWriteMadeWithEveryBackupDroppedWaitsForConsent) {
 // slot, and the slot would never take a backup again.
 TEST(ReplicationGate, AConsentToADropThatHeldNothingIsSettled) {
   Replicated r;
-  ReplicationOptions options = Patient();
-  options.drops_need_consent = true;
+  const ReplicationOptions options = Consenting();
   ASSERT_TRUE(r.Open(mica::StoreMode::kStore, "shm", 1, options,
                      absl::StrCat("gate-idle-consent-", getpid())));
   r.gate().ConsentToDrop(0);

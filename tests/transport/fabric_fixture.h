@@ -144,6 +144,22 @@ inline absl::Status Post(QueuePair& qp, SendWr& wr) {
   return qp.PostSend(&wr, &bad);
 }
 
+// Sends `sge` by UD to QP `qpn` through `ah` (the default qkey), signalled, and waits for its
+// completion: its status, or kFlushed when the post failed or nothing completed in time.
+inline CompletionStatus SendUd(QueuePair& qp, CompletionQueue& send_cq, Sge sge, AddressHandle* ah,
+                               uint32_t qpn) {
+  SendWr wr;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.ah = ah;
+  wr.remote_qpn = qpn;
+  wr.remote_qkey = ConnectConfig{}.qkey;
+  wr.flags = kSignaled;
+  if (!Post(qp, wr).ok()) return CompletionStatus::kFlushed;
+  const std::vector<Completion> sent = PollN(send_cq, 1);
+  return sent.size() == 1 ? sent[0].status : CompletionStatus::kFlushed;
+}
+
 inline absl::Status PostRecv(QueuePair& qp, Node& node, uint64_t wr_id, size_t offset,
                              uint32_t length) {
   Sge sge = node.sge(offset, length);

@@ -73,18 +73,11 @@ int RunPeer(const std::string& backend, int to_parent, int from_parent) {
   auto ah = node->pd->CreateAddressHandle(AddressInfo{theirs.ud.lid, theirs.ud.gid});
   if (!ah.ok()) return 17;
   std::memcpy(node->bytes() + 8192, "reply", 5);
-  Sge sge = node->sge(8192, 5);
-  SendWr wr;
-  wr.sg_list = &sge;
-  wr.num_sge = 1;
-  wr.ah = ah->get();
-  wr.remote_qpn = theirs.ud.qp_num;
-  wr.remote_qkey = ConnectConfig{}.qkey;
-  wr.flags = kSignaled;
-  if (!Post(*ud, wr).ok()) return 18;
   // Exit only once it left: a NIC (or the asynchronous fabric) may not have sent it yet.
-  const std::vector<Completion> sent = PollN(*node->send_cq, 1);
-  return sent.size() == 1 && sent[0].status == CompletionStatus::kSuccess ? 0 : 19;
+  return SendUd(*ud, *node->send_cq, node->sge(8192, 5), ah->get(), theirs.ud.qp_num) ==
+                 CompletionStatus::kSuccess
+             ? 0
+             : 19;
 }
 
 class ForkedPeer : public ::testing::TestWithParam<std::string> {};

@@ -151,18 +151,10 @@ int RunChild(const std::string& path, int to_parent, int from_parent) {
       continue;
     }
     node->bytes()[0] = static_cast<uint8_t>(command);
-    Sge sge = node->sge(0, 1);
-    SendWr wr;
-    wr.sg_list = &sge;
-    wr.num_sge = 1;
-    wr.ah = ah->get();
-    wr.remote_qpn = theirs.ud.qp_num;
-    wr.remote_qkey = ConnectConfig{}.qkey;
-    wr.flags = kSignaled;
-    if (!Post(*ud, wr).ok()) return 18;
-    std::vector<Completion> sent = PollN(*node->send_cq, 1);
-    const char status =
-        sent.size() == 1 && sent[0].status == CompletionStatus::kSuccess ? 'S' : 'F';
+    const char status = SendUd(*ud, *node->send_cq, node->sge(0, 1), ah->get(), theirs.ud.qp_num) ==
+                                CompletionStatus::kSuccess
+                            ? 'S'
+                            : 'F';
     if (!WriteAll(to_parent, &status, 1)) return 19;
   }
   return 0;
@@ -214,17 +206,7 @@ class PartitionedPeers : public ::testing::Test {
   // Sends `byte` to the child by UD; the send's completion status.
   CompletionStatus SendToChild(char byte) {
     node_->bytes()[0] = static_cast<uint8_t>(byte);
-    Sge sge = node_->sge(0, 1);
-    SendWr wr;
-    wr.sg_list = &sge;
-    wr.num_sge = 1;
-    wr.ah = ah_.get();
-    wr.remote_qpn = theirs_.ud.qp_num;
-    wr.remote_qkey = ConnectConfig{}.qkey;
-    wr.flags = kSignaled;
-    EXPECT_TRUE(Post(*ud_, wr).ok());
-    std::vector<Completion> sent = PollN(*node_->send_cq, 1);
-    return sent.size() == 1 ? sent[0].status : CompletionStatus::kFlushed;
+    return SendUd(*ud_, *node_->send_cq, node_->sge(0, 1), ah_.get(), theirs_.ud.qp_num);
   }
   // The first UD message the child received since its last report.
   char ChildReceived() {
