@@ -8,6 +8,9 @@ which counts as one failed case.
 Only the targets named are read, so the stale XML of a deleted test is never counted; a named
 target without XML (it did not run) counts as one failure.
 
+Each failed case is also named on standard error ("FAILED <file or target> <Suite.Case>"), so a
+caller can repeat the names where a log's tail shows them.
+
 usage: gtest_totals.py TESTLOGS_DIR //pkg:target...   -> prints "passed failed skipped"
        gtest_totals.py --xml FILE...                  (XML written by --gtest_output)
 """
@@ -21,21 +24,24 @@ def xml_path_of(testlogs: pathlib.Path, label: str) -> pathlib.Path:
     return testlogs / package / name / "test.xml"
 
 
-def count(xml_paths):
+def count(named_paths):
+    """named_paths: (name, test.xml path) pairs; the name is what a failure is reported under."""
     passed = failed = skipped = 0
-    for xml_path in xml_paths:
+    for name, xml_path in named_paths:
         if not xml_path.exists():
-            print(f"no test XML at {xml_path}", file=sys.stderr)
+            print(f"FAILED {name} (no test XML at {xml_path})", file=sys.stderr)
             failed += 1
             continue
         try:
             root = ElementTree.parse(xml_path).getroot()
         except ElementTree.ParseError as error:
-            print(f"unreadable {xml_path}: {error}", file=sys.stderr)
+            print(f"FAILED {name} (unreadable {xml_path}: {error})", file=sys.stderr)
             failed += 1
             continue
         for case in root.iter("testcase"):
             if case.find("failure") is not None or case.find("error") is not None:
+                suite = case.get("classname", "")
+                print(f"FAILED {name} {suite}.{case.get('name', '?')}", file=sys.stderr)
                 failed += 1
             elif (case.get("status") == "notrun" or case.get("result") == "skipped"
                   or case.find("skipped") is not None):
@@ -49,10 +55,10 @@ def main():
     if len(sys.argv) < 2:
         sys.exit(__doc__)
     if sys.argv[1] == "--xml":
-        print(*count([pathlib.Path(p) for p in sys.argv[2:]]))
+        print(*count([(p, pathlib.Path(p)) for p in sys.argv[2:]]))
     else:
         testlogs = pathlib.Path(sys.argv[1])
-        print(*count([xml_path_of(testlogs, label) for label in sys.argv[2:]]))
+        print(*count([(label, xml_path_of(testlogs, label)) for label in sys.argv[2:]]))
 
 
 if __name__ == "__main__":

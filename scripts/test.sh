@@ -36,6 +36,8 @@ status=0
 total_passed=0
 total_failed=0
 total_skipped=0
+# Every failed case's name, repeated just above the total (the end of a CI log is what shows).
+failed_cases=$(mktemp /tmp/herd-failed-cases.XXXXXX)
 
 stage() {  # stage NAME COMMAND...: run, time and record one stage.
   local name=$1 start rc
@@ -45,14 +47,15 @@ stage() {  # stage NAME COMMAND...: run, time and record one stage.
   "$@"
   rc=$?
   echo "==== ${name}: $([ $rc = 0 ] && echo ok || echo "FAILED (rc=$rc)") in $(($(date +%s) - start)) s"
-  [ $rc = 0 ] || status=1
+  [ $rc = 0 ] || { status=1; echo "stage ${name}: FAILED (rc=$rc)" >> "$failed_cases"; }
   return $rc
 }
 
 add_totals() {  # add_totals LABEL TESTLOGS TARGET...: add those targets' cases to the totals.
   local label=$1 testlogs=$2 passed failed skipped
   shift 2
-  read -r passed failed skipped < <(python3 scripts/gtest_totals.py "$testlogs" "$@")
+  read -r passed failed skipped < <(python3 scripts/gtest_totals.py "$testlogs" "$@" \
+    2> >(sed "s/^/${label}: /" | tee -a "$failed_cases" >&2))
   echo "==== ${label} cases: ${passed} passed, ${failed} failed, ${skipped} skipped"
   total_passed=$((total_passed + passed))
   total_failed=$((total_failed + failed))
@@ -138,7 +141,7 @@ run_in_rxe_vm() {
   read -r passed failed skipped < <(python3 scripts/gtest_totals.py --xml \
     "$xml/conformance.xml" "$xml/multiprocess.xml" "$xml/verbs_e2e.xml" "$xml/cm.xml" \
     "$xml/cm_channel.xml" "$xml/hop_verbs.xml" "$xml/rmem.xml" "$xml/rmem_kill.xml" \
-    "$xml/rmem_hostile.xml")
+    "$xml/rmem_hostile.xml" 2> >(sed "s/^/rxe0: /" | tee -a "$failed_cases" >&2))
   echo "==== rxe0 cases: ${passed} passed, ${failed} failed, ${skipped} skipped"
   total_passed=$((total_passed + passed))
   total_failed=$((total_failed + failed))
@@ -177,6 +180,11 @@ stage "session soak (scripts/session_soak.sh 5000, 2 backups)" \
 
 stage "clang-format" check_format
 
+if [ -s "$failed_cases" ]; then
+  echo "==== what failed:"
+  cat "$failed_cases"
+fi
+rm -f "$failed_cases"
 line="${total_passed} passed, ${total_failed} failed"
 [ "$total_skipped" -gt 0 ] && line="${line}, ${total_skipped} skipped"
 [ "$total_failed" -gt 0 ] && status=1
