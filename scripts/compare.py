@@ -4,13 +4,16 @@
 usage:
   compare.py echo      [options]   herd vs the raw fabric echo (bench/echo: no store)
   compare.py memcached [options]   herd vs memcached (one thread, loopback TCP, binary protocol)
+  compare.py revision --baseline_bin DIR [options]
+                                   herd vs herd as built elsewhere (DIR: another tree's
+                                   bazel-bin; scripts/compare_revisions.sh REV makes one)
 
 Each repetition runs herd (herd_server with one worker pinned to --server_core, herd_client
 pinned to --client_core) and then the baseline (its server on --server_core, its client on
 --client_core), so both see the same machine state; the medians over repetitions are compared.
 Every run's JSON goes to --out. The last stdout line is
   {"herd_mops":..,"echo_mops":..,"ratio":..}      (ratio = herd / baseline)
-or {"herd_mops":..,"memcached_mops":..,"ratio":..}. Concurrency matches: herd's logical clients
+or {"herd_mops":..,"memcached_mops":..,"ratio":..} or {"herd_mops":..,"revision_mops":..,..}. Concurrency matches: herd's logical clients
 (--clients, each with --window requests outstanding) are the echo's logical clients and
 memcached's pipelined connections.
 """
@@ -147,17 +150,22 @@ class Comparison:
             finally:
                 self.processes.stop(server, herd_exp.SERVER_STOP_TIMEOUT_S)
 
-    def run_herd(self, name):
+    def run_herd(self, name, bin_dir=None):
         a = self.args
-        server = [str(self.bin / "herd" / "herd_server"), "--port=0", "--workers=1",
+        bin_dir = bin_dir or self.bin
+        server = [str(bin_dir / "herd" / "herd_server"), "--port=0", "--workers=1",
                   f"--worker_cores={a.server_core}", f"--window={a.window}",
                   f"--max_clients={max(64, a.clients)}",
                   f"--max_key_bytes={max(16, a.key_bytes)}"] + self.fabric
-        client = lambda port: ([str(self.bin / "bench" / "herd_client"), f"--server=127.0.0.1:{port}",
+        client = lambda port: ([str(bin_dir / "bench" / "herd_client"), f"--server=127.0.0.1:{port}",
                                 f"--clients_per_thread={a.clients}",
                                 f"--client_cores={a.client_core}"] + self.fabric +
                                self.workload_flags() + self.timing_flags())
         return self.run_with_server(server, "herd_server ready", client, name)
+
+    def run_revision(self, name):
+        """herd as another tree built it, with the same flags (both trees must know them)."""
+        return self.run_herd(name, pathlib.Path(self.args.baseline_bin))
 
     def run_echo(self, name):
         a = self.args
@@ -231,7 +239,10 @@ def print_breakdowns(breakdowns):
 def main():
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("baseline", choices=["echo", "memcached"])
+    parser.add_argument("baseline", choices=["echo", "memcached", "revision"])
+    parser.add_argument("--baseline_bin",
+                        help="revision: the other tree's bazel-bin (herd/herd_server and "
+                             "bench/herd_client under it)")
     parser.add_argument("--clients", type=int, default=4, help="logical clients / connections")
     parser.add_argument("--window", type=int, default=4, help="outstanding requests per client")
     parser.add_argument("--workload", default="C", help="YCSB mix (echo: C only)")
@@ -256,6 +267,12 @@ def main():
     args = parser.parse_args()
     if args.baseline == "echo" and args.workload != "C":
         herd_exp.fail("the echo answers GETs: compare it with --workload=C")
+    if args.baseline == "revision":
+        if not args.baseline_bin:
+            herd_exp.fail("revision needs --baseline_bin (scripts/compare_revisions.sh REV)")
+        for binary in ("herd/herd_server", "bench/herd_client"):
+            if not (pathlib.Path(args.baseline_bin) / binary).is_file():
+                herd_exp.fail(f"--baseline_bin: no {binary} under {args.baseline_bin}")
     if args.repetitions < 1 or args.clients < 1 or args.window < 1:
         herd_exp.fail("--repetitions, --clients and --window must be at least 1")
     if not args.no_build:
@@ -269,7 +286,8 @@ def main():
         if problem:
             herd_exp.fail(f"--profile: {problem}")
     comparison = Comparison(args)
-    baseline = comparison.run_echo if args.baseline == "echo" else comparison.run_memcached
+    baseline = {"echo": comparison.run_echo, "memcached": comparison.run_memcached,
+                "revision": comparison.run_revision}[args.baseline]
     herd_mops, baseline_mops = [], []
     breakdowns = {"herd": [], args.baseline: []}
     try:
