@@ -8,7 +8,12 @@
 // is signalled; p50/p99 are the time from posting a signalled WR to polling its completion.
 // SEND rows count messages DELIVERED (a receiver thread per pair keeps receives posted).
 // Ping-pong rows: one thread pair bouncing a message (UC WRITE into a polled buffer, or UD SEND);
-// mops is 1/round trip, p50/p99 are round trips. Every row is one JSON line with the counters.
+// mops is 1/round trip, p50/p99 are round trips. Fan-in rows: N sender threads, each with its
+// own device and UD QP, SEND to ONE receiver UD QP whose thread polls and reposts in chains (a
+// herd client's response path: every worker answers it); ns_per_send is the receiver's time per
+// message delivered (1e3 / mops), the cost that must not grow with the senders. Every row is one
+// JSON line with the counters.
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstring>
@@ -33,6 +38,8 @@ DEFINE_double(duration_s, 1, "Measured seconds per row");
 DEFINE_uint32(chain, 16, "WRs per post_send in the chained rows");
 DEFINE_uint32(signal_every, 16, "One WR in this many is signalled");
 DEFINE_uint32(max_threads, 2, "Rate rows run with 1 .. this many sender threads");
+DEFINE_string(rows, "rate,pingpong,fanin", "Which rows to run: rate, pingpong, fanin");
+DEFINE_string(fanin_senders, "1,2", "Fan-in rows: sender thread counts, comma-separated");
 
 namespace {
 
@@ -80,13 +87,14 @@ Node OpenNode(const transport::DeviceOptions& options) {
   return n;
 }
 
-std::unique_ptr<transport::QueuePair> MakeQp(Node& n, QpType type) {
+std::unique_ptr<transport::QueuePair> MakeQp(Node& n, QpType type,
+                                             uint32_t recv_depth = kQueueDepth) {
   transport::QpConfig config;
   config.type = type;
   config.send_cq = n.send_cq.get();
   config.recv_cq = n.recv_cq.get();
   config.max_send_wr = kQueueDepth;
-  config.max_recv_wr = kQueueDepth;
+  config.max_recv_wr = recv_depth;
   config.max_inline_data = kMaxInline;
   return *n.pd->CreateQp(config);
 }
@@ -350,6 +358,117 @@ void PingPongRow(const transport::DeviceOptions& options, const Verb& verb, uint
   fflush(stdout);
 }
 
+// Fan-in: `senders` threads SEND `size`-byte UD messages in chains of `chain` to one receiver.
+void FanInRow(const transport::DeviceOptions& options, uint32_t size, uint32_t senders,
+              uint32_t chain) {
+  constexpr uint32_t kFanInReceives = 4 * kQueueDepth;  // the receiver's posted receives
+  constexpr size_t kPollBatch = 32;
+  Node receiver = OpenNode(options);
+  std::unique_ptr<transport::QueuePair> in = MakeQp(receiver, QpType::kUd, kFanInReceives);
+  transport::ConnectConfig connect;
+  connect.qkey = kQkey;
+  BENCH_CHECK_OK(in->Connect(connect));
+  PostReceives(*in, receiver, kFanInReceives, size);
+  struct Sender {
+    Node node;
+    std::unique_ptr<transport::QueuePair> qp;
+    std::unique_ptr<transport::AddressHandle> ah;
+  };
+  std::vector<std::unique_ptr<Sender>> sending;
+  const transport::PortInfo port = receiver.device->port();
+  for (uint32_t t = 0; t < senders; ++t) {
+    auto sender = std::make_unique<Sender>();
+    sender->node = OpenNode(options);
+    sender->qp = MakeQp(sender->node, QpType::kUd);
+    BENCH_CHECK_OK(sender->qp->Connect(connect));
+    sender->ah = *sender->node.pd->CreateAddressHandle({port.lid, port.gid});
+    sending.push_back(std::move(sender));
+  }
+  std::atomic<bool> stop{false};
+  std::atomic<uint64_t> delivered{0};
+  std::thread receive([&] {
+    Completion done[kPollBatch];
+    std::vector<Sge> sges(kPollBatch);
+    std::vector<transport::RecvWr> wrs(kPollBatch);
+    const uint32_t slot = size + transport::kGrhBytes;
+    uint64_t got_total = 0;
+    while (!stop.load(std::memory_order_relaxed)) {
+      const size_t got = receiver.recv_cq->Poll(absl::MakeSpan(done, kPollBatch));
+      if (got == 0) continue;
+      for (size_t i = 0; i < got; ++i) {
+        sges[i] = Sge{receiver.addr(done[i].wr_id * slot), slot, receiver.mr->lkey()};
+        wrs[i] = transport::RecvWr{};
+        wrs[i].wr_id = done[i].wr_id;
+        wrs[i].sg_list = &sges[i];
+        wrs[i].num_sge = 1;
+        wrs[i].next = i + 1 < got ? &wrs[i + 1] : nullptr;
+      }
+      transport::RecvWr* bad = nullptr;
+      BENCH_CHECK_OK(in->PostRecv(wrs.data(), &bad));
+      got_total += got;
+      delivered.store(got_total, std::memory_order_relaxed);
+    }
+  });
+  std::vector<std::thread> threads;
+  for (uint32_t t = 0; t < senders; ++t) {
+    threads.emplace_back([&, t] {
+      Sender& s = *sending[t];
+      std::vector<SendWr> wrs(chain);
+      std::vector<Sge> sges(chain);
+      for (uint32_t i = 0; i < chain; ++i) {
+        sges[i] = Sge{s.node.addr(size_t{i} * size), size, s.node.mr->lkey()};
+        wrs[i].wr_id = i;
+        wrs[i].sg_list = &sges[i];
+        wrs[i].num_sge = 1;
+        wrs[i].opcode = transport::Opcode::kSend;
+        wrs[i].flags = size <= kMaxInline ? uint32_t{transport::kInline} : 0u;
+        wrs[i].ah = s.ah.get();
+        wrs[i].remote_qpn = in->qp_num();
+        wrs[i].remote_qkey = kQkey;
+        wrs[i].next = i + 1 < chain ? &wrs[i + 1] : nullptr;
+      }
+      // The chain's last WR is signalled, and a chain is posted only once the one before it
+      // completed: at most one chain in flight per sender (no send-queue accounting needed).
+      wrs[chain - 1].flags |= transport::kSignaled;
+      Completion c[4];
+      while (!stop.load(std::memory_order_relaxed)) {
+        SendWr* bad = nullptr;
+        BENCH_CHECK_OK(s.qp->PostSend(&wrs[0], &bad));
+        while (s.node.send_cq->Poll(absl::MakeSpan(c, 4)) == 0 &&
+               !stop.load(std::memory_order_relaxed)) {
+        }
+      }
+    });
+  }
+  // Measured after a short warm-up, from the receiver's count.
+  absl::SleepFor(absl::Milliseconds(100));
+  const uint64_t start_count = delivered.load();
+  const absl::Time start = absl::Now();
+  absl::SleepFor(absl::Seconds(FLAGS_duration_s));
+  const uint64_t messages = delivered.load() - start_count;
+  const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  stop = true;
+  for (std::thread& t : threads) t.join();
+  receive.join();
+  transport::CounterSnapshot counters;
+  counters.Add(in->counters());
+  counters.Add(receiver.recv_cq->counters());
+  uint64_t dropped = in->counters().dropped.Get();
+  const double mops = static_cast<double>(messages) / seconds / 1e6;
+  printf(
+      "{\"kind\":\"fanin\",\"verb\":\"SEND\",\"qp_type\":\"UD\",\"msg_size\":%u,"
+      "\"senders\":%u,\"chain\":%u,\"mops\":%.4f,\"ns_per_send\":%.1f,"
+      "\"dropped_at_receiver\":%lu,\"receiver_counters\":%s}\n",
+      size, senders, chain, mops, mops > 0 ? 1e3 / mops : 0.0, dropped, counters.ToJson().c_str());
+  fflush(stdout);
+  // Destroyed in verbs order: QPs and AHs before their nodes.
+  for (auto& s : sending) {
+    s->qp.reset();
+    s->ah.reset();
+  }
+  in.reset();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -383,7 +502,23 @@ int main(int argc, char** argv) {
                         {"WRITE", QpType::kRc, transport::Opcode::kWrite},
                         {"SEND", QpType::kUd, transport::Opcode::kSend},
                         {"READ", QpType::kRc, transport::Opcode::kRead}};
+  const std::vector<std::string> rows = absl::StrSplit(FLAGS_rows, ',', absl::SkipEmpty());
+  auto wants = [&](const char* row) {
+    return std::find(rows.begin(), rows.end(), row) != rows.end();
+  };
+  std::vector<uint32_t> fanin_senders;
+  for (const std::string& text :
+       std::vector<std::string>(absl::StrSplit(FLAGS_fanin_senders, ',', absl::SkipEmpty()))) {
+    uint32_t n = 0;
+    if (!absl::SimpleAtoi(text, &n) || n == 0 || n > 64) {
+      fprintf(stderr, "fabric_bench: --fanin_senders: '%s' is not a count in [1, 64]\n",
+              text.c_str());
+      return 2;
+    }
+    fanin_senders.push_back(n);
+  }
   for (const Verb& verb : verbs) {
+    if (!wants("rate")) break;
     for (uint32_t size : sizes) {
       if (verb.type == QpType::kUd && size > options->mtu) continue;
       for (uint32_t threads = 1; threads <= FLAGS_max_threads; ++threads) {
@@ -393,8 +528,13 @@ int main(int argc, char** argv) {
     }
   }
   for (uint32_t size : sizes) {
+    if (!wants("pingpong")) break;
     PingPongRow(*options, verbs[0], size);
     if (size <= options->mtu) PingPongRow(*options, verbs[2], size);
+  }
+  for (uint32_t size : sizes) {
+    if (!wants("fanin") || size > options->mtu) continue;
+    for (uint32_t n : fanin_senders) FanInRow(*options, size, n, FLAGS_chain);
   }
   return 0;
 }

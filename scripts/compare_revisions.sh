@@ -88,5 +88,5 @@ else
   echo "[compare_revisions] ${rev} has no bench/engine_bench: engine-only comparison skipped" >&2
 fi
 
-exec python3 scripts/compare.py revision --no-build --baseline_bin="$rev_copy" \
-  --out="$out" "$@"
+# Not exec: the EXIT trap removes the worktree.
+python3 scripts/compare.py revision --no-build --baseline_bin="$rev_copy" --out="$out" "$@"

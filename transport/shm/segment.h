@@ -20,7 +20,7 @@ namespace transport::shm {
 
 inline constexpr uint64_t kSegmentMagic = 0x6865726473686d31ULL;  // "herdshm1"
 // The layout below; a peer with another version is refused (bump on any layout change).
-inline constexpr uint32_t kSegmentVersion = 6;
+inline constexpr uint32_t kSegmentVersion = 7;
 // Virtual size of a segment; memfd pages are allocated only when touched.
 inline constexpr uint64_t kSegmentBytes = uint64_t{256} << 20;
 inline constexpr uint32_t kMaxMrs = 4096;  // registered regions per device
@@ -68,20 +68,28 @@ inline constexpr size_t kCacheLineBytes = 64;
 
 // Owner posts at tail; senders claim at head with a CAS. Head and tail on separate cache lines:
 // a sender's claim does not take the owner's tail line away from it, nor a post the senders'.
+// Senders read the tail line only when the receives they know of run out: `tail_seen`, on their
+// own line, is a tail some sender read (never more than the tail, maybe less: a sender whose
+// head reached it reads the tail again). With the owner reposting after every poll, reading its
+// tail line on every message cost a cache miss per message per sender.
 //
 // A destroyed QP's ring is reused by a later QP of the same depth (ShmDevice::Carve, after a
 // quarantine). A sender may have found the old QP just before: the ring names its QP (`owner`,
 // written before the counters), and a new life's counters go on past the old one's, so a claim
-// begun on the old ring fails its CAS and the retry sees another owner (PopReceive: kGone).
+// begun on the old ring fails its CAS and the retry sees another owner (PopReceive: kGone). An
+// old life's tail_seen is below the new life's head: it only makes a sender read the tail.
 struct RecvRing {
   alignas(kCacheLineBytes) std::atomic<uint64_t> head;  // written by senders
-  alignas(kCacheLineBytes) std::atomic<uint64_t> tail;  // written by the owner
+  std::atomic<uint64_t> tail_seen;                      // ... and refreshed by them from tail
   uint32_t depth;               // written once at creation, next to what the senders read anyway
   std::atomic<uint32_t> owner;  // the QP number it belongs to
-  alignas(kCacheLineBytes) RecvEntry entries[];  // depth entries follow
+  alignas(kCacheLineBytes) std::atomic<uint64_t> tail;  // written by the owner
+  alignas(kCacheLineBytes) RecvEntry entries[];         // depth entries follow
 };
 
-struct CqEntry {
+// One cache line per entry: two producers completing adjacent tickets (two workers answering one
+// client) write different lines, and a consumer's poll of one entry does not take a producer's.
+struct alignas(kCacheLineBytes) CqEntry {
   std::atomic<uint64_t> sequence;  // slot i is free for ticket t when sequence == t
   uint64_t wr_id;
   uint64_t sq_sequence;  // send completions: the WR's send-queue position
@@ -100,13 +108,17 @@ inline constexpr uint64_t kRingAlignment = 64;
 
 // Head (the consumer's, published once per Poll) and tail (the producers') on separate cache
 // lines. overflows sits with head: producers write it only when the ring is full, and the
-// consumer reads it on every poll without touching the producers' line.
+// consumer reads it on every poll without touching the producers' line. Producers read the
+// head line only when the ring looks full by `head_seen`, on their own line: a head some producer
+// read (never more than the head), so the consumer's once-per-poll store is not a miss per
+// completion for every producer.
 // Reused like a RecvRing: `id` names the CQ (its QPs' entries name it too, QpEntry::recv_cq_id),
-// and a new life's tickets go on past the old one's.
+// and a new life's tickets go on past the old one's (an old life's head_seen is below them).
 struct CqRing {
   alignas(kCacheLineBytes) std::atomic<uint64_t> head;  // consumer
   std::atomic<uint64_t> overflows;
   alignas(kCacheLineBytes) std::atomic<uint64_t> tail;  // producers reserve tickets
+  std::atomic<uint64_t> head_seen;                      // ... and refresh it from head
   uint32_t depth;            // written once at creation; read by producers with tail
   std::atomic<uint32_t> id;  // unique in its device, never 0
   alignas(kCacheLineBytes) CqEntry entries[];
@@ -114,6 +126,9 @@ struct CqRing {
 
 // The layouts above, as peers rely on them (kSegmentVersion names this one).
 static_assert(offsetof(RecvRing, tail) - offsetof(RecvRing, head) >= kCacheLineBytes);
+static_assert(offsetof(RecvRing, owner) < kCacheLineBytes &&
+              offsetof(RecvRing, depth) < kCacheLineBytes);
+static_assert(sizeof(CqEntry) == kCacheLineBytes);
 static_assert(offsetof(RecvRing, entries) - offsetof(RecvRing, tail) >= kCacheLineBytes);
 static_assert(offsetof(CqRing, tail) - offsetof(CqRing, head) >= kCacheLineBytes);
 static_assert(offsetof(CqRing, tail) - offsetof(CqRing, overflows) >= kCacheLineBytes / 2);

@@ -325,11 +325,15 @@ bool Peer::MapExtents(uint64_t addr, uint64_t length, absl::Span<const MrExtent>
 bool PushCompletion(CqRing* ring, uint32_t depth, uint32_t id, const Completion& c,
                     uint64_t sq_sequence) {
   uint64_t ticket = ring->tail.load(std::memory_order_acquire);
+  // A head no greater than the consumer's (acquired from head by whoever stored it): enough to
+  // know a slot is free whenever the ring is not near full. Only a ring that looks full by it
+  // costs a read of the consumer's line.
+  uint64_t head = ring->head_seen.load(std::memory_order_acquire);
+  bool head_fresh = false;
   while (true) {
     // After the tail it read (a reused ring's id is written before its tickets move on): a
     // ticket of the new life is never taken for the CQ that was destroyed.
     if (ring->id.load(std::memory_order_acquire) != id) return false;
-    const uint64_t head = ring->head.load(std::memory_order_acquire);
     if (ticket < head) {
       // The tail we hold is stale: other producers pushed past it and the consumer caught up
       // meanwhile. A tail read after this head is at least this head (head <= tail always).
@@ -339,11 +343,18 @@ bool PushCompletion(CqRing* ring, uint32_t depth, uint32_t id, const Completion&
         return false;
       }
     }
-    if (ticket - head >= depth) {  // really full when this head was read
-      ring->overflows.fetch_add(1, std::memory_order_relaxed);
+    if (ticket - head >= depth) {
+      if (!head_fresh) {  // full by the head seen: look at the consumer's own
+        head = ring->head.load(std::memory_order_acquire);
+        ring->head_seen.store(head, std::memory_order_release);
+        head_fresh = true;
+        continue;
+      }
+      ring->overflows.fetch_add(1, std::memory_order_relaxed);  // really full at that head
       return false;
     }
     if (ring->tail.compare_exchange_weak(ticket, ticket + 1, std::memory_order_acq_rel)) break;
+    head_fresh = false;  // another producer moved on: a full-looking ring is looked at again
   }
   CqEntry& e = ring->entries[ticket % depth];
   e.wr_id = c.wr_id;
@@ -366,7 +377,13 @@ Pop PopReceive(RecvRing* ring, uint32_t depth, uint32_t owner, RecvEntry* out,
     // After the head it read: a reused ring's owner is written before its counters move on, so
     // a head of the new life comes with the new owner here, and a claim on an old head fails.
     if (ring->owner.load(std::memory_order_acquire) != owner) return Pop::kGone;
-    if (head == ring->tail.load(std::memory_order_acquire)) return Pop::kEmpty;
+    // ">=", not "==": a slow sender may store an older tail over a newer one (tail_seen only
+    // ever errs low), and an old life's is below every head of this one.
+    if (head >= ring->tail_seen.load(std::memory_order_acquire)) {
+      const uint64_t tail = ring->tail.load(std::memory_order_acquire);
+      ring->tail_seen.store(tail, std::memory_order_release);
+      if (head >= tail) return Pop::kEmpty;
+    }
     *out = ring->entries[head % depth];
     if (out->length < min_length) return Pop::kTooSmall;
     if (ring->head.compare_exchange_weak(head, head + 1, std::memory_order_acq_rel)) {
@@ -600,6 +617,7 @@ absl::StatusOr<std::unique_ptr<CompletionQueue>> ShmDevice::DoCreateCq(uint32_t 
     if (extent->fresh) new (&e) CqEntry{};
     e.sequence.store(start + i, std::memory_order_release);
   }
+  ring->head_seen.store(start, std::memory_order_release);
   ring->head.store(start, std::memory_order_release);
   ring->tail.store(start, std::memory_order_release);
   auto cq = std::make_unique<ShmCq>(this, extent->offset, depth, id);

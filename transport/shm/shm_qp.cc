@@ -103,6 +103,7 @@ absl::StatusOr<std::unique_ptr<ShmQp>> ShmQp::Create(ShmDevice* device, const Qp
                                   recv->tail.load(std::memory_order_acquire), config.max_recv_wr);
   recv->owner.store(qp->entry_->qp_num.load(std::memory_order_relaxed), std::memory_order_release);
   recv->depth = config.max_recv_wr;
+  recv->tail_seen.store(start, std::memory_order_release);
   recv->head.store(start, std::memory_order_release);
   recv->tail.store(start, std::memory_order_release);
   qp->recv_ring_ = recv;
