@@ -324,6 +324,18 @@ bool Peer::MapExtents(uint64_t addr, uint64_t length, absl::Span<const MrExtent>
 // ----------------------------------------------------------------------------- rings
 bool PushCompletion(CqRing* ring, uint32_t depth, uint32_t id, const Completion& c,
                     uint64_t sq_sequence) {
+  uint64_t ticket = 0;
+  if (!ReserveCompletion(ring, depth, id, &ticket)) return false;
+  PublishCompletion(ring, depth, ticket, c, sq_sequence);
+  return true;
+}
+
+bool ReserveCompletion(CqRing* ring, uint32_t depth, uint32_t id, uint64_t* reserved) {
+  return ReserveCompletions(ring, depth, id, 1, reserved) == 1;
+}
+
+uint32_t ReserveCompletions(CqRing* ring, uint32_t depth, uint32_t id, uint32_t n,
+                            uint64_t* first) {
   uint64_t ticket = ring->tail.load(std::memory_order_acquire);
   // A head no greater than the consumer's (acquired from head by whoever stored it): enough to
   // know a slot is free whenever the ring is not near full. Only a ring that looks full by it
@@ -333,29 +345,40 @@ bool PushCompletion(CqRing* ring, uint32_t depth, uint32_t id, const Completion&
   while (true) {
     // After the tail it read (a reused ring's id is written before its tickets move on): a
     // ticket of the new life is never taken for the CQ that was destroyed.
-    if (ring->id.load(std::memory_order_acquire) != id) return false;
+    if (ring->id.load(std::memory_order_acquire) != id) return 0;
     if (ticket < head) {
       // The tail we hold is stale: other producers pushed past it and the consumer caught up
       // meanwhile. A tail read after this head is at least this head (head <= tail always).
       ticket = ring->tail.load(std::memory_order_acquire);
       if (ticket < head) {  // only a corrupt ring (a hostile peer) does this: refuse, counted
-        ring->overflows.fetch_add(1, std::memory_order_relaxed);
-        return false;
+        ring->overflows.fetch_add(n, std::memory_order_relaxed);
+        return 0;
       }
     }
-    if (ticket - head >= depth) {
-      if (!head_fresh) {  // full by the head seen: look at the consumer's own
-        head = ring->head.load(std::memory_order_acquire);
-        ring->head_seen.store(head, std::memory_order_release);
-        head_fresh = true;
-        continue;
-      }
-      ring->overflows.fetch_add(1, std::memory_order_relaxed);  // really full at that head
-      return false;
+    const uint64_t used = ticket - head;
+    if (used + n > depth && !head_fresh) {  // short of room by the head seen: look at the real one
+      head = ring->head.load(std::memory_order_acquire);
+      ring->head_seen.store(head, std::memory_order_release);
+      head_fresh = true;
+      continue;
     }
-    if (ring->tail.compare_exchange_weak(ticket, ticket + 1, std::memory_order_acq_rel)) break;
+    const uint32_t room =
+        used >= depth ? 0 : static_cast<uint32_t>(std::min<uint64_t>(n, depth - used));
+    if (room == 0) {
+      ring->overflows.fetch_add(n, std::memory_order_relaxed);  // really full at that head
+      return 0;
+    }
+    if (ring->tail.compare_exchange_weak(ticket, ticket + room, std::memory_order_acq_rel)) {
+      if (room < n) ring->overflows.fetch_add(n - room, std::memory_order_relaxed);
+      *first = ticket;
+      return room;
+    }
     head_fresh = false;  // another producer moved on: a full-looking ring is looked at again
   }
+}
+
+void PublishCompletion(CqRing* ring, uint32_t depth, uint64_t ticket, const Completion& c,
+                       uint64_t sq_sequence) {
   CqEntry& e = ring->entries[ticket % depth];
   e.wr_id = c.wr_id;
   e.sq_sequence = sq_sequence;
@@ -367,27 +390,49 @@ bool PushCompletion(CqRing* ring, uint32_t depth, uint32_t id, const Completion&
   e.opcode = static_cast<uint8_t>(c.opcode);
   e.has_imm = c.has_imm;
   e.sequence.store(ticket + 1, std::memory_order_release);
-  return true;
 }
 
 Pop PopReceive(RecvRing* ring, uint32_t depth, uint32_t owner, RecvEntry* out,
                uint64_t min_length) {
+  Pop stop = Pop::kEmpty;
+  PopReceives(ring, depth, owner, &min_length, 1, out, &stop);
+  return stop;
+}
+
+uint32_t PopReceives(RecvRing* ring, uint32_t depth, uint32_t owner, const uint64_t* min_lengths,
+                     uint32_t n, RecvEntry* out, Pop* stop) {
   uint64_t head = ring->head.load(std::memory_order_acquire);
   while (true) {
     // After the head it read: a reused ring's owner is written before its counters move on, so
     // a head of the new life comes with the new owner here, and a claim on an old head fails.
-    if (ring->owner.load(std::memory_order_acquire) != owner) return Pop::kGone;
+    if (ring->owner.load(std::memory_order_acquire) != owner) {
+      *stop = Pop::kGone;
+      return 0;
+    }
     // ">=", not "==": a slow sender may store an older tail over a newer one (tail_seen only
     // ever errs low), and an old life's is below every head of this one.
-    if (head >= ring->tail_seen.load(std::memory_order_acquire)) {
-      const uint64_t tail = ring->tail.load(std::memory_order_acquire);
+    uint64_t tail = ring->tail_seen.load(std::memory_order_acquire);
+    if (head + n > tail) {  // fewer known than wanted: look at the owner's tail
+      tail = ring->tail.load(std::memory_order_acquire);
       ring->tail_seen.store(tail, std::memory_order_release);
-      if (head >= tail) return Pop::kEmpty;
     }
-    *out = ring->entries[head % depth];
-    if (out->length < min_length) return Pop::kTooSmall;
-    if (ring->head.compare_exchange_weak(head, head + 1, std::memory_order_acq_rel)) {
-      return Pop::kTaken;
+    if (head >= tail) {
+      *stop = Pop::kEmpty;
+      return 0;
+    }
+    uint32_t taken = static_cast<uint32_t>(std::min<uint64_t>(n, tail - head));
+    *stop = taken < n ? Pop::kEmpty : Pop::kTaken;
+    for (uint32_t i = 0; i < taken; ++i) {
+      out[i] = ring->entries[(head + i) % depth];
+      if (out[i].length < min_lengths[i]) {
+        taken = i;
+        *stop = Pop::kTooSmall;
+        break;
+      }
+    }
+    if (taken == 0) return 0;
+    if (ring->head.compare_exchange_weak(head, head + taken, std::memory_order_acq_rel)) {
+      return taken;
     }
   }
 }

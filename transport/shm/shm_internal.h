@@ -245,12 +245,30 @@ class ShmCq : public CompletionQueue {
 // (ValidRing), never re-read from the ring: its owner may change it.
 bool PushCompletion(CqRing* ring, uint32_t depth, uint32_t id, const Completion& completion,
                     uint64_t sq_sequence);
+// PushCompletion in two steps: reserve the ticket (false as PushCompletion), then publish it.
+// Every reserved ticket must be published, soon: the consumer takes completions in ticket
+// order and waits at an unpublished one. A sender reserves before it copies a message's bytes
+// (ShmQp::Deliver): the reservation's locked CAS waits for every earlier store to drain, so
+// placed after the copy it stalled on the payload's cache misses in the receiver's memory.
+bool ReserveCompletion(CqRing* ring, uint32_t depth, uint32_t id, uint64_t* ticket);
+// Up to `n` consecutive tickets with one CAS (a run of messages to one receiver: one locked
+// instruction per run, not per message); returns how many (0..n), the first in *first. Fewer
+// than n when the ring has no room for all (the rest are overruns, counted in the ring) or is
+// another CQ's now (0).
+uint32_t ReserveCompletions(CqRing* ring, uint32_t depth, uint32_t id, uint32_t n, uint64_t* first);
+void PublishCompletion(CqRing* ring, uint32_t depth, uint64_t ticket, const Completion& completion,
+                       uint64_t sq_sequence);
 enum class Pop { kTaken, kEmpty, kTooSmall, kGone };
 // Takes one posted receive from a ring of `depth` (validated) entries that must belong to QP
 // `owner`: kEmpty when none is posted, kTooSmall when the one at the head is shorter than
 // `min_length` (left posted), kGone when the ring belongs to another QP now (reused).
 Pop PopReceive(RecvRing* ring, uint32_t depth, uint32_t owner, RecvEntry* out,
                uint64_t min_length = 0);
+// Up to `n` consecutive receives with one CAS, out[i] at least min_lengths[i] long; returns how
+// many were taken (0..n) and in *stop why not n (kTaken when all were): kEmpty (no more posted),
+// kTooSmall (the next is shorter than its message: left posted), kGone (as PopReceive).
+uint32_t PopReceives(RecvRing* ring, uint32_t depth, uint32_t owner, const uint64_t* min_lengths,
+                     uint32_t n, RecvEntry* out, Pop* stop);
 // How far a reused ring's counters start past its last life's (any gap > 0 fences a stale CAS;
 // a full lap keeps the entry indices' old contents out of reach of a stale reader too).
 inline uint64_t NextLifeStart(uint64_t head, uint64_t tail, uint32_t depth) {

@@ -248,8 +248,17 @@ absl::Status ShmQp::PostSend(SendWr* chain, SendWr** bad) {
       jitter_us == 0
           ? 0
           : static_cast<int64_t>(NextRandom(&jitter_state_) % (uint64_t{jitter_us} * 1000 + 1));
+  // Synchronous UD: consecutive SENDs to one receiver, executed together (kMaxUdRun).
+  SendWr* run[kMaxUdRun];
+  uint32_t run_length = 0;
+  uint64_t run_sequence = 0;
+  auto flush_run = [&] {
+    if (run_length > 0) RunUdSends(run, run_length, run_sequence);
+    run_length = 0;
+  };
   for (SendWr* wr = chain; wr != nullptr; wr = wr->next) {
     if (absl::Status status = ValidateSend(*wr); !status.ok()) {
+      flush_run();
       *bad = wr;
       return status;
     }
@@ -257,6 +266,7 @@ absl::Status ShmQp::PostSend(SendWr* chain, SendWr** bad) {
       retired = entry_->retired.load(std::memory_order_acquire) & kRetiredCountMask;
     }
     if (posted_ - retired >= config_.max_send_wr) {
+      flush_run();
       *bad = wr;
       return absl::ResourceExhaustedError(absl::StrFormat(
           "send queue full (%d WRs outstanding): signal a WR and poll its completion",
@@ -271,10 +281,19 @@ absl::Status ShmQp::PostSend(SendWr* chain, SendWr** bad) {
     if (wr->flags & kInline) counters_.inline_wrs.Add();
     if (device_->async()) {
       Enqueue(*wr, sequence, jitter_ns);
+    } else if (run_length > 0 && run_length < kMaxUdRun && JoinsUdRun(*run[0], *wr)) {
+      run[run_length++] = wr;
     } else {
-      Run(*wr, sequence);
+      flush_run();
+      if (StartsUdRun(*wr)) {
+        run[run_length++] = wr;
+        run_sequence = sequence;
+      } else {
+        Run(*wr, sequence);
+      }
     }
   }
+  flush_run();
   if (rang) counters_.doorbells.Add();
   return absl::OkStatus();
 }
@@ -541,16 +560,13 @@ std::optional<CompletionStatus> ShmQp::Deliver(Peer& peer, uint32_t dst_qpn, con
       peer.Resolve(wr.rkey, wr.remote_addr, length, kRemoteWrite, dst.pd) == nullptr) {
     return reliable ? CompletionStatus::kRemoteAccessError : drop();
   }
-  // The receiver's rings as its segment describes them now: validated before any use.
-  uint32_t ring_depth = 0, cq_depth = 0;
-  auto* ring = ValidRing<RecvRing, RecvEntry>(
-      peer.segment(),
-      std::atomic_ref<uint64_t>(dst.recv_ring_offset).load(std::memory_order_relaxed), &ring_depth);
-  auto* cq = ValidRing<CqRing, CqEntry>(
-      peer.segment(), std::atomic_ref<uint64_t>(dst.recv_cq_offset).load(std::memory_order_relaxed),
-      &cq_depth);
-  const uint32_t cq_id = dst.recv_cq_id.load(std::memory_order_acquire);
-  if (ring == nullptr || cq == nullptr) return reliable ? CompletionStatus::kRetryExceeded : drop();
+  Receiver receiver;
+  if (!FindRings(peer, dst, &receiver)) return reliable ? CompletionStatus::kRetryExceeded : drop();
+  RecvRing* const ring = receiver.ring;
+  const uint32_t ring_depth = receiver.ring_depth;
+  CqRing* const cq = receiver.cq;
+  const uint32_t cq_depth = receiver.cq_depth;
+  const uint32_t cq_id = receiver.cq_id;
   // UD: a message larger than the receive at the head is the sender's problem: dropped (counted
   // at the receiver) before it takes the receive; the receiver's QP stays usable.
   const uint64_t min_length = config_.type == QpType::kUd ? length + grh : 0;
@@ -578,52 +594,166 @@ std::optional<CompletionStatus> ShmQp::Deliver(Peer& peer, uint32_t dst_qpn, con
     }
     std::this_thread::sleep_for(std::chrono::microseconds(connect_.min_rnr_timer_us));
   }
-  Completion c;
-  c.wr_id = recv.wr_id;
-  c.qp_num = dst_qpn;
-  c.src_qp = number();
-  c.has_imm = wr.opcode == Opcode::kSendWithImm || write_with_imm;
-  c.imm_data = wr.imm_data;
-  c.opcode = c.has_imm ? CompletionOpcode::kRecvWithImm : CompletionOpcode::kRecv;
-  c.byte_len = static_cast<uint32_t>(length) + grh;
+  // The completion's ticket before the bytes are placed (see ReserveCompletion); a
+  // WRITE_WITH_IMM's after its write, which can fail and then completes nothing.
+  uint64_t ticket = 0;
+  bool reserved = !write_with_imm && ReserveCompletion(cq, cq_depth, cq_id, &ticket);
+  Completion c = ArrivalOf(wr, recv.wr_id, dst_qpn, length);
   CompletionStatus sender_status = CompletionStatus::kSuccess;
   if (write_with_imm) {
     if (RdmaWrite(peer, dst, wr) != CompletionStatus::kSuccess)
       return CompletionStatus::kRemoteAccessError;
+    reserved = ReserveCompletion(cq, cq_depth, cq_id, &ticket);
   } else {
-    // An empty message needs no buffer (a receive with no SGE takes it).
-    const bool empty = length + grh == 0;
-    uint8_t* buffer = recv.length < length + grh || empty
-                          ? nullptr
-                          : peer.Resolve(recv.lkey, recv.addr, length + grh, kLocalWrite, dst.pd);
-    if (empty) {
-      // Nothing to place.
-    } else if (buffer == nullptr) {
-      c.status = recv.length < length + grh ? CompletionStatus::kLocalLengthError
-                                            : CompletionStatus::kLocalProtectionError;
-      dst.state.store(static_cast<uint8_t>(QpState::kError), std::memory_order_release);
-      sender_status = reliable ? CompletionStatus::kRemoteInvalidRequest : sender_status;
-    } else {
-      if (grh != 0) {
-        // An InfiniBand-layout GRH naming the sender: its device's GID, which a program using
-        // this fabric cannot choose (the segment's fabric, pid and descriptor).
-        std::memset(buffer, 0, grh);
-        const Gid source = device_->port().gid;
-        std::memcpy(buffer + kGrhSourceGidOffset, source.data(), source.size());
-      }
-      buffer += grh;
-      for (uint32_t i = 0; i < wr.num_sge; ++i) {
-        OrderedCopy(buffer, reinterpret_cast<const uint8_t*>(wr.sg_list[i].addr),
-                    wr.sg_list[i].length);
-        buffer += wr.sg_list[i].length;
-      }
-    }
+    sender_status = PlaceSend(peer, dst, wr, recv, length, &c);
   }
-  if (!PushCompletion(cq, cq_depth, cq_id, c, 0)) {
+  if (reserved) {
+    PublishCompletion(cq, cq_depth, ticket, c, 0);
+  } else {
     dst.dropped.fetch_add(1, std::memory_order_relaxed);  // receiver's CQ overran
   }
   *byte_len = static_cast<uint32_t>(length);
   return sender_status;
+}
+
+bool ShmQp::FindRings(Peer& peer, const QpEntry& dst, Receiver* out) {
+  out->ring = ValidRing<RecvRing, RecvEntry>(
+      peer.segment(),
+      std::atomic_ref<const uint64_t>(dst.recv_ring_offset).load(std::memory_order_relaxed),
+      &out->ring_depth);
+  out->cq = ValidRing<CqRing, CqEntry>(
+      peer.segment(),
+      std::atomic_ref<const uint64_t>(dst.recv_cq_offset).load(std::memory_order_relaxed),
+      &out->cq_depth);
+  out->cq_id = dst.recv_cq_id.load(std::memory_order_acquire);
+  return out->ring != nullptr && out->cq != nullptr;
+}
+
+Completion ShmQp::ArrivalOf(const SendWr& wr, uint64_t wr_id, uint32_t dst_qpn,
+                            uint64_t length) const {
+  Completion c;
+  c.wr_id = wr_id;
+  c.qp_num = dst_qpn;
+  c.src_qp = number();
+  c.has_imm = wr.opcode == Opcode::kSendWithImm || wr.opcode == Opcode::kWriteWithImm;
+  c.imm_data = wr.imm_data;
+  c.opcode = c.has_imm ? CompletionOpcode::kRecvWithImm : CompletionOpcode::kRecv;
+  c.byte_len = static_cast<uint32_t>(length) + (config_.type == QpType::kUd ? kGrhBytes : 0);
+  return c;
+}
+
+CompletionStatus ShmQp::PlaceSend(Peer& peer, QpEntry& dst, const SendWr& wr, const RecvEntry& recv,
+                                  uint64_t length, Completion* c) {
+  const bool reliable = config_.type == QpType::kRc;
+  const uint32_t grh = config_.type == QpType::kUd ? kGrhBytes : 0;
+  // An empty message needs no buffer (a receive with no SGE takes it).
+  if (length + grh == 0) return CompletionStatus::kSuccess;
+  uint8_t* buffer = recv.length < length + grh
+                        ? nullptr
+                        : peer.Resolve(recv.lkey, recv.addr, length + grh, kLocalWrite, dst.pd);
+  if (buffer == nullptr) {
+    c->status = recv.length < length + grh ? CompletionStatus::kLocalLengthError
+                                           : CompletionStatus::kLocalProtectionError;
+    dst.state.store(static_cast<uint8_t>(QpState::kError), std::memory_order_release);
+    return reliable ? CompletionStatus::kRemoteInvalidRequest : CompletionStatus::kSuccess;
+  }
+  if (grh != 0) {
+    // An InfiniBand-layout GRH naming the sender: its device's GID, which a program using
+    // this fabric cannot choose (the segment's fabric, pid and descriptor).
+    std::memset(buffer, 0, grh);
+    const Gid source = device_->port().gid;
+    std::memcpy(buffer + kGrhSourceGidOffset, source.data(), source.size());
+  }
+  buffer += grh;
+  for (uint32_t i = 0; i < wr.num_sge; ++i) {
+    OrderedCopy(buffer, reinterpret_cast<const uint8_t*>(wr.sg_list[i].addr), wr.sg_list[i].length);
+    buffer += wr.sg_list[i].length;
+  }
+  return CompletionStatus::kSuccess;
+}
+
+bool ShmQp::StartsUdRun(const SendWr& wr) const {
+  if (config_.type != QpType::kUd || device_->async() || device_->faults().any()) return false;
+  if (wr.opcode != Opcode::kSend && wr.opcode != Opcode::kSendWithImm) return false;
+  if ((wr.flags & kInline) != 0) return true;
+  // A bad local buffer is the sender's own error (Execute): such a WR goes alone.
+  for (uint32_t i = 0; i < wr.num_sge; ++i) {
+    if (LocalBuffer(wr.sg_list[i], 0) == nullptr) return false;
+  }
+  return true;
+}
+
+bool ShmQp::JoinsUdRun(const SendWr& head, const SendWr& wr) const {
+  return wr.ah == head.ah && wr.remote_qpn == head.remote_qpn &&
+         wr.remote_qkey == head.remote_qkey && StartsUdRun(wr);
+}
+
+void ShmQp::RunUdSends(SendWr* const* run, uint32_t n, uint64_t first_sequence) {
+  uint32_t byte_lens[kMaxUdRun];
+  uint32_t done = 0;
+  if (!IsError(state())) {
+    Peer* peer = PeerFor(*run[0]);
+    if (peer != nullptr && peer->header()->alive.load(std::memory_order_acquire) != 0 &&
+        !device_->CutFrom(*peer)) {
+      done = DeliverUdRun(*peer, run, n, byte_lens);
+    }
+  }
+  // UD SENDs complete successfully whatever became of them at the receiver.
+  for (uint32_t i = 0; i < done; ++i) {
+    Finish(*run[i], CompletionStatus::kSuccess, byte_lens[i], first_sequence + i);
+  }
+  // The rest one by one, exactly as if they had never been in a run.
+  for (uint32_t i = done; i < n; ++i) Run(*run[i], first_sequence + i);
+}
+
+uint32_t ShmQp::DeliverUdRun(Peer& peer, SendWr* const* run, uint32_t n, uint32_t* byte_lens) {
+  const uint32_t dst_qpn = run[0]->remote_qpn;
+  QpEntry& dst = peer.header()->qps[dst_qpn & ((1u << kQpIndexBits) - 1)];
+  const auto dst_state = static_cast<QpState>(dst.state.load(std::memory_order_acquire));
+  // Anything but a receiver ready for all of them: one by one (Deliver counts each drop).
+  if (dst.qp_num.load(std::memory_order_acquire) != dst_qpn || dst_state == QpState::kError ||
+      dst_state == QpState::kReset || dst.type != static_cast<uint8_t>(QpType::kUd) ||
+      run[0]->remote_qkey != dst.qkey) {
+    return 0;
+  }
+  Receiver receiver;
+  if (!FindRings(peer, dst, &receiver)) return 0;
+  uint64_t lengths[kMaxUdRun], min_lengths[kMaxUdRun];
+  uint32_t fit = 0;
+  for (; fit < n; ++fit) {
+    lengths[fit] = TotalLength(*run[fit]);
+    if (lengths[fit] > peer.header()->mtu) break;  // dropped, by Deliver
+    min_lengths[fit] = lengths[fit] + kGrhBytes;
+  }
+  if (fit == 0) return 0;
+  RecvEntry recvs[kMaxUdRun];
+  Pop stop = Pop::kTaken;
+  const uint32_t taken =
+      PopReceives(receiver.ring, receiver.ring_depth, dst_qpn, min_lengths, fit, recvs, &stop);
+  if (taken == 0) return 0;
+  uint64_t ticket = 0;
+  const uint32_t reserved =
+      ReserveCompletions(receiver.cq, receiver.cq_depth, receiver.cq_id, taken, &ticket);
+  bool receiver_failed = false;
+  for (uint32_t i = 0; i < taken; ++i) {
+    Completion c = ArrivalOf(*run[i], recvs[i].wr_id, dst_qpn, lengths[i]);
+    if (receiver_failed) {
+      // A receive of a QP that went to ERR (a buffer not its own) flushes, as on a NIC; one by
+      // one, the messages after would have found the QP in ERR and been dropped.
+      c.status = CompletionStatus::kFlushed;
+      dst.dropped.fetch_add(1, std::memory_order_relaxed);
+    } else {
+      PlaceSend(peer, dst, *run[i], recvs[i], lengths[i], &c);
+      receiver_failed = c.status != CompletionStatus::kSuccess;
+    }
+    if (i < reserved) {
+      PublishCompletion(receiver.cq, receiver.cq_depth, ticket + i, c, 0);
+    } else {
+      dst.dropped.fetch_add(1, std::memory_order_relaxed);  // receiver's CQ overran
+    }
+    byte_lens[i] = static_cast<uint32_t>(lengths[i]);
+  }
+  return taken;
 }
 
 CompletionStatus ShmQp::RdmaRead(Peer& peer, const QpEntry& responder, const SendWr& wr,

@@ -47,6 +47,36 @@ class ShmQp : public QueuePair {
   std::optional<CompletionStatus> Execute(const SendWr& wr, uint32_t* byte_len, RnrRetries* rnr);
   std::optional<CompletionStatus> Deliver(Peer& peer, uint32_t dst_qpn, const SendWr& wr,
                                           uint32_t* byte_len, RnrRetries* rnr);
+  // The receiving QP's table entry and rings as `peer`'s segment describes them now (validated:
+  // a peer's segment is hostile input).
+  struct Receiver {
+    RecvRing* ring = nullptr;
+    uint32_t ring_depth = 0;
+    CqRing* cq = nullptr;
+    uint32_t cq_depth = 0;
+    uint32_t cq_id = 0;
+  };
+  // False when a ring is not valid.
+  static bool FindRings(Peer& peer, const QpEntry& dst, Receiver* out);
+  // The receive completion a message of `length` bytes from `wr` makes in receive `wr_id`.
+  Completion ArrivalOf(const SendWr& wr, uint64_t wr_id, uint32_t dst_qpn, uint64_t length) const;
+  // Places a SEND's bytes (after a GRH on UD) in the receive it took; a receive too short, or not
+  // the receiver's memory, sets c->status and puts the receiver in ERR. Returns the sender's
+  // status (RC: an error then).
+  CompletionStatus PlaceSend(Peer& peer, QpEntry& dst, const SendWr& wr, const RecvEntry& recv,
+                             uint64_t length, Completion* c);
+  // Synchronous mode, UD, no fault injection: SENDs to one receiver posted together go as a run,
+  // their receives claimed with one CAS and their completions reserved with one, instead of two
+  // locked instructions per message (each of which waits for every earlier store: a sender
+  // answering many clients stalled on each message's bytes). Same outcome as one by one.
+  static constexpr uint32_t kMaxUdRun = 16;
+  bool StartsUdRun(const SendWr& wr) const;
+  bool JoinsUdRun(const SendWr& head, const SendWr& wr) const;
+  // Executes and completes run[0, n) (WRs with sequences first_sequence...).
+  void RunUdSends(SendWr* const* run, uint32_t n, uint64_t first_sequence);
+  // Delivers the longest prefix of run[0, n) it can take in one claim; returns its length (0:
+  // none, the caller delivers one by one) with each one's byte length.
+  uint32_t DeliverUdRun(Peer& peer, SendWr* const* run, uint32_t n, uint32_t* byte_lens);
   // The responder of an RDMA operation: our connected peer QP's table entry, or nullptr when that
   // QP is gone (RC: retry exceeded; UC: a silent drop, as from a NIC).
   QpEntry* Responder(Peer& peer) const;
