@@ -58,7 +58,7 @@ RetransmitPolicy PolicyOf(const ClientOptions& options) {
 }  // namespace
 
 Client::Client(const ClientOptions& options)
-    : options_(options), batching_(options.batch_doorbells), timer_(PolicyOf(options)) {}
+    : options_(options), batching_(options.batch_doorbells), retransmit_policy_(PolicyOf(options)) {}
 
 Client::~Client() = default;
 
@@ -218,6 +218,8 @@ absl::Status Client::CreateResources(const Config& config) {
   }
   slots_.resize(slot_count);
   next_seq_.assign(uint64_t{options_.clients} * c.workers, 1);
+  // A client that follows a failover keeps what it learned of the workers' round trips.
+  if (timers_.size() != c.workers) timers_.assign(c.workers, RetransmitTimer(retransmit_policy_));
   if (c.response_uses_slots()) {
     delivered_.resize(slot_count * c.response_slot_bytes());
     live_.reserve(slot_count);
@@ -240,7 +242,9 @@ uint32_t Client::WorkerOf(uint64_t keyhash) const {
 
 ClientStats Client::stats() const {
   ClientStats s = stats_;
-  s.retry_timeout = absl::FromChrono(timer_.TimeoutFor(1));
+  std::chrono::nanoseconds longest{0};
+  for (const RetransmitTimer& timer : timers_) longest = std::max(longest, timer.TimeoutFor(1));
+  s.retry_timeout = absl::FromChrono(longest);
   s.fabric.Add(ud_qp_->counters());
   for (const auto& qp : request_qps_) s.fabric.Add(qp->counters());
   for (const auto& qp : large_qps_) s.fabric.Add(qp->counters());  // WRITE_WITH_IMMs and READs

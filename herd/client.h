@@ -45,8 +45,9 @@
 // up. Anything else is counted (stats().stray) and dropped. UD responses (and UC requests) can be
 // lost: a request not answered within its retransmission timeout is sent again (same slot, same
 // sequence number, next attempt number); the worker answers a repeated mutation from its dedupe
-// table instead of applying it twice. The timeout adapts to measured round trips (srtt + 4 rttvar,
-// as TCP's RTO, each answer timed from its request's first send) within [min_retry_timeout,
+// table instead of applying it twice. The timeout adapts, per worker, to the round trips measured
+// to it (srtt + 4 rttvar, as TCP's RTO, and at least twice the recent tail; each answer timed
+// from its request's first send: herd/retransmit_timer.h) within [min_retry_timeout,
 // max_retry_timeout], doubling per retransmission of a request. Every request ends (answered,
 // kTimedOut, or kSendFailed) within request_deadline.
 #ifndef HERD_HERD_CLIENT_H_
@@ -140,7 +141,8 @@ struct ClientStats {
   // Large values: PUTs sent by WRITE_WITH_IMM; GETs answered out of line; READs of an item
   // that failed its check (read again); GETs that fell back to a copy through the worker.
   uint64_t large_puts = 0, out_of_line_gets = 0, item_rereads = 0, copied_gets = 0;
-  absl::Duration retry_timeout;  // the current adaptive timeout (before backoff)
+  absl::Duration retry_timeout;  // the current adaptive timeout (before backoff), the longest
+                                 // of the workers'
   transport::CounterSnapshot fabric;
 };
 
@@ -433,8 +435,10 @@ class Client {
   size_t live_cursor_ = 0;
   uint32_t ud_qkey_ = 0;      // our UD QP's own qkey
   bool grh_is_ipv4_ = false;  // how our receives' GRH area names a sender
-  // The adaptive retransmission timeout (TCP's estimator over this client's round trips).
-  RetransmitTimer timer_;
+  // The adaptive retransmission timeouts, one per worker (each over the round trips to it: one
+  // worker's queue does not set another's timeout).
+  RetransmitPolicy retransmit_policy_;
+  std::vector<RetransmitTimer> timers_;
   std::vector<uint32_t> to_repost_;  // receive buffers consumed and not yet re-posted
   std::vector<transport::Completion> completions_;
   std::vector<transport::RecvWr> recv_wrs_;

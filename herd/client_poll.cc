@@ -51,7 +51,7 @@ Client::Accepted Client::Accept(const ParsedResponse& response, Result* out) {
   const bool out_of_line = (h.flags & kResponseOutOfLine) != 0;
   if (!out_of_line && h.flags != 0) return Accepted::kStray;
   if (out_of_line && !DeferOutOfLine(o, h, response.value)) return Accepted::kStray;
-  if (!o.handed_over) timer_.Sample(SincePoll(o.submitted));
+  if (!o.handed_over) timers_[o.worker].Sample(SincePoll(o.submitted));
   if (out_of_line) return Accepted::kDeferred;
   Deliver(o, status, h.version,
           std::string_view(reinterpret_cast<const char*>(response.value), h.value_bytes), out);
@@ -251,7 +251,10 @@ void Client::Retransmit(absl::Span<Result> out, size_t* n) {
     }
   }
   const std::chrono::nanoseconds deadline = absl::ToChronoNanoseconds(options_.request_deadline);
-  Clock::time_point next = now + timer_.TimeoutFor(1);
+  // No later than any worker's first timeout from now (a request submitted meanwhile).
+  std::chrono::nanoseconds shortest = retransmit_policy_.ceiling;
+  for (const RetransmitTimer& timer : timers_) shortest = std::min(shortest, timer.TimeoutFor(1));
+  Clock::time_point next = now + shortest;
   for (Outstanding& o : slots_) {
     if (!o.active) continue;
     // Answered out of line: its value is being read (AdvanceLargeValues owns it); only the
@@ -283,7 +286,7 @@ void Client::Retransmit(absl::Span<Result> out, size_t* n) {
       ++o.sends;  // a full send queue: counted as a send, so max_attempts still bounds it
       LOG_EVERY_N(WARNING, 1000) << "retransmission not sent: " << sent;
     }
-    o.deadline = now + timer_.TimeoutFor(o.sends);
+    o.deadline = now + timers_[o.worker].TimeoutFor(o.sends);
     next = std::min(next, o.deadline);
   }
   next_retry_check_ = next;

@@ -153,7 +153,7 @@ absl::Status Client::Stage(const Staged& r) {
   }
   if (large) ++stats_.large_puts;
   // A new request's clock was read by Submit; a handed-over one was submitted before a failover.
-  o.deadline = (r.attempt == 0 ? r.submitted : Clock::now()) + timer_.TimeoutFor(1);
+  o.deadline = (r.attempt == 0 ? r.submitted : Clock::now()) + timers_[o.worker].TimeoutFor(1);
   ++outstanding_;
   MarkLive(o);
   return absl::OkStatus();

@@ -7,6 +7,7 @@ namespace herd {
 
 void RetransmitTimer::Sample(std::chrono::nanoseconds rtt) {
   const auto sample = static_cast<double>(rtt.count());
+  tail_ns_ = std::max(sample, tail_ns_ * kTailDecayPerSample);
   if (srtt_ns_ == 0) {
     srtt_ns_ = sample;
     rttvar_ns_ = sample / 2;
@@ -23,7 +24,8 @@ std::chrono::nanoseconds RetransmitTimer::TimeoutFor(uint32_t sends) const {
   std::chrono::nanoseconds base =
       srtt_ns_ == 0
           ? policy_.initial
-          : std::chrono::nanoseconds(static_cast<int64_t>(srtt_ns_ + kRttVarWeight * rttvar_ns_));
+          : std::chrono::nanoseconds(static_cast<int64_t>(
+                std::max(srtt_ns_ + kRttVarWeight * rttvar_ns_, kTailFactor * tail_ns_)));
   base = std::clamp(base, floor, std::max(floor, ceiling));
   const uint32_t shift = std::min(sends > 0 ? sends - 1 : 0, kMaxBackoffShift);
   return std::min(base * (int64_t{1} << shift), std::max(base, ceiling));

@@ -55,10 +55,17 @@ TEST(RetransmitTimerTest, TimeoutsFollowTheEstimatorClampAndBackoff) {
        microseconds(25'000)},
       {"a larger sample moves srtt by 1/8 and rttvar by 1/4 of the gap",
        kDefault,
+       {milliseconds(10), milliseconds(14)},
+       1,
+       // rttvar = 5 + (4 - 5)/4 = 4.75; srtt = 10 + 4/8 = 10.5; 10.5 + 19 = 29.5 ms (the
+       // tail's 2 x 14 = 28 ms is below it)
+       microseconds(29'500)},
+      {"twice the largest recent round trip when the estimator is below it",
+       kDefault,
        {milliseconds(10), milliseconds(18)},
        1,
-       // rttvar = 5 + (8 - 5)/4 = 5.75; srtt = 10 + 8/8 = 11; 11 + 23 = 34 ms
-       milliseconds(34)},
+       // srtt + 4 rttvar = 11 + 23 = 34 ms; the tail: 2 x 18 = 36 ms
+       milliseconds(36)},
       {"a tiny round trip is clamped up to the floor",
        kDefault,
        {microseconds(100)},
@@ -96,7 +103,25 @@ TEST(RetransmitTimerTest, TheEstimatorConvergesOnASteadyRoundTrip) {
   EXPECT_TRUE(timer.has_sample());
   EXPECT_NEAR(timer.srtt_ns(), 8e6, 1);
   EXPECT_LT(timer.rttvar_ns(), 1e3);  // the deviation decays to nothing
-  EXPECT_NEAR(static_cast<double>(timer.TimeoutFor(1).count()), 8e6, 4e3);
+  // Then the tail decides: twice the round trip, never a timeout the round trip itself reaches.
+  EXPECT_NEAR(timer.tail_ns(), 8e6, 1);
+  EXPECT_NEAR(static_cast<double>(timer.TimeoutFor(1).count()), 16e6, 4e3);
+}
+
+// A loaded server's round trips: mostly fast, now and then one in the queueing tail. The mean's
+// estimator forgets the slow one within a hundred samples and would retransmit the next such
+// request though nothing was lost; the tail keeps the timeout above it.
+TEST(RetransmitTimerTest, ASlowRoundTripAmongFastOnesKeepsTheTimeoutAboveIt) {
+  RetransmitTimer timer(kDefault);
+  for (int i = 0; i < 2000; ++i) timer.Sample(milliseconds(1));
+  timer.Sample(milliseconds(20));
+  for (int i = 0; i < 100; ++i) timer.Sample(milliseconds(1));
+  EXPECT_LT(timer.srtt_ns() + RetransmitTimer::kRttVarWeight * timer.rttvar_ns(), 5e6)
+      << "the mean's estimator alone would be at the floor";
+  EXPECT_GT(timer.TimeoutFor(1), milliseconds(20));
+  // Long after, the slow one is forgotten: back to the floor.
+  for (int i = 0; i < 20000; ++i) timer.Sample(milliseconds(1));
+  EXPECT_EQ(timer.TimeoutFor(1), milliseconds(5));
 }
 
 }  // namespace
