@@ -58,7 +58,9 @@ RetransmitPolicy PolicyOf(const ClientOptions& options) {
 }  // namespace
 
 Client::Client(const ClientOptions& options)
-    : options_(options), batching_(options.batch_doorbells), retransmit_policy_(PolicyOf(options)) {}
+    : options_(options),
+      batching_(options.batch_doorbells),
+      retransmit_policy_(PolicyOf(options)) {}
 
 Client::~Client() = default;
 

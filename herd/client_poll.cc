@@ -51,7 +51,11 @@ Client::Accepted Client::Accept(const ParsedResponse& response, Result* out) {
   const bool out_of_line = (h.flags & kResponseOutOfLine) != 0;
   if (!out_of_line && h.flags != 0) return Accepted::kStray;
   if (out_of_line && !DeferOutOfLine(o, h, response.value)) return Accepted::kStray;
-  if (!o.handed_over) timers_[o.worker].Sample(SincePoll(o.submitted));
+  if (!o.handed_over) {
+    timers_[o.worker].Sample(
+        SincePoll(o.submitted),
+        std::chrono::duration_cast<std::chrono::nanoseconds>(PollClock().time_since_epoch()));
+  }
   if (out_of_line) return Accepted::kDeferred;
   Deliver(o, status, h.version,
           std::string_view(reinterpret_cast<const char*>(response.value), h.value_bytes), out);

@@ -91,7 +91,8 @@ TEST(RetransmitTimerTest, TimeoutsFollowTheEstimatorClampAndBackoff) {
   };
   for (const Case& c : cases) {
     RetransmitTimer timer(c.policy);
-    for (nanoseconds s : c.samples) timer.Sample(s);
+    // One answer a millisecond: all in one tail window.
+    for (size_t i = 0; i < c.samples.size(); ++i) timer.Sample(c.samples[i], milliseconds(i));
     EXPECT_EQ(timer.TimeoutFor(c.sends).count(), c.want.count()) << c.name;
   }
 }
@@ -99,7 +100,7 @@ TEST(RetransmitTimerTest, TimeoutsFollowTheEstimatorClampAndBackoff) {
 TEST(RetransmitTimerTest, TheEstimatorConvergesOnASteadyRoundTrip) {
   RetransmitTimer timer(kDefault);
   EXPECT_FALSE(timer.has_sample());
-  for (int i = 0; i < 200; ++i) timer.Sample(milliseconds(8));
+  for (int i = 0; i < 200; ++i) timer.Sample(milliseconds(8), milliseconds(i));
   EXPECT_TRUE(timer.has_sample());
   EXPECT_NEAR(timer.srtt_ns(), 8e6, 1);
   EXPECT_LT(timer.rttvar_ns(), 1e3);  // the deviation decays to nothing
@@ -108,20 +109,42 @@ TEST(RetransmitTimerTest, TheEstimatorConvergesOnASteadyRoundTrip) {
   EXPECT_NEAR(static_cast<double>(timer.TimeoutFor(1).count()), 16e6, 4e3);
 }
 
-// A loaded server's round trips: mostly fast, now and then one in the queueing tail. The mean's
-// estimator forgets the slow one within a hundred samples and would retransmit the next such
-// request though nothing was lost; the tail keeps the timeout above it.
+// A loaded server's round trips: mostly fast, now and then one in the queueing tail (or a
+// scheduling stall). The mean's estimator forgets the slow one within a hundred samples and would
+// retransmit the next such request though nothing was lost; the tail keeps the timeout above it
+// for a window or two, however many answers arrive meanwhile.
 TEST(RetransmitTimerTest, ASlowRoundTripAmongFastOnesKeepsTheTimeoutAboveIt) {
   RetransmitTimer timer(kDefault);
-  for (int i = 0; i < 2000; ++i) timer.Sample(milliseconds(1));
-  timer.Sample(milliseconds(20));
-  for (int i = 0; i < 100; ++i) timer.Sample(milliseconds(1));
+  nanoseconds now{0};
+  auto sample = [&](nanoseconds rtt, nanoseconds gap) {
+    now += gap;
+    timer.Sample(rtt, now);
+  };
+  for (int i = 0; i < 20000; ++i) sample(milliseconds(1), microseconds(10));
+  sample(milliseconds(20), microseconds(10));
+  for (int i = 0; i < 20000; ++i) sample(milliseconds(1), microseconds(10));
   EXPECT_LT(timer.srtt_ns() + RetransmitTimer::kRttVarWeight * timer.rttvar_ns(), 5e6)
       << "the mean's estimator alone would be at the floor";
   EXPECT_GT(timer.TimeoutFor(1), milliseconds(20));
-  // Long after, the slow one is forgotten: back to the floor.
-  for (int i = 0; i < 20000; ++i) timer.Sample(milliseconds(1));
+  // Two windows later the slow one is forgotten: back to the floor.
+  for (int i = 0; i < 1100; ++i) sample(milliseconds(1), milliseconds(1));
   EXPECT_EQ(timer.TimeoutFor(1), milliseconds(5));
+}
+
+// The tail is a window's maximum, not an average: one slow answer in the previous window still
+// counts in this one; after a whole window without answers it no longer does.
+TEST(RetransmitTimerTest, TheTailIsTheLargestRoundTripOfTheLastWindowOrTwo) {
+  const nanoseconds window = RetransmitTimer::kTailWindow;
+  RetransmitTimer timer(kDefault);
+  timer.Sample(milliseconds(30), nanoseconds(0));
+  timer.Sample(milliseconds(1), window / 2);
+  EXPECT_EQ(timer.tail_ns(), 30e6) << "same window";
+  timer.Sample(milliseconds(1), window + window / 2);
+  EXPECT_EQ(timer.tail_ns(), 30e6) << "the previous window's";
+  timer.Sample(milliseconds(2), 2 * window + window / 2);
+  EXPECT_EQ(timer.tail_ns(), 2e6) << "two windows on: only the new window's and the last one's";
+  timer.Sample(milliseconds(3), 5 * window);
+  EXPECT_EQ(timer.tail_ns(), 3e6) << "after a window with no answers, nothing before it";
 }
 
 }  // namespace
