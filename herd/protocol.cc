@@ -224,7 +224,9 @@ Parse ParseRequest(const uint8_t* message, uint32_t length, const RequestLimits&
 
 void EncodeResponseHeader(const ResponseHeader& header, uint64_t secret, uint8_t* response_start) {
   const auto value_space = static_cast<uint32_t>(Pad8(header.value_bytes));
-  std::memset(response_start + header.value_bytes, 0, value_space - header.value_bytes);
+  if (value_space != header.value_bytes) {  // most values are whole words: no call for nothing
+    std::memset(response_start + header.value_bytes, 0, value_space - header.value_bytes);
+  }
   const ResponseTrailer trailer{header.version,
                                 header.value_bytes,
                                 header.status,

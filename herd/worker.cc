@@ -89,6 +89,10 @@ Worker::Worker(uint32_t index, const Config& config, std::unique_ptr<mica::Parti
       limits_{config.max_key_bytes, config.value_limit(),
               config.large_values() ? config.landing_buffers : 0},
       response_buffer_bytes_(ResponseBytes(config.slot_value_bytes())),
+      inline_limit_(config.inline_limit()),
+      large_values_(config.large_values()),
+      landing_value_limit_(config.landing_value_limit()),
+      landing_bytes_(config.landing_bytes()),
       partition_(std::move(partition)),
       ud_qps_(std::move(ud_qps)),
       send_cq_(send_cq),
@@ -318,7 +322,7 @@ uint32_t Worker::GatherFromLanding(uint32_t count, uint32_t up_to) {
   const uint32_t want = up_to - count;
   const auto got =
       static_cast<uint32_t>(memory_.imm_cq->Poll(absl::MakeSpan(imm_completions_.data(), want)));
-  const uint64_t landing_bytes = config_.landing_bytes();
+  const uint64_t landing_bytes = landing_bytes_;
   for (uint32_t i = 0; i < got; ++i) {
     const transport::Completion& c = imm_completions_[i];
     if (c.status != transport::CompletionStatus::kSuccess) {
@@ -583,11 +587,11 @@ void Worker::ExecuteAndRespond(uint32_t count) {
     // A GET asking for a copy gets its value straight into the landing buffer it named, by the
     // store, in batch order: a later PUT of the batch may overwrite the item in the log. At
     // most what a landing buffer is sized for (a longer value: kBufferTooSmall, NO_MEMORY).
-    const bool copy = get && h.flags == kRequestCopyToLanding && config_.large_values();
+    const bool copy = get && h.flags == kRequestCopyToLanding && large_values_;
     r.value_out = copy  ? reinterpret_cast<char*>(LandingOf(p))
                   : get ? reinterpret_cast<char*>(p.staging)
                         : nullptr;
-    r.value_out_bytes = copy ? config_.landing_value_limit() : get ? config_.inline_limit() : 0;
+    r.value_out_bytes = copy ? landing_value_limit_ : get ? inline_limit_ : 0;
     store_index_[executed++] = i;
   }
   if (replica_ == nullptr) {
@@ -606,7 +610,7 @@ void Worker::ExecuteAndRespond(uint32_t count) {
     p.status = WireStatus(p, r.result);
     p.version = p.status == Status::kInternal ? 0 : r.version;
     p.value_bytes = op == Op::kGet && r.result == mica::Result::kOk ? r.value_bytes : 0;
-    if (op == Op::kGet && config_.large_values()) {
+    if (op == Op::kGet && large_values_) {
       const bool copy = p.request.header.flags == kRequestCopyToLanding;
       if (copy && r.result == mica::Result::kOk) {
         AnswerCopied(p);
@@ -709,12 +713,12 @@ Status Worker::WireStatus(const Pending& p, mica::Result result) {
 
 uint8_t* Worker::LandingOf(const Pending& p) const {
   // ParseRequest bounded landing_buffer by landing_buffers.
-  return p.route->landing + uint64_t{p.request.header.landing_buffer} * config_.landing_bytes();
+  return p.route->landing + uint64_t{p.request.header.landing_buffer} * landing_bytes_;
 }
 
 void Worker::AnswerCopied(Pending& p) {
   uint8_t* buffer = LandingOf(p);
-  if (p.value_bytes <= config_.inline_limit()) {
+  if (p.value_bytes <= inline_limit_) {
     std::memcpy(p.staging, buffer, p.value_bytes);  // short after all: answered inline
     return;
   }

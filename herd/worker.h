@@ -299,6 +299,11 @@ class Worker {
   const uint32_t landing_share_;  // see kLandingShareDivisor
   const RequestLimits limits_;
   const uint32_t response_buffer_bytes_;
+  // Config's derived limits, computed once (each is a call and a few branches per request).
+  const uint32_t inline_limit_;
+  const bool large_values_;
+  const uint32_t landing_value_limit_;
+  const uint64_t landing_bytes_;
   std::unique_ptr<mica::Partition> partition_;
   std::vector<transport::QueuePair*> ud_qps_;
   transport::CompletionQueue* send_cq_;
