@@ -26,7 +26,8 @@ import sys
 # (category, regex on the symbol), tried in order on each frame, leaf first.
 WORKER_RULES = [
     ("fabric", r"^transport::shm::(ShmQp::(Deliver|Run|Execute|RdmaWrite|Complete|Finish|"
-               r"InjectLoss|ConnectedToUs)|PushCompletion|PopReceive|Peer::|ShmDevice::port)"),
+               r"InjectLoss|ConnectedToUs|PlaceSend|FindRings|ArrivalOf)|PushCompletion|"
+               r"ReserveCompletion|PublishCompletion|PopReceive|Peer::|ShmDevice::port)"),
     ("hash", r"^mica::KeyHash"),
     ("store", r"^mica::"),
     ("parse+check", r"^herd::(ParseRequest|WireChecksum)|^util::WordChecksum"),
