@@ -1,8 +1,10 @@
 #!/usr/bin/python3
-"""End-to-end tests of scripts/compare.py (what compare_echo.sh and compare_memcached.sh run):
-each baseline side by side with herd for a fraction of a second, the final JSON line, the
-per-run results, nothing left running, and a clear refusal of a comparison that makes no sense.
-Needs the opt binaries (scripts/test.sh builds them first).
+"""End-to-end tests of scripts/compare.py (what compare_echo.sh, compare_memcached.sh and
+compare_revisions.sh run): each baseline side by side with herd for a fraction of a second, the
+final JSON line, the per-run results, nothing left running, and a clear refusal of a comparison
+that makes no sense; and of the other speed tools of issue 37: bench/engine_bench (both phases,
+their verb economy) and scripts/scaling.sh (a one-worker point, its summary and plot, a refusal).
+Needs the opt binaries (scripts/test.sh builds them first). Nothing here asserts on a speed.
 
 usage: tests/scripts/compare_test.py [-v]
 """
@@ -20,6 +22,7 @@ COMPARE = [sys.executable, str(REPO / "scripts" / "compare.py")]
 # Two runs of 0.3 s after 0.1 s of warm-up, plus start-up and preload.
 RUN_BUDGET_S = 120
 CLIENT_CORE = 1 if (os.cpu_count() or 1) > 1 else 0
+OPT_BIN = REPO / "bazel-out" / "k8-opt" / "bin"  # what `bazel build --config=opt` writes
 
 
 def processes_matching(pattern):
@@ -82,6 +85,80 @@ class CompareTest(unittest.TestCase):
         code, _, stderr = self.compare("echo", "--workload=A")
         self.assertNotEqual(code, 0)
         self.assertIn("--workload=C", stderr)
+
+    def test_a_revision_against_the_same_binaries(self):
+        # compare_revisions.sh builds another revision and runs this; here the "other revision"
+        # is this tree's own binaries: the revision path end to end, without a second build.
+        code, stdout, stderr = self.compare("revision", f"--baseline_bin={OPT_BIN}")
+        self.assertEqual(code, 0, stderr)
+        self.check_result(stdout, "revision")
+
+    def test_a_revision_needs_its_binaries(self):
+        code, _, stderr = self.compare("revision")
+        self.assertNotEqual(code, 0)
+        self.assertIn("--baseline_bin", stderr)
+        code, _, stderr = self.compare("revision", f"--baseline_bin={self.dir}")
+        self.assertNotEqual(code, 0)
+        self.assertIn("no herd/herd_server", stderr)
+
+
+class EngineBenchTest(unittest.TestCase):
+    def test_both_phases_answer_every_request_with_one_wr_each(self):
+        run = subprocess.run([str(OPT_BIN / "bench" / "engine_bench"), "--duration_s=0.2",
+                              "--warmup_s=0.05", "--stage_ops=20000", "--keys=5000", "--core=-1"],
+                             cwd=REPO, capture_output=True, text=True, timeout=RUN_BUDGET_S)
+        self.assertEqual(run.returncode, 0, run.stderr)
+        lines = [json.loads(l) for l in run.stdout.splitlines() if l.startswith("{")]
+        self.assertEqual([l["phase"] for l in lines], ["get", "put"])
+        for line in lines:
+            self.assertGreater(line["requests"], 0)
+            self.assertGreater(line["engine_ns"], 0)
+            # One UD SEND per answer, chained: at most one doorbell per answer, and each
+            # batch at most --postlist (16) answers.
+            self.assertEqual(line["wrs_per_request"], 1.0)
+            self.assertLessEqual(line["doorbells_per_request"], 1.0)
+            self.assertLessEqual(line["requests_per_batch"], 16)
+            self.assertEqual(set(line["share"]), {"parse", "store", "encode", "rest"})
+        # A GET's answer carries its 32-byte value; a PUT's none.
+        self.assertGreater(lines[0]["bytes_per_request"], lines[1]["bytes_per_request"])
+
+    def test_a_request_that_cannot_fit_a_slot_is_refused(self):
+        run = subprocess.run([str(OPT_BIN / "bench" / "engine_bench"), "--value_bytes=4096"],
+                             cwd=REPO, capture_output=True, text=True, timeout=RUN_BUDGET_S)
+        self.assertEqual(run.returncode, 1)
+        self.assertIn("does not fit --slot_bytes", run.stderr)
+
+
+class ScalingTest(unittest.TestCase):
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="herd-scaling-test-")
+
+    def tearDown(self):
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def scaling(self, *extra):
+        return subprocess.run(["bash", str(REPO / "scripts" / "scaling.sh"), "--bin", str(OPT_BIN),
+                               "--out", self.dir, "--duration_s", "0.3", "--warmup_s", "0.1",
+                               "--clients_per_thread", "4"] + list(extra),
+                              cwd=REPO, capture_output=True, text=True, timeout=RUN_BUDGET_S)
+
+    def test_one_worker_point_with_summary_and_plot(self):
+        run = self.scaling("--workers", "1", "--client_threads", "1")
+        self.assertEqual(run.returncode, 0, run.stderr)
+        summary = json.loads(run.stdout.strip().splitlines()[-1])
+        self.assertEqual([p["workers"] for p in summary["points"]], [1])
+        point = summary["points"][0]
+        self.assertGreater(point["mops"], 0)
+        self.assertEqual(point["speedup"], 1.0)
+        self.assertEqual(json.loads((pathlib.Path(self.dir) / "summary.json").read_text()),
+                         summary)
+        self.assertIn("<svg", (pathlib.Path(self.dir) / "scaling.svg").read_text())
+        self.assertEqual(processes_matching(f"--out {self.dir}"), [])
+
+    def test_more_workers_than_half_the_cores_is_refused(self):
+        run = self.scaling("--workers", str(2 * (os.cpu_count() or 1)))
+        self.assertEqual(run.returncode, 2)
+        self.assertIn("does not fit", run.stderr)
 
 
 if __name__ == "__main__":
