@@ -40,8 +40,9 @@ DEFINE_uint32(retry_timeout_us, 20000,
               "Retransmission timeout before a round trip was measured (always, with "
               "--noadaptive_retry)");
 DEFINE_bool(adaptive_retry, true,
-            "Derive the retransmission timeout from measured round trips (srtt + 4 rttvar, "
-            "doubling per retransmission), within --min/max_retry_timeout_us");
+            "Derive each worker's retransmission timeout from the round trips measured to it "
+            "(srtt + 4 rttvar, at least twice the largest of the last 0.5-1 s; doubling per "
+            "retransmission), within --min/max_retry_timeout_us");
 DEFINE_uint32(min_retry_timeout_us, 5000, "Floor of the adaptive retransmission timeout");
 DEFINE_uint32(max_retry_timeout_us, 1000000, "Ceiling of the adaptive retransmission timeout");
 DEFINE_bool(batch_doorbells, true,
