@@ -93,7 +93,7 @@ Scenario RandomScenario(std::mt19937_64& random) {
 }
 
 // Runs `s` on a fabric of its own: each chain posted whole (`chained`) or one WR per PostSend.
-Outcome Run(const Scenario& s, bool chained, const std::string& fabric) {
+Outcome RunScenario(const Scenario& s, bool chained, const std::string& fabric) {
   Outcome out;
   auto sender = MakeNode("shm", kAllAccess, 4096, fabric);
   std::unique_ptr<Node> nodes[kReceivers];
@@ -185,8 +185,8 @@ TEST(ShmUdRuns, ChainsDeliverExactlyWhatOneByOneDelivers) {
   for (int i = 0; i < kScenarios; ++i) {
     const Scenario s = RandomScenario(random);
     const std::string base = absl::StrCat("shm-runs-", getpid(), "-", i);
-    const Outcome chained = Run(s, /*chained=*/true, base + "-chained");
-    const Outcome single = Run(s, /*chained=*/false, base + "-single");
+    const Outcome chained = RunScenario(s, /*chained=*/true, base + "-chained");
+    const Outcome single = RunScenario(s, /*chained=*/false, base + "-single");
     ASSERT_EQ(chained.sends, single.sends) << "scenario " << i;
     for (uint32_t r = 0; r < kReceivers; ++r) {
       ASSERT_EQ(chained.receivers[r].arrivals.size(), single.receivers[r].arrivals.size())
@@ -209,7 +209,7 @@ TEST(ShmUdRuns, ARunLongerThanThePostedReceivesDropsTheRestCounted) {
   s.receive_lengths[0] = {kGrhBytes + 64, kGrhBytes + 64, kGrhBytes + 64};
   s.cq_depth[0] = s.cq_depth[1] = s.cq_depth[2] = 64;
   s.chains.push_back(std::vector<Message>(6, Message{0, 64, false, false}));
-  const Outcome o = Run(s, true, absl::StrCat("shm-runs-short-", getpid()));
+  const Outcome o = RunScenario(s, true, absl::StrCat("shm-runs-short-", getpid()));
   ASSERT_EQ(o.receivers[0].arrivals.size(), 3u);
   for (uint32_t i = 0; i < 3; ++i) {
     EXPECT_EQ(o.receivers[0].arrivals[i].wr_id, i);  // receive i took message i
@@ -229,7 +229,7 @@ TEST(ShmUdRuns, ARunLargerThanTheRoomInTheCqOverrunsTheRestCounted) {
   s.cq_depth[0] = 2;
   s.cq_depth[1] = s.cq_depth[2] = 64;
   s.chains.push_back(std::vector<Message>(5, Message{0, 64, true, false}));
-  const Outcome o = Run(s, true, absl::StrCat("shm-runs-cq-", getpid()));
+  const Outcome o = RunScenario(s, true, absl::StrCat("shm-runs-cq-", getpid()));
   EXPECT_EQ(o.receivers[0].arrivals.size(), 2u);
   EXPECT_EQ(o.receivers[0].overruns, 3u);
   EXPECT_EQ(o.receivers[0].dropped, 3u);
