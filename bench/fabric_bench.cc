@@ -450,6 +450,8 @@ void FanInRow(const transport::DeviceOptions& options, uint32_t size, uint32_t s
   stop = true;
   for (std::thread& t : threads) t.join();
   receive.join();
+  // A row that measured nothing is a failure, not a rate of 0.
+  CHECK_GT(messages, 0u) << "fan-in: no message was delivered in " << seconds << " s";
   transport::CounterSnapshot counters;
   counters.Add(in->counters());
   counters.Add(receiver.recv_cq->counters());
