@@ -112,6 +112,8 @@ absl::StatusOr<std::unique_ptr<ShmQp>> ShmQp::Create(ShmDevice* device, const Qp
   qp->entry_->recv_cq_offset = recv_cq->offset();
   qp->entry_->recv_cq_id.store(recv_cq->id(), std::memory_order_release);
   qp->send_cq_ = send_cq;
+  // Decided once: the device's mode and faults are fixed for its life.
+  qp->ud_runs_ = config.type == QpType::kUd && !device->async() && !device->faults().any();
   qp->loss_state_ = device->faults().seed ^ (uint64_t{qp->number()} << 32);
   qp->disorder_state_ = qp->loss_state_ ^ kDisorderStream;
   qp->jitter_state_ = qp->loss_state_ ^ kJitterStream;
@@ -673,7 +675,7 @@ CompletionStatus ShmQp::PlaceSend(Peer& peer, QpEntry& dst, const SendWr& wr, co
 }
 
 bool ShmQp::StartsUdRun(const SendWr& wr) const {
-  if (config_.type != QpType::kUd || device_->async() || device_->faults().any()) return false;
+  if (!ud_runs_) return false;
   if (wr.opcode != Opcode::kSend && wr.opcode != Opcode::kSendWithImm) return false;
   if ((wr.flags & kInline) != 0) return true;
   // A bad local buffer is the sender's own error (Execute): such a WR goes alone.

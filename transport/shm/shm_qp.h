@@ -132,6 +132,7 @@ class ShmQp : public QueuePair {
   // This QP's own messages lost silently (the outbound half of counters().dropped).
   Counter outbound_dropped_;
 
+  bool ud_runs_ = false;         // UD, synchronous, no fault injection: SENDs may go as runs
   uint64_t posted_ = 0;          // send WRs posted, ever
   uint64_t recv_head_seen_ = 0;  // PostRecv's last read of the receive ring's head (see there)
   uint64_t loss_state_ = 0;      // fault injection generator (splitmix64 state)
