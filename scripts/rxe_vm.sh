@@ -22,6 +22,9 @@
 #   HERD_VM_RW       colon-separated host dirs the guest may write (same paths), e.g. results
 #   HERD_VM_ENV      names of environment variables to pass to the command
 #   HERD_VM_CONSOLE=1  print the guest's kernel console after the run
+#   HERD_VM_KERNEL   stock: Debian 12's kernel (6.1: rxe sends and receives only in the initial
+#                    network namespace); netns: the newest kernel of trixie-backports, whose rxe
+#                    has a RoCE socket per network namespace (scripts/cluster_vm.sh needs it)
 set -euo pipefail
 cd_back=$PWD
 here=$(cd "$(dirname "$0")" && pwd)
@@ -32,6 +35,7 @@ mem=${HERD_VM_MEM:-2G}
 cpus=${HERD_VM_CPUS:-$(nproc)}
 mtu=${HERD_VM_MTU:-1500}
 rw_dirs=${HERD_VM_RW:-}
+flavor=${HERD_VM_KERNEL:-stock}
 
 [ "${1:-}" = "--" ] && shift
 if [ $# -eq 0 ]; then
@@ -43,64 +47,109 @@ log() { echo "[rxe_vm] $*" >&2; }
 "$here/setup.sh" --quiet
 
 # Kernel modules the guest loads, in order (their dependencies are copied in too). rxe asks the
-# crypto API for "crc32" at run time, which no module dependency names: crc32_generic provides it.
-modules="virtio_pci 9pnet_virtio 9p overlay dummy crc32_generic ib_core ib_uverbs rdma_rxe rdma_ucm"
+# crypto API for "crc32" at run time, which no module dependency names: crc32_generic provides it
+# (on kernels that still have it). veth and bridge carry scripts/cluster_vm.sh's hosts.
+modules="virtio_pci 9pnet_virtio 9p overlay dummy veth bridge crc32_generic ib_core ib_uverbs"
+modules="$modules rdma_rxe rdma_ucm"
 
 # ---------------------------------------------------------------- the guest kernel, cached
-mkdir -p "$cache"
+# stock: Debian 12's linux-image-amd64, through apt. netns: trixie-backports' newest, through its
+# package index (this machine's apt has no such source; nothing is installed or configured).
+BACKPORTS=http://deb.debian.org/debian
+BACKPORTS_INDEX=$BACKPORTS/dists/trixie-backports/main/binary-amd64/Packages.xz
+case "$flavor" in
+  stock | netns) ;;
+  *) log "HERD_VM_KERNEL=$flavor: expected stock or netns"; exit 2 ;;
+esac
+kcache="$cache/$flavor"
+mkdir -p "$kcache"
 exec 8>"$cache/lock"
 flock 8  # one builder at a time; concurrent runs share the result
-if [ ! -f "$cache/kernel.done" ]; then
-  kernel_package() {
-    apt-cache depends linux-image-amd64 2>/dev/null |
-      awk '/Depends: linux-image-[0-9]/ {print $2; exit}'
-  }
-  package=$(kernel_package)
-  if [ -z "$package" ]; then  # empty package lists on a fresh machine
-    apt-get update -qq >&2 || true
+if [ ! -f "$kcache/kernel.done" ]; then
+  rm -rf "$kcache/kernel" "$kcache/deb"
+  mkdir -p "$kcache/kernel" "$kcache/deb"
+  if [ "$flavor" = stock ]; then
+    kernel_package() {
+      apt-cache depends linux-image-amd64 2>/dev/null |
+        awk '/Depends: linux-image-[0-9]/ {print $2; exit}'
+    }
     package=$(kernel_package)
+    if [ -z "$package" ]; then  # empty package lists on a fresh machine
+      apt-get update -qq >&2 || true
+      package=$(kernel_package)
+    fi
+    [ -n "$package" ] || { log "cannot find Debian's linux-image-amd64 (apt sources?)"; exit 1; }
+    log "fetching $package into $kcache (unpacked, not installed)"
+    (cd "$kcache/deb" && apt-get download "$package" >&2)
+  else
+    curl -fsS "$BACKPORTS_INDEX" | xz -dc >"$kcache/deb/Packages" ||
+      { log "cannot read $BACKPORTS_INDEX"; exit 1; }
+    field() {  # field PACKAGE NAME: the index's NAME: line of PACKAGE's stanza
+      awk -v p="Package: $1" -v f="$2:" '$0 == p {on = 1} on && $1 == f {print; exit}' \
+        "$kcache/deb/Packages"
+    }
+    # linux-image-amd64 depends on linux-image-VERSION-amd64, which is linux-binary-VERSION
+    # (vmlinuz) and linux-modules-VERSION.
+    version=$(field linux-image-amd64 Depends | grep -o 'linux-image-[0-9][^ ,]*-amd64' |
+      head -n 1 | sed 's/^linux-image-//')
+    [ -n "$version" ] || { log "no linux-image-amd64 in $BACKPORTS_INDEX"; exit 1; }
+    for package in "linux-binary-$version" "linux-modules-$version"; do
+      file=$(field "$package" Filename | awk '{print $2}')
+      [ -n "$file" ] || { log "$package is not in $BACKPORTS_INDEX"; exit 1; }
+      log "fetching $package into $kcache (unpacked, not installed)"
+      curl -fsS -o "$kcache/deb/$(basename "$file")" "$BACKPORTS/$file" ||
+        { log "cannot fetch $BACKPORTS/$file"; exit 1; }
+    done
+    rm "$kcache/deb/Packages"
   fi
-  [ -n "$package" ] || { log "cannot find Debian's linux-image-amd64 (apt sources?)"; exit 1; }
-  log "fetching $package into $cache (unpacked, not installed)"
-  rm -rf "$cache/kernel" "$cache/deb"
-  mkdir -p "$cache/kernel" "$cache/deb"
-  (cd "$cache/deb" && apt-get download "$package" >&2)
-  dpkg-deb -x "$cache"/deb/*.deb "$cache/kernel"
-  rm -rf "$cache/deb"
-  depmod -b "$cache/kernel" "$(ls "$cache/kernel/lib/modules" | head -n 1)"
-  touch "$cache/kernel.done"
+  for deb in "$kcache"/deb/*.deb; do dpkg-deb -x "$deb" "$kcache/kernel"; done
+  rm -rf "$kcache/deb"
+  touch "$kcache/kernel.done"
 fi
-kver=$(ls "$cache/kernel/lib/modules" | head -n 1)
-vmlinuz="$cache/kernel/boot/vmlinuz-$kver"
+# Debian 12 keeps modules under lib/, later releases under usr/lib/ (and vmlinuz beside them).
+kroot="$kcache/kernel"
+[ -d "$kroot/lib/modules" ] || kroot="$kcache/kernel/usr"
+kver=$(ls "$kroot/lib/modules" | head -n 1)
+vmlinuz=
+for candidate in "$kcache/kernel/boot/vmlinuz-$kver" "$kroot/lib/modules/$kver/vmlinuz"; do
+  [ -f "$candidate" ] && vmlinuz=$candidate && break
+done
+[ -n "$kver" ] && [ -n "$vmlinuz" ] || { log "no kernel unpacked in $kcache (remove it)"; exit 1; }
+[ -f "$kroot/lib/modules/$kver/modules.dep" ] || depmod -b "$kroot" "$kver" 2>/dev/null
 
 # ---------------------------------------------------------------- the initramfs, cached
 # It holds busybox, the modules and /init (the block at the end of this file). Its checksum covers
 # this script, so editing the guest side rebuilds it.
-initrd="$cache/initrd-$kver.gz"
+initrd="$kcache/initrd-$kver.gz"
 stamp=$(cat "$0" | md5sum | cut -c1-16)
-if [ ! -f "$initrd" ] || [ "$(cat "$cache/initrd.stamp" 2>/dev/null)" != "$stamp" ]; then
+if [ ! -f "$initrd" ] || [ "$(cat "$kcache/initrd.stamp" 2>/dev/null)" != "$stamp" ]; then
   log "building the initramfs for $kver"
-  tree=$(mktemp -d "$cache/initramfs.XXXXXX")
+  tree=$(mktemp -d "$kcache/initramfs.XXXXXX")
   mkdir -p "$tree"/{bin,proc,sys,dev,xfer,host,upper,root}
   cp /bin/busybox "$tree/bin/busybox"
   for m in $modules; do
-    modprobe --dirname "$cache/kernel" --set-version "$kver" --show-depends "$m" |
-      awk '$1 == "insmod" {print $2}'
+    # (A module built into this kernel, or one it no longer has, has nothing to copy.)
+    { modprobe --dirname "$kroot" --set-version "$kver" --show-depends "$m" 2>/dev/null ||
+      true; } | awk '$1 == "insmod" {print $2}'
   done | sort -u | while read -r ko; do
-    dest="$tree/lib/modules/$kver/${ko#"$cache/kernel/lib/modules/$kver/"}"
+    dest="$tree/lib/modules/$kver/${ko#"$kroot/lib/modules/$kver/"}"
     mkdir -p "$(dirname "$dest")"
     cp "$ko" "$dest"
+    # busybox's modprobe may not read compressed modules: store them plain.
+    case "$dest" in *.xz) xz -d "$dest" ;; *.zst) zstd -q -d --rm "$dest" ;; esac
   done
-  cp "$cache/kernel/lib/modules/$kver"/modules.{order,builtin,builtin.modinfo} \
-    "$tree/lib/modules/$kver/"
-  depmod -b "$tree" "$kver"
+  for list in modules.order modules.builtin modules.builtin.modinfo; do  # not in every package
+    [ ! -f "$kroot/lib/modules/$kver/$list" ] || cp "$kroot/lib/modules/$kver/$list" \
+      "$tree/lib/modules/$kver/"
+  done
+  depmod -b "$tree" "$kver" 2>/dev/null
   sed -n '/^#>>> guest init$/,/^#<<< guest init$/p' "$0" | sed '1d;$d' >"$tree/init.body"
   { echo '#!/bin/busybox sh'; echo "MODULES='$modules'"; cat "$tree/init.body"; } >"$tree/init"
   rm "$tree/init.body"
   chmod 755 "$tree/init"
   (cd "$tree" && find . | cpio -o -H newc --quiet | gzip -1) >"$initrd.tmp"
   mv "$initrd.tmp" "$initrd"
-  echo "$stamp" >"$cache/initrd.stamp"
+  echo "$stamp" >"$kcache/initrd.stamp"
   rm -rf "$tree"
 fi
 flock -u 8
