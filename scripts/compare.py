@@ -31,10 +31,11 @@ import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import cost_breakdown  # noqa: E402
+import exp_hosts  # noqa: E402
 import herd_exp  # noqa: E402  (its process handling: readiness lines, cleanup on every exit)
 
 REPO = herd_exp.REPO
-LOCAL = herd_exp.Host({"name": "local", "address": "localhost", "role": "server"})
+LOCAL = exp_hosts.Host({"name": "local", "address": "localhost", "role": "server"}, herd_exp.REPO)
 # How long memcached may take to accept connections once started.
 MEMCACHED_READY_TIMEOUT_S = 10
 # --profile: perf starts this long after the warm-up and stops this long before the run ends.

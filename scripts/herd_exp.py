@@ -3,6 +3,7 @@
 
 usage:
   herd_exp.py run FILE.yaml [--sweep AXIS=V1,V2 ...] [--out DIR] [--no-build] [--fresh]
+                   [--build opt|portable_opt|default]
   herd_exp.py plot DIR
 
 run   builds the binaries once, then for every sweep point (the cartesian product of the sweep
@@ -72,10 +73,13 @@ import select
 import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
 import time
+
+import exp_hosts
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 
@@ -88,8 +92,15 @@ PROJECT_SOURCES = ("herd/", "mica/", "transport/", "bench/", "util/")
 RUNNER_FLAGS = {"port", "listen_address", "server", "fabric", "device", "shm_fabric_name",
                 "gid_index", "ib_port"}
 # Knobs of the runner itself, no binary's flag: `replicas` (an axis or a server knob) starts that
-# many `herd_server --role=backup` beside the server and makes the server their primary.
-RUNNER_KNOBS = {"replicas", "system", "coordinated"}
+# many `herd_server --role=backup` (on the backup hosts, else beside the server) and makes the
+# server their primary; `failover` (with coordinated replicas) kills the primary after the
+# clients' run and runs them again at the backup that took over.
+RUNNER_KNOBS = {"replicas", "system", "coordinated", "failover"}
+# failover: how long a backup may take to become the primary once the old one is killed (a
+# coordination session's timeout, then the takeover).
+FAILOVER_TIMEOUT_S = 120
+# failover checks that GETs of preloaded keys still find them: only mixes without DELETEs.
+FAILOVER_WORKLOADS = ("A", "B", "C")
 # A coordinated point's backups join by state transfer: how long the runner waits for them.
 COORDINATED_SYNC_TIMEOUT_S = 120
 # `system`: which knobs each herd variant sets (over the experiment's fixed knobs; a sweep axis of
@@ -213,44 +224,6 @@ class Knobs:
 
 
 # ------------------------------------------------------------------------------ the experiment
-class Host:
-    def __init__(self, spec):
-        unknown = set(spec) - {"name", "address", "role", "cores", "device", "gid_index",
-                               "ssh_user", "ssh_port", "ssh_key", "ssh_options", "repo"}
-        if unknown:
-            fail(f"host {spec.get('name')}: unknown fields {sorted(unknown)}")
-        for field in ("name", "address", "role"):
-            if field not in spec:
-                fail(f"host {spec}: '{field}' is required")
-        if spec["role"] not in ("server", "client"):
-            fail(f"host {spec['name']}: role must be server or client")
-        self.name = spec["name"]
-        self.address = spec["address"]
-        self.role = spec["role"]
-        self.cores = spec.get("cores")
-        self.device = spec.get("device")
-        self.gid_index = spec.get("gid_index")
-        self.ssh_user = spec.get("ssh_user")
-        self.ssh_port = spec.get("ssh_port")
-        self.ssh_key = spec.get("ssh_key")
-        self.ssh_options = list(spec.get("ssh_options") or [])
-        self.repo = spec.get("repo", str(REPO))
-        self.loopback = self.address in ("localhost", "127.0.0.1", "::1")
-        # A loopback host runs directly unless an ssh port says to go through sshd anyway.
-        self.local = self.loopback and "ssh_port" not in spec
-
-    def ssh_prefix(self):
-        command = ["ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=accept-new"]
-        if self.ssh_port:
-            command += ["-p", str(self.ssh_port)]
-        if self.ssh_key:
-            command += ["-i", str(self.ssh_key)]
-        for option in self.ssh_options:
-            command += ["-o", option]
-        target = f"{self.ssh_user}@{self.address}" if self.ssh_user else self.address
-        return command + [target]
-
-
 class Experiment:
     FIELDS = {"name", "description", "fabric", "build", "hosts", "server", "client", "sweep",
               "repetitions"}
@@ -271,12 +244,25 @@ class Experiment:
         self.build = spec.get("build", "opt")
         if self.build not in ("opt", "portable_opt", "default"):
             fail(f"{path}: build must be opt, portable_opt or default")
-        self.hosts = [Host(h) for h in spec.get("hosts") or []]
+        try:
+            self.hosts = [exp_hosts.Host(h, REPO) for h in spec.get("hosts") or []]
+        except exp_hosts.HostError as error:
+            fail(f"{path}: {error}")
+        names = [h.name for h in self.hosts]
+        if len(set(names)) != len(names):
+            fail(f"{path}: host names must be unique ({names})")
         servers = [h for h in self.hosts if h.role == "server"]
         self.clients = [h for h in self.hosts if h.role == "client"]
         if len(servers) != 1 or not self.clients:
             fail(f"{path}: needs exactly one server host and at least one client host")
         self.server = servers[0]
+        # Where a point's `replicas` backups run (in turn; none: beside the server) and its
+        # ZooKeeper (`coordinated`; none: on this machine).
+        self.backup_hosts = [h for h in self.hosts if h.role == "backup"]
+        coordinators = [h for h in self.hosts if h.role == "coordinator"]
+        if len(coordinators) > 1:
+            fail(f"{path}: at most one coordinator host")
+        self.coordinator = coordinators[0] if coordinators else None
         if self.fabric == "shm" and not all(h.loopback for h in self.hosts):
             fail(f"{path}: the shm fabric connects processes of ONE machine: all hosts local")
         self.path = path
@@ -303,6 +289,13 @@ class Experiment:
         for system in self.systems():
             if system not in SYSTEMS:
                 fail(f"{self.path}: system '{system}' (known: {', '.join(SYSTEMS)})")
+        failover = {str(v).lower() for v in self.values_of("failover")}
+        if "true" in failover:
+            workloads = {str(w) for w in self.values_of("workload")} or {"C"}
+            if not workloads <= set(FAILOVER_WORKLOADS):
+                fail(f"{self.path}: failover checks that preloaded keys survive: workload must be "
+                     f"one of {', '.join(FAILOVER_WORKLOADS)} (no DELETEs), not "
+                     f"{sorted(workloads - set(FAILOVER_WORKLOADS))}")
         if "hopscotch" in self.systems():
             remote = [h.name for h in self.hosts if not h.local]
             if remote:
@@ -358,24 +351,47 @@ class Processes:
 
     def __init__(self):
         self.live = []
+        # Every process this run starts, here or on a host, carries it in its environment
+        # (exp_hosts.leftovers finds what is left of the run by it).
+        self.run_id = f"{socket.gethostname()}-{os.getpid()}-{time.time_ns()}"
 
     def start(self, host, argv, stdout, stderr):
         if host.local:
             command = argv
         else:
             # The remote command dies with the ssh session: when ssh goes away its stdin closes,
-            # `cat` returns and the watchdog kills the process.
+            # the watchdog's read loop ends and it kills the process (SIGTERM); a line KILL on
+            # its stdin kills it at once (SIGKILL: a crash, for failovers).
             inner = " ".join(shlex.quote(a) for a in argv)
             # (A background job's stdin is /dev/null, hence the copy of ssh's stdin on fd 3.)
-            script = (f"cd {shlex.quote(host.repo)} && exec 3<&0 && {{ {inner} & child=$!; "
-                      f"(cat <&3; kill -TERM $child) >/dev/null 2>&1 & watchdog=$!; "
+            script = (f"cd {shlex.quote(host.repo)} && export {exp_hosts.MARKER}={self.run_id} "
+                      f"&& exec 3<&0 && {{ {inner} & child=$!; "
+                      f"(while read -r line <&3; do [ \"$line\" = KILL ] && kill -KILL $child; "
+                      f"done; kill -TERM $child) >/dev/null 2>&1 & watchdog=$!; "
                       f"wait $child; status=$?; kill $watchdog 2>/dev/null; exit $status; }}")
             command = host.ssh_prefix() + ["bash", "-c", shlex.quote(script)]
         process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=stdout, stderr=stderr,
-                                   start_new_session=True, cwd=REPO)
+                                   start_new_session=True, cwd=REPO,
+                                   env={**os.environ, exp_hosts.MARKER: self.run_id})
         process.remote = not host.local
         self.live.append(process)
         return process
+
+    def crash(self, process):
+        """SIGKILL, here or on its host (no chance to print or clean up), and waits for it."""
+        if process.poll() is None:
+            if process.remote:
+                try:
+                    process.stdin.write(b"KILL\n")
+                    process.stdin.flush()
+                except (BrokenPipeError, ValueError):
+                    pass
+            else:
+                try:
+                    os.killpg(process.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        self.stop(process, SERVER_STOP_TIMEOUT_S)
 
     def stop(self, process, timeout):
         """SIGTERM (a remote process: through its watchdog, so its last output still comes back
@@ -505,59 +521,106 @@ class Runner:
             record["system"] = system
         return record
 
+    def server_argv(self, host, name, server_knobs, coordinated):
+        """herd_server's argv on `host`: its fabric flags, the point's knobs, where it listens
+        and (coordinated) the address its registration names."""
+        argv = [str(self.bin / "herd" / "herd_server"), "--port=0"]
+        argv += self.fabric_flags(host, name) + flags(server_knobs)
+        if host.listen_address:
+            argv.append(f"--listen_address={host.listen_address}")
+        if coordinated:
+            argv.append(f"--advertise_host={host.reach_address()}")
+        return argv
+
+    def start_coordinator(self, log_name):
+        """A private ZooKeeper for the point (scripts/zk.sh), on the coordinator host if the
+        experiment has one, else here; returns its HOST:PORT."""
+        host = self.x.coordinator
+        if host is None:
+            self.zk_dir = str(self.logs / f"{log_name}.zk")
+            shutil.rmtree(self.zk_dir, ignore_errors=True)  # a rerun's point starts a new cluster
+            command = [str(REPO / "scripts" / "zk.sh"), "start", self.zk_dir]
+            zk = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                check=False, env={**os.environ,
+                                                  exp_hosts.MARKER: self.processes.run_id})
+            status, out, err = zk.returncode, zk.stdout.decode(), zk.stderr.decode()
+        else:
+            # Its own folder there (a host's /tmp), gone once the point's cluster is stopped.
+            self.zk_dir = f"/tmp/herd-exp-{self.processes.run_id}-{log_name}.zk"
+            status, out, err = host.run(
+                f"rm -rf {shlex.quote(self.zk_dir)} && export "
+                f"{exp_hosts.MARKER}={self.processes.run_id} HERD_ZK_ADDRESS={host.address} && "
+                f"scripts/zk.sh start {shlex.quote(self.zk_dir)}")
+        if status != 0:
+            where = f" on {host.name}" if host else ""
+            raise PointFailed(f"zk.sh start{where}: {err.strip() or f'exit status {status}'}")
+        return out.strip().splitlines()[-1]
+
+    def stop_coordinator(self):
+        host = self.x.coordinator
+        if host is None:
+            subprocess.run([str(REPO / "scripts" / "zk.sh"), "stop", self.zk_dir], check=False)
+        else:
+            host.run(f"scripts/zk.sh stop {shlex.quote(self.zk_dir)}; "
+                     f"rm -rf {shlex.quote(self.zk_dir)}")
+        self.zk_dir = None
+
     def run_herd_point(self, point, repetition, name, log_name):
         server_knobs = self.knobs_for("server", point)
         client_knobs = self.knobs_for("client", point)
-        server_argv = [str(self.bin / "herd" / "herd_server"), "--port=0"]
-        server_argv += self.fabric_flags(self.x.server, name) + flags(server_knobs)
         merged = {**self.x.fixed["server"], **point}
         replicas = int(merged.get("replicas", 0))
         coordinated = replicas > 0 and str(merged.get("coordinated", "false")).lower() == "true"
+        failover = str(self.merged(point).get("failover", "false")).lower() == "true"
+        if failover and not coordinated:
+            raise PointFailed("failover needs coordinated replicas (replicas >= 1, coordinated: "
+                              "true): a backup takes over only in a coordinated cluster")
         self.zk_dir = None
         self.awaited_backups = replicas if coordinated else 0
-        if coordinated:
-            self.zk_dir = self.logs / f"{log_name}.zk"
-            shutil.rmtree(self.zk_dir, ignore_errors=True)  # a rerun's point starts a new cluster
-            zk = subprocess.run([str(REPO / "scripts" / "zk.sh"), "start", str(self.zk_dir)],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, check=False)
-            if zk.returncode != 0:
-                raise PointFailed(f"zk.sh start: {zk.stderr.decode(errors='replace').strip()}")
-            server_argv += [f"--coordinator={zk.stdout.decode().strip()}", "--cluster=exp"]
-        backups = (self.start_backups(server_argv, replicas, log_name, coordinated)
-                   if replicas else [])
-        if backups and coordinated:
-            server_argv += ["--role=primary", "--member=primary"]
-            self.backup_clients = ",".join(b[2] for b in backups)
-        elif backups:
-            server_argv += ["--role=primary",
-                            "--backups=" + ",".join(b[1] for b in backups)]
-            self.backup_clients = ",".join(b[2] for b in backups)
-        else:
-            self.backup_clients = ""
-        if self.x.server.cores is not None and "worker_cores" not in server_knobs:
-            server_argv.append(f"--worker_cores={self.x.server.cores}")
+        self.coordinator_address = None
+        server_argv = self.server_argv(self.x.server, name, server_knobs, coordinated)
+        backups = []
         try:
+            if coordinated:
+                self.coordinator_address = self.start_coordinator(log_name)
+                server_argv += [f"--coordinator={self.coordinator_address}", "--cluster=exp"]
+            backups = (self.start_backups(name, server_knobs, replicas, log_name, coordinated)
+                       if replicas else [])
+            if backups and coordinated:
+                server_argv += ["--role=primary", "--member=primary"]
+                self.backup_clients = ",".join(b[2] for b in backups)
+            elif backups:
+                server_argv += ["--role=primary",
+                                "--backups=" + ",".join(b[1] for b in backups)]
+                self.backup_clients = ",".join(b[2] for b in backups)
+            else:
+                self.backup_clients = ""
+            if self.x.server.cores is not None and "worker_cores" not in server_knobs:
+                server_argv.append(f"--worker_cores={self.x.server.cores}")
             return self.run_primary(point, repetition, name, log_name, server_argv, server_knobs,
-                                    client_knobs)
+                                    client_knobs, backups if failover else None)
         finally:
-            for process, _, _ in backups:
+            for process, _, _, _ in backups:
                 self.processes.stop(process, SERVER_STOP_TIMEOUT_S)
             if self.zk_dir is not None:
-                subprocess.run([str(REPO / "scripts" / "zk.sh"), "stop", str(self.zk_dir)],
-                               check=False)
+                self.stop_coordinator()
+
+    def stats_of(self, address):
+        """herd_admin stats of the server at `address` (HOST:PORT), {} if it does not answer."""
+        admin = str(self.bin / "herd" / "herd_admin")
+        done = subprocess.run([admin, "stats", address], stdout=subprocess.PIPE,
+                              stderr=subprocess.DEVNULL, check=False)
+        try:
+            return json.loads(done.stdout)["stats"]
+        except (ValueError, KeyError, TypeError):
+            return {}
 
     def await_backups(self, address, count, log_name):
         """A coordinated primary's backups join by state transfer after it starts: waits until
         its stats count `count` backups in its configuration, all live."""
         deadline = time.time() + COORDINATED_SYNC_TIMEOUT_S
-        admin = str(self.bin / "herd" / "herd_admin")
         while time.time() < deadline:
-            done = subprocess.run([admin, "stats", address], stdout=subprocess.PIPE,
-                                  stderr=subprocess.DEVNULL, check=False)
-            try:
-                replication = json.loads(done.stdout)["stats"].get("replication", {})
-            except (ValueError, KeyError):
-                replication = {}
+            replication = self.stats_of(address).get("replication", {})
             if (replication.get("backups") == count and
                     replication.get("live_backups") == count):
                 return
@@ -565,28 +628,34 @@ class Runner:
         raise PointFailed(f"the coordinated primary never had {count} backups in sync "
                           f"(see logs/{log_name}.*.log)")
 
-    def start_backups(self, server_argv, replicas, log_name, coordinated=False):
-        """`replicas` backups with the server's knobs (unpinned: their workers only serve the
-        primary's WRITEs and the GETs sent to them); returns (process, replication address,
-        client address) of each."""
+    def start_backups(self, name, server_knobs, replicas, log_name, coordinated=False):
+        """`replicas` backups with the server's knobs, on the backup hosts in turn (none: beside
+        the server), unpinned (their workers only serve the primary's WRITEs and the GETs sent to
+        them); returns (process, replication address, client address, host) of each."""
         backups = []
-        host = "127.0.0.1" if self.x.server.local else self.x.server.address
         for index in range(replicas):
-            argv = server_argv + ["--role=backup", "--replication_port=0", "--pin_workers=false"]
+            host = (self.x.backup_hosts[index % len(self.x.backup_hosts)]
+                    if self.x.backup_hosts else self.x.server)
+            argv = self.server_argv(host, name, server_knobs, coordinated)
+            argv += ["--role=backup", "--replication_port=0", "--pin_workers=false"]
             if coordinated:
-                argv.append(f"--member=backup{index}")
+                argv += [f"--coordinator={self.coordinator_address}", "--cluster=exp",
+                         f"--member=backup{index}"]
             log = open(self.logs / f"{log_name}.backup{index}.log", "wb")
-            process = self.processes.start(self.x.server, argv, subprocess.PIPE, log)
-            backups.append((process, None, None))
+            process = self.processes.start(host, argv, subprocess.PIPE, log)
+            backups.append((process, None, None, host))
             try:
                 ready = read_line_until(process, "herd_server ready", SERVER_READY_TIMEOUT_S)
             except PointFailed as error:
-                for p, _, _ in backups:
+                for p, _, _, _ in backups:
                     self.processes.stop(p, SERVER_STOP_TIMEOUT_S)
-                raise PointFailed(f"backup {index}: {error} (see logs/{log_name}.backup{index}.log)")
+                raise PointFailed(f"backup {index} on {host.name}: {error} "
+                                  f"(see logs/{log_name}.backup{index}.log)")
             replication_port = ready.split("replication_port=", 1)[1].split()[0]
             client_port = ready.split("port=", 1)[1].split()[0]
-            backups[-1] = (process, f"{host}:{replication_port}", f"{host}:{client_port}")
+            address = host.reach_address()
+            backups[-1] = (process, f"{address}:{replication_port}", f"{address}:{client_port}",
+                           host)
         return backups
 
     def start_server(self, argv, server_log, log_name, binary):
@@ -597,14 +666,26 @@ class Runner:
             ready = read_line_until(server, f"{binary} ready", SERVER_READY_TIMEOUT_S)
         except PointFailed as error:
             self.processes.stop(server, SERVER_STOP_TIMEOUT_S)
-            raise PointFailed(f"server: {error} (see logs/{log_name}.server.log)")
+            raise PointFailed(f"server on {self.x.server.name}: {error} "
+                              f"(see logs/{log_name}.server.log)")
         return server, ready.split("port=", 1)[1].split()[0]
 
+    def client_argvs(self, name, client_knobs, server_flags):
+        """herd_client's argv on each client host, after `server_flags` (where it goes)."""
+        argvs = []
+        for host in self.x.clients:
+            argv = [str(self.bin / "bench" / "herd_client")] + server_flags
+            argv += self.fabric_flags(host, name) + flags(client_knobs)
+            if host.cores is not None and "client_cores" not in client_knobs:
+                argv.append(f"--client_cores={host.cores}")
+            argvs.append(argv)
+        return argvs
+
     def run_primary(self, point, repetition, name, log_name, server_argv, server_knobs,
-                    client_knobs):
+                    client_knobs, failover_backups=None):
         with open(self.logs / f"{log_name}.server.log", "wb") as server_log:
             server, port = self.start_server(server_argv, server_log, log_name, "herd_server")
-            address = "127.0.0.1" if self.x.server.local else self.x.server.address
+            address = self.x.server.reach_address()
             if getattr(self, "awaited_backups", 0):
                 try:
                     self.await_backups(f"{address}:{port}", self.awaited_backups, log_name)
@@ -613,18 +694,14 @@ class Runner:
                     raise
             budget = (float(client_knobs.get("warmup_s", 1)) +
                       float(client_knobs.get("duration_s", 5)) + CLIENT_SLACK_S)
-            argvs = []
-            for host in self.x.clients:
-                argv = [str(self.bin / "bench" / "herd_client"), f"--server={address}:{port}"]
-                if self.backup_clients:
-                    argv.append(f"--backups={self.backup_clients}")
-                argv += self.fabric_flags(host, name) + flags(client_knobs)
-                if host.cores is not None and "client_cores" not in client_knobs:
-                    argv.append(f"--client_cores={host.cores}")
-                argvs.append(argv)
-            results, cpu = self.run_clients(server, argvs, budget, log_name)
-            server_result = last_json_line(server.stdout.read().decode(errors="replace"),
-                                           "server")
+            server_flags = [f"--server={address}:{port}"]
+            if self.backup_clients:
+                server_flags.append(f"--backups={self.backup_clients}")
+            argvs = self.client_argvs(name, client_knobs, server_flags)
+            results, cpu = self.run_clients(server, argvs, budget, log_name,
+                                            crash_server=failover_backups is not None)
+            server_result = ({} if failover_backups is not None else last_json_line(
+                server.stdout.read().decode(errors="replace"), "server"))
         record = summarize(self.x, point, repetition, server_knobs, client_knobs, results,
                            server_result)
         record.update(server_cpu_fields(cpu[0], cpu[1], record["mops"]))
@@ -633,14 +710,52 @@ class Runner:
         record.update(server_per_op(record["server"], record["server"].get("mops", 0) * 1e6 *
                                     (cpu[2] - cpu[0][0])))
         record.update(per_op_totals(record))
+        if failover_backups is not None:
+            record["failover"] = self.after_failover(name, log_name, client_knobs, budget,
+                                                     failover_backups, cpu[2])
         # This machine's 1-minute load average as the point ended: on a shared machine, what
         # else ran (a local shm point's own server and client thread already count ~2).
         record["loadavg_1m"] = round(os.getloadavg()[0], 2)
         return record
 
-    def run_clients(self, server, argvs, budget, log_name):
+    def after_failover(self, name, log_name, client_knobs, budget, backups, killed_at):
+        """The primary was just killed (SIGKILL at `killed_at`, this machine's clock): waits
+        for a backup to take over, then runs the clients again at the new primary (found in
+        the coordinator), without preloading: every GET of a key the first run preloaded (each
+        PUT acknowledged, so at every backup) must find it."""
+        deadline = killed_at + FAILOVER_TIMEOUT_S
+        new_primary = None
+        while new_primary is None and time.monotonic() < deadline:
+            for process, _, client_address, host in backups:
+                replication = self.stats_of(client_address).get("replication", {})
+                if replication.get("role") == "primary":
+                    new_primary = (process, host)
+                    break
+            else:
+                time.sleep(0.05)
+        if new_primary is None:
+            raise PointFailed(f"no backup took over within {FAILOVER_TIMEOUT_S} s of the "
+                              f"primary's kill (see logs/{log_name}.backup*.log)")
+        took_over_ms = (time.monotonic() - killed_at) * 1000
+        knobs = {**client_knobs, "preload": False}
+        argvs = self.client_argvs(name, knobs, [f"--coordinator={self.coordinator_address}",
+                                                "--cluster=exp"])
+        results, _ = self.run_clients(new_primary[0], argvs, budget, f"{log_name}.after",
+                                      stop_server=False)
+        gets = sum(c.get("gets", 0) for c in results)
+        misses = sum(c.get("get_misses", 0) for c in results)
+        if misses:
+            raise PointFailed(f"after the failover to {new_primary[1].name}, {misses} of {gets} "
+                              f"GETs missed keys preloaded (acknowledged) before it")
+        return {"new_primary": new_primary[1].name, "took_over_ms": round(took_over_ms, 1),
+                "mops_after": round(sum(c["mops"] for c in results), 4), "gets_after": gets,
+                "get_misses_after": misses,
+                "p99_us_after": max(c.get("p99_us", 0) for c in results)}
+
+    def run_clients(self, server, argvs, budget, log_name, crash_server=False, stop_server=True):
         """Runs argvs[i] on client host i, collects each one's JSON line, stops them and the
-        server (which prints its totals as its last line when stopped). Returns the results and
+        server (which prints its totals as its last line when stopped; `crash_server`: SIGKILL
+        instead, a failover's crash; not `stop_server`: left running). Returns the results and
         (server CPU sample as the clients started, as they exited, when the server was told to
         stop)."""
         cpu_before = cpu_sample(server, self.x.server)
@@ -667,7 +782,10 @@ class Runner:
             for _, process, _ in clients:
                 self.processes.stop(process, timeout=5)
             stopped_at = time.monotonic()  # the server's life ends (its totals' time, roughly)
-            self.processes.stop(server, SERVER_STOP_TIMEOUT_S)
+            if crash_server:
+                self.processes.crash(server)
+            elif stop_server:
+                self.processes.stop(server, SERVER_STOP_TIMEOUT_S)
         return results, (cpu_before, cpu_after, stopped_at)
 
     # -------------------------------------------------------------------------- hopscotch
@@ -1103,7 +1221,7 @@ HOP_TARGETS = ["//bench:ycsb_trace", "//hopscotch:hop_build", "//hopscotch:hop_s
 
 
 def build(experiment):
-    targets = ["//herd:herd_server", "//bench:herd_client"]
+    targets = ["//herd:herd_server", "//bench:herd_client", "//herd:herd_admin"]
     if "hopscotch" in experiment.systems():
         targets += HOP_TARGETS
     build_targets(experiment.build, targets)
@@ -1111,9 +1229,18 @@ def build(experiment):
 
 def command_run(args):
     experiment = Experiment(args.file, args.sweep)
+    if args.build:
+        experiment.build = args.build
     if not args.no_build:
         build(experiment)
     experiment.check_knobs(Knobs.from_binaries(REPO / bazel_bin(experiment.build)))
+    # Every host's checkout, build, device, GID and address, before any point starts.
+    binaries = [bazel_bin(experiment.build) / "herd" / "herd_server",
+                bazel_bin(experiment.build) / "bench" / "herd_client"]
+    try:
+        exp_hosts.check_hosts(experiment.hosts, experiment.fabric, binaries, REPO)
+    except exp_hosts.HostError as error:
+        fail(str(error))
     out_dir = pathlib.Path(args.out) if args.out else REPO / "results" / experiment.name
     out_dir.mkdir(parents=True, exist_ok=True)
     if args.fresh:
@@ -1121,8 +1248,18 @@ def command_run(args):
             path.unlink()
     processes = Processes()
 
+    def sweep_leftovers(when):
+        """Kills what this run left on any host; True if there was something."""
+        found = exp_hosts.leftovers(experiment.hosts, processes.run_id)
+        for host, lines in found.items():
+            for line in lines:
+                print(f"[herd_exp] {when}: left running on {host} (killed): {line}",
+                      file=sys.stderr)
+        return bool(found)
+
     def interrupted(signum, _frame):
         processes.stop_all()
+        sweep_leftovers("stopped")
         print(f"\n[herd_exp] stopped by signal {signum}; rerun to resume", file=sys.stderr)
         sys.exit(130)
 
@@ -1145,6 +1282,8 @@ def command_run(args):
                 except PointFailed as error:
                     print(f"[herd_exp] {number}/{len(points)} {name}: attempt {attempt} "
                           f"failed: {error}", file=sys.stderr)
+                    processes.stop_all()  # every host clean before the retry or the next point
+                    sweep_leftovers(f"{name} attempt {attempt}")
                     if attempt == ATTEMPTS:
                         failed.append(name)
                         (out_dir / f"{name}.failed").write_text(f"{error}\n")
@@ -1158,6 +1297,7 @@ def command_run(args):
                 break
     finally:
         processes.stop_all()
+    left_behind = sweep_leftovers("after the run")
     records = load_records(out_dir)
     axes = list(experiment.sweep)
     write_csv(out_dir, records, axes)
@@ -1167,6 +1307,9 @@ def command_run(args):
           file=sys.stderr)
     if failed:
         print(f"[herd_exp] FAILED points: {', '.join(failed)}", file=sys.stderr)
+        return 1
+    if left_behind:
+        print("[herd_exp] FAILED: the run left processes behind (named above)", file=sys.stderr)
         return 1
     return 0
 
@@ -1301,6 +1444,8 @@ def main():
                      help="replace or add a sweep axis")
     run.add_argument("--out", help="results directory (default results/<name>)")
     run.add_argument("--no-build", action="store_true", help="use the binaries as built")
+    run.add_argument("--build", choices=("opt", "portable_opt", "default"),
+                     help="the bazel config of the binaries, instead of the file's `build`")
     run.add_argument("--fresh", action="store_true", help="discard earlier results first")
     plot = commands.add_parser("plot", help="plot a results directory")
     plot.add_argument("dir")

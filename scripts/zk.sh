@@ -8,7 +8,9 @@
 #   scripts/zk.sh kill DIR           SIGKILL: a crash (its data stays: start again to recover)
 #   scripts/zk.sh address DIR        prints host:port of the one started in DIR
 #
-# With HERD_ZK_OWNER=PID in the environment, the server is killed when process PID ends.
+# With HERD_ZK_OWNER=PID in the environment, the server is killed when process PID ends. With
+# HERD_ZK_ADDRESS=IP it listens there (one of this host's addresses, for servers on other hosts)
+# instead of on 127.0.0.1.
 #
 # Needs Debian's zookeeper package (scripts/setup.sh installs it).
 set -euo pipefail
@@ -30,7 +32,7 @@ answers() {  # answers HOST PORT: the four-letter "ruok" gets "imok"
 pid_of() { [ -s "$1/zk.pid" ] && cat "$1/zk.pid"; }
 
 start() {
-  local dir=$1 port=${2:-0}
+  local dir=$1 port=${2:-0} address=${HERD_ZK_ADDRESS:-127.0.0.1}
   [ -f "$JAR" ] || die "$JAR missing: run scripts/setup.sh (Debian's zookeeper package)"
   command -v java >/dev/null || die "java missing: run scripts/setup.sh"
   mkdir -p "$dir/data"
@@ -40,19 +42,19 @@ start() {
     die "one is running in $dir already (pid $pid)"
   fi
   if [ "$port" = 0 ]; then
-    port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+    port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("'"$address"'", 0)); print(s.getsockname()[1])')
   fi
   cat >"$dir/zoo.cfg" <<EOF
 tickTime=$TICK_MS
 dataDir=$dir/data
 clientPort=$port
-clientPortAddress=127.0.0.1
+clientPortAddress=$address
 minSessionTimeout=$((2 * TICK_MS))
 maxSessionTimeout=$((200 * TICK_MS))
 admin.enableServer=false
 4lw.commands.whitelist=ruok,stat,srvr
 EOF
-  echo "127.0.0.1:$port" >"$dir/address"
+  echo "$address:$port" >"$dir/address"
   setsid java -Xmx256m -cp "/etc/zookeeper/conf:$JAR" -Dzookeeper.log.dir="$dir" \
     org.apache.zookeeper.server.ZooKeeperServerMain "$dir/zoo.cfg" >"$dir/zk.log" 2>&1 </dev/null &
   echo $! >"$dir/zk.pid"
@@ -71,13 +73,13 @@ EOF
     disown
   fi
   local deadline=$((SECONDS + READY_TIMEOUT_S))
-  until answers 127.0.0.1 "$port"; do
+  until answers "$address" "$port"; do
     kill -0 "$(pid_of "$dir")" 2>/dev/null ||
       die "ZooKeeper exited at start (port $port taken?): $(tail -5 "$dir/zk.log")"
-    [ $SECONDS -lt $deadline ] || die "ZooKeeper did not answer on 127.0.0.1:$port in ${READY_TIMEOUT_S}s"
+    [ $SECONDS -lt $deadline ] || die "ZooKeeper did not answer on $address:$port in ${READY_TIMEOUT_S}s"
     sleep 0.05
   done
-  echo "127.0.0.1:$port"
+  echo "$address:$port"
 }
 
 stop() {

@@ -373,8 +373,8 @@ class ServerCpuTest(unittest.TestCase):
         class Me:
             pid = os.getpid()
 
-        local = self.herd_exp.Host({"name": "s", "address": "localhost", "role": "server"})
-        remote = self.herd_exp.Host({"name": "s", "address": "10.0.0.9", "role": "server"})
+        local = self.herd_exp.exp_hosts.Host({"name": "s", "address": "localhost", "role": "server"}, ".")
+        remote = self.herd_exp.exp_hosts.Host({"name": "s", "address": "10.0.0.9", "role": "server"}, ".")
         sum(range(300000))  # some CPU of our own
         _, seconds = self.herd_exp.cpu_sample(Me, local)
         self.assertGreater(seconds, 0)
