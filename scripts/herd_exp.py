@@ -694,14 +694,16 @@ class Runner:
                     raise
             budget = (float(client_knobs.get("warmup_s", 1)) +
                       float(client_knobs.get("duration_s", 5)) + CLIENT_SLACK_S)
+            self.primary_address = f"{address}:{port}"
             server_flags = [f"--server={address}:{port}"]
             if self.backup_clients:
                 server_flags.append(f"--backups={self.backup_clients}")
             argvs = self.client_argvs(name, client_knobs, server_flags)
             results, cpu = self.run_clients(server, argvs, budget, log_name,
                                             crash_server=failover_backups is not None)
-            server_result = ({} if failover_backups is not None else last_json_line(
-                server.stdout.read().decode(errors="replace"), "server"))
+            server_result = ({"server": self.crashed_stats} if failover_backups is not None
+                             else last_json_line(server.stdout.read().decode(errors="replace"),
+                                                 "server"))
         record = summarize(self.x, point, repetition, server_knobs, client_knobs, results,
                            server_result)
         record.update(server_cpu_fields(cpu[0], cpu[1], record["mops"]))
@@ -783,6 +785,9 @@ class Runner:
                 self.processes.stop(process, timeout=5)
             stopped_at = time.monotonic()  # the server's life ends (its totals' time, roughly)
             if crash_server:
+                # Its counters as it dies (a crash prints no totals), then the crash.
+                self.crashed_stats = self.stats_of(self.primary_address)
+                stopped_at = time.monotonic()
                 self.processes.crash(server)
             elif stop_server:
                 self.processes.stop(server, SERVER_STOP_TIMEOUT_S)
@@ -1234,13 +1239,6 @@ def command_run(args):
     if not args.no_build:
         build(experiment)
     experiment.check_knobs(Knobs.from_binaries(REPO / bazel_bin(experiment.build)))
-    # Every host's checkout, build, device, GID and address, before any point starts.
-    binaries = [bazel_bin(experiment.build) / "herd" / "herd_server",
-                bazel_bin(experiment.build) / "bench" / "herd_client"]
-    try:
-        exp_hosts.check_hosts(experiment.hosts, experiment.fabric, binaries, REPO)
-    except exp_hosts.HostError as error:
-        fail(str(error))
     out_dir = pathlib.Path(args.out) if args.out else REPO / "results" / experiment.name
     out_dir.mkdir(parents=True, exist_ok=True)
     if args.fresh:
@@ -1265,6 +1263,13 @@ def command_run(args):
 
     signal.signal(signal.SIGINT, interrupted)
     signal.signal(signal.SIGTERM, interrupted)
+    # Every host's checkout, build, device, GID and address, before any point starts.
+    binaries = [bazel_bin(experiment.build) / "herd" / "herd_server",
+                bazel_bin(experiment.build) / "bench" / "herd_client"]
+    try:
+        exp_hosts.check_hosts(experiment.hosts, experiment.fabric, binaries, REPO)
+    except exp_hosts.HostError as error:
+        fail(str(error))
     runner = Runner(experiment, out_dir, processes)
     failed = []
     points = list(experiment.points())

@@ -6,8 +6,9 @@
 #
 # Stages: setup, build (default and --config=opt), the layering check (scripts/check_layers.sh),
 # tests, tests again under --config=asan, the threaded tests under --config=tsan, the verbs
-# tests on Soft-RoCE, the Python unittests of the scripts and of herd_kv (reported in
-# their stage, not in the GoogleTest total), a short session soak, clang-format check. Each stage
+# tests on Soft-RoCE, the cluster in a box (five hosts over ssh in a second guest), the Python
+# unittests of the scripts and of herd_kv (reported in their stage, not in the GoogleTest
+# total), a short session soak, clang-format check. Each stage
 # prints how long it took. Exit status is non-zero on any failure.
 # Then, inside ONE boot of a qemu guest with Soft-RoCE (scripts/rxe_vm.sh), the transport
 # conformance suite and the forked-peer case on the verbs backend, RDMA-CM, herd's end-to-end
@@ -15,7 +16,7 @@
 # server-kill and hostile-client tests) over verbs.
 # Environment (local iteration only; CI runs everything):
 #   HERD_SKIP_ASAN=1 and HERD_SKIP_TSAN=1 skip the sanitizer stages;  HERD_SKIP_VM=1 skips the
-#   Soft-RoCE stage.
+#   Soft-RoCE and cluster stages.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -151,6 +152,20 @@ run_in_rxe_vm() {
 }
 if [ "${HERD_SKIP_VM:-0}" != 1 ]; then
   stage "verbs on Soft-RoCE (qemu guest)" run_in_rxe_vm
+fi
+
+# A cluster in a box: five hosts inside one qemu guest, each a network namespace with its own
+# Soft-RoCE device and sshd; the experiment runner drives them over ssh (a sweep across hosts, a
+# replicated point that fails over, refused host entries, Ctrl-C), and nothing may be left
+# running on any host (tests/scripts/cluster_test.py, scripts/cluster_vm.sh).
+run_cluster_in_a_box() {
+  bazel build //herd:herd_server //bench:herd_client //herd:herd_admin || return 1
+  HERD_VM_TIMEOUT=1500 ./scripts/cluster_vm.sh --hosts 5 -- \
+    /usr/bin/python3 tests/scripts/cluster_test.py -v 2>&1 | tail -n 40
+  return "${PIPESTATUS[0]}"
+}
+if [ "${HERD_SKIP_VM:-0}" != 1 ]; then
+  stage "cluster in a box (5 hosts, ssh, qemu guest)" run_cluster_in_a_box
 fi
 
 # The experiment runner end to end (tiny sweeps on the shm fabric with the opt binaries, a

@@ -5,6 +5,7 @@ sshd on loopback. Needs the opt binaries (scripts/test.sh builds them first).
 
 usage: tests/scripts/herd_exp_test.py [-v]
 """
+import hashlib
 import json
 import os
 import pathlib
@@ -450,6 +451,105 @@ class PerGetTableTest(unittest.TestCase):
             self.assertGreater((self.dir / name).stat().st_size, 500, name)
         # 27-byte values on both sides: no value-size plot.
         self.assertFalse((self.dir / "value_mbps.png").exists())
+
+
+class HostCheckTest(unittest.TestCase):
+    """exp_hosts.check_host against what a host answers (its probe's output canned here; the
+    real ssh path runs in tests/scripts/cluster_test.py): every problem named with its host."""
+
+    @classmethod
+    def setUpClass(cls):
+        sys.path.insert(0, str(REPO / "scripts"))
+        import exp_hosts
+        cls.exp_hosts = exp_hosts
+
+    def host(self, answer, **fields):
+        spec = {"name": "h2", "address": "10.98.0.2", "role": "client", **fields}
+        host = self.exp_hosts.Host(spec, "/opt/herd")
+        host.run = lambda script, timeout_s=None: answer
+        return host
+
+    def check(self, host, fabric="verbs", binaries=()):
+        return self.exp_hosts.check_host(host, fabric, list(binaries), REPO)
+
+    def probe(self, binaries="", addresses="127.0.0.1 10.98.0.2", devices="rxe2",
+              gid="0000:0000:0000:0000:0000:ffff:0a62:0002"):
+        return (0, f"checkout /opt/herd\n{binaries}addresses {addresses}\ndevices {devices}\n"
+                   f"gid {gid}\n", "")
+
+    def test_a_host_with_its_device_gid_address_and_build_passes(self):
+        binary = "scripts/herd_exp.py"  # any file both sides have: the same bytes
+        digest = hashlib.sha256((REPO / binary).read_bytes()).hexdigest()
+        host = self.host(self.probe(binaries=f"binary {binary} {digest}\n"), device="rxe2",
+                         gid_index=1)
+        self.assertEqual(self.check(host, binaries=[binary]), [])
+
+    def test_a_missing_or_different_build_is_named(self):
+        host = self.host(self.probe(binaries="binary a none\nbinary scripts/herd_exp.py 00\n"))
+        problems = self.check(host, binaries=["a", "scripts/herd_exp.py"])
+        self.assertEqual(len(problems), 2, problems)
+        self.assertIn("host h2 (10.98.0.2): a is not built in /opt/herd", problems[0])
+        self.assertIn("scripts/herd_exp.py in /opt/herd differs from this machine's build",
+                      problems[1])
+
+    def test_a_device_it_lacks_an_empty_or_absent_gid_and_a_foreign_address_are_named(self):
+        self.assertEqual(self.check(self.host(self.probe(), device="rxe9", gid_index=1)),
+                         ["host h2 (10.98.0.2): no RDMA device rxe9 there (it has: rxe2)"])
+        self.assertEqual(self.check(self.host(self.probe(gid="missing"), device="rxe2",
+                                              gid_index=7)),
+                         ["host h2 (10.98.0.2): rxe2 has no GID index 7"])
+        empty = self.check(self.host(self.probe(gid=self.exp_hosts.EMPTY_GID), device="rxe2",
+                                     gid_index=3))
+        self.assertIn("GID index 3 of rxe2 is empty", empty[0])
+        foreign = self.check(self.host(self.probe(addresses="127.0.0.1 10.98.0.7")))
+        self.assertIn("10.98.0.2 is not one of its addresses (10.98.0.7 127.0.0.1)", foreign[0])
+        listen = self.check(self.host(self.probe(), listen_address="10.98.0.3"))
+        self.assertIn("listen_address 10.98.0.3 is not one of its addresses", listen[0])
+        nothing = self.check(self.host(self.probe(devices="")))
+        self.assertIn("no RDMA device there", nothing[0])
+
+    def test_an_unreachable_host_or_a_missing_checkout_is_named(self):
+        down = self.check(self.host((255, "", "ssh: connect to host 10.98.0.2 port 22: "
+                                               "No route to host\n")))
+        self.assertEqual(down, ["host h2 (10.98.0.2): cannot run a command there (ssh: connect "
+                                "to host 10.98.0.2 port 22: No route to host)"])
+        gone = self.check(self.host((1, "", "bash: line 1: cd: /opt/herd: No such file or "
+                                            "directory\n")))
+        self.assertEqual(gone, ["host h2 (10.98.0.2): no checkout at repo /opt/herd"])
+
+    def test_unknown_roles_and_fields_are_refused(self):
+        with self.assertRaisesRegex(self.exp_hosts.HostError, "role must be one of"):
+            self.exp_hosts.Host({"name": "x", "address": "a", "role": "primary"}, ".")
+        with self.assertRaisesRegex(self.exp_hosts.HostError, "unknown fields"):
+            self.exp_hosts.Host({"name": "x", "address": "a", "role": "client", "gid": 1}, ".")
+
+
+class LeftoversTest(unittest.TestCase):
+    """exp_hosts.leftovers finds a run's processes by the marker in their environment, kills
+    them, and leaves every other process alone."""
+
+    def test_the_runs_processes_are_found_and_killed_and_no_other(self):
+        sys.path.insert(0, str(REPO / "scripts"))
+        import exp_hosts
+        run_id = f"test-{os.getpid()}-{time.time_ns()}"
+        marked = subprocess.Popen(["sleep", "600"], start_new_session=True,
+                                  env={**os.environ, exp_hosts.MARKER: run_id})
+        other = subprocess.Popen(["sleep", "600"], start_new_session=True,
+                                 env={**os.environ, exp_hosts.MARKER: run_id + "-other"})
+        try:
+            local = exp_hosts.Host({"name": "here", "address": "localhost", "role": "server"},
+                                   str(REPO))
+            found = exp_hosts.leftovers([local, local], run_id)
+            self.assertEqual(list(found), ["here"])
+            self.assertEqual(found["here"], [f"{marked.pid} sleep 600"])
+            self.assertEqual(marked.wait(timeout=30), -signal.SIGKILL)
+            self.assertIsNone(other.poll())
+            self.assertEqual(exp_hosts.leftovers([local], run_id), {})
+        finally:
+            for process in (marked, other):
+                if process.poll() is None:
+                    process.kill()
+                    process.wait()
 
 
 class HerdExpTest(unittest.TestCase):
