@@ -44,6 +44,29 @@ class ClientTestPeer {
   // A forger that learned them: the client's UD QP, where UD responses land, and its qkey.
   static transport::QpEndpoint UdEndpoint(const Client& c) { return c.ud_qp_->endpoint(); }
   static uint32_t UdQkey(const Client& c) { return c.ud_qkey_; }
+  // The one active request of logical client `client` at `worker` (its seq and slot), as an
+  // answer would name it; false if there is none.
+  static bool ActiveRequest(const Client& c, uint32_t client, uint32_t worker, uint64_t* seq) {
+    for (uint32_t slot = 0; slot < c.config_.window; ++slot) {
+      const Client::Outstanding& o = c.slots_[c.SlotIndex(client, worker, slot)];
+      if (o.active) {
+        *seq = o.seq;
+        return true;
+      }
+    }
+    return false;
+  }
+  // Hands `response` to the client as if it had arrived; true if it was delivered into *out
+  // (false: dropped as stray, or deferred for an out-of-line read).
+  static bool Accept(Client& c, const ParsedResponse& response, Result* out) {
+    return c.Accept(response, out) == Client::Accepted::kDelivered;
+  }
+  // The wire id of logical client 0 (answers name their client by it).
+  static uint32_t FirstClientId(const Client& c) { return c.first_client_id_; }
+  // Whether `worker`'s retransmission timer has measured a round trip yet.
+  static bool TimerHasSample(const Client& c, uint32_t worker) {
+    return c.timers_[worker].has_sample();
+  }
   // A broken NIC path while the server lives on: the client's QPs forced into the error state.
   static void BreakQps(Client& c) {
     c.ud_qp_->SetError();
