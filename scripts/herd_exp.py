@@ -125,6 +125,8 @@ TITLE_WRAP_CHARS = 95
 # "clients" is the HERD plot's x axis: logical clients per client thread.
 ALIASES = {"clients": "clients_per_thread"}
 
+# The first stdout line of a process started on another host: its pid there.
+REMOTE_PID_LINE = "herd_exp_pid "
 # How long a server may take to print its readiness line (store allocation, hugepages).
 SERVER_READY_TIMEOUT_S = 60
 # Beyond warm-up and duration, how long a client may take (join, preload, report).
@@ -364,8 +366,9 @@ class Processes:
             # its stdin kills it at once (SIGKILL: a crash, for failovers).
             inner = " ".join(shlex.quote(a) for a in argv)
             # (A background job's stdin is /dev/null, hence the copy of ssh's stdin on fd 3.)
+            # Its pid there comes back first, for samples of its CPU (cpu_sample).
             script = (f"cd {shlex.quote(host.repo)} && export {exp_hosts.MARKER}={self.run_id} "
-                      f"&& exec 3<&0 && {{ {inner} & child=$!; "
+                      f"&& exec 3<&0 && {{ {inner} & child=$!; echo \"{REMOTE_PID_LINE}$child\"; "
                       f"(while read -r line <&3; do [ \"$line\" = KILL ] && kill -KILL $child; "
                       f"done; kill -TERM $child) >/dev/null 2>&1 & watchdog=$!; "
                       f"wait $child; status=$?; kill $watchdog 2>/dev/null; exit $status; }}")
@@ -438,6 +441,8 @@ def read_line_until(process, prefix, timeout_s):
         while b"\n" in buffer:
             line, buffer = buffer.split(b"\n", 1)
             text = line.decode(errors="replace")
+            if text.startswith(REMOTE_PID_LINE):
+                process.remote_pid = int(text[len(REMOTE_PID_LINE):])
             if text.startswith(prefix):
                 return text
 
@@ -871,11 +876,21 @@ def proc_stat_cpu_seconds(text, ticks_per_s):
 
 
 def cpu_sample(process, host):
-    """(now, the process's CPU seconds so far); the seconds are None for a remote host's process
-    (not this machine's /proc) or one that is gone."""
+    """(now, the process's CPU seconds so far): from this machine's /proc, or for a process on
+    another host from its /proc over ssh (its pid as Processes.start reported it; `now` is the
+    middle of the ssh call). The seconds are None where the process is gone or its pid unknown."""
     now = time.monotonic()
     if not host.local:
-        return now, None
+        pid = getattr(process, "remote_pid", None)
+        if pid is None:
+            return now, None
+        status, out, _ = host.run(f"getconf CLK_TCK && cat /proc/{int(pid)}/stat")
+        now = (now + time.monotonic()) / 2
+        try:
+            ticks, stat = out.split("\n", 1)
+            return now, (proc_stat_cpu_seconds(stat, int(ticks)) if status == 0 else None)
+        except ValueError:
+            return now, None
     try:
         text = pathlib.Path(f"/proc/{process.pid}/stat").read_text()
         return now, proc_stat_cpu_seconds(text, os.sysconf("SC_CLK_TCK"))

@@ -370,16 +370,35 @@ class ServerCpuTest(unittest.TestCase):
         self.assertIsNone(self.herd_exp.server_cpu_fields((10.0, 1.0), (12.0, 1.0), 0)
                           ["server_cpu_us_per_op"])
 
-    def test_a_live_local_process_is_sampled_and_a_remote_one_is_not(self):
+    def test_a_live_local_process_is_sampled_and_a_remote_one_by_its_reported_pid(self):
         class Me:
             pid = os.getpid()
 
-        local = self.herd_exp.exp_hosts.Host({"name": "s", "address": "localhost", "role": "server"}, ".")
-        remote = self.herd_exp.exp_hosts.Host({"name": "s", "address": "10.0.0.9", "role": "server"}, ".")
+        hosts = self.herd_exp.exp_hosts
+        local = hosts.Host({"name": "s", "address": "localhost", "role": "server"}, ".")
+        remote = hosts.Host({"name": "s", "address": "10.0.0.9", "role": "server"}, ".")
         sum(range(300000))  # some CPU of our own
         _, seconds = self.herd_exp.cpu_sample(Me, local)
         self.assertGreater(seconds, 0)
+        # A remote process whose pid never came back: unknown, not this machine's pid's CPU.
         self.assertIsNone(self.herd_exp.cpu_sample(Me, remote)[1])
+
+        class There:
+            pid = os.getpid()
+            remote_pid = 4242
+
+        asked = []
+
+        def run(script, timeout_s=None):
+            asked.append(script)
+            return 0, "100\n4242 (herd_server) S 1 2 3 4 5 6 7 8 9 10 250 50 0 0\n", ""
+
+        remote.run = run
+        _, seconds = self.herd_exp.cpu_sample(There, remote)
+        self.assertEqual(seconds, 3.0)  # (250 + 50) ticks at 100 per second
+        self.assertIn("/proc/4242/stat", asked[0])
+        remote.run = lambda script, timeout_s=None: (1, "", "gone")
+        self.assertIsNone(self.herd_exp.cpu_sample(There, remote)[1])
 
     def test_herds_server_figures_per_request_it_answered(self):
         server = {"mops": 2.0, "fabric": {"wrs": 4000000, "bytes": 4000000 * 91}}
