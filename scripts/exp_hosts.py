@@ -131,8 +131,12 @@ def _is_ip(text):
 
 def check_host(host, fabric, binaries, local_repo):
     """What is wrong with `host` for this run: a list of messages, each naming the host."""
-    if host.local:
-        binaries = []  # this machine, this checkout: the build just made (or used) is its own
+    if host.local or host.role == "coordinator":
+        # This machine and checkout: the build just made (or used) is its own. A coordinator host
+        # runs ZooKeeper from the checkout's scripts/zk.sh: no herd binary, no RDMA device.
+        binaries = []
+    if host.role == "coordinator":
+        fabric = "tcp"
     problems = []
     where = f"host {host.name} ({host.address})"
     status, out, err = host.run(_probe_script(host, fabric, binaries))

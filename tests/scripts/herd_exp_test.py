@@ -527,6 +527,10 @@ class HostCheckTest(unittest.TestCase):
         nothing = self.check(self.host(self.probe(devices="")))
         self.assertIn("no RDMA device there", nothing[0])
 
+    def test_a_coordinator_host_needs_no_rdma_device_and_no_herd_binary(self):
+        host = self.host(self.probe(devices=""), role="coordinator")
+        self.assertEqual(self.check(host, binaries=["herd/missing_binary"]), [])
+
     def test_an_unreachable_host_or_a_missing_checkout_is_named(self):
         down = self.check(self.host((255, "", "ssh: connect to host 10.98.0.2 port 22: "
                                                "No route to host\n")))
