@@ -3,10 +3,11 @@
 #include <bit>
 #include <chrono>
 #include <cmath>
-#include <cstdio>
 
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_replace.h"
 #include "hopscotch/table.h"
+#include "hopscotch/table_output.h"
 #include "hopscotch/ycsb_trace.h"
 
 namespace hopscotch {
@@ -58,6 +59,18 @@ absl::StatusOr<BuildSummary> BuildTable(const BuildOptions& o) {
     return absl::InvalidArgumentError("target load must be in (0, 1]");
   }
   const Sharding sharding{o.shard, o.shards};
+  // Before any work: a path in use is refused now, not after the build.
+  absl::StatusOr<TableOutput> output = TableOutput::Prepare(o.out, o.table.lock);
+  if (!output.ok()) return output.status();
+  // A failed build of a regular file leaves it as it was (the temporary goes with `output`); a
+  // device was zeroed from its first byte and its header is left unmade.
+  auto failed = [&](const absl::Status& s) {
+    if (!output->in_place()) return s;
+    return absl::Status(
+        s.code(), absl::StrFormat("%s; %s now holds no table (its header is left unmade, so that "
+                                  "nothing serves a partial one) until a build succeeds",
+                                  s.message(), o.out));
+  };
   BuildSummary summary;
   summary.home_buckets = o.home_buckets;
   if (summary.home_buckets == 0) {
@@ -67,8 +80,17 @@ absl::StatusOr<BuildSummary> BuildTable(const BuildOptions& o) {
         static_cast<uint64_t>(std::ceil(static_cast<double>(*inserts) / o.target_load));
     summary.home_buckets = std::bit_ceil(std::max<uint64_t>(wanted, 1));
   }
-  absl::StatusOr<Table> table = Table::Create(o.out, summary.home_buckets, o.seed, sharding);
-  if (!table.ok()) return table.status();
+  TableOptions table_options = o.table;
+  table_options.defer_header = true;  // a table only once Publish says it is complete
+  absl::StatusOr<Table> table =
+      Table::Create(output->build_path(), summary.home_buckets, o.seed, sharding, table_options);
+  if (!table.ok()) {
+    // Refused before a device was touched. Its message names the temporary, a name the user
+    // never gave: name --out instead.
+    return absl::Status(
+        table.status().code(),
+        absl::StrReplaceAll(table.status().message(), {{output->build_path(), o.out}}));
+  }
   absl::Status built = ForEachInsert(
       o.traces, sharding,
       [&](const std::string& path, const TraceFile& file, const TraceRecord& record) {
@@ -87,15 +109,10 @@ absl::StatusOr<BuildSummary> BuildTable(const BuildOptions& o) {
         summary.lines += file.line();
         summary.skipped_lines += file.skipped();
       });
-  if (!built.ok()) return built;
-  if (table->items() == 0) {
-    // A run that built nothing is an error, not an empty table reported as a success. Only a
-    // regular file is removed: a device-DAX output is a device node, never unlinked.
-    const bool device = table->device();
-    (void)table->Close();
-    if (!device) std::remove(o.out.c_str());
-    return absl::InvalidArgumentError(
-        "no INSERT line in the trace(s): nothing to build (is the load phase missing?)");
+  if (!built.ok()) return failed(built);
+  if (table->items() == 0) {  // an error, not an empty table reported as a success
+    return failed(absl::InvalidArgumentError(
+        "no INSERT line in the trace(s): nothing to build (is the load phase missing?)"));
   }
   summary.keys = table->items();
   summary.load = static_cast<double>(summary.keys) / static_cast<double>(summary.home_buckets);
@@ -104,7 +121,8 @@ absl::StatusOr<BuildSummary> BuildTable(const BuildOptions& o) {
   summary.updates = table->stats().updates;
   summary.bytes = table->file_bytes();
   summary.map_sync = table->map_sync();
-  if (absl::Status s = table->Close(); !s.ok()) return s;
+  if (absl::Status s = table->Publish(); !s.ok()) return failed(s);
+  if (absl::Status s = output->Commit(); !s.ok()) return s;
   summary.seconds = std::chrono::duration<double>(Clock::now() - start).count();
   return summary;
 }

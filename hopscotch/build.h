@@ -9,13 +9,15 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "hopscotch/table.h"
 
 namespace hopscotch {
 
 struct BuildOptions {
   std::vector<std::string> traces;
-  // The table: a regular file (replaced) or a device-DAX character device (written in place;
-  // Table::Create).
+  // The table: a regular file, built beside it and renamed over it only on success, or a
+  // device-DAX character device, written in place with its header made only on success
+  // (table_output.h). Refused while another process holds it (a hop_server serving it).
   std::string out;
   uint64_t home_buckets = 0;  // 0: the smallest power of two with inserts / buckets <= load
   double target_load = 0.8;
@@ -24,6 +26,8 @@ struct BuildOptions {
   // (ServerOf) are built into the table.
   uint32_t shard = 0;
   uint32_t shards = 1;
+  // How the table is created (Table::Create; defer_header is always set). Tests: a fake sysfs.
+  TableOptions table;
 };
 
 struct BuildSummary {
@@ -41,7 +45,9 @@ struct BuildSummary {
 };
 
 // Errors: a trace that cannot be read or has a malformed line (FILE:LINE), a table file that
-// cannot be written, or a full table (ResourceExhausted naming the load and a --buckets to try).
+// cannot be written or is in use, or a full table (ResourceExhausted naming the load and a
+// --buckets to try). After an error `out` is as it was (a regular file), or holds no table (a
+// device: the error says so).
 absl::StatusOr<BuildSummary> BuildTable(const BuildOptions& options);
 
 }  // namespace hopscotch

@@ -6,7 +6,8 @@
 // Header (little-endian; only the first 88 bytes are used, the rest of the page is zero):
 //   off size field
 //     0    8 magic            "HERDHOP\0"
-//     8    4 format_version   kFormatVersion (1)
+//     8    4 format_version   kFormatVersion (2; version 1 left shard and shards outside the
+//                             checksum, and is refused: rebuild it with hop_build)
 //    12    4 header_bytes     4096: buckets start here, page-aligned, so every bucket is one
 //                             64-byte-aligned cache line
 //    16    8 home_buckets     power of two, 1..2^32: home = hash & (home_buckets - 1)
@@ -16,14 +17,17 @@
 //    36    4 value_bytes      27
 //    40    8 hash_seed        Jenkins lookup3 seed of the home hash (hash.h)
 //    48    8 total_buckets    home_buckets + H - 1 (see "tail" below)
-//    56    8 checksum         util::WordChecksum(kHeaderChecksumSeed) of bytes 0..55: the
-//                             geometry, which never changes after Create
+//    56    8 checksum         util::WordChecksum(kHeaderChecksumSeed) of bytes 0..55 then
+//                             80..87: the geometry and the sharding, which never change after
+//                             Create (a changed shard field would make a table claim keys it
+//                             does not hold: false misses, no error)
 //    64    8 state            0 = clean (closed by its writer), 1 = dirty (open for writing, or
-//                             its writer died): not checksummed, so flipping it is one store
+//                             its writer died): not checksummed, so flipping it is one store.
+//                             Open still checks a clean file for busy lines (table.h)
 //    72    8 item_count       exact when clean; recounted by Open when dirty
 //    80    4 shard            which of `shards` servers this table serves: it holds exactly the
 //                             keys k with ServerOf(k, shards) == shard (hash.h)
-//    84    4 shards           1..kMaxShards; 0 in a file written without sharding: read as 1
+//    84    4 shards           1..kMaxShards
 //    88 4008 reserved         zero
 //
 // Bucket (64 B, one cache line):
@@ -57,7 +61,9 @@ namespace hopscotch {
 static_assert(std::endian::native == std::endian::little, "the file format is little-endian");
 
 inline constexpr char kMagic[8] = {'H', 'E', 'R', 'D', 'H', 'O', 'P', '\0'};
-inline constexpr uint32_t kFormatVersion = 1;
+inline constexpr uint32_t kFormatVersion = 2;
+// The last version whose checksum left shard and shards out: what Open names as too old.
+inline constexpr uint32_t kUnshardedChecksumVersion = 1;
 inline constexpr uint64_t kHeaderBytes = 4096;
 inline constexpr uint32_t kNeighbourhood = 32;  // H
 inline constexpr uint32_t kBucketBytes = 64;
@@ -112,7 +118,14 @@ static_assert(offsetof(Header, value_bytes) == 36 && offsetof(Header, hash_seed)
 static_assert(offsetof(Header, total_buckets) == 48 && offsetof(Header, checksum) == 56);
 static_assert(offsetof(Header, state) == 64 && offsetof(Header, item_count) == 72);
 static_assert(offsetof(Header, shard) == 80 && offsetof(Header, shards) == 84);
+// The checksum covers two ranges: the geometry before it and the sharding after the state and
+// count (which change while the table is open and stay outside).
 inline constexpr size_t kChecksummedHeaderBytes = offsetof(Header, checksum);
+inline constexpr size_t kChecksummedShardingOffset = offsetof(Header, shard);
+inline constexpr size_t kChecksummedShardingBytes = sizeof(uint32_t) * 2;  // shard, shards
+static_assert(kChecksummedHeaderBytes % 8 == 0 && kChecksummedShardingOffset % 8 == 0 &&
+                  kChecksummedShardingBytes == 8,
+              "the checksum absorbs whole 8-byte words");
 
 using Value = std::array<uint8_t, kValueBytes>;
 using PaddedKey = std::array<uint8_t, kKeyBytes>;

@@ -11,10 +11,15 @@
 // bucket (< H = 32). Exit status 1 with a message on stderr on any error; a full table names
 // the load reached and a --buckets that would do.
 //
-// --out is written in place, never through a temporary file and a rename: a regular file is
-// created or replaced; a device-DAX character device (--out /dev/dax0.0) keeps its node and
-// size, the table is written from its first byte and must fit (its size and alignment come
-// from /sys/dev/char/MAJOR:MINOR/{size,align}).
+// --out is never a partial table. A regular file is built in a temporary file beside it
+// (".NAME.tmp-PID-N", same directory) and renamed over it only once complete and fsynced, so a
+// failed build leaves the table that was there untouched (and removes the temporary). A
+// device-DAX character device (--out /dev/dax0.0) cannot be renamed: it keeps its node and
+// size, the table is written in place from its first byte and must fit (its size and alignment
+// come from /sys/dev/char/MAJOR:MINOR/{size,align}), and its header is written last: after a
+// failed build the device holds no table (the error says so), never a partial one. A --out a
+// hop_server is serving (or another hop_build writing) is refused, before the build and again
+// before the rename: stop the server first, or build to another path.
 #include <cstdio>
 #include <string>
 
@@ -25,9 +30,10 @@
 
 DEFINE_string(trace, "", "YCSB text trace file(s), comma-separated (load phase first).");
 DEFINE_string(out, "",
-              "Table to write, in place (no temporary file): a regular file (replaced if it "
-              "exists) or a device-DAX character device such as /dev/dax0.0 (the table is written "
-              "from its first byte and must fit in it).");
+              "Table to write: a regular file (built in a temporary file beside it, renamed over "
+              "it only on success) or a device-DAX character device such as /dev/dax0.0 (written "
+              "in place from its first byte, header last; the table must fit in it). Refused "
+              "while a hop_server serves it.");
 DEFINE_uint64(buckets, 0, "Home buckets (a power of two); 0: derived from the key count.");
 DEFINE_double(target_load, 0.8, "Largest keys / home buckets when --buckets is derived.");
 DEFINE_uint64(seed, 0, "Seed of the home-bucket hash, stored in the table header.");

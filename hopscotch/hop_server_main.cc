@@ -19,7 +19,9 @@
 DEFINE_string(table, "", "The table file to serve (hop_build --out).");
 DEFINE_uint32(port, 31860, "Port clients join on (TCP, or RDMA-CM with --connect=cm); 0: any.");
 DEFINE_string(listen_address, "0.0.0.0", "Address to listen on.");
-DEFINE_bool(read_only, false, "Map the table read-only and refuse upserts.");
+DEFINE_bool(read_only, false,
+            "Map the table read-only and refuse upserts (read-only servers may share a table "
+            "file; a writable one holds it alone).");
 DEFINE_string(persistence, "process",
               "What an acknowledged upsert survives: process (kill -9 of this server) or power "
               "(a power failure: a cache-line flush, or an msync on a page-cache file, per "

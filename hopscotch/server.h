@@ -60,8 +60,9 @@ struct ServerCounters {
 
 class Server {
  public:
-  // Opens the table (errors name the file: missing, truncated, wrong format...), the device,
-  // registers the table and starts listening.
+  // Opens the table (errors name the file: missing, truncated, wrong format, in use by another
+  // server or a hop_build: table_lock.h), the device, registers the table and starts listening.
+  // The table's lock is held until the server is destroyed.
   static absl::StatusOr<std::unique_ptr<Server>> Create(const ServerOptions& options);
   ~Server();  // drops every client, then closes the table (marked clean)
 

@@ -18,6 +18,7 @@
 #include "hopscotch/hash.h"
 #include "hopscotch/line.h"
 #include "hopscotch/table_file.h"
+#include "hopscotch/table_lock.h"
 #include "util/errno_status.h"
 #include "util/round_up.h"
 #include "util/word_checksum.h"
@@ -46,11 +47,11 @@ Header NewHeader(uint64_t home_buckets, uint64_t seed, const Sharding& sharding)
   h.value_bytes = kValueBytes;
   h.hash_seed = seed;
   h.total_buckets = home_buckets + kNeighbourhood - 1;
-  h.checksum = HeaderChecksum(h);
-  h.state = kStateDirty;
-  h.item_count = 0;
   h.shard = sharding.shard;
   h.shards = sharding.shards;
+  h.checksum = HeaderChecksum(h);  // over both: the geometry and the sharding
+  h.state = kStateDirty;
+  h.item_count = 0;
   return h;
 }
 
@@ -76,9 +77,10 @@ absl::Status CheckExistingPath(const std::string& path) {
 bool Sharding::Holds(std::string_view key) const { return ServerOf(key, shards) == shard; }
 
 uint64_t HeaderChecksum(const Header& header) {
-  util::WordChecksum sum(kHeaderChecksumSeed, kChecksummedHeaderBytes);
-  sum.AbsorbWords(reinterpret_cast<const uint8_t*>(&header),
-                  kChecksummedHeaderBytes / sizeof(uint64_t));
+  const auto* bytes = reinterpret_cast<const uint8_t*>(&header);
+  util::WordChecksum sum(kHeaderChecksumSeed, kChecksummedHeaderBytes + kChecksummedShardingBytes);
+  sum.AbsorbWords(bytes, kChecksummedHeaderBytes / sizeof(uint64_t));
+  sum.AbsorbWords(bytes + kChecksummedShardingOffset, kChecksummedShardingBytes / sizeof(uint64_t));
   return sum.Finish();
 }
 
@@ -87,6 +89,14 @@ absl::Status ValidateHeader(const Header& h, uint64_t file_bytes, bool device) {
     return absl::InvalidArgumentError(
         absl::StrFormat("not a hopscotch table (magic %s, want HERDHOP)",
                         absl::CHexEscape(absl::string_view(h.magic, sizeof(h.magic)))));
+  }
+  if (h.format_version == kUnshardedChecksumVersion) {
+    // Its checksum cannot vouch for its shard fields (format.h): reading it as this version
+    // would call a good file damaged, trusting it would let a flipped shard hide keys.
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "table format version %u (its shard fields are outside the header checksum), this build "
+        "reads version %u: rebuild the table with this build's hop_build",
+        h.format_version, kFormatVersion));
   }
   if (h.format_version != kFormatVersion) {
     return absl::FailedPreconditionError(absl::StrFormat(
@@ -128,7 +138,7 @@ absl::Status ValidateHeader(const Header& h, uint64_t file_bytes, bool device) {
     return absl::DataLossError(
         absl::StrFormat("state %u is neither clean (0) nor dirty (1)", h.state));
   }
-  if (absl::Status s = ValidateSharding(h.shard, h.shards == 0 ? 1 : h.shards); !s.ok()) {
+  if (absl::Status s = ValidateSharding(h.shard, h.shards); !s.ok()) {
     return absl::DataLossError(s.message());
   }
   if (h.state == kStateClean && h.item_count > h.total_buckets) {
@@ -211,6 +221,12 @@ absl::StatusOr<Table> Table::Create(const std::string& path, uint64_t home_bucke
   struct stat st;
   if (fstat(fd, &st) != 0) return fail(util::ErrnoStatus(absl::StatusCode::kInternal, "fstat"));
   if (absl::Status s = CheckTableFileType(st.st_mode); !s.ok()) return fail(s);
+  if (options.lock) {  // before the truncation below: never under a process using the file
+    if (absl::Status s = LockTableFile(fd, path, LockMode::kExclusive); !s.ok()) {
+      close(fd);
+      return s;
+    }
+  }
   const bool device = S_ISCHR(st.st_mode);
   const uint64_t bytes = FileBytes(home_buckets);
   uint64_t map_bytes = bytes;
@@ -241,11 +257,16 @@ absl::StatusOr<Table> Table::Create(const std::string& path, uint64_t home_bucke
     std::atomic_thread_fence(std::memory_order_seq_cst);
     std::memset(t->base_ + kHeaderBytes, 0, bytes - kHeaderBytes);
   }
-  const Header h = NewHeader(home_buckets, seed, sharding);
-  std::memcpy(t->base_, &h, sizeof(h));
   t->home_buckets_ = home_buckets;
   t->seed_ = seed;
   t->sharding_ = sharding;
+  if (options.defer_header) {
+    // The header stays as ftruncate or the device zeroing left it, zero: not a table (Publish).
+    t->header_made_ = false;
+  } else {
+    const Header h = NewHeader(home_buckets, seed, sharding);
+    std::memcpy(t->base_, &h, sizeof(h));
+  }
   if (t->persister_.active()) {  // dirty from the start: any bucket state repairs
     if (absl::Status s = t->persister_.PersistRange(t->base_, bytes); !s.ok()) {
       return WithPath(path, s);
@@ -288,6 +309,13 @@ absl::StatusOr<Table> Table::Open(const std::string& path, bool writable,
     return fail(util::ErrnoStatus(absl::StatusCode::kInternal, "fstat"));
   }
   if (absl::Status s = CheckTableFileType(st.st_mode); !s.ok()) return fail(s);
+  if (options.lock) {  // before the header is read: a writer beside it could be rewriting it
+    const LockMode mode = writable ? LockMode::kExclusive : LockMode::kShared;
+    if (absl::Status s = LockTableFile(fd, path, mode); !s.ok()) {
+      close(fd);
+      return s;
+    }
+  }
   const bool device = S_ISCHR(st.st_mode);
   DeviceGeometry geometry;
   if (device) {
@@ -325,11 +353,34 @@ absl::StatusOr<Table> Table::Open(const std::string& path, bool writable,
   }
   t->home_buckets_ = h.home_buckets;
   t->seed_ = h.hash_seed;
-  t->sharding_ = Sharding{h.shard, h.shards == 0 ? 1 : h.shards};
+  t->sharding_ = Sharding{h.shard, h.shards};
   bool repaired = false;
-  if (h.state == kStateClean) {
+  // A clean file with a busy line (a damaged or hand-edited file: a clean writer leaves none)
+  // would make every lookup reaching that line reread it to the limit and end torn: repaired
+  // like a dirty file's when writable; read-only, refused (nothing here may store into it).
+  uint64_t first_busy = 0;
+  const uint64_t busy = h.state == kStateClean ? t->BusyLines(&first_busy) : 0;
+  if (busy != 0 && !writable) {
+    return WithPath(path, absl::DataLossError(absl::StrFormat(
+                              "marked clean but %u buckets are busy (mid-rewrite), the first "
+                              "bucket %u: open it writable once (hop_server without "
+                              "--read_only) to repair it",
+                              busy, first_busy)));
+  }
+  if (h.state == kStateClean && busy == 0) {
     t->items_ = h.item_count;
   } else if (writable) {
+    if (busy != 0) {
+      LOG(WARNING) << path << ": marked clean but " << busy
+                   << " buckets are busy (mid-rewrite): repairing it as after an unclean shutdown";
+      // Dirty before the first repair store (durable first under kPowerFailure), as a dirty
+      // file is: a repair cut short is redone by the next open instead of left looking clean.
+      reinterpret_cast<Header*>(t->base_)->state = kStateDirty;
+      if (t->persister_.active()) {
+        absl::Status s = t->persister_.PersistRange(t->base_, kHeaderBytes);
+        if (!s.ok()) return WithPath(path, s);
+      }
+    }
     t->Recover();  // its writer died: repair what a cut-short store sequence leaves
     repaired = true;
   } else {
@@ -408,13 +459,46 @@ void Table::Recover() {
       << stats_.recovered_dangling << " dangling hop bits";
 }
 
-absl::Status Table::Close() {
+uint64_t Table::BusyLines(uint64_t* first) const {
+  uint64_t busy = 0;
+  for (uint64_t j = total_buckets(); j-- > 0;) {  // downwards: *first ends as the lowest
+    if (!IsBusy(InfoOf(Bucket(j)))) continue;
+    ++busy;
+    *first = j;
+  }
+  return busy;
+}
+
+absl::Status Table::MakeHeader() {
+  // In two steps, each durable before the next: first everything from the state on (dirty, the
+  // count, the sharding), then the first bytes (magic, geometry, checksum). Until the second is
+  // whole on the media the header lacks its magic or its checksum and Open refuses the file;
+  // after it, the header says dirty (Open recounts) until Finish marks it clean. A power failure
+  // in between never leaves a header that says clean over a wrong count (state 0 is clean).
+  const Header made = NewHeader(home_buckets_, seed_, sharding_);  // dirty
+  constexpr size_t kTail = offsetof(Header, state);
+  std::memcpy(base_ + kTail, reinterpret_cast<const uint8_t*>(&made) + kTail, kHeaderBytes - kTail);
+  if (absl::Status s = persister_.PersistRange(base_, kHeaderBytes); !s.ok()) return s;
+  std::memcpy(base_, &made, kTail);
+  if (absl::Status s = persister_.PersistRange(base_, kHeaderBytes); !s.ok()) return s;
+  header_made_ = true;
+  return absl::OkStatus();
+}
+
+absl::Status Table::Close() { return Finish(/*publish=*/false); }
+
+absl::Status Table::Publish() { return Finish(/*publish=*/true); }
+
+absl::Status Table::Finish(bool publish) {
   if (base_ == nullptr) return absl::OkStatus();
   absl::Status status;
-  if (writable_ && fd_ >= 0) {
-    // The buckets first, then the clean mark: a clean header never describes buckets that are
-    // not on the media yet.
+  // An unpublished table closed: its header stays zero (TableOptions::defer_header), nothing
+  // to make durable for anyone.
+  if (writable_ && fd_ >= 0 && (header_made_ || publish)) {
+    // The buckets first, then the clean mark (or the whole header): a clean header never
+    // describes buckets that are not on the media yet.
     status = persister_.PersistRange(base_, file_bytes());
+    if (status.ok() && !header_made_) status = MakeHeader();
     if (status.ok()) {
       auto* h = reinterpret_cast<Header*>(base_);
       h->item_count = items_;
@@ -446,6 +530,7 @@ Table& Table::operator=(Table&& o) noexcept {
     writable_ = o.writable_;
     map_sync_ = o.map_sync_;
     device_ = o.device_;
+    header_made_ = o.header_made_;
     persister_ = std::move(o.persister_);
     home_buckets_ = o.home_buckets_;
     seed_ = o.seed_;

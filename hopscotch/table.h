@@ -104,6 +104,15 @@ struct TableOptions {
   // registered by copying its pages into pinned anonymous memory); the shm fabric needs the
   // shared mapping (its peers map the same file). hop_server tries shared first.
   bool private_when_read_only = false;
+  // Holds the file's lock for the table's life (table_lock.h: exclusive when writable, shared
+  // when read-only), so that a second writer, or hop_build replacing a file being served, is
+  // refused. Tests only turn it off: a reader watching a file its writer holds, and /dev/zero
+  // standing in for a device-DAX device (one inode shared by every test process).
+  bool lock = true;
+  // Create only: leaves the header zero, so that no Open accepts the file, until Publish writes
+  // it; a table closed without Publish stays "not a hopscotch table". hop_build builds this way:
+  // a build that fails or dies part way leaves no partial table anyone could serve.
+  bool defer_header = false;
 };
 
 class Table {
@@ -111,7 +120,8 @@ class Table {
   // A new table of `home_buckets` (a power of two, 1..2^32) empty home buckets. Writable. The
   // path is a regular file (created, or replaced if it exists) or a device-DAX character device
   // (e.g. /dev/dax0.0: its first FileBytes(home_buckets) bytes are zeroed and mapped, the
-  // mapping rounded up to the device's alignment; the rest of the device is left alone).
+  // mapping rounded up to the device's alignment; the rest of the device is left alone). A path
+  // another process holds (TableOptions::lock) is refused before anything in it changes.
   static absl::StatusOr<Table> Create(const std::string& path, uint64_t home_buckets,
                                       uint64_t seed = 0, Sharding sharding = {},
                                       const TableOptions& options = {});
@@ -119,8 +129,11 @@ class Table {
   static absl::StatusOr<Table> CreateInMemory(uint64_t home_buckets, uint64_t seed = 0,
                                               const TableOptions& options = {});
   // Maps and validates an existing table (a regular file exactly the table's size, or a
-  // device-DAX character device at least that big); errors name the path and what is wrong.
-  // Writable: marks it dirty until Close, and repairs it first if its writer died.
+  // device-DAX character device at least that big); errors name the path and what is wrong,
+  // including a file another process holds (TableOptions::lock). Writable: marks it dirty until
+  // Close, and repairs it first if its writer died. A file marked clean is still checked for
+  // busy lines (a clean writer leaves none; one there would make every lookup reaching it spin
+  // and end torn): writable, it is repaired as a dirty one; read-only, refused.
   static absl::StatusOr<Table> Open(const std::string& path, bool writable,
                                     const TableOptions& options = {});
 
@@ -144,6 +157,10 @@ class Table {
   // Makes the buckets durable (msync, or cache-line flushes on a device), then writes the item
   // count and marks the file clean (made durable in turn), and unmaps. Idempotent.
   absl::Status Close();
+  // A table created with TableOptions::defer_header: makes the buckets durable, then writes the
+  // whole header (clean, with the item count), durable in turn, and unmaps: from here on the
+  // file is a table. Any other table: Close().
+  absl::Status Publish();
 
   uint64_t home_buckets() const { return home_buckets_; }
   uint64_t total_buckets() const { return home_buckets_ + kNeighbourhood - 1; }
@@ -181,6 +198,12 @@ class Table {
   void Fill(uint64_t e, const uint8_t* image);
   absl::Status Move(uint64_t s, uint64_t e, uint64_t home);
   void Recover();
+  // How many buckets are busy (a clean writer leaves none), the lowest in *first.
+  uint64_t BusyLines(uint64_t* first) const;
+  // Writes a TableOptions::defer_header table's header (dirty), durable on return.
+  absl::Status MakeHeader();
+  // Close (publish = false) or Publish.
+  absl::Status Finish(bool publish);
   void Release();
 
   std::string path_;
@@ -190,6 +213,8 @@ class Table {
   bool writable_ = false;
   bool map_sync_ = false;
   bool device_ = false;
+  // False while a TableOptions::defer_header table is unpublished: Close leaves the header zero.
+  bool header_made_ = true;
   Persister persister_;
   uint64_t home_buckets_ = 0;
   uint64_t seed_ = 0;

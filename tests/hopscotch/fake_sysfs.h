@@ -1,6 +1,9 @@
 // Device tables in tests: a real character device that supports shared mappings, /dev/zero
 // (MAP_SHARED of it is shared anonymous memory: nothing persists across mappings, so no test
-// reopens a table there), and a fake sysfs giving it a device-DAX size and alignment.
+// reopens a table there), and a fake sysfs giving it a device-DAX size and alignment. /dev/zero
+// is one inode for every process: tests open tables there with TableOptions::lock off, or test
+// binaries running at once would refuse each other (only lock_test locks it, and skips if it
+// cannot).
 #ifndef HERD_TESTS_HOPSCOTCH_FAKE_SYSFS_H_
 #define HERD_TESTS_HOPSCOTCH_FAKE_SYSFS_H_
 

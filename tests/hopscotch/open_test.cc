@@ -12,6 +12,7 @@
 #include "gtest/gtest.h"
 #include "hopscotch/hash.h"
 #include "hopscotch/table.h"
+#include "util/word_checksum.h"
 
 namespace hopscotch {
 namespace {
@@ -86,9 +87,10 @@ TEST(Open, WrongMagicVersionAndChecksum) {
   WriteHeader(path, h, true);
   ExpectRejected(path, "not a hopscotch table");
   h = good;
-  h.format_version = 2;
+  h.format_version = kFormatVersion + 1;
   WriteHeader(path, h, true);
-  ExpectRejected(path, "format version 2, this build reads version 1");
+  ExpectRejected(path, absl::StrFormat("format version %u, this build reads version %u",
+                                       kFormatVersion + 1, kFormatVersion));
   h = good;
   h.checksum ^= 1;
   WriteHeader(path, h, false);
@@ -144,11 +146,52 @@ TEST(Open, BadGeometryWithAValidChecksum) {
   WriteHeader(path, h, true);
   ExpectRejected(path, "shards and shard < shards");
   h = good;
-  h.shards = 0;  // a file written before sharding: one shard
+  h.shards = 0;  // only version 1 files, written before sharding, had no shard count
   WriteHeader(path, h, true);
-  absl::StatusOr<Table> unsharded = Table::Open(path, false);
-  ASSERT_TRUE(unsharded.ok()) << unsharded.status();
-  EXPECT_EQ(unsharded->sharding().shards, 1u);
+  ExpectRejected(path, "shard 0 of 0");
+}
+
+// Issue 36: the shard fields were outside the checksum, so a 4-byte change made shard 1 of 2
+// claim every key (shards = 1): clients routed there got false misses, and no error. Now they are
+// checksummed like the geometry.
+TEST(Open, ShardFieldsAreUnderTheChecksum) {
+  const std::string path = TmpPath("sharded.hop");
+  {
+    absl::StatusOr<Table> t = Table::Create(path, 64, /*seed=*/0, Sharding{1, 2});
+    ASSERT_TRUE(t.ok()) << t.status();
+    ASSERT_TRUE(t->Close().ok());
+  }
+  const Header good = ReadHeader(path);
+  ASSERT_EQ(good.shards, 2u);
+  Header h = good;
+  h.shards = 1;  // the audit's change: one shard holding the whole key space
+  h.shard = 0;
+  WriteHeader(path, h, /*fix_checksum=*/false);
+  ExpectRejected(path, "header checksum mismatch");
+  h = good;
+  h.shard = 0;  // the other shard's keys
+  WriteHeader(path, h, /*fix_checksum=*/false);
+  ExpectRejected(path, "header checksum mismatch");
+  WriteHeader(path, good, /*fix_checksum=*/false);
+  absl::StatusOr<Table> t = Table::Open(path, false);
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(t->sharding().shard, 1u);
+  EXPECT_EQ(t->sharding().shards, 2u);
+}
+
+// A file of the format before the shard fields joined the checksum is a clear error naming the
+// version and the fix, not a checksum mismatch or a misread.
+TEST(Open, FormatVersionOneIsAClearError) {
+  const std::string path = MakeTable("version1.hop");
+  Header h = ReadHeader(path);
+  h.format_version = 1;
+  // Its own (version 1) checksum, over bytes 0..55 only: a genuine old file.
+  util::WordChecksum sum(kHeaderChecksumSeed, kChecksummedHeaderBytes);
+  sum.AbsorbWords(reinterpret_cast<const uint8_t*>(&h), kChecksummedHeaderBytes / 8);
+  h.checksum = sum.Finish();
+  WriteHeader(path, h, /*fix_checksum=*/false);
+  ExpectRejected(path, "table format version 1 (its shard fields are outside the header checksum)");
+  ExpectRejected(path, "rebuild the table");
 }
 
 TEST(Open, RandomGarbageIsNotATable) {
@@ -175,15 +218,20 @@ TEST(Open, GarbageBucketsAreReadableAndRepairable) {
   ASSERT_EQ(pwrite(fd, bytes.data(), bytes.size(), kHeaderBytes),
             static_cast<ssize_t>(bytes.size()));
   close(fd);
+  {  // still marked clean: garbage has busy lines, which a clean file may not (issue 36)
+    absl::StatusOr<Table> t = Table::Open(path, false);
+    ASSERT_FALSE(t.ok());
+    EXPECT_NE(t.status().message().find("buckets are busy"), std::string::npos) << t.status();
+  }
+  Header h = ReadHeader(path);
+  h.state = kStateDirty;
+  WriteHeader(path, h, false);
   {
     absl::StatusOr<Table> t = Table::Open(path, false);
     ASSERT_TRUE(t.ok()) << t.status();
     EXPECT_FALSE(t->CheckInvariants().ok());
     for (int i = 0; i < 2000; ++i) t->Lookup(absl::StrFormat("user%d", i), /*max_reads=*/2);
   }
-  Header h = ReadHeader(path);
-  h.state = kStateDirty;
-  WriteHeader(path, h, false);
   absl::StatusOr<Table> t = Table::Open(path, true);
   ASSERT_TRUE(t.ok()) << t.status();
   EXPECT_GT(t->stats().recovered_orphans + t->stats().recovered_busy, 0u);

@@ -167,6 +167,7 @@ TEST(PowerFailure, OrderingOnADeviceWithCacheLineFlushes) {
   options.persistence = Persistence::kPowerFailure;
   options.observer = &checker;
   options.sysfs_root = FakeSysfs("sys_persist", std::to_string(uint64_t{8} << 20), "2097152");
+  options.lock = false;  // /dev/zero is shared with other test processes (fake_sysfs.h)
   absl::StatusOr<Table> t = Table::Create(kDevZero, kHomeBuckets, 4, {}, options);
   ASSERT_TRUE(t.ok()) << t.status();
   checker.Attach(&*t);

@@ -166,6 +166,40 @@ TEST(Recovery, InPlaceUpdateCutShortKeepsTheKey) {
   EXPECT_EQ(t.stats().recovered_busy, 1u);
 }
 
+// Issue 36: a file marked clean was trusted line by line, so one busy line in it (damage, or a
+// hand edit) made every lookup reaching it reread it to the limit and end torn. Read-only it is
+// refused, naming the file and the bucket; writable it is repaired as a dirty file is.
+TEST(Recovery, BusyLineInACleanFileIsRefusedReadOnlyAndRepairedWritable) {
+  std::vector<std::string> keys;
+  const std::string path = Build("clean_busy.hop", &keys);
+  const MoveSite m = FindMoveSite(path, keys);  // m.key sits in bucket m.s
+  {
+    RawFile raw(path);
+    Line l = raw.Get(m.s);
+    l.bytes[0] = static_cast<uint8_t>(kOccupied | ((l.bytes[0] + 1) & kVersionMask));  // odd
+    raw.Put(m.s, l);  // the header still says clean
+  }
+  {
+    absl::StatusOr<Table> t = Table::Open(path, /*writable=*/false);
+    ASSERT_FALSE(t.ok()) << "a clean file with a busy line was served read-only";
+    const std::string message(t.status().message());
+    EXPECT_NE(message.find(path), std::string::npos) << message;
+    EXPECT_NE(
+        message.find(absl::StrFormat("1 buckets are busy (mid-rewrite), the first bucket %u", m.s)),
+        std::string::npos)
+        << message;
+  }
+  Table t = ReopenAndCheck(path, keys);  // writable: repaired, every key with its value
+  EXPECT_EQ(t.stats().recovered_busy, 1u);
+  const LookupResult r = t.Lookup(m.key, /*max_reads=*/2);
+  EXPECT_EQ(r.kind, Kind::kFound);
+  EXPECT_EQ(r.rereads, 0);
+  ASSERT_TRUE(t.Close().ok());
+  absl::StatusOr<Table> again = Table::Open(path, /*writable=*/false);  // clean and sound now
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->items(), keys.size());
+}
+
 // A writer process inserting and acknowledging each insert over a pipe, killed with SIGKILL.
 TEST(Recovery, KillNineKeepsEveryAcknowledgedInsert) {
   std::mt19937_64 rng(11);

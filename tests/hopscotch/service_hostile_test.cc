@@ -874,6 +874,56 @@ TEST(ServiceHostile, BadTableFilesAreRefusedByName) {
   EXPECT_TRUE(server.ok()) << server.status();
 }
 
+// Issue 36: two servers on one table file. A second writable server raced the first's stores and
+// header count; now a table in use is locked: a second server, writable or read-only, is refused
+// naming the file, and the first goes on serving, its count right when it closes. Read-only
+// servers share a file.
+TEST(ServiceHostile, ASecondServerOnATableInUseIsRefused) {
+  const std::vector<std::string> keys = {"one", "two", "three"};
+  const std::string path = MakeTable("twice.hop", 256, {}, keys);
+  const transport::DeviceOptions device = Shm("twice");
+  ServerOptions options;
+  options.table = path;
+  options.device = device;
+  options.listen_address = "127.0.0.1";
+  std::unique_ptr<ThreadServer> first = ThreadServer::Start(options);
+  ASSERT_NE(first, nullptr);
+  for (bool read_only : {false, true}) {
+    ServerOptions second = options;
+    second.read_only = read_only;
+    absl::StatusOr<std::unique_ptr<Server>> server = Server::Create(second);
+    ASSERT_FALSE(server.ok()) << "a second server (read_only " << read_only << ") served " << path;
+    EXPECT_EQ(server.status().code(), absl::StatusCode::kFailedPrecondition) << server.status();
+    EXPECT_NE(server.status().message().find(path), std::string::npos) << server.status();
+    EXPECT_NE(server.status().message().find("another process holds this table's lock"),
+              std::string::npos)
+        << server.status();
+  }
+  ClientOptions client_options;
+  client_options.servers = {first->address()};
+  client_options.device = device;
+  absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(client_options);
+  ASSERT_TRUE(client.ok()) << client.status();
+  absl::StatusOr<std::vector<absl::Status>> statuses =
+      (*client)->Upsert({HopUpsert{"four", ExpectedValue("four")}});
+  ASSERT_TRUE(statuses.ok()) << statuses.status();
+  ASSERT_TRUE((*statuses)[0].ok()) << (*statuses)[0];
+  client->reset();
+  first.reset();  // closes the table clean
+  absl::StatusOr<Table> t = Table::Open(path, /*writable=*/false);
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(t->items(), keys.size() + 1);
+  EXPECT_TRUE(t->CheckInvariants().ok()) << t->CheckInvariants();
+  ASSERT_TRUE(t->Close().ok());
+
+  // Read-only servers share the file.
+  options.read_only = true;
+  std::unique_ptr<ThreadServer> reader = ThreadServer::Start(options);
+  ASSERT_NE(reader, nullptr);
+  absl::StatusOr<std::unique_ptr<Server>> another = Server::Create(options);
+  EXPECT_TRUE(another.ok()) << another.status();
+}
+
 // ------------------------------------------------------------------------------------------ 5
 
 // A hop server in a forked child (forked before this test makes any thread or device), stepping
@@ -1104,7 +1154,10 @@ void Incarnation(const std::string& path, const transport::DeviceOptions& device
         if (later == next.size()) break;
         k = later;
       }
-      absl::StatusOr<Table> watch = Table::Open(path, /*writable=*/false);
+      // Unlocked: the child server holds the file's writer lock, and this reader only watches.
+      TableOptions unlocked;
+      unlocked.lock = false;
+      absl::StatusOr<Table> watch = Table::Open(path, /*writable=*/false, unlocked);
       ASSERT_TRUE(watch.ok()) << watch.status();
       bool seen = false;
       while (!seen && absl::Now() < deadline) {
