@@ -4,12 +4,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <atomic>
 #include <cerrno>
 #include <climits>
 #include <cstdlib>
 #include <utility>
 
+#include "absl/random/random.h"
 #include "absl/strings/str_format.h"
 #include "hopscotch/table_file.h"
 #include "hopscotch/table_lock.h"
@@ -18,18 +18,15 @@
 namespace hopscotch {
 namespace {
 
-// A new table file's mode when it replaces nothing (what open(2) with O_CREAT gave before: the
-// umask applies).
-constexpr mode_t kNewTableMode = 0644;
+// Random temporary names tried before giving up (a collision of 64 random bits is a sign of
+// something else, not bad luck).
+constexpr int kMaxTemporaryNames = 8;
 // The temporary's mode while it is built when it replaces a file: writable by its builder
 // whatever the old file's mode (Commit gives it that mode before the rename).
 constexpr mode_t kBuildingMode = 0600;
-// Names tried for the temporary before giving up: each taken one is a leftover of a killed
-// build (same pid, an earlier process) or a build of this process still under way.
-constexpr int kMaxTemporaryNames = 100;
-
-// Temporaries made by this process so far: with the pid, a name no live process is using.
-std::atomic<uint64_t> temporaries{0};
+// A new table file's mode when it replaces nothing (what open(2) with O_CREAT gave before: the
+// umask applies).
+constexpr mode_t kNewTableMode = 0644;
 
 std::string DirectoryOf(const std::string& path) {
   const size_t slash = path.rfind('/');
@@ -86,10 +83,14 @@ absl::StatusOr<TableOutput> TableOutput::Prepare(const std::string& path, bool l
     }
     out.replaced_mode_ = st.st_mode & 07777;  // the replacement keeps the file's permissions
   }
-  const std::string prefix = absl::StrFormat("%s/.%s.tmp-%d-", DirectoryOf(out.target_),
-                                             BaseNameOf(out.target_), getpid());
+  // A random name beside the target, created exclusively (O_EXCL): taken names (a leftover of a
+  // killed build, another build under way) are skipped, and the mode is what open(2) with
+  // O_CREAT gives (the umask applies) until Commit gives it the replaced file's.
+  absl::BitGen random;
   for (int attempt = 0; attempt < kMaxTemporaryNames; ++attempt) {
-    const std::string name = prefix + std::to_string(temporaries.fetch_add(1));
+    const std::string name =
+        absl::StrFormat("%s/.%s.tmp-%016x", DirectoryOf(out.target_), BaseNameOf(out.target_),
+                        absl::Uniform<uint64_t>(random));
     const int fd = open(name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC,
                         out.replaced_mode_ ? kBuildingMode : kNewTableMode);
     if (fd < 0 && errno == EEXIST) continue;
@@ -103,9 +104,8 @@ absl::StatusOr<TableOutput> TableOutput::Prepare(const std::string& path, bool l
     out.temporary_ = name;
     return out;
   }
-  return absl::FailedPreconditionError(
-      absl::StrFormat("%s: %d temporary names %s* are all taken (leftovers of killed builds?)",
-                      path, kMaxTemporaryNames, prefix));
+  return absl::FailedPreconditionError(absl::StrFormat(
+      "%s: %d random temporary names beside it were all taken", path, kMaxTemporaryNames));
 }
 
 TableOutput::TableOutput(TableOutput&& other) noexcept { *this = std::move(other); }
