@@ -54,7 +54,7 @@ absl::StatusOr<std::vector<int>> Topology::PickCores(uint32_t count, std::string
     for (int core : *parsed) {
       if (core >= cores()) {
         return absl::InvalidArgumentError(absl::StrFormat(
-            "--worker_cores names core %d; this machine has cores 0..%d", core, cores() - 1));
+            "the list names core %d; this machine has cores 0..%d", core, cores() - 1));
       }
     }
     candidates = *std::move(parsed);

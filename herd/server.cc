@@ -4,6 +4,7 @@
 #include <array>
 #include <random>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "glog/logging.h"
 #include "herd/join.h"
@@ -94,7 +95,11 @@ absl::Status Server::Init() {
   if (options_.pin_workers) {
     absl::StatusOr<std::vector<int>> cores = topology_->PickCores(
         c.workers, options_.worker_cores, DeviceNumaNode(options_.device.name));
-    if (!cores.ok()) return cores.status();
+    if (!cores.ok()) {
+      return absl::Status(
+          cores.status().code(),
+          absl::StrCat("--worker_cores=", options_.worker_cores, ": ", cores.status().message()));
+    }
     cores_ = *cores;
   }
   if (absl::Status s = Take(device_->AllocatePd(), &pd_); !s.ok()) return s;

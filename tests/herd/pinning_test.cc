@@ -41,6 +41,16 @@ TEST_F(Pinning, WorkersTakeTheFirstCoresOrTheListedOnes) {
   EXPECT_EQ(too_many.status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+// A client's list beyond the machine is an error naming the client's flag, not the server's.
+TEST_F(Pinning, AClientCoreBeyondTheMachineNamesTheClientsFlag) {
+  const std::string beyond = std::to_string(topology_->cores());
+  const auto picked = topology_->PickClientCores(1, beyond, -1);
+  EXPECT_EQ(picked.status().code(), absl::StatusCode::kInvalidArgument);
+  const std::string message(picked.status().message());
+  EXPECT_NE(message.find("--client_cores=" + beyond), std::string::npos) << message;
+  EXPECT_EQ(message.find("--worker_cores"), std::string::npos) << message;
+}
+
 TEST_F(Pinning, ClientThreadsTakeTheLastCoresClearOfTheWorkers) {
   const int cores = topology_->cores();
   auto one = topology_->PickClientCores(1, "auto", -1);

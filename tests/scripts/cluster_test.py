@@ -8,7 +8,8 @@ with its own network namespace, Soft-RoCE device and sshd (scripts/cluster_vm.sh
 A sweep whose server and clients are on different hosts measures every point; a replicated point
 with the primary, both backups and ZooKeeper on hosts of their own survives a SIGKILL of the
 primary with no preloaded key lost; wrong per-host choices are refused before any point, naming
-the host; Ctrl-C leaves nothing running on any host. After each case no host runs anything but
+the host; a point that fails on one host is retried, reported and stopped on every host; Ctrl-C
+leaves nothing running on any host. After each case no host runs anything but
 its sshd.
 """
 import json
@@ -128,6 +129,24 @@ class ClusterTest(unittest.TestCase):
         self.assertIn("host h3 (10.98.0.3): GID index 7 of rxe3 is empty", done.stderr)
         self.assertNotIn("host h1", done.stderr)
         self.assertEqual(list((self.out / "results").glob("*.json")), [])
+
+    def test_a_point_failing_on_one_host_is_retried_reported_and_cleaned_up_everywhere(self):
+        # h3's client is pinned to a core its host does not have: it fails at start on h3 alone,
+        # while the server on h1 and the clients on h2 and h4 run.
+        text = SWEEP.read_text().replace("role: client,\n     device: rxe3",
+                                         "role: client, cores: \"99\",\n     device: rxe3")
+        self.assertNotEqual(text, SWEEP.read_text())
+        failing = self.out / "failing.yaml"
+        failing.write_text(text)
+        done = run(["run", str(failing), "--no-build", "--out", str(self.out / "results"),
+                    "--sweep", "clients=1", "--sweep", "request_verb=uc_write"] + SHORT)
+        self.assertEqual(done.returncode, 1, done.stderr[-3000:])
+        name = "clients-1_request_verb-uc_write_r0"
+        self.assertEqual(done.stderr.count(f"{name}: attempt"), 2, done.stderr[-3000:])
+        self.assertIn("client on h3 exited", done.stderr)
+        self.assertIn(f"FAILED points: {name}", done.stderr)
+        self.assertTrue((self.out / "results" / f"{name}.failed").exists())
+        self.assertNotIn("left running", done.stderr)  # each attempt's processes all stopped
 
     def test_ctrl_c_stops_everything_on_every_host(self):
         runner = subprocess.Popen(
