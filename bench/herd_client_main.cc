@@ -31,6 +31,10 @@ DEFINE_string(coordinator, "",
               "A coordinated cluster's ZooKeeper, HOST:PORT[,...]: the run goes to the primary of "
               "its configuration (as found at start) instead of --server");
 DEFINE_string(cluster, "herd", "--coordinator: the cluster's name");
+DEFINE_double(follow_s, 30,
+              "--coordinator: when the primary is lost during the run, each thread follows the "
+              "member that takes over (Client::Follow: its outstanding requests carried over, "
+              "none applied twice), waiting up to this long; 0: the run ends with an error");
 DEFINE_uint32(threads, 1, "Client threads (each its own connection and QPs)");
 DEFINE_uint32(clients_per_thread, 1, "Logical clients per thread (HERD ran many per thread)");
 DEFINE_double(duration_s, 5, "Measured seconds (after the warm-up)");
@@ -69,6 +73,8 @@ struct ThreadResult {
   // (--store_mode=cache) forgot, or what the workload deleted; writes answered NO_MEMORY.
   uint64_t gets = 0, get_misses = 0, no_memory = 0;
   uint64_t backup_busy = 0;  // GETs a backup answered BACKUP_BUSY (--read_from)
+  uint32_t followed = 0;     // failovers this thread followed (--coordinator, --follow_s)
+  double follow_s = 0;       // the longest it waited for one
   std::string read_server;   // where this thread's GETs went
   uint32_t workers = 0;      // the server's
   std::array<uint64_t, herd::kMaxWorkers> worker_ops{};  // answered by each worker
@@ -158,8 +164,10 @@ void RunThread(uint32_t t, const herd::ClientOptions& options, const bench::Work
     shared.stop = true;
     return;
   }
-  herd::Client& client = **connected;
-  out->workers = client.config().workers;
+  // The connection in use: replaced by its follower when a failover is followed.
+  std::unique_ptr<herd::Client> owned = *std::move(connected);
+  herd::Client* client = owned.get();
+  out->workers = client->config().workers;
   // --read_from: GETs on a connection of their own to a backup (the same logical clients).
   std::unique_ptr<herd::Client> reader_connection;
   if (!read_server.empty()) {
@@ -173,33 +181,33 @@ void RunThread(uint32_t t, const herd::ClientOptions& options, const bench::Work
     }
     reader_connection = *std::move(reader);
   }
-  herd::Client& reader = reader_connection ? *reader_connection : client;
+  herd::Client* reader = reader_connection ? reader_connection.get() : client;
   out->read_server = read_server.empty() ? options.server : read_server;
   std::vector<herd::Result> results(256);
   std::string key(w.key_bytes, '\0'), value(w.value_bytes, '\0');
   const uint32_t threads = FLAGS_threads;
   if (FLAGS_preload) {
     uint64_t next = t, tag = 0;
-    while (next < w.keys || client.outstanding() > 0) {
-      for (uint32_t c = 0; c < client.clients() && next < w.keys; ++c) {
+    while (next < w.keys || client->outstanding() > 0) {
+      for (uint32_t c = 0; c < client->clients() && next < w.keys; ++c) {
         bench::MakeKey(next, w.key_bytes, key.data());
-        if (!client.CanSubmit(c, mica::KeyHash(key), value.size())) continue;
+        if (!client->CanSubmit(c, mica::KeyHash(key), value.size())) continue;
         bench::MakeValue(next, 0, w.value_bytes, value.data());
         // CanSubmit said the window has room: a failure is the QP's or the server's, and final.
-        if (absl::Status s = client.Submit(c, herd::Op::kPut, key, value, 0, tag++); !s.ok()) {
+        if (absl::Status s = client->Submit(c, herd::Op::kPut, key, value, 0, tag++); !s.ok()) {
           out->status = s;
           break;
         }
         next += threads;
       }
-      const size_t got = client.Poll(absl::MakeSpan(results));
+      const size_t got = client->Poll(absl::MakeSpan(results));
       for (size_t i = 0; i < got; ++i) {
         if (results[i].status != herd::Status::kOk) {
           out->status = absl::UnavailableError(
               absl::StrFormat("preload PUT failed: %s", herd::StatusName(results[i].status)));
         }
       }
-      if (!client.health().ok()) out->status = client.health();
+      if (!client->health().ok()) out->status = client->health();
       if (!out->status.ok()) shared.stop = true;
       if (shared.stop) return;
     }
@@ -219,16 +227,43 @@ void RunThread(uint32_t t, const herd::ClientOptions& options, const bench::Work
     next.keyhash = mica::KeyHash(key);
     return next;
   };
-  std::vector<Next> pending(client.clients());
+  std::vector<Next> pending(client->clients());
   for (auto& p : pending) p = draw();
   uint64_t stamp = 1;
   uint64_t completed = 0;  // this thread's, published in shared.progress
   herd::ClientStats at_start, at_end, reader_at_start, reader_at_end;
   bool window_started = false, window_ended = false;
+  // A failover is followed on a connection of the coordinated primary's alone (a --read_from
+  // connection to a backup is not handed over): the follower carries the outstanding requests
+  // and the run goes on; the window's counters of the connection left behind are kept.
+  const bool may_follow = FLAGS_follow_s > 0 && !options.members.empty() && !reader_connection;
+  herd::ClientStats carried;
+  auto follow = [&]() -> absl::Status {
+    if (window_started && !window_ended)
+      AddStats(MeasuredWindow(at_start, client->stats()), &carried);
+    const Clock::time_point began = Clock::now();
+    absl::StatusOr<std::unique_ptr<herd::Client>> follower =
+        client->Follow(absl::Seconds(FLAGS_follow_s));
+    if (!follower.ok()) return follower.status();
+    owned = *std::move(follower);
+    client = reader = owned.get();
+    if (window_started && !window_ended) at_start = client->stats();
+    ++out->followed;
+    out->follow_s =
+        std::max(out->follow_s, std::chrono::duration<double>(Clock::now() - began).count());
+    return absl::OkStatus();
+  };
   while (!shared.stop.load(std::memory_order_relaxed)) {
-    for (uint32_t c = 0; c < client.clients(); ++c) {
+    if (may_follow && !client->health().ok()) {
+      if (absl::Status s = follow(); !s.ok()) {
+        out->status = s;
+        shared.stop = true;
+        break;
+      }
+    }
+    for (uint32_t c = 0; c < client->clients(); ++c) {
       Next& p = pending[c];
-      herd::Client& to = p.op == herd::Op::kGet ? reader : client;
+      herd::Client& to = p.op == herd::Op::kGet ? *reader : *client;
       if (!to.CanSubmit(c, p.keyhash, herd::CarriesValue(p.op) ? value.size() : 0)) continue;
       bench::MakeKey(p.index, w.key_bytes, key.data());
       if (p.op == herd::Op::kPut || p.op == herd::Op::kCas) {
@@ -243,12 +278,12 @@ void RunThread(uint32_t t, const herd::ClientOptions& options, const bench::Work
       }
       p = draw();
     }
-    size_t got = client.Poll(absl::MakeSpan(results));
+    size_t got = client->Poll(absl::MakeSpan(results));
     if (reader_connection) {
-      got += reader.Poll(absl::MakeSpan(results).subspan(got));
-      if (!reader.health().ok()) out->status = reader.health();
+      got += reader->Poll(absl::MakeSpan(results).subspan(got));
+      if (!reader->health().ok()) out->status = reader->health();
     }
-    if (!client.health().ok()) out->status = client.health();
+    if (!client->health().ok() && !may_follow) out->status = client->health();
     if (!out->status.ok()) {
       shared.stop = true;
       break;
@@ -256,12 +291,12 @@ void RunThread(uint32_t t, const herd::ClientOptions& options, const bench::Work
     // The counters of the measured window only (not the preload's or the warm-up's).
     const bool measuring = shared.measuring.load(std::memory_order_relaxed);
     if (measuring && !window_started) {
-      at_start = client.stats();
-      reader_at_start = reader.stats();
+      at_start = client->stats();
+      reader_at_start = reader->stats();
       window_started = true;
     } else if (!measuring && window_started && !window_ended) {
-      at_end = client.stats();
-      reader_at_end = reader.stats();
+      at_end = client->stats();
+      reader_at_end = reader->stats();
       window_ended = true;
     }
     if (got == 0) continue;
@@ -287,11 +322,12 @@ void RunThread(uint32_t t, const herd::ClientOptions& options, const bench::Work
     shared.progress[t].ops.store(completed, std::memory_order_relaxed);
   }
   if (!window_ended) {
-    at_end = client.stats();
-    reader_at_end = reader.stats();
+    at_end = client->stats();
+    reader_at_end = reader->stats();
   }
   if (reader_connection) out->reader_stats = MeasuredWindow(reader_at_start, reader_at_end);
   out->stats = MeasuredWindow(at_start, at_end);
+  AddStats(carried, &out->stats);
 }
 
 }  // namespace
@@ -332,6 +368,7 @@ int main(int argc, char** argv) {
       return 1;
     }
     options.server = members->front();
+    options.members = *members;  // for Follow: the member that takes over is among them
   }
   options.connect = *connect;
   options.clients = FLAGS_clients_per_thread;
@@ -410,6 +447,8 @@ int main(int argc, char** argv) {
   bench::Histogram latency;
   herd::ClientStats total;
   uint64_t ops = 0, errors = 0, gets = 0, get_misses = 0, no_memory = 0, backup_busy = 0;
+  uint64_t followed = 0;
+  double follow_s = 0;
   std::vector<std::string> per_thread;
   for (ThreadResult& r : results) {
     if (!r.status.ok()) {
@@ -422,6 +461,8 @@ int main(int argc, char** argv) {
     gets += r.gets;
     get_misses += r.get_misses;
     backup_busy += r.backup_busy;
+    followed += r.followed;
+    follow_s = std::max(follow_s, r.follow_s);
     AddStats(r.reader_stats, &total);
     no_memory += r.no_memory;
     per_thread.push_back(absl::StrFormat("%.4f", r.ops / seconds / 1e6));
@@ -458,7 +499,8 @@ int main(int argc, char** argv) {
       "\"doorbells_per_wr\":%.3f,\"requests_per_doorbell\":%.2f,\"signaled_"
       "fraction\":%.4f,"
       "\"inline_fraction\":%.4f,\"bytes_per_wr\":%.1f,\"cpu_s\":%.3f,\"cpu_model\":\"%s\","
-      "\"cores\":%d,\"oversubscribed\":%s,\"read_from\":\"%s\",\"backup_busy\":%d}",
+      "\"cores\":%d,\"oversubscribed\":%s,\"read_from\":\"%s\",\"backup_busy\":%d,"
+      "\"followed\":%d,\"follow_s_max\":%.3f}",
       FLAGS_threads, FLAGS_clients_per_thread, FLAGS_threads * FLAGS_clients_per_thread,
       options.server, device->name == "shm" ? "shm" : "verbs", device->name, workload->ToJson(),
       seconds, ops, errors, gets, get_misses, no_memory, ops / seconds / 1e6,
@@ -475,7 +517,7 @@ int main(int argc, char** argv) {
           : static_cast<double>(total.fabric.wrs) / static_cast<double>(total.fabric.doorbells),
       total.fabric.signaled_wrs * per_op, total.fabric.inline_wrs * per_op,
       total.fabric.bytes * per_op, cpu_s, bench::CpuModel(), bench::OnlineCores(),
-      oversubscribed ? "true" : "false", FLAGS_read_from, backup_busy);
+      oversubscribed ? "true" : "false", FLAGS_read_from, backup_busy, followed, follow_s);
   printf("%s\n", json.c_str());
   if (ops == 0) {
     // A run that did nothing is a failure, however quietly it went.

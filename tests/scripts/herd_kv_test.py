@@ -680,5 +680,89 @@ class HerdKvCoordinatorTest(unittest.TestCase):
         self.assertEqual(done.returncode, EXIT_UNREACHABLE, done.stderr)
         self.assertIn(b"127.0.0.1:1", done.stderr)
 
+class HerdClientFollowTest(unittest.TestCase):
+    """herd_client --coordinator through a failover: the primary is killed (SIGKILL) while the
+    run is being measured; each client thread follows the backup that takes over (its
+    outstanding requests carried over) and the run completes with every GET finding its
+    preloaded key, no error, and the follow counted in its JSON."""
+
+    SESSION_MS = 2000
+    DEADLINE_S = 60
+
+    def setUp(self):
+        self.admin = replication_binaries()
+        self.zk_dir = tempfile.mkdtemp(prefix="herd-client-follow-zk-")
+        started = subprocess.run([str(REPO / "scripts" / "zk.sh"), "start", self.zk_dir],
+                                 capture_output=True, timeout=RUN_TIMEOUT_S,
+                                 env={**os.environ, "HERD_ZK_OWNER": str(os.getpid())})
+        self.assertEqual(started.returncode, 0, started.stderr.decode(errors="replace"))
+        self.zk = started.stdout.decode().strip()
+        self.fabric = [f"--shm_fabric_name=herd-client-follow-{os.getpid()}"]
+        self.servers, self.logs = {}, []
+        for name, role in (("a", "primary"), ("b", "backup")):
+            log = tempfile.TemporaryFile()
+            self.logs.append(log)
+            server = subprocess.Popen(
+                [str(SERVER), "--port=0", "--replication_port=0", "--workers=1",
+                 "--pin_workers=false", "--max_clients=8", "--mica_items=4096",
+                 "--mica_log_bytes=4194304", "--store_mode=store", f"--coordinator={self.zk}",
+                 "--cluster=follow", f"--member={name}", f"--role={role}",
+                 f"--session_timeout_ms={self.SESSION_MS}"] + self.fabric,
+                stdout=subprocess.PIPE, stderr=log, start_new_session=True)
+            self.servers[name] = server
+            ready = read_ready_line(server, SERVER_READY_TIMEOUT_S)
+            if name == "a":
+                self.primary = "127.0.0.1:" + ready.split(" port=", 1)[1].split()[0]
+        deadline = time.time() + self.DEADLINE_S
+        while time.time() < deadline:
+            stats = subprocess.run([str(self.admin), "stats", self.primary],
+                                   capture_output=True, timeout=RUN_TIMEOUT_S)
+            try:
+                replication = json.loads(stats.stdout)["stats"]["replication"]
+            except (ValueError, KeyError):
+                replication = {}
+            if replication.get("backups") == 1 and replication.get("live_backups") == 1:
+                return
+            time.sleep(0.1)
+        self.fail("the backup never joined the coordinated primary")
+
+    def tearDown(self):
+        for server in self.servers.values():
+            stop_server(server)
+        for log in self.logs:
+            log.close()
+        subprocess.run([str(REPO / "scripts" / "zk.sh"), "stop", self.zk_dir], timeout=60)
+        shutil.rmtree(self.zk_dir, ignore_errors=True)
+
+    def test_a_run_follows_a_failover_and_loses_no_preloaded_key(self):
+        client = subprocess.Popen(
+            [str(HERD_CLIENT), f"--coordinator={self.zk}", "--cluster=follow", "--workload=C",
+             "--keys=500", "--warmup_s=0.2", "--duration_s=8", "--threads=1",
+             "--clients_per_thread=4", "--client_cores=none"] + self.fabric,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        # Killed once the measured window runs (its first progress line).
+        deadline = time.monotonic() + self.DEADLINE_S
+        seen = b""
+        while b"progress" not in seen:
+            self.assertLess(time.monotonic(), deadline, "the run never started measuring")
+            ready, _, _ = select.select([client.stderr], [], [], 1)
+            if ready:
+                chunk = os.read(client.stderr.fileno(), 4096)
+                self.assertTrue(chunk, "herd_client ended before measuring: " +
+                                seen.decode(errors="replace")[-2000:])
+                seen += chunk
+        self.servers["a"].kill()
+        self.servers["a"].wait()
+        stdout, stderr = client.communicate(timeout=self.DEADLINE_S + 30)
+        log = (seen + stderr).decode(errors="replace")[-3000:]
+        self.assertEqual(client.returncode, 0, log)
+        result = json.loads(stdout.decode().strip().splitlines()[-1])
+        self.assertEqual(result["followed"], 1, log)
+        self.assertGreater(result["follow_s_max"], 0)
+        self.assertEqual(result["errors"], 0, result)
+        self.assertGreater(result["gets"], 0)
+        self.assertEqual(result["get_misses"], 0, "a preloaded key was lost in the failover")
+
+
 if __name__ == "__main__":
     unittest.main()
