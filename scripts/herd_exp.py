@@ -467,6 +467,37 @@ def read_to_end(process, timeout_s):
     return b"".join(chunks)
 
 
+def read_all_to_end(named, timeout_s):
+    """The stdout of each of `named` ((name, process, log) triples) once it exits, read side by
+    side: the first one to exit with a non-zero status fails the lot at once (PointFailed naming
+    it), without waiting for the others. Each log is closed as its process ends."""
+    deadline = time.monotonic() + timeout_s
+    pending = {process.stdout.fileno(): (name, process, log, []) for name, process, log in named}
+    outputs = {}
+    while pending:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            names = ", ".join(name for name, _, _, _ in pending.values())
+            raise PointFailed(f"client on {names}: ran past {timeout_s:.0f} s")
+        ready, _, _ = select.select(list(pending), [], [], left)
+        for fd in ready:
+            chunk = os.read(fd, 65536)
+            name, process, log, chunks = pending[fd]
+            if chunk:
+                chunks.append(chunk)
+                continue
+            del pending[fd]
+            log.close()
+            try:
+                process.wait(timeout=max(deadline - time.monotonic(), 1))
+            except subprocess.TimeoutExpired:
+                raise PointFailed(f"client on {name}: closed its output but did not exit")
+            if process.returncode != 0:
+                raise PointFailed(f"client on {name} exited {process.returncode}")
+            outputs[name] = b"".join(chunks)
+    return outputs
+
+
 def last_json_line(text, what):
     for line in reversed(text.strip().splitlines()):
         line = line.strip()
@@ -772,22 +803,18 @@ class Runner:
             clients.append((host, self.processes.start(host, argv, subprocess.PIPE, log), log))
         results, stopped_at = [], None
         try:
-            for host, process, log in clients:
-                try:
-                    stdout = read_to_end(process, budget)
-                except PointFailed as error:
-                    raise PointFailed(f"client on {host.name}: {error}")
-                finally:
-                    log.close()
-                if process.returncode != 0:
-                    raise PointFailed(f"client on {host.name} exited {process.returncode} "
-                                      f"(see logs/{log_name}.client*.log)")
-                results.append(last_json_line(stdout.decode(errors="replace"),
+            try:
+                outputs = read_all_to_end([(h.name, p, log) for h, p, log in clients], budget)
+            except PointFailed as error:
+                raise PointFailed(f"{error} (see logs/{log_name}.client*.log)")
+            for host, _, _ in clients:
+                results.append(last_json_line(outputs[host.name].decode(errors="replace"),
                                               f"client on {host.name}"))
             cpu_after = cpu_sample(server, self.x.server)
         finally:
-            for _, process, _ in clients:
+            for _, process, log in clients:
                 self.processes.stop(process, timeout=5)
+                log.close()
             stopped_at = time.monotonic()  # the server's life ends (its totals' time, roughly)
             if crash_server:
                 # Its counters as it dies (a crash prints no totals), then the crash.

@@ -547,6 +547,40 @@ class HostCheckTest(unittest.TestCase):
             self.exp_hosts.Host({"name": "x", "address": "a", "role": "client", "gid": 1}, ".")
 
 
+class ReadAllToEndTest(unittest.TestCase):
+    """The clients of a point are read side by side: one that fails fails the point at once,
+    while the others still run (they are stopped by the caller), naming the failed one."""
+
+    def test_the_first_failure_ends_the_wait_and_names_its_host(self):
+        sys.path.insert(0, str(REPO / "scripts"))
+        import herd_exp
+        slow = subprocess.Popen(["sleep", "600"], stdout=subprocess.PIPE,
+                                start_new_session=True)
+        failing = subprocess.Popen(["bash", "-c", "echo partial; exit 3"],
+                                   stdout=subprocess.PIPE)
+        logs = [tempfile.TemporaryFile(), tempfile.TemporaryFile()]
+        try:
+            with self.assertRaisesRegex(herd_exp.PointFailed, "client on h3 exited 3"):
+                herd_exp.read_all_to_end([("h2", slow, logs[0]), ("h3", failing, logs[1])],
+                                         timeout_s=POINT_BUDGET_S)
+            self.assertIsNone(slow.poll(), "it waited for the slow one")
+        finally:
+            slow.kill()
+            slow.wait()
+            for process in (slow, failing):
+                process.stdout.close()
+
+    def test_every_output_once_all_exit_zero(self):
+        sys.path.insert(0, str(REPO / "scripts"))
+        import herd_exp
+        named = [(f"h{i}", subprocess.Popen(["echo", f"out{i}"], stdout=subprocess.PIPE),
+                  tempfile.TemporaryFile()) for i in range(3)]
+        outputs = herd_exp.read_all_to_end(named, timeout_s=POINT_BUDGET_S)
+        self.assertEqual(outputs, {f"h{i}": f"out{i}\n".encode() for i in range(3)})
+        for _, process, _ in named:
+            process.stdout.close()
+
+
 class LeftoversTest(unittest.TestCase):
     """exp_hosts.leftovers finds a run's processes by the marker in their environment, kills
     them, and leaves every other process alone."""
