@@ -27,7 +27,7 @@ while [ $# -gt 0 ]; do
   esac
 done
 if [ $# -eq 0 ]; then
-  sed -n '2,19p' "$0" >&2
+  sed -n '2,17p' "$0" >&2
   exit 2
 fi
 [[ "$hosts" =~ ^[0-9]+$ ]] && [ "$hosts" -ge 1 ] ||

@@ -23,6 +23,8 @@ FIELDS = {"name", "address", "role", "cores", "device", "gid_index", "ssh_user",
 MARKER = "HERD_EXP_RUN"
 # How long one check over ssh may take (a slow guest's ssh handshake takes seconds).
 CHECK_TIMEOUT_S = 120
+# What a host's shell says when it has no checkout at `repo` (Host.shell).
+NO_CHECKOUT = "herd-exp: no checkout at"
 # A GID table entry that holds nothing.
 EMPTY_GID = "0000:0000:0000:0000:0000:0000:0000:0000"
 
@@ -78,7 +80,9 @@ class Host:
 
     def shell(self, script):
         """argv that runs bash `script` on this host (in its checkout's folder)."""
-        script = f"cd {shlex.quote(self.repo)} && {{ {script}\n}}"
+        repo = shlex.quote(self.repo)
+        script = (f"cd {repo} 2>/dev/null || {{ echo '{NO_CHECKOUT}' {repo} >&2; exit 3; }}; "
+                  f"{{ {script}\n}}")
         if self.local:
             return ["bash", "-c", script]
         return self.ssh_prefix() + ["bash", "-c", shlex.quote(script)]
@@ -140,10 +144,11 @@ def check_host(host, fabric, binaries, local_repo):
     problems = []
     where = f"host {host.name} ({host.address})"
     status, out, err = host.run(_probe_script(host, fabric, binaries))
-    if status != 0 or not out.startswith("checkout"):
+    if NO_CHECKOUT in err:
+        return [f"{where}: no checkout at repo {host.repo}"]
+    # (A login shell may print something of its own first.)
+    if status != 0 or not any(line.startswith("checkout ") for line in out.splitlines()):
         reason = (err.strip().splitlines() or [f"exit status {status}"])[-1]
-        if "cd " in err or "No such file" in err:
-            return [f"{where}: no checkout at repo {host.repo}"]
         return [f"{where}: cannot run a command there ({reason})"]
     facts = {}
     for line in out.splitlines():
@@ -210,13 +215,13 @@ def _leftover_script(run_id, kill):
     return (f"mine=$(readlink /proc/self/ns/net); "
             f"for dir in /proc/[0-9]*; do pid=${{dir#/proc/}}; "
             f"[ \"$(readlink $dir/ns/net 2>/dev/null)\" = \"$mine\" ] || continue; "
-            f"tr '\\0' '\\n' <$dir/environ 2>/dev/null | grep -qx {MARKER}={run_id} || continue; "
+            f"tr '\\0' '\\n' <$dir/environ 2>/dev/null | grep -qxF {MARKER}={run_id} || continue; "
             f"echo \"$pid $(tr '\\0' ' ' <$dir/cmdline 2>/dev/null)\"; {action} done; true")
 
 
 def leftovers(hosts, run_id, kill=True):
-    """{host name: ["PID COMMAND", ...]} of this run's processes still running on each host
-    (killed with SIGKILL when `kill`); hosts that could not be asked map to ["unreachable: ..."].
+    """({host name: ["PID COMMAND", ...]} of this run's processes still running on each host,
+    killed with SIGKILL when `kill`; {host name: why} of the hosts that could not be asked).
     Local hosts share this machine: it is asked once."""
     asked, seen_local = [], False
     for host in hosts:
@@ -225,12 +230,12 @@ def leftovers(hosts, run_id, kill=True):
                 continue
             seen_local = True
         asked.append(host)
-    found = {}
+    found, unasked = {}, {}
     with futures.ThreadPoolExecutor(max_workers=max(len(asked), 1)) as pool:
         answers = pool.map(lambda h: (h, h.run(_leftover_script(run_id, kill))), asked)
         for host, (status, out, err) in answers:
             if status != 0:
-                found[host.name] = [f"unreachable: {(err.strip().splitlines() or ['?'])[-1]}"]
+                unasked[host.name] = (err.strip().splitlines() or [f"exit status {status}"])[-1]
             elif out.strip():
                 found[host.name] = out.strip().splitlines()
-    return found
+    return found, unasked

@@ -292,6 +292,11 @@ class Experiment:
             if system not in SYSTEMS:
                 fail(f"{self.path}: system '{system}' (known: {', '.join(SYSTEMS)})")
         failover = {str(v).lower() for v in self.values_of("failover")}
+        if "true" in failover and ("true" not in {str(v).lower() for v in
+                                                  self.values_of("coordinated")} or
+                                   not any(int(v) > 0 for v in self.values_of("replicas"))):
+            fail(f"{self.path}: failover needs coordinated replicas (replicas >= 1, coordinated: "
+                 f"true): a backup takes over only in a coordinated cluster")
         if "true" in failover:
             workloads = {str(w) for w in self.values_of("workload")} or {"C"}
             if not workloads <= set(FAILOVER_WORKLOADS):
@@ -585,7 +590,8 @@ class Runner:
             self.zk_dir = f"/tmp/herd-exp-{self.processes.run_id}-{log_name}.zk"
             status, out, err = host.run(
                 f"rm -rf {shlex.quote(self.zk_dir)} && export "
-                f"{exp_hosts.MARKER}={self.processes.run_id} HERD_ZK_ADDRESS={host.address} && "
+                f"{exp_hosts.MARKER}={self.processes.run_id} "
+                f"HERD_ZK_ADDRESS={shlex.quote(host.address)} && "
                 f"scripts/zk.sh start {shlex.quote(self.zk_dir)}")
         if status != 0:
             where = f" on {host.name}" if host else ""
@@ -779,7 +785,7 @@ class Runner:
         argvs = self.client_argvs(name, knobs, [f"--coordinator={self.coordinator_address}",
                                                 "--cluster=exp"])
         results, _ = self.run_clients(new_primary[0], argvs, budget, f"{log_name}.after",
-                                      stop_server=False)
+                                      stop_server=False, server_host=new_primary[1])
         gets = sum(c.get("gets", 0) for c in results)
         misses = sum(c.get("get_misses", 0) for c in results)
         if misses:
@@ -790,13 +796,15 @@ class Runner:
                 "get_misses_after": misses,
                 "p99_us_after": max(c.get("p99_us", 0) for c in results)}
 
-    def run_clients(self, server, argvs, budget, log_name, crash_server=False, stop_server=True):
+    def run_clients(self, server, argvs, budget, log_name, crash_server=False, stop_server=True,
+                    server_host=None):
         """Runs argvs[i] on client host i, collects each one's JSON line, stops them and the
         server (which prints its totals as its last line when stopped; `crash_server`: SIGKILL
         instead, a failover's crash; not `stop_server`: left running). Returns the results and
         (server CPU sample as the clients started, as they exited, when the server was told to
-        stop)."""
-        cpu_before = cpu_sample(server, self.x.server)
+        stop). `server_host`: where `server` runs (default the server host)."""
+        server_host = server_host or self.x.server
+        cpu_before = cpu_sample(server, server_host)
         clients = []
         for index, (host, argv) in enumerate(zip(self.x.clients, argvs)):
             log = open(self.logs / f"{log_name}.client{index}.log", "wb")
@@ -810,7 +818,7 @@ class Runner:
             for host, _, _ in clients:
                 results.append(last_json_line(outputs[host.name].decode(errors="replace"),
                                               f"client on {host.name}"))
-            cpu_after = cpu_sample(server, self.x.server)
+            cpu_after = cpu_sample(server, server_host)
         finally:
             for _, process, log in clients:
                 self.processes.stop(process, timeout=5)
@@ -1289,13 +1297,17 @@ def command_run(args):
     processes = Processes()
 
     def sweep_leftovers(when):
-        """Kills what this run left on any host; True if there was something."""
-        found = exp_hosts.leftovers(experiment.hosts, processes.run_id)
+        """Kills what this run left on any host; True if there was something, or a host could
+        not be asked."""
+        found, unasked = exp_hosts.leftovers(experiment.hosts, processes.run_id)
         for host, lines in found.items():
             for line in lines:
                 print(f"[herd_exp] {when}: left running on {host} (killed): {line}",
                       file=sys.stderr)
-        return bool(found)
+        for host, why in unasked.items():
+            print(f"[herd_exp] {when}: could not check {host} for leftovers: {why}",
+                  file=sys.stderr)
+        return bool(found or unasked)
 
     def interrupted(signum, _frame):
         processes.stop_all()
@@ -1344,7 +1356,7 @@ def command_run(args):
                 break
     finally:
         processes.stop_all()
-    left_behind = sweep_leftovers("after the run")
+        left_behind = sweep_leftovers("after the run")  # on any way out
     records = load_records(out_dir)
     axes = list(experiment.sweep)
     write_csv(out_dir, records, axes)
@@ -1356,7 +1368,8 @@ def command_run(args):
         print(f"[herd_exp] FAILED points: {', '.join(failed)}", file=sys.stderr)
         return 1
     if left_behind:
-        print("[herd_exp] FAILED: the run left processes behind (named above)", file=sys.stderr)
+        print("[herd_exp] FAILED: the run left processes behind, or a host could not be checked "
+              "(named above)", file=sys.stderr)
         return 1
     return 0
 

@@ -54,9 +54,13 @@ modules="$modules rdma_rxe rdma_ucm"
 
 # ---------------------------------------------------------------- the guest kernel, cached
 # stock: Debian 12's linux-image-amd64, through apt. netns: trixie-backports' newest, through its
-# package index (this machine's apt has no such source; nothing is installed or configured).
-BACKPORTS=http://deb.debian.org/debian
+# package index (this machine's apt has no such source; nothing is installed or configured),
+# checked as apt would: the release file's signature against Debian's archive keyring, the index
+# against the release file's SHA256, each package against the index's.
+BACKPORTS=https://deb.debian.org/debian
+BACKPORTS_RELEASE=$BACKPORTS/dists/trixie-backports/InRelease
 BACKPORTS_INDEX=$BACKPORTS/dists/trixie-backports/main/binary-amd64/Packages.xz
+KEYRING=/usr/share/keyrings/debian-archive-keyring.gpg
 case "$flavor" in
   stock | netns) ;;
   *) log "HERD_VM_KERNEL=$flavor: expected stock or netns"; exit 2 ;;
@@ -82,8 +86,20 @@ if [ ! -f "$kcache/kernel.done" ]; then
     log "fetching $package into $kcache (unpacked, not installed)"
     (cd "$kcache/deb" && apt-get download "$package" >&2)
   else
-    curl -fsS "$BACKPORTS_INDEX" | xz -dc >"$kcache/deb/Packages" ||
-      { log "cannot read $BACKPORTS_INDEX"; exit 1; }
+    check_sha256() {  # check_sha256 FILE WANT: dies unless FILE's sha256 is WANT
+      [ -n "$2" ] && [ "$(sha256sum <"$1" | cut -d' ' -f1)" = "$2" ] ||
+        { log "$(basename "$1"): sha256 does not match the signed index: not used"; exit 1; }
+    }
+    curl -fsS -o "$kcache/deb/InRelease" "$BACKPORTS_RELEASE" ||
+      { log "cannot fetch $BACKPORTS_RELEASE"; exit 1; }
+    gpgv --keyring "$KEYRING" --output "$kcache/deb/Release" "$kcache/deb/InRelease" \
+      2>/dev/null || { log "$BACKPORTS_RELEASE: no valid Debian archive signature"; exit 1; }
+    index_sha256=$(awk '/^SHA256:/ {on = 1; next} /^[^ ]/ {on = 0}
+      on && $3 == "main/binary-amd64/Packages.xz" {print $1}' "$kcache/deb/Release")
+    curl -fsS -o "$kcache/deb/Packages.xz" "$BACKPORTS_INDEX" ||
+      { log "cannot fetch $BACKPORTS_INDEX"; exit 1; }
+    check_sha256 "$kcache/deb/Packages.xz" "$index_sha256"
+    xz -dc "$kcache/deb/Packages.xz" >"$kcache/deb/Packages"
     field() {  # field PACKAGE NAME: the index's NAME: line of PACKAGE's stanza
       awk -v p="Package: $1" -v f="$2:" '$0 == p {on = 1} on && $1 == f {print; exit}' \
         "$kcache/deb/Packages"
@@ -99,8 +115,10 @@ if [ ! -f "$kcache/kernel.done" ]; then
       log "fetching $package into $kcache (unpacked, not installed)"
       curl -fsS -o "$kcache/deb/$(basename "$file")" "$BACKPORTS/$file" ||
         { log "cannot fetch $BACKPORTS/$file"; exit 1; }
+      check_sha256 "$kcache/deb/$(basename "$file")" "$(field "$package" SHA256 | awk '{print $2}')"
     done
-    rm "$kcache/deb/Packages"
+    rm "$kcache/deb/Packages" "$kcache/deb/Packages.xz" "$kcache/deb/InRelease" \
+      "$kcache/deb/Release"
   fi
   for deb in "$kcache"/deb/*.deb; do dpkg-deb -x "$deb" "$kcache/kernel"; done
   rm -rf "$kcache/deb"

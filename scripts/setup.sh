@@ -25,7 +25,7 @@ PACKAGES=(
   # and perftest for the same-VM baseline.
   qemu-system-x86 busybox-static cpio kmod iproute2 ibverbs-utils perftest rdmacm-utils
   # scripts/cluster_vm.sh: the guest kernel of trixie-backports (fetched with curl, unpacked).
-  curl xz-utils
+  curl xz-utils gpgv debian-archive-keyring
   # scripts/original_herd_rxe.sh: building the original HERD (rdma_bench's libhrd links
   # libmemcached for its QP registry, and libnuma) and its registry at run time (memcached).
   libmemcached-dev libnuma-dev

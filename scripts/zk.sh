@@ -42,7 +42,7 @@ start() {
     die "one is running in $dir already (pid $pid)"
   fi
   if [ "$port" = 0 ]; then
-    port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("'"$address"'", 0)); print(s.getsockname()[1])')
+    port=$(python3 -c 'import socket, sys; s=socket.socket(); s.bind((sys.argv[1], 0)); print(s.getsockname()[1])' "$address")
   fi
   cat >"$dir/zoo.cfg" <<EOF
 tickTime=$TICK_MS

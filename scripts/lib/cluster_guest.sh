@@ -21,6 +21,8 @@ BRIDGE_ADDRESS=$SUBNET.254
 MAX_HOSTS=250
 # Bounded waits for a device or a daemon to come up (polls of 0.1 s; TCG guests are slow).
 READY_POLLS=300
+# How long what a command left may take to go after it ended (polls of 0.1 s).
+LEFTOVER_POLLS=100
 DIR=/run/herd-cluster
 
 die() { echo "cluster_guest: $*" >&2; exit 125; }
@@ -118,17 +120,31 @@ HERD_CLUSTER_DIR=$DIR HERD_CLUSTER_HOSTS=$listing "$@"
 rc=$?
 set -e
 
-# Whatever still runs in a host's namespace, apart from its sshd listener, is a leftover.
-left=0
-for i in $(seq 1 "$hosts"); do
-  ns=h$i
-  sshd_pid=$(cat "$DIR/sshd-$ns.pid" 2>/dev/null || echo none)
-  for pid in $(ip netns pids "$ns"); do
-    [ "$pid" = "$sshd_pid" ] && continue
-    echo "cluster_guest: left running on $ns: $(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null)" >&2
-    left=1
+# Whatever still runs in a host's namespace, apart from its sshd listener, is a leftover; an ssh
+# session's sshd may take a moment to go once its client has, so it is asked again for a while.
+still_running() {  # prints "host: command line" of each process left on any host
+  local i ns sshd_pid pid cmdline
+  for i in $(seq 1 "$hosts"); do
+    ns=h$i
+    sshd_pid=$(cat "$DIR/sshd-$ns.pid" 2>/dev/null || echo none)
+    for pid in $(ip netns pids "$ns"); do
+      [ "$pid" = "$sshd_pid" ] && continue
+      cmdline=$(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null) || continue  # gone meanwhile
+      echo "$ns: $cmdline"
+    done
   done
+}
+polls=0
+while [ -n "$(still_running)" ] && [ $polls -lt $LEFTOVER_POLLS ]; do
+  polls=$((polls + 1))
+  sleep 0.1
 done
+left=0
+while IFS= read -r line; do
+  [ -n "$line" ] || continue
+  echo "cluster_guest: left running on $line" >&2
+  left=1
+done < <(still_running)
 for i in $(seq 1 "$hosts"); do
   kill "$(cat "$DIR/sshd-h$i.pid" 2>/dev/null)" 2>/dev/null || true
 done

@@ -536,9 +536,19 @@ class HostCheckTest(unittest.TestCase):
                                                "No route to host\n")))
         self.assertEqual(down, ["host h2 (10.98.0.2): cannot run a command there (ssh: connect "
                                 "to host 10.98.0.2 port 22: No route to host)"])
-        gone = self.check(self.host((1, "", "bash: line 1: cd: /opt/herd: No such file or "
-                                            "directory\n")))
+        gone = self.check(self.host((3, "", f"{self.exp_hosts.NO_CHECKOUT} /opt/herd\n")))
         self.assertEqual(gone, ["host h2 (10.98.0.2): no checkout at repo /opt/herd"])
+
+    def test_an_ssh_error_naming_a_missing_file_is_not_a_missing_checkout(self):
+        problems = self.check(self.host((255, "", "Warning: Identity file /run/herd-cluster/"
+                                                  "id_ed25519 not accessible: No such file or "
+                                                  "directory.\nPermission denied (publickey).\n")))
+        self.assertEqual(problems, ["host h2 (10.98.0.2): cannot run a command there "
+                                    "(Permission denied (publickey).)"])
+
+    def test_what_a_login_shell_prints_first_is_skipped(self):
+        status, out, err = self.probe()
+        self.assertEqual(self.check(self.host((status, "Welcome!\n" + out, err))), [])
 
     def test_unknown_roles_and_fields_are_refused(self):
         with self.assertRaisesRegex(self.exp_hosts.HostError, "role must be one of"):
@@ -596,12 +606,13 @@ class LeftoversTest(unittest.TestCase):
         try:
             local = exp_hosts.Host({"name": "here", "address": "localhost", "role": "server"},
                                    str(REPO))
-            found = exp_hosts.leftovers([local, local], run_id)
+            found, unasked = exp_hosts.leftovers([local, local], run_id)
+            self.assertEqual(unasked, {})
             self.assertEqual(list(found), ["here"])
             self.assertEqual(found["here"], [f"{marked.pid} sleep 600"])
             self.assertEqual(marked.wait(timeout=30), -signal.SIGKILL)
             self.assertIsNone(other.poll())
-            self.assertEqual(exp_hosts.leftovers([local], run_id), {})
+            self.assertEqual(exp_hosts.leftovers([local], run_id), ({}, {}))
         finally:
             for process in (marked, other):
                 if process.poll() is None:

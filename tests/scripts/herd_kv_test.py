@@ -737,9 +737,10 @@ class HerdClientFollowTest(unittest.TestCase):
     def test_a_run_follows_a_failover_and_loses_no_preloaded_key(self):
         client = subprocess.Popen(
             [str(HERD_CLIENT), f"--coordinator={self.zk}", "--cluster=follow", "--workload=C",
-             "--keys=500", "--warmup_s=0.2", "--duration_s=8", "--threads=1",
+             "--keys=500", "--warmup_s=0.2", "--duration_s=12", "--threads=1",
              "--clients_per_thread=4", "--client_cores=none"] + self.fabric,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        self.addCleanup(lambda: client.poll() is None and (client.kill(), client.wait()))
         # Killed once the measured window runs (its first progress line).
         deadline = time.monotonic() + self.DEADLINE_S
         seen = b""
