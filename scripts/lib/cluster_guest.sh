@@ -139,12 +139,15 @@ while [ -n "$(still_running)" ] && [ $polls -lt $LEFTOVER_POLLS ]; do
   polls=$((polls + 1))
   sleep 0.1
 done
+# (No process substitution: the guest's /dev has no /dev/fd.)
+leftover=$(still_running)
 left=0
-while IFS= read -r line; do
-  [ -n "$line" ] || continue
-  echo "cluster_guest: left running on $line" >&2
+if [ -n "$leftover" ]; then
+  while IFS= read -r line; do
+    echo "cluster_guest: left running on $line" >&2
+  done <<<"$leftover"
   left=1
-done < <(still_running)
+fi
 for i in $(seq 1 "$hosts"); do
   kill "$(cat "$DIR/sshd-h$i.pid" 2>/dev/null)" 2>/dev/null || true
 done
