@@ -567,6 +567,23 @@ class HerdKvFollowTest(unittest.TestCase):
         self.assertIn(f"version={version}".encode(), done.stderr)
 
 
+def backups_in_sync(admin, primary, count, timeout_s):
+    """Whether the coordinated primary at `primary` counts `count` backups in its configuration,
+    all live (joined by state transfer), within `timeout_s`: asked with herd_admin stats."""
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        stats = subprocess.run([str(admin), "stats", primary], capture_output=True,
+                               timeout=RUN_TIMEOUT_S)
+        try:
+            replication = json.loads(stats.stdout)["stats"]["replication"]
+        except (ValueError, KeyError):
+            replication = {}
+        if replication.get("backups") == count and replication.get("live_backups") == count:
+            return True
+        time.sleep(0.1)
+    return False
+
+
 class HerdKvCoordinatorTest(unittest.TestCase):
     """--coordinator on a coordinated cluster (a private ZooKeeper, a primary and two backups
     that join it by state transfer): herd_kv finds the primary through the configuration, and
@@ -605,18 +622,8 @@ class HerdKvCoordinatorTest(unittest.TestCase):
             if name == "a":
                 cls.primary_address = cls.addresses[name]
         # Both backups in sync (joined by state transfer, added to the configuration).
-        deadline = time.time() + cls.DEADLINE_S
-        while time.time() < deadline:
-            stats = subprocess.run([str(cls.admin), "stats", cls.primary_address],
-                                   capture_output=True, timeout=RUN_TIMEOUT_S)
-            try:
-                replication = json.loads(stats.stdout)["stats"]["replication"]
-            except (ValueError, KeyError):
-                replication = {}
-            if replication.get("backups") == 2 and replication.get("live_backups") == 2:
-                return
-            time.sleep(0.1)
-        raise AssertionError("the backups never joined the coordinated primary")
+        assert backups_in_sync(cls.admin, cls.primary_address, 2, cls.DEADLINE_S), \
+            "the backups never joined the coordinated primary"
 
     @classmethod
     def tearDownClass(cls):
@@ -713,18 +720,8 @@ class HerdClientFollowTest(unittest.TestCase):
             ready = read_ready_line(server, SERVER_READY_TIMEOUT_S)
             if name == "a":
                 self.primary = "127.0.0.1:" + ready.split(" port=", 1)[1].split()[0]
-        deadline = time.time() + self.DEADLINE_S
-        while time.time() < deadline:
-            stats = subprocess.run([str(self.admin), "stats", self.primary],
-                                   capture_output=True, timeout=RUN_TIMEOUT_S)
-            try:
-                replication = json.loads(stats.stdout)["stats"]["replication"]
-            except (ValueError, KeyError):
-                replication = {}
-            if replication.get("backups") == 1 and replication.get("live_backups") == 1:
-                return
-            time.sleep(0.1)
-        self.fail("the backup never joined the coordinated primary")
+        self.assertTrue(backups_in_sync(self.admin, self.primary, 1, self.DEADLINE_S),
+                        "the backup never joined the coordinated primary")
 
     def tearDown(self):
         for server in self.servers.values():
