@@ -584,6 +584,17 @@ def backups_in_sync(admin, primary, count, timeout_s):
     return False
 
 
+def stop_cluster(servers, logs, zk_dir):
+    """Stops a coordinated cluster's servers ({name: process}), closes their logs and stops its
+    private ZooKeeper (scripts/zk.sh in `zk_dir`), removing its folder."""
+    for server in servers.values():
+        stop_server(server)
+    for log in logs:
+        log.close()
+    subprocess.run([str(REPO / "scripts" / "zk.sh"), "stop", zk_dir], timeout=60)
+    shutil.rmtree(zk_dir, ignore_errors=True)
+
+
 class HerdKvCoordinatorTest(unittest.TestCase):
     """--coordinator on a coordinated cluster (a private ZooKeeper, a primary and two backups
     that join it by state transfer): herd_kv finds the primary through the configuration, and
@@ -627,12 +638,7 @@ class HerdKvCoordinatorTest(unittest.TestCase):
 
     @classmethod
     def tearDownClass(cls):
-        for server in cls.servers.values():
-            stop_server(server)
-        for log in cls.logs:
-            log.close()
-        subprocess.run([str(REPO / "scripts" / "zk.sh"), "stop", cls.zk_dir], timeout=60)
-        shutil.rmtree(cls.zk_dir, ignore_errors=True)
+        stop_cluster(cls.servers, cls.logs, cls.zk_dir)
 
     def kv(self, *args):
         done = subprocess.run([str(HERD_KV), f"--coordinator={self.zk}", "--cluster=kv",
@@ -724,12 +730,7 @@ class HerdClientFollowTest(unittest.TestCase):
                         "the backup never joined the coordinated primary")
 
     def tearDown(self):
-        for server in self.servers.values():
-            stop_server(server)
-        for log in self.logs:
-            log.close()
-        subprocess.run([str(REPO / "scripts" / "zk.sh"), "stop", self.zk_dir], timeout=60)
-        shutil.rmtree(self.zk_dir, ignore_errors=True)
+        stop_cluster(self.servers, self.logs, self.zk_dir)
 
     def test_a_run_follows_a_failover_and_loses_no_preloaded_key(self):
         client = subprocess.Popen(
