@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <random>
@@ -379,6 +380,25 @@ TEST(ShmSegment, DestroyedRingsAreReusedSoTheSegmentNeverFillsUp) {
     high_water = device.segment().header()->arena_used.load();
   }
   EXPECT_LT(high_water, uint64_t{4} << 20) << "the arena grew with every cycle";
+}
+
+// A fresh device's segment is a new memfd, all zeros, which is its header's initial state:
+// writing the header's ~1.2 MB of MR and QP tables at open allocated every page of them in every
+// process that opened a device, and was most of a client's join. Opening a device (with a PD, a
+// CQ pair and a region, as MakeNode does) touches only the pages it uses.
+TEST(ShmSegment, OpeningADeviceTouchesOnlyThePagesItUses) {
+  auto node = MakeNode("shm");
+  ASSERT_NE(node, nullptr);
+  shm::ShmDevice& device = dynamic_cast<shm::ShmDevice&>(*node->device);
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  const size_t header_pages = (sizeof(shm::SegmentHeader) + page - 1) / page;
+  std::vector<unsigned char> resident(header_pages);
+  ASSERT_EQ(mincore(device.segment().base(), header_pages * page, resident.data()), 0)
+      << std::strerror(errno);
+  size_t touched = 0;
+  for (unsigned char r : resident) touched += r & 1;
+  EXPECT_LT(touched, header_pages / 8) << touched << " of the header's " << header_pages
+                                       << " pages are resident after opening one device";
 }
 
 // A released ring waits out its quarantine: a peer that found the old QP an instant before it

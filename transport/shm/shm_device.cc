@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstring>
 #include <new>
+#include <type_traits>
 
 #include "absl/strings/str_format.h"
 #include "glog/logging.h"
@@ -55,7 +56,11 @@ absl::StatusOr<std::unique_ptr<SegmentMapping>> SegmentMapping::Create(uint64_t 
     close(fd);
     return Errno("mmap segment");
   }
-  auto* header = new (base) SegmentHeader();
+  // A fresh memfd reads as zeros, and zeros are the value-initialised header (every table entry
+  // free, every counter 0): constructing it would write all of its ~1.2 MB, faulting in and
+  // allocating pages that most devices never use (it was most of a client's join).
+  static_assert(std::is_trivially_destructible_v<SegmentHeader>);
+  auto* header = static_cast<SegmentHeader*>(base);
   header->magic = kSegmentMagic;
   header->version = kSegmentVersion;
   header->fabric_id = fabric_id;
