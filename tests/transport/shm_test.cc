@@ -4,13 +4,17 @@
 #include <pthread.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <fstream>
 #include <random>
+#include <sstream>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -536,6 +540,85 @@ TEST(ShmConnections, AQpAcceptsOnlyThePeerItIsConnectedTo) {
     }
     EXPECT_EQ(std::memcmp(b->bytes() + 64, "from a..", 8), 0) << "the intruder's WRITE landed";
   }
+}
+
+// How many mappings of `fd`'s file this process holds (/proc/self/maps lines with its inode).
+int MappingsOf(int fd) {
+  struct stat st;
+  if (fstat(fd, &st) != 0) return -1;
+  std::ifstream maps("/proc/self/maps");
+  int count = 0;
+  std::string line;
+  while (std::getline(maps, line)) {
+    std::istringstream fields(line);
+    std::string range, perms, offset, device;
+    uint64_t inode = 0;
+    fields >> range >> perms >> offset >> device >> inode;
+    if (inode == st.st_ino) ++count;
+  }
+  return count;
+}
+
+// Every QP and address handle of a device that talks to one peer device shares one mapping of
+// the peer's segment: each used to map it (and each of its regions it reached) on its own,
+// several times per herd session on both sides, and unmapping them was most of a departure.
+TEST(ShmPeers, EveryQpAndAddressHandleToOnePeerSharesOneMapping) {
+  auto a = MakeNode("shm");
+  auto b = MakeNode("shm");
+  ASSERT_TRUE(a && b);
+  const int b_segment = dynamic_cast<shm::ShmDevice&>(*b->device).segment().header()->fd;
+  ASSERT_EQ(MappingsOf(b_segment), 1) << "b's own mapping";
+  std::vector<std::unique_ptr<QueuePair>> qps;
+  for (int i = 0; i < 4; ++i) {
+    qps.push_back(MakeQp(*a, QpType::kUc));
+    qps.push_back(MakeQp(*b, QpType::kUc));
+    ConnectPair(*qps[qps.size() - 2], *qps.back());
+  }
+  std::vector<std::unique_ptr<AddressHandle>> ahs;
+  for (int i = 0; i < 2; ++i) {
+    auto ah = a->pd->CreateAddressHandle(AddressInfo{0, b->device->port().gid});
+    ASSERT_TRUE(ah.ok()) << ah.status();
+    ahs.push_back(*std::move(ah));
+  }
+  EXPECT_EQ(MappingsOf(b_segment), 2) << "b's own mapping and a's one for all its QPs and AHs";
+  qps.clear();
+  ahs.clear();
+  EXPECT_EQ(MappingsOf(b_segment), 1) << "a's mapping goes with the last QP or AH using it";
+}
+
+// A peer is known by its segment file, not by the pid and descriptor number in its address: a
+// device opened after another closed gets the same address in this process (its memfd takes the
+// freed descriptor number) while a QP to the old one still holds the old mapping. An address
+// handle to the new device must reach it, not the old one's segment.
+TEST(ShmPeers, ANewDeviceAtADepartedOnesAddressIsANewPeer) {
+  auto a = MakeNode("shm");
+  ASSERT_NE(a, nullptr);
+  auto b = MakeNode("shm");
+  ASSERT_NE(b, nullptr);
+  const Gid b_address = b->device->port().gid;
+  auto to_b = MakeQp(*a, QpType::kUc);
+  {
+    auto from_a = MakeQp(*b, QpType::kUc);
+    ConnectPair(*to_b, *from_a);
+  }
+  b.reset();  // to_b still maps b's segment
+  auto c = MakeNode("shm");
+  ASSERT_NE(c, nullptr);
+  if (c->device->port().gid != b_address) {
+    GTEST_SKIP() << "the new device did not get the departed one's descriptor number";
+  }
+  auto sender = MakeQp(*a, QpType::kUd);
+  auto receiver = MakeQp(*c, QpType::kUd);
+  for (QueuePair* qp : {sender.get(), receiver.get()}) ASSERT_TRUE(qp->Connect({}).ok());
+  ASSERT_TRUE(PostRecv(*receiver, *c, 7, 0, 256).ok());
+  auto ah = a->pd->CreateAddressHandle(AddressInfo{0, c->device->port().gid});
+  ASSERT_TRUE(ah.ok()) << ah.status();
+  std::memcpy(a->bytes(), "to the new device", 17);
+  ASSERT_EQ(SendUd(*sender, *a->send_cq, a->sge(0, 17), ah->get(), receiver->qp_num()),
+            CompletionStatus::kSuccess);
+  const std::vector<Completion> got = PollN(*c->recv_cq, 1);
+  ASSERT_EQ(got.size(), 1u) << "the SEND went to the departed device's segment";
+  EXPECT_EQ(got[0].status, CompletionStatus::kSuccess);
 }
 
 }  // namespace transport::testing

@@ -8,8 +8,11 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <memory>
 #include <new>
+#include <string_view>
 #include <type_traits>
+#include <utility>
 
 #include "absl/strings/str_format.h"
 #include "glog/logging.h"
@@ -72,41 +75,52 @@ absl::StatusOr<std::unique_ptr<SegmentMapping>> SegmentMapping::Create(uint64_t 
   return std::unique_ptr<SegmentMapping>(new SegmentMapping(header, fd));
 }
 
-absl::StatusOr<std::unique_ptr<SegmentMapping>> SegmentMapping::Attach(const ShmAddress& address) {
+namespace {
+
+absl::Status NotADevice(const ShmAddress& address, std::string_view why) {
+  return absl::FailedPreconditionError(
+      absl::StrFormat("pid %d fd %d is not a shm device of this fabric (%s; stale address?)",
+                      address.pid, address.fd, why));
+}
+
+}  // namespace
+
+absl::StatusOr<int> SegmentMapping::Open(const ShmAddress& address, struct stat* st) {
   const std::string path = absl::StrFormat("/proc/%d/fd/%d", address.pid, address.fd);
   const int fd = open(path.c_str(), O_RDWR | O_CLOEXEC);
   if (fd < 0) {
     return Errno(absl::StrFormat("shm peer (pid %d) is unreachable: open %s", address.pid, path));
   }
-  auto not_a_device = [&](const std::string& why) {
-    return absl::FailedPreconditionError(
-        absl::StrFormat("pid %d fd %d is not a shm device of this fabric (%s; stale address?)",
-                        address.pid, address.fd, why));
-  };
   // Whatever the GID names is the peer's input: a file of the wrong size, or one its owner could
   // shrink under our mapping, would SIGBUS us on first touch.
-  struct stat st;
-  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) ||
-      static_cast<uint64_t>(st.st_size) != kSegmentBytes) {
+  if (fstat(fd, st) != 0 || !S_ISREG(st->st_mode) ||
+      static_cast<uint64_t>(st->st_size) != kSegmentBytes) {
     close(fd);
-    return not_a_device("not a segment-sized file");
+    return NotADevice(address, "not a segment-sized file");
   }
   const int seals = fcntl(fd, F_GET_SEALS);
   if (seals < 0 || (seals & F_SEAL_SHRINK) == 0) {
     close(fd);
-    return not_a_device("not sealed against shrinking");
+    return NotADevice(address, "not sealed against shrinking");
   }
+  return fd;
+}
+
+absl::StatusOr<std::unique_ptr<SegmentMapping>> SegmentMapping::Attach(const ShmAddress& address,
+                                                                       int fd) {
   void* base = mmap(nullptr, kSegmentBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   close(fd);  // the mapping keeps the file alive
   if (base == MAP_FAILED) return Errno("mmap peer segment");
-  auto* header = static_cast<SegmentHeader*>(base);
-  if (header->magic != kSegmentMagic || header->version != kSegmentVersion ||
-      header->fabric_id != address.fabric_id || header->pid != address.pid ||
-      header->fd != address.fd) {
-    munmap(base, kSegmentBytes);
-    return not_a_device("wrong magic, version or identity");
-  }
-  return std::unique_ptr<SegmentMapping>(new SegmentMapping(header, -1));
+  std::unique_ptr<SegmentMapping> segment(
+      new SegmentMapping(static_cast<SegmentHeader*>(base), -1));
+  if (!segment->Names(address)) return NotADevice(address, "wrong magic, version or identity");
+  return segment;
+}
+
+bool SegmentMapping::Names(const ShmAddress& address) const {
+  return header_->magic == kSegmentMagic && header_->version == kSegmentVersion &&
+         header_->fabric_id == address.fabric_id && header_->pid == address.pid &&
+         header_->fd == address.fd;
 }
 
 SegmentMapping::~SegmentMapping() {
@@ -118,12 +132,6 @@ SegmentMapping::~SegmentMapping() {
 }
 
 // --------------------------------------------------------------------------------- peers
-absl::StatusOr<std::unique_ptr<Peer>> Peer::Connect(const ShmAddress& address) {
-  absl::StatusOr<std::unique_ptr<SegmentMapping>> segment = SegmentMapping::Attach(address);
-  if (!segment.ok()) return segment.status();
-  return std::unique_ptr<Peer>(new Peer(*std::move(segment)));
-}
-
 Peer::Peer(std::unique_ptr<SegmentMapping> segment)
     : segment_(std::move(segment)), regions_(new std::atomic<const MappedRegion*>[kMaxMrs]) {
   for (uint32_t i = 0; i < kMaxMrs; ++i) regions_[i].store(nullptr, std::memory_order_relaxed);
@@ -559,7 +567,7 @@ class ShmPd : public ProtectionDomain {
           "address handle: GID is not a shm device of this fabric (wrong fabric name?)");
     }
     // Resolved now, not at the first SEND: the data path never opens, maps or allocates.
-    absl::StatusOr<std::unique_ptr<Peer>> peer = Peer::Connect(address);
+    absl::StatusOr<std::shared_ptr<Peer>> peer = device_->PeerAt(address);
     if (!peer.ok()) return peer.status();
     return std::unique_ptr<AddressHandle>(new ShmAh(*std::move(peer)));
   }
@@ -702,6 +710,30 @@ absl::StatusOr<ShmDevice::Extent> ShmDevice::Carve(uint64_t bytes) {
 void ShmDevice::Release(uint64_t offset, uint64_t bytes) {
   util::MutexLock lock(&control_mutex_);
   quarantined_.push_back(Released{offset, RoundUp(bytes, kRingAlignment), SteadyNanos()});
+}
+
+absl::StatusOr<std::shared_ptr<Peer>> ShmDevice::PeerAt(const ShmAddress& address) {
+  struct stat st;
+  absl::StatusOr<int> fd = SegmentMapping::Open(address, &st);
+  if (!fd.ok()) return fd.status();
+  const std::pair<uint64_t, uint64_t> file{st.st_dev, st.st_ino};
+  util::MutexLock lock(&peers_mutex_);
+  if (auto it = peers_.find(file); it != peers_.end()) {
+    // The file is the one we mapped (our mapping keeps its inode from being reused).
+    if (std::shared_ptr<Peer> peer = it->second.lock()) {
+      close(*fd);
+      if (!peer->segment().Names(address)) {
+        return NotADevice(address, "wrong magic, version or identity");
+      }
+      return peer;
+    }
+  }
+  absl::StatusOr<std::unique_ptr<SegmentMapping>> segment = SegmentMapping::Attach(address, *fd);
+  if (!segment.ok()) return segment.status();
+  auto peer = std::make_shared<Peer>(*std::move(segment));
+  absl::erase_if(peers_, [](const auto& entry) { return entry.second.expired(); });
+  peers_[file] = peer;
+  return peer;
 }
 
 absl::StatusOr<uint32_t> ShmDevice::AddRegion(uint32_t pd, uint64_t addr, uint64_t length,

@@ -2,12 +2,15 @@
 #ifndef HERD_TRANSPORT_SHM_SHM_INTERNAL_H_
 #define HERD_TRANSPORT_SHM_SHM_INTERNAL_H_
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <deque>
 #include <memory>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -34,7 +37,13 @@ inline int64_t SteadyNanos() {
 class SegmentMapping {
  public:
   static absl::StatusOr<std::unique_ptr<SegmentMapping>> Create(uint64_t fabric_id, uint32_t mtu);
-  static absl::StatusOr<std::unique_ptr<SegmentMapping>> Attach(const ShmAddress& address);
+  // A peer's segment: Open checks the file /proc/<pid>/fd/<fd> names (a sealed, segment-sized
+  // file) and returns its descriptor, with its stat; Attach maps it (and closes the descriptor)
+  // and checks the header names `address`.
+  static absl::StatusOr<int> Open(const ShmAddress& address, struct stat* st);
+  static absl::StatusOr<std::unique_ptr<SegmentMapping>> Attach(const ShmAddress& address, int fd);
+  // Whether this (peer) segment's header names `address`.
+  bool Names(const ShmAddress& address) const;
   ~SegmentMapping();
 
   SegmentHeader* header() const { return header_; }
@@ -55,7 +64,7 @@ class SegmentMapping {
 // share between threads (an address handle is: several QPs on several threads post with one).
 class Peer {
  public:
-  static absl::StatusOr<std::unique_ptr<Peer>> Connect(const ShmAddress& address);
+  explicit Peer(std::unique_ptr<SegmentMapping> segment);
   ~Peer();
   SegmentHeader* header() const { return segment_->header(); }
   const SegmentMapping& segment() const { return *segment_; }
@@ -76,7 +85,6 @@ class Peer {
     void* mapping = nullptr;   // for munmap: the mapping, or a multi-extent region's reservation
     size_t mapping_bytes = 0;
   };
-  explicit Peer(std::unique_ptr<SegmentMapping> segment);
   // The slow path of Resolve: maps region `key` (at `index`) as its entry describes it now, and
   // publishes it; nullptr if it cannot be mapped.
   const MappedRegion* MapRegion(uint32_t index, uint32_t key);
@@ -96,13 +104,13 @@ class Peer {
   std::vector<std::unique_ptr<MappedRegion>> mappings_ ABSL_GUARDED_BY(map_mutex_);
 };
 
-// A UD address handle: its peer is resolved (the segment mapped) when it is created, so an
-// unreachable peer is an error then and the data path never opens or maps the segment. It
-// unmaps the peer when destroyed, so a server that drops the AHs of departed clients keeps no
-// mapping of them.
+// A UD address handle: its peer is resolved (the segment mapped, or the device's mapping of it
+// shared: ShmDevice::PeerAt) when it is created, so an unreachable peer is an error then and the
+// data path never opens or maps the segment. The last AH or QP holding a peer unmaps it, so a
+// server that drops the AHs and QPs of departed clients keeps no mapping of them.
 class ShmAh : public AddressHandle {
  public:
-  explicit ShmAh(std::unique_ptr<Peer> peer) : peer_(std::move(peer)) {}
+  explicit ShmAh(std::shared_ptr<Peer> peer) : peer_(std::move(peer)) {}
   ~ShmAh() override;
   Peer* peer() const { return peer_.get(); }
   // Asynchronous mode: a posted WR names this AH (PostSend) / has executed or been discarded (the
@@ -111,7 +119,7 @@ class ShmAh : public AddressHandle {
   void RemovePending() const { pending_.fetch_sub(1, std::memory_order_release); }
 
  private:
-  const std::unique_ptr<Peer> peer_;
+  const std::shared_ptr<Peer> peer_;
   mutable std::atomic<uint64_t> pending_{0};
 };
 
@@ -166,6 +174,13 @@ class ShmDevice : public Device {
   // Asynchronous mode (DeviceOptions::shm_async, or an injected delay): a progress thread runs
   // the QPs' pending send WRs.
   bool async() const { return async_; }
+  // The peer device at `address` (of this fabric), mapped once for all of this device's QPs and
+  // address handles that talk to it: each used to map the peer's segment (and every region of it
+  // it reached) on its own, several times per session, and unmapping them was most of a
+  // departure's cost. A peer is known by its segment file (device and inode), not by the pid and
+  // descriptor number in its address, which a later process can reuse; it is unmapped when the
+  // last QP or address handle holding it goes. Control path.
+  absl::StatusOr<std::shared_ptr<Peer>> PeerAt(const ShmAddress& address);
 
  protected:
   absl::StatusOr<std::unique_ptr<ProtectionDomain>> DoAllocatePd() override;
@@ -198,6 +213,10 @@ class ShmDevice : public Device {
     int64_t release_ns;
   };
   std::deque<Released> quarantined_ ABSL_GUARDED_BY(control_mutex_);
+  // PeerAt's peers by segment file (st_dev, st_ino); expired entries are swept as peers come.
+  util::Mutex peers_mutex_;
+  absl::flat_hash_map<std::pair<uint64_t, uint64_t>, std::weak_ptr<Peer>> peers_
+      ABSL_GUARDED_BY(peers_mutex_);
   absl::flat_hash_map<uint64_t, std::vector<uint64_t>> reusable_ ABSL_GUARDED_BY(control_mutex_);
   int64_t ring_quarantine_ns_ ABSL_GUARDED_BY(control_mutex_) = kRingQuarantine.count();
   std::atomic<ShmQp*> qps_[kMaxQps] = {};

@@ -175,7 +175,7 @@ absl::Status ShmQp::Connect(const ConnectConfig& config) {
     if (address.fabric_id != device_->segment().header()->fabric_id) {
       return absl::InvalidArgumentError("remote GID is not a shm device of this fabric");
     }
-    absl::StatusOr<std::unique_ptr<Peer>> peer = Peer::Connect(address);
+    absl::StatusOr<std::shared_ptr<Peer>> peer = device_->PeerAt(address);
     if (!peer.ok()) return peer.status();
     const QpEntry& remote =
         (*peer)->header()->qps[config.remote.qp_num & ((1u << kQpIndexBits) - 1)];

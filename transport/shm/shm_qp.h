@@ -119,7 +119,7 @@ class ShmQp : public QueuePair {
   uint64_t recv_ring_offset_ = 0, recv_ring_bytes_ = 0;  // given back when destroyed
   ShmCq* send_cq_ = nullptr;
   ConnectConfig connect_{};
-  std::unique_ptr<Peer> connected_peer_;  // RC/UC
+  std::shared_ptr<Peer> connected_peer_;  // RC/UC
   // True when fault injection loses the next WR (UD SEND; UC WRITE or SEND).
   bool InjectLoss();
   // Fault injection: lands a WRITE's bytes at `dst` out of order and partly twice (see
