@@ -3,10 +3,12 @@
 # and with 2 backups, keys on one worker (the other idle) and on all, sampling every server's
 # descriptors, mappings, RSS, shared memory, threads, departed sessions not yet reclaimed, and
 # the join rate (bench/session_soak.cc). A server that keeps anything per departed session
-# grows here; "flat" means every level within 5% from a tenth of the run to its end.
+# grows here; "flat" means every level within 5% (RSS and shared memory: or 512 KiB) from a
+# tenth of the run to its end.
 #
 # usage: scripts/session_soak.sh [SESSIONS]   (default 1,000,000; CI runs 20,000)
 #   HERD_SOAK_CASES="0:one 2:all" picks cases (backups:keys); default all four.
+#   HERD_SOAK_CONCURRENCY=N runs N sessions at once (default 1).
 # Prints each case's summary JSON line (and its samples to the log it names); exits non-zero if
 # any case is not flat or fails.
 set -euo pipefail
@@ -17,6 +19,11 @@ sessions=${1:-1000000}
   exit 2
 }
 cases=${HERD_SOAK_CASES:-"0:one 0:all 2:one 2:all"}
+concurrency=${HERD_SOAK_CONCURRENCY:-1}
+[[ "$concurrency" =~ ^[1-9][0-9]*$ ]] || {
+  echo "session_soak: HERD_SOAK_CONCURRENCY=$concurrency: want a count of sessions at once" >&2
+  exit 2
+}
 ./scripts/setup.sh --quiet
 bazel build --config=opt //herd:herd_server //bench:session_soak >&2
 bin=$(bazel info --config=opt bazel-bin 2>/dev/null)
@@ -88,7 +95,7 @@ for c in $cases; do
   echo "==== session soak: $sessions sessions, $backups backups, keys on $keys" >>"$log"
   line=$("$bin/bench/session_soak" --shm_fabric_name="$fabric" --server="127.0.0.1:$pport" \
     --pids="$(IFS=,; echo "${soak_pids[*]}")" --stats_servers="$(IFS=,; echo "${addresses[*]}")" \
-    --sessions="$sessions" --keys="$keys" 2>>"$log" | tee -a "$log" | tail -n 1) || rc=1
+    --sessions="$sessions" --keys="$keys" --concurrency="$concurrency" 2>>"$log" | tee -a "$log" | tail -n 1) || rc=1
   if [ -z "$line" ]; then
     line="{\"case\":\"session_soak\",\"keys\":\"$keys\",\"failed\":true}"
   fi
