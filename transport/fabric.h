@@ -16,10 +16,12 @@
 //   - verbs: one ibv_post_send / ibv_post_recv / ibv_poll_cq. The provider may take its own
 //     per-queue spinlock (mlx5 and rxe do), and rxe rings its doorbell with a system call.
 //   - shm, synchronous mode (the default): PostSend EXECUTES each WR in the poster's thread: it
-//     copies the payload into the peer's memory, so it takes as long as the copy. An RC SEND
-//     whose receiver has no RECV posted (RNR) sleeps min_rnr_timer_us between retries inside
-//     PostSend: up to rnr_retry retries, and for rnr_retry = 7 ("forever") up to 1 s, then
-//     completes with kRnrRetryExceeded.
+//     copies the payload into the peer's memory, so it takes as long as the copy. An RC SEND or
+//     WRITE_WITH_IMM whose receiver has no RECV posted (RNR) never waits there: it and every
+//     later WR of its QP go to the device's progress thread (started then, idle on a condition
+//     variable otherwise), which retries after min_rnr_timer_us as a NIC does (rnr_retry = 7:
+//     for as long as it takes); once they have completed, the QP executes inline again. Queuing
+//     takes the device's progress mutex (RNR only, never the common path).
 //   - shm, both modes: the first access to each remote memory region through a peer (an AH's or
 //     a connected QP's) maps it once: a file open and mmap under that peer's mutex when the
 //     peer is another process. Every later access to it is lock-free.

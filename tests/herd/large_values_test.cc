@@ -3,6 +3,8 @@
 // from 0 B to 1 MiB under every request/response verb pair, checked against the model; the
 // out-of-line paths are shown taken (client and server counters), and a GET whose item keeps
 // being overwritten falls back to a copy and still returns the exact value.
+#include <signal.h>
+
 #include <atomic>
 #include <cstring>
 #include <string>
@@ -13,6 +15,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "herd/worker.h"
 #include "mica/item.h"
 #include "mica/keyhash.h"
 #include "tests/herd/model_workload.h"
@@ -335,6 +338,54 @@ TEST(LargeValues, CopyModeServesEveryLargeGetFromALandingBuffer) {
   }
   EXPECT_EQ((*client)->stats().copied_gets, 3u);
   EXPECT_EQ((*client)->stats().item_rereads, 0u);
+}
+
+// Issue 36: Client::Poll never blocks, and a paused server breaks nothing. A large PUT is an RC
+// WRITE_WITH_IMM into one of the worker's landing receives; a paused server reposts none, so a
+// retransmission meets a receiver not ready. The synchronous shm fabric waited that out inside
+// PostSend (up to a second, in the client's Poll) and then failed the WR, breaking the session's
+// large-value QP: the PUTs ended SEND_FAILED though the server came back. Now the WR waits on
+// the fabric's progress thread, as on a NIC, and lands once the server runs again.
+TEST(LargeValues, AServerPausedUnderLargePutsLeavesTheClientWhole) {
+  ServerOptions options = LargeServer("large-paused");
+  options.config.workers = 1;
+  ServerProcess server(options);
+  ASSERT_TRUE(server.ok());
+  const uint32_t landing = options.config.landing_buffers;
+  auto client = Join(server, "large-paused", /*clients=*/landing);  // 5 ms first timeout
+  ASSERT_NE(client, nullptr);
+  const std::string value(64 << 10, 'p');  // out of line: a WRITE_WITH_IMM
+  ASSERT_TRUE(client->Put("warm", value).ok());
+  ASSERT_EQ(kill(server.pid(), SIGSTOP), 0);
+  // PUTs in every landing buffer: they and their first retransmissions take the receives the
+  // worker keeps posted; the later ones find none.
+  for (uint32_t c = 0; c < landing; ++c) {
+    const std::string key = absl::StrCat("paused-", c);
+    ASSERT_TRUE(client->CanSubmit(c, Client::HashKey(key), value.size()));
+    ASSERT_TRUE(client->Submit(c, Op::kPut, key, value, 0, c).ok());
+  }
+  std::vector<Result> results(landing);
+  size_t delivered = 0;
+  const absl::Time give_up = absl::Now() + absl::Seconds(30);
+  // Past the receives the worker keeps posted: at least one WR met a receiver not ready.
+  const uint32_t receives = LargeReceiveDepth(client->config());
+  while (client->stats().retransmissions < receives && absl::Now() < give_up) {
+    delivered += client->Poll(absl::MakeSpan(results).subspan(delivered));
+  }
+  ASSERT_GE(client->stats().retransmissions, receives) << "too few retransmissions to RNR";
+  ASSERT_EQ(kill(server.pid(), SIGCONT), 0);
+  while (delivered < landing && absl::Now() < give_up) {
+    delivered += client->Poll(absl::MakeSpan(results).subspan(delivered));
+  }
+  ASSERT_EQ(delivered, landing);
+  for (const Result& r : results) {
+    EXPECT_EQ(r.status, Status::kOk) << "PUT " << r.tag << ": " << ResultError(r);
+  }
+  EXPECT_EQ(client->stats().send_failed, 0u);
+  ASSERT_TRUE(client->Put("after", value).ok()) << "the large-value path broke";
+  auto got = client->Get("paused-0");
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_TRUE(got->value == value);
 }
 
 // Issue 15's NO_MEMORY, landing buffers: a server may provision landing buffers for less than

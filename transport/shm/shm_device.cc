@@ -610,16 +610,30 @@ absl::StatusOr<std::unique_ptr<ShmDevice>> ShmDevice::Open(const DeviceOptions& 
     if (!partitions.ok()) return partitions.status();
     device->partitions_ = std::make_unique<PartitionTable>(*std::move(partitions));
   }
-  if (async) device->progress_thread_ = std::thread([d = device.get()] { d->RunProgress(); });
+  if (async) {
+    util::MutexLock lock(&device->progress_mutex_);
+    device->progress_thread_ = std::thread([d = device.get()] { d->RunProgress(); });
+  }
   return device;
 }
 
 ShmDevice::~ShmDevice() {
   CheckNoChildren();  // before the progress thread stops and the segment goes
-  if (progress_thread_.joinable()) {
+  std::thread progress;
+  {
+    util::MutexLock lock(&progress_mutex_);
     stop_progress_.store(true, std::memory_order_relaxed);
-    progress_thread_.join();
+    progress = std::move(progress_thread_);
+    progress_wake_.SignalAll();
   }
+  if (progress.joinable()) progress.join();
+}
+
+void ShmDevice::WakeProgress() {
+  util::MutexLock lock(&progress_mutex_);
+  progress_wanted_ = true;
+  if (!progress_thread_.joinable()) progress_thread_ = std::thread([this] { RunProgress(); });
+  progress_wake_.SignalAll();
 }
 
 void ShmDevice::RunProgress() {
@@ -628,6 +642,7 @@ void ShmDevice::RunProgress() {
   constexpr auto kIdleSleep = std::chrono::microseconds(20);
   while (!stop_progress_.load(std::memory_order_relaxed)) {
     uint32_t executed = 0;
+    bool waiting = false;  // some QP still has WRs queued
     const int64_t now = SteadyNanos();
     const uint32_t end = qp_high_water_.load(std::memory_order_acquire);
     for (uint32_t index = 0; index < end; ++index) {
@@ -635,10 +650,25 @@ void ShmDevice::RunProgress() {
       if (qp == nullptr) continue;
       progressing_.store(qp, std::memory_order_seq_cst);
       // Re-checked after publishing the hazard: RemoveQp clears the slot before it waits.
-      if (qps_[index].load(std::memory_order_seq_cst) == qp) executed += qp->Progress(now);
+      if (qps_[index].load(std::memory_order_seq_cst) == qp) {
+        executed += qp->Progress(now, &waiting);
+      }
       progressing_.store(nullptr, std::memory_order_release);
     }
-    if (executed == 0) std::this_thread::sleep_for(kIdleSleep);
+    if (executed > 0) continue;
+    if (async_ || waiting) {
+      std::this_thread::sleep_for(kIdleSleep);
+      continue;
+    }
+    // Synchronous mode with nothing queued: wait for the next WakeProgress. A QP queues its WR
+    // before it wakes us, and the wake is seen under the mutex: either it came after the flag
+    // was cleared below (the wait returns at once) or before the pass above began, which then
+    // saw the WR. So a pass follows every wake, and no queued WR is left behind.
+    util::MutexLock lock(&progress_mutex_);
+    while (!progress_wanted_ && !stop_progress_.load(std::memory_order_relaxed)) {
+      progress_wake_.Wait(&progress_mutex_);
+    }
+    progress_wanted_ = false;
   }
 }
 

@@ -174,6 +174,10 @@ class ShmDevice : public Device {
   // Asynchronous mode (DeviceOptions::shm_async, or an injected delay): a progress thread runs
   // the QPs' pending send WRs.
   bool async() const { return async_; }
+  // Synchronous mode: a QP queued WRs for the progress thread (an RC WR met a receiver not
+  // ready); starts the thread the first time, and wakes it when it waits for work. Not the data
+  // path: a QP calls it only while it has WRs waiting out an RNR timer.
+  void WakeProgress();
   // The peer device at `address` (of this fabric), mapped once for all of this device's QPs and
   // address handles that talk to it: each used to map the peer's segment (and every region of it
   // it reached) on its own, several times per session, and unmapping them was most of a
@@ -195,8 +199,13 @@ class ShmDevice : public Device {
   const FaultOptions faults_;
   std::unique_ptr<PartitionTable> partitions_;  // FaultOptions::partition_file, or null
   const bool async_;
-  std::thread progress_thread_;
+  // Asynchronous mode: started with the device. Synchronous mode: started by the first
+  // WakeProgress; between RNRs it waits (without a timeout) until the next.
+  std::thread progress_thread_ ABSL_GUARDED_BY(progress_mutex_);
   std::atomic<bool> stop_progress_{false};
+  util::Mutex progress_mutex_;
+  bool progress_wanted_ ABSL_GUARDED_BY(progress_mutex_) = false;
+  util::CondVar progress_wake_;  // WakeProgress and the destructor signal it
   // The QP the progress thread is working on (a hazard pointer): RemoveQp waits until it is not
   // the QP being removed, so a QP is never destroyed under the progress thread.
   std::atomic<ShmQp*> progressing_{nullptr};

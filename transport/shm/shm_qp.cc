@@ -14,10 +14,8 @@ namespace transport::shm {
 
 namespace {
 
-// rnr_retry = 7 means "retry forever" in verbs. The asynchronous mode does (the progress thread
-// moves on to other QPs meanwhile); a synchronous sender cannot wait forever inside PostSend, so
-// it gives up after this long and reports kRnrRetryExceeded.
-constexpr auto kInfiniteRnrWait = std::chrono::seconds(1);
+// rnr_retry = 7 means "retry forever" in verbs; the device's progress thread does (it moves on to
+// other QPs meanwhile), in both modes.
 constexpr uint8_t kRnrRetryForever = 7;
 constexpr uint32_t kAtomicBytes = 8;
 
@@ -117,7 +115,8 @@ absl::StatusOr<std::unique_ptr<ShmQp>> ShmQp::Create(ShmDevice* device, const Qp
   qp->loss_state_ = device->faults().seed ^ (uint64_t{qp->number()} << 32);
   qp->disorder_state_ = qp->loss_state_ ^ kDisorderStream;
   qp->jitter_state_ = qp->loss_state_ ^ kJitterStream;
-  if (device->async()) {
+  // Synchronous RC QPs queue WRs too, from one that meets a receiver not ready (Run).
+  if (device->async() || config.type == QpType::kRc) {
     qp->pending_.resize(config.max_send_wr);
     qp->pending_sges_.resize(uint64_t{config.max_send_wr} * config.max_send_sge);
     qp->pending_inline_.resize(uint64_t{config.max_send_wr} * config.max_inline_data);
@@ -282,7 +281,8 @@ absl::Status ShmQp::PostSend(SendWr* chain, SendWr** bad) {
     if (wr->flags & kSignaled) counters_.signaled_wrs.Add();
     if (wr->flags & kInline) counters_.inline_wrs.Add();
     if (device_->async()) {
-      Enqueue(*wr, sequence, jitter_ns);
+      Enqueue(*wr, sequence, SteadyNanos() + int64_t{device_->faults().delay_us} * 1000 + jitter_ns,
+              RnrRetries{});
     } else if (run_length > 0 && run_length < kMaxUdRun && JoinsUdRun(*run[0], *wr)) {
       run[run_length++] = wr;
     } else {
@@ -301,11 +301,28 @@ absl::Status ShmQp::PostSend(SendWr* chain, SendWr** bad) {
 }
 
 void ShmQp::Run(const SendWr& wr, uint64_t sequence) {
+  if (deferring_ && pending_head_.load(std::memory_order_acquire) ==
+                        pending_tail_.load(std::memory_order_relaxed)) {
+    deferring_ = false;  // every queued WR has completed: execute inline again
+  }
+  if (deferring_) {
+    Enqueue(wr, sequence, SteadyNanos(), RnrRetries{});
+    device_->WakeProgress();
+    return;
+  }
   uint32_t byte_len = static_cast<uint32_t>(TotalLength(wr));
-  // Without RnrRetries, Execute waits out RNR itself and always has an outcome.
-  const CompletionStatus status =
-      IsError(state()) ? CompletionStatus::kFlushed : *Execute(wr, &byte_len, nullptr);
-  Finish(wr, status, byte_len, sequence);
+  RnrRetries rnr;
+  const std::optional<CompletionStatus> status =
+      IsError(state()) ? CompletionStatus::kFlushed : Execute(wr, &byte_len, &rnr);
+  if (!status.has_value()) {
+    // Receiver not ready: the RNR timer runs on the progress thread, not in PostSend (a poster
+    // never waits on one peer; the old synchronous wait slept up to a second here).
+    Enqueue(wr, sequence, SteadyNanos() + int64_t{connect_.min_rnr_timer_us} * 1000, rnr);
+    deferring_ = true;
+    device_->WakeProgress();
+    return;
+  }
+  Finish(wr, *status, byte_len, sequence);
 }
 
 void ShmQp::Finish(const SendWr& wr, CompletionStatus status, uint32_t byte_len,
@@ -314,15 +331,15 @@ void ShmQp::Finish(const SendWr& wr, CompletionStatus status, uint32_t byte_len,
   Complete(wr, status, byte_len, sequence);
 }
 
-void ShmQp::Enqueue(const SendWr& wr, uint64_t sequence, int64_t jitter_ns) {
+void ShmQp::Enqueue(const SendWr& wr, uint64_t sequence, int64_t due_ns, RnrRetries rnr) {
   const uint64_t tail = pending_tail_.load(std::memory_order_relaxed);
   const uint64_t index = tail % pending_.size();
   Pending& p = pending_[index];
   p.wr = wr;
   p.wr.next = nullptr;
   p.sequence = sequence;
-  p.due_ns = SteadyNanos() + int64_t{device_->faults().delay_us} * 1000 + jitter_ns;
-  p.rnr = RnrRetries{};
+  p.due_ns = due_ns;
+  p.rnr = rnr;
   Sge* sges = &pending_sges_[index * config_.max_send_sge];
   if (wr.flags & kInline) {
     // The bytes are the WR's from now on: the caller may reuse its buffer at once.
@@ -343,9 +360,10 @@ void ShmQp::Enqueue(const SendWr& wr, uint64_t sequence, int64_t jitter_ns) {
   pending_tail_.store(tail + 1, std::memory_order_release);
 }
 
-uint32_t ShmQp::Progress(int64_t now_ns) {
+uint32_t ShmQp::Progress(int64_t now_ns, bool* waiting) {
   uint64_t head = pending_head_.load(std::memory_order_relaxed);
   const uint64_t tail = pending_tail_.load(std::memory_order_acquire);
+  if (head == tail) return 0;
   uint32_t executed = 0;
   for (; head != tail; ++head, ++executed) {
     Pending& p = pending_[head % pending_.size()];
@@ -365,6 +383,7 @@ uint32_t ShmQp::Progress(int64_t now_ns) {
     Finish(p.wr, *status, byte_len, p.sequence);
   }
   pending_head_.store(head, std::memory_order_release);
+  if (head != tail) *waiting = true;
   return executed;
 }
 
@@ -573,28 +592,17 @@ std::optional<CompletionStatus> ShmQp::Deliver(Peer& peer, uint32_t dst_qpn, con
   // at the receiver) before it takes the receive; the receiver's QP stays usable.
   const uint64_t min_length = config_.type == QpType::kUd ? length + grh : 0;
   RecvEntry recv;
-  // Read only once a receive is missing: a clock read per message is a measurable cost.
-  std::optional<std::chrono::steady_clock::time_point> started;
-  const bool forever = connect_.rnr_retry == kRnrRetryForever;
-  for (uint32_t attempt = 0;; ++attempt) {
-    const Pop pop = PopReceive(ring, ring_depth, dst_qpn, &recv, min_length);
-    if (pop == Pop::kTaken) break;
+  if (const Pop pop = PopReceive(ring, ring_depth, dst_qpn, &recv, min_length);
+      pop != Pop::kTaken) {
     // The QP was destroyed (its ring is another's now): as if it was gone when looked up.
     if (pop == Pop::kGone) return reliable ? CompletionStatus::kRetryExceeded : drop();
     if (!reliable || pop == Pop::kTooSmall) return drop();
-    if (rnr != nullptr) {  // asynchronous: one attempt now, the next after the RNR timer
-      if (!forever && rnr->attempts >= connect_.rnr_retry) {
-        return CompletionStatus::kRnrRetryExceeded;
-      }
-      ++rnr->attempts;
-      return std::nullopt;
-    }
-    if (!started.has_value()) started = std::chrono::steady_clock::now();
-    if ((!forever && attempt >= connect_.rnr_retry) ||
-        (forever && std::chrono::steady_clock::now() - *started > kInfiniteRnrWait)) {
+    // Receiver not ready: one attempt now, the next after the RNR timer (the progress thread's).
+    if (connect_.rnr_retry != kRnrRetryForever && rnr->attempts >= connect_.rnr_retry) {
       return CompletionStatus::kRnrRetryExceeded;
     }
-    std::this_thread::sleep_for(std::chrono::microseconds(connect_.min_rnr_timer_us));
+    ++rnr->attempts;
+    return std::nullopt;
   }
   // The completion's ticket before the bytes are placed (see ReserveCompletion); a
   // WRITE_WITH_IMM's after its write, which can fail and then completes nothing.

@@ -30,20 +30,20 @@ class ShmQp : public QueuePair {
 
   // qp_num() without building a whole endpoint: for the data path.
   uint32_t number() const { return entry_->qp_num.load(std::memory_order_relaxed); }
-  // Asynchronous mode, progress thread only: executes the pending WRs that are due at `now_ns`
-  // (steady clock); returns how many it executed.
-  uint32_t Progress(int64_t now_ns);
+  // Progress thread only: executes the pending WRs that are due at `now_ns` (steady clock);
+  // returns how many it executed, and sets *waiting when WRs remain.
+  uint32_t Progress(int64_t now_ns, bool* waiting);
 
  private:
   ShmQp(ShmDevice* device, const QpConfig& config) : QueuePair(config), device_(device) {}
-  // Receiver-not-ready retries of one pending RC WR (asynchronous mode).
+  // Receiver-not-ready retries of one RC WR.
   struct RnrRetries {
     uint32_t attempts = 0;
   };
-  // Executes one WR; returns its completion status (kSuccess also for silent UC/UD drops). With
-  // `rnr` null (synchronous mode) an RC SEND whose receiver has no receive posted is retried
-  // here, sleeping; otherwise it is tried once and std::nullopt means "retry after the RNR
-  // timer" (nothing was changed: the retry is the same attempt again).
+  // Executes one WR; returns its completion status (kSuccess also for silent UC/UD drops). An RC
+  // SEND or WRITE_WITH_IMM whose receiver has no receive posted is tried once: std::nullopt
+  // means "retry after the RNR timer" (nothing was changed: the retry is the same attempt
+  // again), counted in `rnr`.
   std::optional<CompletionStatus> Execute(const SendWr& wr, uint32_t* byte_len, RnrRetries* rnr);
   std::optional<CompletionStatus> Deliver(Peer& peer, uint32_t dst_qpn, const SendWr& wr,
                                           uint32_t* byte_len, RnrRetries* rnr);
@@ -89,13 +89,17 @@ class ShmQp : public QueuePair {
   Peer* PeerFor(const SendWr& wr);
   uint64_t TotalLength(const SendWr& wr) const;
   void Complete(const SendWr& wr, CompletionStatus status, uint32_t byte_len, uint64_t seq);
-  // Synchronous mode: executes one WR now and completes it.
+  // Synchronous mode: executes one WR now and completes it; or, for an RC WR that meets a
+  // receiver not ready (or follows one that did), queues it for the device's progress thread,
+  // which retries it after the RNR timer as a NIC would: PostSend never waits on a peer.
   void Run(const SendWr& wr, uint64_t sequence);
   // Completes an executed WR; a failure puts the QP in ERR.
   void Finish(const SendWr& wr, CompletionStatus status, uint32_t byte_len, uint64_t sequence);
-  // Asynchronous mode: copies `wr` into the pending ring (room is guaranteed by the send-queue
-  // depth check: a WR leaves the ring before its completion can free its slot).
-  void Enqueue(const SendWr& wr, uint64_t sequence, int64_t jitter_ns);
+  // Copies `wr` into the pending ring, due at `due_ns` with `rnr` retries behind it (room is
+  // guaranteed by the send-queue depth check: a WR leaves the ring before its completion can
+  // free its slot). Asynchronous mode: every WR; synchronous mode: an RC QP's WRs from one that
+  // met a receiver not ready until the ring drains.
+  void Enqueue(const SendWr& wr, uint64_t sequence, int64_t due_ns, RnrRetries rnr);
   // Asynchronous mode: a pending UD WR executed or was discarded; its AH may go.
   void ReleaseAh(const SendWr& wr) const;
 
@@ -112,6 +116,9 @@ class ShmQp : public QueuePair {
   std::vector<uint8_t> pending_inline_;    // max_inline_data per entry
   std::atomic<uint64_t> pending_tail_{0};  // written by PostSend
   std::atomic<uint64_t> pending_head_{0};  // written by the progress thread
+  // Synchronous RC: the poster's view of whether WRs wait in the pending ring (a later WR must
+  // queue behind them: an RC QP executes in order). Read and written by the poster only.
+  bool deferring_ = false;
   ShmDevice* device_;
   uint32_t pd_ = 0;  // our protection domain: local SGEs must be registered in it
   QpEntry* entry_ = nullptr;
