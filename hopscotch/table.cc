@@ -296,6 +296,17 @@ absl::StatusOr<Table> Table::CreateInMemory(uint64_t home_buckets, uint64_t seed
 
 absl::StatusOr<Table> Table::Open(const std::string& path, bool writable,
                                   const TableOptions& options) {
+  // A path replaced between the open and the lock is opened again (LockTableFile); a rename
+  // takes a moment, so a few attempts always meet a settled path unless builds race each other.
+  constexpr int kOpenAttempts = 4;
+  for (int attempt = 1;; ++attempt) {
+    absl::StatusOr<Table> table = OpenOnce(path, writable, options);
+    if (!absl::IsAborted(table.status()) || attempt == kOpenAttempts) return table;
+  }
+}
+
+absl::StatusOr<Table> Table::OpenOnce(const std::string& path, bool writable,
+                                      const TableOptions& options) {
   if (absl::Status s = CheckExistingPath(path); !s.ok()) return s;
   // O_NONBLOCK: a FIFO is refused below instead of blocking the open.
   const int fd = open(path.c_str(), (writable ? O_RDWR : O_RDONLY) | O_NONBLOCK | O_CLOEXEC);

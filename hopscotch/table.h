@@ -133,7 +133,9 @@ class Table {
   // including a file another process holds (TableOptions::lock). Writable: marks it dirty until
   // Close, and repairs it first if its writer died. A file marked clean is still checked for
   // busy lines (a clean writer leaves none; one there would make every lookup reaching it spin
-  // and end torn): writable, it is repaired as a dirty one; read-only, refused.
+  // and end torn): writable, it is repaired as a dirty one; read-only, refused. A file replaced
+  // at the path while it is being opened (hop_build renames a new table over it) is let go and
+  // the path opened again: the table served is always the one the path names.
   static absl::StatusOr<Table> Open(const std::string& path, bool writable,
                                     const TableOptions& options = {});
 
@@ -184,6 +186,9 @@ class Table {
 
  private:
   Table() = default;
+  // One attempt of Open: kAborted when the path came to name another file before the lock.
+  static absl::StatusOr<Table> OpenOnce(const std::string& path, bool writable,
+                                        const TableOptions& options);
   // Maps `bytes` of `fd` (-1: anonymous memory); `device`: fd is a device-DAX device.
   static absl::StatusOr<Table> Map(const std::string& path, int fd, uint64_t bytes, bool writable,
                                    bool device, const TableOptions& options);

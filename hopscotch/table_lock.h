@@ -24,7 +24,9 @@ enum class LockMode {
 
 // Takes `mode`'s lock on `fd` (the table file at `path`) without waiting. FailedPrecondition
 // naming the path when another process (or another open in this one) holds a conflicting lock;
-// a file system without flock is logged and let through (nothing can be checked there).
+// Aborted (lock released) when `path` no longer names `fd`'s file, which a rename over it
+// between the caller's open and this lock does: open the path again; a file system without flock
+// is logged and let through (nothing can be checked there).
 absl::Status LockTableFile(int fd, const std::string& path, LockMode mode);
 
 }  // namespace hopscotch

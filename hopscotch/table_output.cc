@@ -148,9 +148,9 @@ absl::Status TableOutput::Commit() {
   if (!synced) return sync_error;
   // A server that started on the old file during the build still holds it: refuse rather than
   // swap its table. The lock is held across the rename, so a server that opened the old file
-  // and locks it in between is refused. Not covered (open issue 36 note): a server that opened
-  // the old path just before the rename and takes its lock just after it would serve the
-  // unlinked old file; Open would need to compare its descriptor's inode with the path's.
+  // and locks it in between is refused. A server that opened the old path just before the
+  // rename and locks it just after finds the path naming another file (LockTableFile) and opens
+  // the new table instead.
   const int old = lock_ ? open(target_.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC) : -1;
   if (lock_ && old < 0 && errno != ENOENT) {
     return util::ErrnoStatus(absl::StatusCode::kFailedPrecondition, target_ + ": open");

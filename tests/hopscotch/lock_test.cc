@@ -7,6 +7,8 @@
 // flock conflicts between two opens of one process as between two processes, so one process
 // stands for both sides here; service_hostile_test has two servers.
 #include <dirent.h>
+#include <fcntl.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <fstream>
@@ -14,12 +16,14 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_format.h"
 #include "gtest/gtest.h"
 #include "hopscotch/build.h"
 #include "hopscotch/hash.h"
 #include "hopscotch/table.h"
+#include "hopscotch/table_lock.h"
 #include "tests/hopscotch/fake_sysfs.h"
 
 namespace hopscotch {
@@ -148,6 +152,38 @@ TEST(Lock, BuildOntoAServedTableIsRefused) {
 
 // A device-DAX device is locked like a file (its node's inode). /dev/zero stands in for one; it
 // is one inode for every process, so a lock another process holds skips the test.
+// A file replaced at its path between an open and the lock (hop_build renames a new table over
+// the path just after a hop_server opened it) is not locked and served: LockTableFile sees the
+// path naming another file and says so, and Table::Open opens the path again, so the table
+// served is the new one. Before, the server held and served the unlinked old file.
+TEST(Lock, AFileReplacedBetweenOpenAndLockIsLetGo) {
+  const std::string path = MakeTable("replaced");
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  // The rename hop_build does, between our open and our lock.
+  const std::string fresh = TmpPath("replaced.new");
+  {
+    absl::StatusOr<Table> t = Table::Create(fresh, kHomeBuckets);
+    ASSERT_TRUE(t.ok()) << t.status();
+    ASSERT_TRUE(t->Insert("only-in-the-new-table", ExpectedValue("x")).ok());
+    ASSERT_TRUE(t->Close().ok());
+  }
+  ASSERT_EQ(rename(fresh.c_str(), path.c_str()), 0);
+  const absl::Status locked = LockTableFile(fd, path, LockMode::kShared);
+  EXPECT_TRUE(absl::IsAborted(locked)) << locked;
+  EXPECT_TRUE(absl::StrContains(locked.message(), "replaced while being opened")) << locked;
+  // Let go: the old file's lock is not held (an exclusive lock on it succeeds).
+  const int again = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(again, 0);
+  close(fd);
+  // The path itself: opened and locked as the file it names now.
+  EXPECT_TRUE(LockTableFile(again, path, LockMode::kShared).ok());
+  close(again);
+  absl::StatusOr<Table> t = Table::Open(path, /*writable=*/false);
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(t->Lookup("only-in-the-new-table").kind, Kind::kFound);
+}
+
 TEST(Lock, ADeviceIsLockedToo) {
   if (!DevZeroUsable()) GTEST_SKIP() << "no /dev/zero character device here";
   TableOptions options;
