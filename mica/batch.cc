@@ -1,6 +1,8 @@
 // The batched hot path: overlap the cache misses of a whole batch before executing any of it.
 // With a table far larger than the caches, each request costs two dependent misses (bucket, then
 // item); issuing every bucket's miss, then every item's, lets them proceed in parallel.
+#include <algorithm>
+
 #include "mica/keyhash.h"
 #include "mica/partition.h"
 
@@ -10,25 +12,37 @@ namespace {
 // Cache lines of an item prefetched before execution: the header and key share the first one;
 // the second covers the value of the small items HERD-style workloads use.
 constexpr int kItemLinesPrefetched = 2;
+// Requests whose spots are found, prefetched and executed together: more than a worker's batch
+// (window x clients per worker, ~16), few enough to stay on the stack.
+constexpr size_t kBatchChunk = 64;
 
 inline void Prefetch(const void* address) { __builtin_prefetch(address, 0, 3); }
 
 }  // namespace
 
 void Partition::ExecuteBatch(absl::Span<const Request> requests, absl::Span<Response> responses) {
-  for (const Request& request : requests) Prefetch(BucketFor(request.keyhash));
-  for (const Request& request : requests) {
-    const Bucket* bucket = BucketFor(request.keyhash);
-    const uint16_t tag = TagOf(request.keyhash);
-    for (const uint64_t slot : bucket->slots) {
-      if (slot == 0 || SlotTag(slot) != tag || !IsAlive(SlotOffset(slot))) continue;
-      const auto* item = reinterpret_cast<const char*>(ItemAt(SlotOffset(slot)));
-      for (int line = 0; line < kItemLinesPrefetched; ++line) {
-        Prefetch(item + line * kCacheLineBytes);
+  // Each request's spot is found once (IndexHash is a keyed hash, not free), in chunks whose
+  // spots fit on the stack.
+  Spot spots[kBatchChunk];
+  for (size_t first = 0; first < requests.size(); first += kBatchChunk) {
+    const size_t n = std::min(kBatchChunk, requests.size() - first);
+    for (size_t i = 0; i < n; ++i) {
+      spots[i] = SpotOf(requests[first + i].keyhash);
+      Prefetch(spots[i].bucket);
+    }
+    for (size_t i = 0; i < n; ++i) {
+      for (const uint64_t slot : spots[i].bucket->slots) {
+        if (slot == 0 || SlotTag(slot) != spots[i].tag || !IsAlive(SlotOffset(slot))) continue;
+        const auto* item = reinterpret_cast<const char*>(ItemAt(SlotOffset(slot)));
+        for (int line = 0; line < kItemLinesPrefetched; ++line) {
+          Prefetch(item + line * kCacheLineBytes);
+        }
       }
     }
+    for (size_t i = 0; i < n; ++i) {
+      responses[first + i] = ExecuteAt(requests[first + i], spots[i]);
+    }
   }
-  for (size_t i = 0; i < requests.size(); ++i) responses[i] = Execute(requests[i]);
 }
 
 }  // namespace mica

@@ -48,7 +48,9 @@ struct alignas(kCacheLineBytes) PartitionHeader {
   uint32_t extra_carved;     // store mode: extra buckets ever handed out
   uint32_t extra_free_head;  // a returned extra bucket (index + 1); 0: none
   uint64_t extra_in_use;     // store mode: extra buckets linked into chains now
-  uint64_t reserved[2];
+  // The secret IndexHash key that places entries in buckets (index_hash.h): random at creation,
+  // and a replica's is its primary's (a byte copy of this line), so both index alike.
+  uint64_t index_key[2];
 };
 static_assert(sizeof(PartitionHeader) == kCacheLineBytes, "the partition header is one cache line");
 

@@ -6,11 +6,16 @@ namespace mica {
 
 Response Partition::Cas(std::string_view key, uint64_t keyhash, uint64_t expected_version,
                         std::string_view value) {
+  return CasAt(SpotOf(keyhash), key, keyhash, expected_version, value);
+}
+
+Response Partition::CasAt(const Spot& spot, std::string_view key, uint64_t keyhash,
+                          uint64_t expected_version, std::string_view value) {
   if (const Result check = CheckWrite(key, value); check != Result::kOk) {
     return Response{check, 0, 0};
   }
-  Bucket* bucket = BucketFor(keyhash);
-  const uint16_t tag = TagOf(keyhash);
+  Bucket* bucket = spot.bucket;
+  const uint16_t tag = spot.tag;
   uint64_t* slot = FindSlot(bucket, tag, key, keyhash);
   if (slot == nullptr) {
     stats_.cas_misses.Add();

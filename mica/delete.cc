@@ -6,12 +6,16 @@
 namespace mica {
 
 Response Partition::Delete(std::string_view key, uint64_t keyhash) {
+  return DeleteAt(SpotOf(keyhash), key, keyhash);
+}
+
+Response Partition::DeleteAt(const Spot& spot, std::string_view key, uint64_t keyhash) {
   if (key.empty() || key.size() > kMaxKeyBytes) {
     stats_.rejected.Add();
     return Response{Result::kKeyTooLong, 0, 0};
   }
-  Bucket* bucket = BucketFor(keyhash);
-  uint64_t* slot = FindSlot(bucket, TagOf(keyhash), key, keyhash);
+  Bucket* bucket = spot.bucket;
+  uint64_t* slot = FindSlot(bucket, spot.tag, key, keyhash);
   if (slot == nullptr) {
     stats_.delete_misses.Add();
     return Response{Result::kNotFound, 0, 0};

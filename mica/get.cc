@@ -9,11 +9,16 @@ namespace mica {
 
 Response Partition::Get(std::string_view key, uint64_t keyhash, char* value_out,
                         uint32_t value_out_bytes) {
+  return GetAt(SpotOf(keyhash), key, keyhash, value_out, value_out_bytes);
+}
+
+Response Partition::GetAt(const Spot& spot, std::string_view key, uint64_t keyhash, char* value_out,
+                          uint32_t value_out_bytes) {
   if (key.empty() || key.size() > kMaxKeyBytes) {
     stats_.rejected.Add();
     return Response{Result::kKeyTooLong, 0, 0};
   }
-  const uint64_t* slot = FindSlot(BucketFor(keyhash), TagOf(keyhash), key, keyhash);
+  const uint64_t* slot = FindSlot(spot.bucket, spot.tag, key, keyhash);
   if (slot == nullptr) {
     stats_.get_misses.Add();
     return Response{Result::kNotFound, 0, 0};

@@ -7,11 +7,16 @@
 namespace mica {
 
 Response Partition::Insert(std::string_view key, uint64_t keyhash, std::string_view value) {
+  return InsertAt(SpotOf(keyhash), key, keyhash, value);
+}
+
+Response Partition::InsertAt(const Spot& spot, std::string_view key, uint64_t keyhash,
+                             std::string_view value) {
   if (const Result check = CheckWrite(key, value); check != Result::kOk) {
     return Response{check, 0, 0};
   }
-  Bucket* bucket = BucketFor(keyhash);
-  const uint16_t tag = TagOf(keyhash);
+  Bucket* bucket = spot.bucket;
+  const uint16_t tag = spot.tag;
   if (const uint64_t* existing = FindSlot(bucket, tag, key, keyhash); existing != nullptr) {
     stats_.insert_exists.Add();
     return Response{Result::kExists, 0, ItemAt(SlotOffset(*existing))->version};

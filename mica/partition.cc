@@ -2,10 +2,12 @@
 #include "mica/partition.h"
 
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <cstring>
 
 #include "absl/strings/str_format.h"
+#include "mica/index_hash.h"
 #include "mica/keyhash.h"
 #include "mica/remote_item.h"
 
@@ -152,9 +154,13 @@ Partition::Partition(MirroredRegion region, const PartitionLayout& layout,
       items_(region_.ring()),
       item_mask_(store_mode() ? ~uint64_t{0} : layout.log_bytes - 1) {
   // A fresh, zero-filled region: empty buckets, chains of one, an empty log or pool. Format's
-  // writes are not recorded (a replica starts from a full copy, or from its own Create).
+  // writes are not recorded (a replica starts from a full copy, or from its own Create: the
+  // primary's first write replaces the header line, and with it this random index key).
   header_->magic = kPartitionMagic;
   header_->mode = static_cast<uint32_t>(layout_.mode);
+  const IndexKey key = RandomIndexKey();
+  header_->index_key[0] = key.k0;
+  header_->index_key[1] = key.k1;
   header_->extra_capacity = static_cast<uint32_t>(layout_.extra_bucket_count);
   if (store_mode()) {
     pool_first_item_ = slab_->data_offset();
@@ -354,18 +360,31 @@ Result Partition::WriteCached(Bucket* head, uint64_t* slot, uint16_t tag, std::s
   return Result::kOk;
 }
 
+uint64_t Partition::IndexHash(uint64_t keyhash) const {
+  // Relaxed atomic loads: a replica's header line is rewritten (with the same key) by its
+  // primary's WRITEs while readers use it.
+  const IndexKey key{
+      std::atomic_ref<uint64_t>(header_->index_key[0]).load(std::memory_order_relaxed),
+      std::atomic_ref<uint64_t>(header_->index_key[1]).load(std::memory_order_relaxed)};
+  return mica::IndexHash(keyhash, key);
+}
+
 Response Partition::Execute(const Request& request) {
+  return ExecuteAt(request, SpotOf(request.keyhash));
+}
+
+Response Partition::ExecuteAt(const Request& request, const Spot& spot) {
   switch (request.op) {
     case OpCode::kGet:
-      return Get(request.key, request.keyhash, request.value_out, request.value_out_bytes);
+      return GetAt(spot, request.key, request.keyhash, request.value_out, request.value_out_bytes);
     case OpCode::kPut:
-      return Put(request.key, request.keyhash, request.value);
+      return PutAt(spot, request.key, request.keyhash, request.value);
     case OpCode::kDelete:
-      return Delete(request.key, request.keyhash);
+      return DeleteAt(spot, request.key, request.keyhash);
     case OpCode::kCas:
-      return Cas(request.key, request.keyhash, request.expected_version, request.value);
+      return CasAt(spot, request.key, request.keyhash, request.expected_version, request.value);
     case OpCode::kInsert:
-      return Insert(request.key, request.keyhash, request.value);
+      return InsertAt(spot, request.key, request.keyhash, request.value);
   }
   // An OpCode cast from untrusted bytes.
   stats_.rejected.Add();

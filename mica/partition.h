@@ -38,6 +38,7 @@
 #include "mica/bucket.h"
 #include "mica/config.h"
 #include "mica/item.h"
+#include "mica/keyhash.h"
 #include "mica/mirrored_region.h"
 #include "mica/slab.h"
 #include "mica/stats.h"
@@ -133,6 +134,10 @@ class Partition {
   Response Cas(std::string_view key, uint64_t keyhash, uint64_t expected_version,
                std::string_view value);
   Response Execute(const Request& request);
+  // The hash this partition places `keyhash`'s index entry by: bucket from its low bits, tag
+  // from bits 32..47 (keyhash.h's layout), IndexHash under the key in the partition's header (a
+  // replica's: its primary's). Clients never learn it (index_hash.h).
+  uint64_t IndexHash(uint64_t keyhash) const;
 
   // A backup's GET (replica_read.cc), on a region a primary's WRITEs keep changing (RDMA, or
   // another process): reads only, never changes a byte (no stats either), and hands out a value
@@ -220,8 +225,26 @@ class Partition {
     Changed(header_);
     return ++header_->version_clock;
   }
-  // The main bucket of `keyhash`'s chain.
-  Bucket* BucketFor(uint64_t keyhash) const { return &buckets_[keyhash & bucket_mask_]; }
+  // Where `keyhash`'s index entry lives: its chain's main bucket and its tag (IndexHash), found
+  // once per operation.
+  struct Spot {
+    Bucket* bucket;
+    uint16_t tag;
+  };
+  Spot SpotOf(uint64_t keyhash) const {
+    const uint64_t h = IndexHash(keyhash);
+    return Spot{&buckets_[h & bucket_mask_], TagOf(h)};
+  }
+  // The operations at a spot SpotOf found (ExecuteBatch finds every spot before executing).
+  Response ExecuteAt(const Request& request, const Spot& spot);
+  Response GetAt(const Spot& spot, std::string_view key, uint64_t keyhash, char* value_out,
+                 uint32_t value_out_bytes);
+  Response PutAt(const Spot& spot, std::string_view key, uint64_t keyhash, std::string_view value);
+  Response DeleteAt(const Spot& spot, std::string_view key, uint64_t keyhash);
+  Response InsertAt(const Spot& spot, std::string_view key, uint64_t keyhash,
+                    std::string_view value);
+  Response CasAt(const Spot& spot, std::string_view key, uint64_t keyhash,
+                 uint64_t expected_version, std::string_view value);
   // The next bucket of a chain, or nullptr (always in cache mode; also for a link out of range,
   // which only damaged memory could hold).
   Bucket* NextInChain(const Bucket* bucket) const {

@@ -6,11 +6,16 @@
 namespace mica {
 
 Response Partition::Put(std::string_view key, uint64_t keyhash, std::string_view value) {
+  return PutAt(SpotOf(keyhash), key, keyhash, value);
+}
+
+Response Partition::PutAt(const Spot& spot, std::string_view key, uint64_t keyhash,
+                          std::string_view value) {
   if (const Result check = CheckWrite(key, value); check != Result::kOk) {
     return Response{check, 0, 0};
   }
-  Bucket* bucket = BucketFor(keyhash);
-  const uint16_t tag = TagOf(keyhash);
+  Bucket* bucket = spot.bucket;
+  const uint16_t tag = spot.tag;
   uint64_t* slot = FindSlot(bucket, tag, key, keyhash);
   const bool overwrite = slot != nullptr;
   uint64_t version = 0;

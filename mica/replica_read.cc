@@ -28,10 +28,11 @@ Response Partition::ReadReplica(std::string_view key, uint64_t keyhash, char* va
                                 uint32_t value_out_bytes, absl::Span<uint64_t> scratch) const {
   if (key.empty() || key.size() > kMaxKeyBytes) return Response{Result::kKeyTooLong, 0, 0};
   const Response torn{Result::kCorrupt, 0, 0};
-  const Bucket* head = BucketFor(keyhash);
+  const Spot spot = SpotOf(keyhash);
+  const Bucket* head = spot.bucket;
   const uint32_t before = LoadRacy(head->version, std::memory_order_acquire);
   if (before % 2 != 0) return torn;  // (a primary's WRITE never carries an odd version)
-  const uint16_t tag = TagOf(keyhash);
+  const uint16_t tag = spot.tag;
   const uint64_t scratch_bytes = scratch.size() * sizeof(uint64_t);
   const Bucket* bucket = head;
   for (uint64_t hops = 0; bucket != nullptr && hops < max_chain_; ++hops) {

@@ -240,7 +240,8 @@ bool Partition::CheckStoreInvariants(std::string* why) const {
                               " that was never carved");
           return false;
         }
-        if ((item->keyhash & bucket_mask_) != b || TagOf(item->keyhash) != SlotTag(slot)) {
+        const uint64_t index_hash = IndexHash(item->keyhash);
+        if ((index_hash & bucket_mask_) != b || TagOf(index_hash) != SlotTag(slot)) {
           *why =
               absl::StrCat("the item at ", offset, " is in the wrong bucket or has the wrong tag");
           return false;

@@ -1038,7 +1038,7 @@ struct RegionView {
     return reinterpret_cast<mica::Bucket*>(base() + partition->layout().buckets_offset) + index;
   }
   mica::Bucket* main_of(uint64_t keyhash) const {
-    return bucket(keyhash & (partition->layout().bucket_count - 1));
+    return bucket(partition->IndexHash(keyhash) & (partition->layout().bucket_count - 1));
   }
   mica::Bucket* next(const mica::Bucket* b) const {
     const uint32_t n = b->next_extra;
@@ -1053,7 +1053,9 @@ struct RegionView {
     int hops = 0;
     for (mica::Bucket* b = main_of(keyhash); b != nullptr && hops < 100; b = next(b), ++hops) {
       for (uint64_t& slot : b->slots) {
-        if (slot == 0 || mica::SlotTag(slot) != mica::TagOf(keyhash)) continue;
+        if (slot == 0 || mica::SlotTag(slot) != mica::TagOf(partition->IndexHash(keyhash))) {
+          continue;
+        }
         const auto* item =
             reinterpret_cast<const mica::ItemHeader*>(ring() + position(mica::SlotOffset(slot)));
         if (item->keyhash == keyhash) return &slot;
@@ -1187,15 +1189,17 @@ TEST_P(ReplicaReaderHostileTest, DamagedReplicaBytesNeverCrashLieOrHang) {
   // chain is walked rather than refused).
   for (int round = 0; round < 60; ++round) {
     reset();
-    const uint64_t index =
-        round < 40 ? hashes[round % kHostileKeys] & (layout.bucket_count - 1) : rng() % buckets;
+    const uint64_t index = round < 40 ? view.partition->IndexHash(hashes[round % kHostileKeys]) &
+                                            (layout.bucket_count - 1)
+                                      : rng() % buckets;
     auto* line = reinterpret_cast<uint8_t*>(view.bucket(index));
     for (uint64_t i = 0; i < sizeof(mica::Bucket); ++i) line[i] = static_cast<uint8_t>(rng());
     if (round % 2 == 0) view.bucket(index)->version &= ~1u;
     if (round % 4 == 1) {
       // Slots of real tags at random offsets: followed, not skipped by the tag.
       for (uint64_t& slot : view.bucket(index)->slots) {
-        slot = mica::MakeSlot(mica::TagOf(hashes[rng() % kHostileKeys]), rng() % (ring_limit + 64));
+        slot = mica::MakeSlot(mica::TagOf(view.partition->IndexHash(hashes[rng() % kHostileKeys])),
+                              rng() % (ring_limit + 64));
       }
     }
     judge(absl::StrCat("random bucket line ", index, " round ", round));

@@ -636,6 +636,9 @@ TEST(ReplicationGate, ABackupCutAfterAnyWrOfAChainReplaysToAWholeBatch) {
     ASSERT_TRUE(primary.ok() && backup.ok() && scratch.ok());
     const uint64_t whole = RegionBytes(**primary);
     const uint64_t mapped = (*backup)->region().mapped_bytes();
+    // The backup starts as the primary's copy (its state transfer): Create formats alike but for
+    // the partition's random index key.
+    std::memcpy((*backup)->region().base(), (*primary)->region().base(), whole);
     constexpr int kBatches = 40;
     ReplicationOptions options = Patient();
     options.staging_bytes = 4 << 20;

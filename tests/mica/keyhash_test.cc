@@ -9,6 +9,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "mica/index_hash.h"
 
 namespace mica {
 namespace {
@@ -114,4 +115,23 @@ TEST(KeyHash, TagIsNeverZero) {
 }
 
 }  // namespace
+
+// IndexHash is SipHash-1-3 of the 8-byte little-endian keyhash: the reference values for the
+// all-zero key are CPython 3.11's hash() of those 8 bytes under PYTHONHASHSEED=0 (its string
+// hash is SipHash-1-3 with a zero key then): an implementation written apart from this one.
+//   PYTHONHASHSEED=0 python3 -c "import struct; print(hex(hash(struct.pack('<Q', M)) % 2**64))"
+TEST(IndexHash, IsSipHash13OfTheKeyhash) {
+  const IndexKey zero;
+  EXPECT_EQ(IndexHash(0, zero), 0xbd60acb658c79e45ULL);
+  EXPECT_EQ(IndexHash(1, zero), 0x1e9f734161d62dd9ULL);
+  EXPECT_EQ(IndexHash(0x0123456789abcdefULL, zero), 0x8662046e52264db8ULL);
+  EXPECT_EQ(IndexHash(0xffffffffffffffffULL, zero), 0x2f205be2fec8e38dULL);
+  // Another key, another function.
+  const IndexKey other{1, 2};
+  EXPECT_NE(IndexHash(0, other), IndexHash(0, zero));
+  const IndexKey a = RandomIndexKey();
+  const IndexKey b = RandomIndexKey();
+  EXPECT_TRUE(a.k0 != b.k0 || a.k1 != b.k1);
+}
+
 }  // namespace mica

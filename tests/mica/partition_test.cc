@@ -310,6 +310,45 @@ TEST(Partition, FullBucketEvictsItsOldestItem) {
   EXPECT_TRUE(store.Get("k3").has_value());
 }
 
+// Issue 36: a client knows KeyHash (it routes by it). With buckets taken from it directly, a
+// client computed, offline, keys sharing a victim's bucket and evicted the victim's acknowledged
+// value with kSlotsPerBucket PUTs. Buckets and tags now come from IndexHash under the
+// partition's secret key: those keys land anywhere, and the victim stays.
+TEST(Partition, KeysChosenByTheirPublicHashCannotEvictAVictim) {
+  PartitionConfig config = SmallConfig();
+  config.bucket_count = 1024;
+  Store store(config);
+  const uint64_t mask = store.p().layout().bucket_count - 1;
+  ASSERT_EQ(store.Put("victim", "acknowledged").result, Result::kOk);
+  const uint64_t victim = KeyHash("victim");
+  // The attack: more keys than a bucket holds whose public hash has the victim's bucket bits
+  // (a full bucket evicts its oldest entry, whatever its tag).
+  int attackers = 0;
+  for (uint64_t i = 0; attackers < 2 * kSlotsPerBucket; ++i) {
+    const std::string key = absl::StrCat("attacker-", i);
+    const uint64_t h = KeyHash(key);
+    if ((h & mask) != (victim & mask)) continue;
+    ASSERT_EQ(store.Put(key, "x").result, Result::kOk);
+    ++attackers;
+  }
+  const std::optional<Found> got = store.Get("victim");
+  ASSERT_TRUE(got.has_value()) << "evicted by keys chosen from the public hash";
+  EXPECT_EQ(got->value, "acknowledged");
+  EXPECT_EQ(store.p().stats().evictions.Get(), 0u);
+}
+
+// Each partition draws its own key: the same keyhash lands in unrelated buckets of two.
+TEST(Partition, EveryPartitionHasItsOwnIndexKey) {
+  Store a(SmallConfig());
+  Store b(SmallConfig());
+  int same = 0;
+  for (int i = 0; i < 64; ++i) {
+    const uint64_t h = KeyHash(absl::StrCat("key-", i));
+    same += a.p().IndexHash(h) == b.p().IndexHash(h);
+  }
+  EXPECT_EQ(same, 0);
+}
+
 TEST(Partition, DeletedSlotsAreReusedBeforeEvicting) {
   PartitionConfig config = SmallConfig();
   config.bucket_count = 1;
@@ -433,7 +472,7 @@ TEST(Status, ResultsMapToAbslCodes) {
 const Bucket& BucketOf(Partition& p, const std::string& key) {
   const auto* buckets =
       reinterpret_cast<const Bucket*>(p.region().head() + p.layout().buckets_offset);
-  return buckets[KeyHash(key) & (p.layout().bucket_count - 1)];
+  return buckets[p.IndexHash(KeyHash(key)) & (p.layout().bucket_count - 1)];
 }
 
 TEST(BucketSeqlock, EveryChangeMovesTheVersionByTwoAndLeavesItEven) {
