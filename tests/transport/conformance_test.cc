@@ -44,6 +44,17 @@ SendWr Write(const Node& from, size_t offset, uint32_t length, const Node& to, s
   return wr;
 }
 
+// A signalled SEND of [offset, offset + length) of `from`.
+SendWr Send(const Node& from, size_t offset, uint32_t length, uint64_t wr_id, Sge* sge) {
+  *sge = from.sge(offset, length);
+  SendWr wr;
+  wr.wr_id = wr_id;
+  wr.sg_list = sge;
+  wr.num_sge = 1;
+  wr.flags = kSignaled;
+  return wr;
+}
+
 TEST_P(Conformance, RcWriteLandsInRemoteMemory) {
   auto qa = MakeQp(*a_, QpType::kRc);
   auto qb = MakeQp(*b_, QpType::kRc);
@@ -777,12 +788,8 @@ TEST_P(Conformance, AnRnrWaitHoldsBackOnlyItsOwnQp) {
   auto other_peer = MakeQp(*b_, QpType::kRc);
   ConnectPair(*other, *other_peer);
   std::memcpy(a_->bytes() + 512, "late", 4);
-  Sge send_sge = a_->sge(512, 4);
-  SendWr send;
-  send.wr_id = 1;
-  send.sg_list = &send_sge;
-  send.num_sge = 1;
-  send.flags = kSignaled;
+  Sge send_sge;
+  SendWr send = Send(*a_, 512, 4, /*wr_id=*/1, &send_sge);
   ASSERT_TRUE(Post(*waiting, send).ok());
   Sge write_sge;
   SendWr write = Write(*a_, 0, 8, *b_, 0, &write_sge);
@@ -813,12 +820,8 @@ TEST_P(Conformance, WrsBehindAnRnrWaitKeepTheirOrder) {
   std::memcpy(a_->bytes() + 512, "first", 5);
   std::memcpy(a_->bytes(), "second..", 8);
   std::memset(b_->bytes(), 0, 8);
-  Sge send_sge = a_->sge(512, 5);
-  SendWr send;
-  send.wr_id = 1;
-  send.sg_list = &send_sge;
-  send.num_sge = 1;
-  send.flags = kSignaled;
+  Sge send_sge;
+  SendWr send = Send(*a_, 512, 5, /*wr_id=*/1, &send_sge);
   ASSERT_TRUE(Post(*waiting, send).ok());
   Sge write_sge;
   SendWr write = Write(*a_, 0, 8, *b_, 0, &write_sge);
