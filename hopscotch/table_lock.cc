@@ -20,8 +20,13 @@ absl::Status LockTableFile(int fd, const std::string& path, LockMode mode) {
     // serve (and it would not stop the next writer of the path).
     struct stat held, named;
     if (fstat(fd, &held) != 0) return util::ErrnoStatus(absl::StatusCode::kInternal, path);
-    const bool replaced = stat(path.c_str(), &named) != 0 || held.st_dev != named.st_dev ||
-                          held.st_ino != named.st_ino;
+    const bool gone = stat(path.c_str(), &named) != 0;
+    if (gone && errno != ENOENT) {  // cannot tell (EACCES, ELOOP, ...): said as it is
+      const absl::Status error = util::ErrnoStatus(absl::StatusCode::kInternal, path + ": stat");
+      flock(fd, LOCK_UN);
+      return error;
+    }
+    const bool replaced = gone || held.st_dev != named.st_dev || held.st_ino != named.st_ino;
     if (!replaced) return absl::OkStatus();
     flock(fd, LOCK_UN);
     return absl::AbortedError(absl::StrFormat(

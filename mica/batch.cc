@@ -27,7 +27,7 @@ void Partition::ExecuteBatch(absl::Span<const Request> requests, absl::Span<Resp
   for (size_t first = 0; first < requests.size(); first += kBatchChunk) {
     const size_t n = std::min(kBatchChunk, requests.size() - first);
     for (size_t i = 0; i < n; ++i) {
-      spots[i] = SpotOf(requests[first + i].keyhash);
+      spots[i] = SpotOf(requests[first + i].key);
       Prefetch(spots[i].bucket);
     }
     for (size_t i = 0; i < n; ++i) {

@@ -6,7 +6,7 @@ namespace mica {
 
 Response Partition::Cas(std::string_view key, uint64_t keyhash, uint64_t expected_version,
                         std::string_view value) {
-  return CasAt(SpotOf(keyhash), key, keyhash, expected_version, value);
+  return CasAt(SpotOf(key), key, keyhash, expected_version, value);
 }
 
 Response Partition::CasAt(const Spot& spot, std::string_view key, uint64_t keyhash,

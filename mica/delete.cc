@@ -6,7 +6,7 @@
 namespace mica {
 
 Response Partition::Delete(std::string_view key, uint64_t keyhash) {
-  return DeleteAt(SpotOf(keyhash), key, keyhash);
+  return DeleteAt(SpotOf(key), key, keyhash);
 }
 
 Response Partition::DeleteAt(const Spot& spot, std::string_view key, uint64_t keyhash) {

@@ -9,7 +9,7 @@ namespace mica {
 
 Response Partition::Get(std::string_view key, uint64_t keyhash, char* value_out,
                         uint32_t value_out_bytes) {
-  return GetAt(SpotOf(keyhash), key, keyhash, value_out, value_out_bytes);
+  return GetAt(SpotOf(key), key, keyhash, value_out, value_out_bytes);
 }
 
 Response Partition::GetAt(const Spot& spot, std::string_view key, uint64_t keyhash, char* value_out,

@@ -1,20 +1,24 @@
 // Where a partition places a key's index entry (issue 36). Clients know KeyHash (they route by
-// it), so a bucket and tag taken from it directly let a client compute, offline, keys that share
-// a victim's bucket and evict its acknowledged value in cache mode with a handful of PUTs. A
-// partition picks bucket and tag from IndexHash(keyhash): SipHash-1-3 (a keyed pseudorandom
-// function, the standard defence against hash flooding) of the public hash under a random
-// 128-bit key that never leaves the servers. Routing to partitions stays on the public hash.
-//
-// Finding keys that share a victim's bucket then needs the key, or a second preimage of the
-// victim key's 64-bit KeyHash; without either, a client's keys land in its bucket no more often
-// than anyone's.
+// it), and it is no keyed function: a client can compute keys with any KeyHash it likes (its last
+// step inverts), so a bucket and tag taken from it, or from any function of it alone, let a
+// client compute keys that share a victim's bucket and evict its acknowledged value in cache mode
+// with a handful of PUTs. A partition picks bucket and tag from IndexHash(key): SipHash-1-3 (a
+// keyed pseudorandom function, the standard defence against hash flooding) of the key's bytes
+// under a random 128-bit key that never leaves the servers. Routing to partitions, and matching
+// an item to its key, stay on the public hash.
 #ifndef HERD_MICA_INDEX_HASH_H_
 #define HERD_MICA_INDEX_HASH_H_
 
 #include <bit>
 #include <cstdint>
+#include <cstring>
+#include <string_view>
 
 namespace mica {
+
+// How a partition places entries, for a replica to check it places them alike: 1 was the public
+// keyhash's bits (before issue 36), 2 is IndexHash of the key's bytes.
+inline constexpr uint32_t kIndexScheme = 2;
 
 struct IndexKey {
   uint64_t k0 = 0;
@@ -24,9 +28,10 @@ struct IndexKey {
 // A fresh random key (getrandom): each partition draws its own at creation.
 IndexKey RandomIndexKey();
 
-// SipHash-1-3 of the one 8-byte message `keyhash` under `key` (the reference algorithm: one
-// compression round per block, three finalization rounds; the length byte 8 in the last block).
-inline uint64_t IndexHash(uint64_t keyhash, const IndexKey& key) {
+// SipHash-1-3 of `bytes` under `key` (the reference algorithm: 8-byte little-endian blocks, one
+// compression round each; the last block holds the 0..7 bytes left and the length mod 256 in its
+// top byte; three finalization rounds).
+inline uint64_t IndexHash(std::string_view bytes, const IndexKey& key) {
   uint64_t v0 = key.k0 ^ 0x736f6d6570736575ULL;
   uint64_t v1 = key.k1 ^ 0x646f72616e646f6dULL;
   uint64_t v2 = key.k0 ^ 0x6c7967656e657261ULL;
@@ -47,13 +52,24 @@ inline uint64_t IndexHash(uint64_t keyhash, const IndexKey& key) {
     v1 ^= v2;
     v2 = std::rotl(v2, 32);
   };
-  v3 ^= keyhash;
-  round();
-  v0 ^= keyhash;
-  constexpr uint64_t kLastBlock = uint64_t{8} << 56;  // no bytes left, message length 8
-  v3 ^= kLastBlock;
-  round();
-  v0 ^= kLastBlock;
+  auto absorb = [&](uint64_t m) {
+    v3 ^= m;
+    round();
+    v0 ^= m;
+  };
+  const char* p = bytes.data();
+  const size_t n = bytes.size();
+  const size_t whole = n & ~size_t{7};
+  for (size_t i = 0; i < whole; i += 8) {
+    uint64_t m;
+    std::memcpy(&m, p + i, sizeof(m));  // little-endian on the machines herd runs on
+    absorb(m);
+  }
+  uint64_t last = static_cast<uint64_t>(n & 0xff) << 56;
+  for (size_t i = 0; i < (n & 7); ++i) {
+    last |= uint64_t{static_cast<uint8_t>(p[whole + i])} << (8 * i);
+  }
+  absorb(last);
   v2 ^= 0xff;
   round();
   round();

@@ -7,7 +7,7 @@
 namespace mica {
 
 Response Partition::Insert(std::string_view key, uint64_t keyhash, std::string_view value) {
-  return InsertAt(SpotOf(keyhash), key, keyhash, value);
+  return InsertAt(SpotOf(key), key, keyhash, value);
 }
 
 Response Partition::InsertAt(const Spot& spot, std::string_view key, uint64_t keyhash,

@@ -2,7 +2,7 @@
 //
 // Client routing and the worker partition read bits 48..63 of this hash (multiply-shift: any
 // partition count up to 2^16, no modulo bias). Inside a partition, the index bucket and tag come
-// from IndexHash(keyhash) under the partition's secret key (index_hash.h), laid out the same way:
+// from IndexHash(key) under the partition's secret key (index_hash.h), laid out the same way:
 //   bits 32..47  index tag  (0 marks an empty slot, so a real tag of 0 is stored as 1)
 //   bits  0..31  bucket     (bucket count is a power of two, at most 2^32)
 //

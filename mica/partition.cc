@@ -360,17 +360,17 @@ Result Partition::WriteCached(Bucket* head, uint64_t* slot, uint16_t tag, std::s
   return Result::kOk;
 }
 
-uint64_t Partition::IndexHash(uint64_t keyhash) const {
+uint64_t Partition::IndexHash(std::string_view key) const {
   // Relaxed atomic loads: a replica's header line is rewritten (with the same key) by its
   // primary's WRITEs while readers use it.
-  const IndexKey key{
+  const IndexKey secret{
       std::atomic_ref<uint64_t>(header_->index_key[0]).load(std::memory_order_relaxed),
       std::atomic_ref<uint64_t>(header_->index_key[1]).load(std::memory_order_relaxed)};
-  return mica::IndexHash(keyhash, key);
+  return mica::IndexHash(key, secret);
 }
 
 Response Partition::Execute(const Request& request) {
-  return ExecuteAt(request, SpotOf(request.keyhash));
+  return ExecuteAt(request, SpotOf(request.key));
 }
 
 Response Partition::ExecuteAt(const Request& request, const Spot& spot) {

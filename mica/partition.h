@@ -134,10 +134,10 @@ class Partition {
   Response Cas(std::string_view key, uint64_t keyhash, uint64_t expected_version,
                std::string_view value);
   Response Execute(const Request& request);
-  // The hash this partition places `keyhash`'s index entry by: bucket from its low bits, tag
-  // from bits 32..47 (keyhash.h's layout), IndexHash under the key in the partition's header (a
-  // replica's: its primary's). Clients never learn it (index_hash.h).
-  uint64_t IndexHash(uint64_t keyhash) const;
+  // The hash this partition places `key`'s index entry by: bucket from its low bits, tag from
+  // bits 32..47 (keyhash.h's layout), IndexHash of the key's bytes under the key in the
+  // partition's header (a replica's: its primary's). Clients never learn it (index_hash.h).
+  uint64_t IndexHash(std::string_view key) const;
 
   // A backup's GET (replica_read.cc), on a region a primary's WRITEs keep changing (RDMA, or
   // another process): reads only, never changes a byte (no stats either), and hands out a value
@@ -225,14 +225,14 @@ class Partition {
     Changed(header_);
     return ++header_->version_clock;
   }
-  // Where `keyhash`'s index entry lives: its chain's main bucket and its tag (IndexHash), found
-  // once per operation.
+  // Where `key`'s index entry lives: its chain's main bucket and its tag (IndexHash), found once
+  // per operation.
   struct Spot {
     Bucket* bucket;
     uint16_t tag;
   };
-  Spot SpotOf(uint64_t keyhash) const {
-    const uint64_t h = IndexHash(keyhash);
+  Spot SpotOf(std::string_view key) const {
+    const uint64_t h = IndexHash(key);
     return Spot{&buckets_[h & bucket_mask_], TagOf(h)};
   }
   // The operations at a spot SpotOf found (ExecuteBatch finds every spot before executing).

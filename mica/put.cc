@@ -6,7 +6,7 @@
 namespace mica {
 
 Response Partition::Put(std::string_view key, uint64_t keyhash, std::string_view value) {
-  return PutAt(SpotOf(keyhash), key, keyhash, value);
+  return PutAt(SpotOf(key), key, keyhash, value);
 }
 
 Response Partition::PutAt(const Spot& spot, std::string_view key, uint64_t keyhash,

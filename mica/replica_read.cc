@@ -28,7 +28,7 @@ Response Partition::ReadReplica(std::string_view key, uint64_t keyhash, char* va
                                 uint32_t value_out_bytes, absl::Span<uint64_t> scratch) const {
   if (key.empty() || key.size() > kMaxKeyBytes) return Response{Result::kKeyTooLong, 0, 0};
   const Response torn{Result::kCorrupt, 0, 0};
-  const Spot spot = SpotOf(keyhash);
+  const Spot spot = SpotOf(key);
   const Bucket* head = spot.bucket;
   const uint32_t before = LoadRacy(head->version, std::memory_order_acquire);
   if (before % 2 != 0) return torn;  // (a primary's WRITE never carries an odd version)

@@ -240,7 +240,7 @@ bool Partition::CheckStoreInvariants(std::string* why) const {
                               " that was never carved");
           return false;
         }
-        const uint64_t index_hash = IndexHash(item->keyhash);
+        const uint64_t index_hash = IndexHash(std::string_view(ItemKey(item), item->key_bytes));
         if ((index_hash & bucket_mask_) != b || TagOf(index_hash) != SlotTag(slot)) {
           *why =
               absl::StrCat("the item at ", offset, " is in the wrong bucket or has the wrong tag");

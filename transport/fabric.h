@@ -18,8 +18,8 @@
 //   - shm, synchronous mode (the default): PostSend EXECUTES each WR in the poster's thread: it
 //     copies the payload into the peer's memory, so it takes as long as the copy. An RC SEND or
 //     WRITE_WITH_IMM whose receiver has no RECV posted (RNR) never waits there: it and every
-//     later WR of its QP go to the device's progress thread (started then, idle on a condition
-//     variable otherwise), which retries after min_rnr_timer_us as a NIC does (rnr_retry = 7:
+//     later WR of its QP go to the device's progress thread (idle on a condition variable
+//     otherwise), which retries after min_rnr_timer_us as a NIC does (rnr_retry = 7:
 //     for as long as it takes); once they have completed, the QP executes inline again. Queuing
 //     takes the device's progress mutex (RNR only, never the common path).
 //   - shm, both modes: the first access to each remote memory region through a peer (an AH's or

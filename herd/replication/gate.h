@@ -357,8 +357,9 @@ class ReplicationGate : public ResponseGate {
   uint64_t newest_delete_ = 0;
   // A miss waits only for an unreleased DELETE of a key sharing its slot, not for every DELETE
   // of the partition: 4,096 slots (32 KiB per worker) make a false wait rare at the DELETE
-  // rates a batch window holds. Slots are the keyhash's low bits (the bucket index's too, so one
-  // key's DELETE and GETs always meet; a partition is chosen by the high bits, so these spread).
+  // rates a batch window holds. Slots are the keyhash's low bits (one key's DELETE and GETs
+  // share its keyhash, so they always meet; a partition is chosen by the high bits, so these
+  // spread; a client that forges keys into one slot only makes its own misses wait longer).
   static constexpr uint32_t kDeleteSlotBits = 12;
   static constexpr uint64_t kDeleteSlots = uint64_t{1} << kDeleteSlotBits;
   static uint64_t DeleteSlotOf(uint64_t keyhash) { return keyhash & (kDeleteSlots - 1); }

@@ -1,6 +1,7 @@
 #include "herd/replication/link.h"
 
 #include "absl/strings/str_format.h"
+#include "mica/index_hash.h"
 #include "transport/control/wire.h"
 
 namespace herd {
@@ -24,7 +25,8 @@ void Put(WireWriter& w, const ReplicaLayout& l) {
       .U32(l.checksum_from_value_bytes)
       .U64(l.head_bytes)
       .U64(l.ring_bytes)
-      .U64(l.mapped_bytes);
+      .U64(l.mapped_bytes)
+      .U32(l.index_scheme);
 }
 
 bool Get(WireReader& r, ReplicaLayout* l) {
@@ -33,7 +35,7 @@ bool Get(WireReader& r, ReplicaLayout* l) {
          r.U64(&l->owner_area_bytes) && r.U64(&l->log_bytes) && r.U64(&l->pool_bytes) &&
          r.U64(&l->max_item_bytes) && r.U32(&l->max_value_bytes) &&
          r.U32(&l->checksum_from_value_bytes) && r.U64(&l->head_bytes) && r.U64(&l->ring_bytes) &&
-         r.U64(&l->mapped_bytes);
+         r.U64(&l->mapped_bytes) && r.U32(&l->index_scheme);
 }
 
 }  // namespace
@@ -56,6 +58,7 @@ ReplicaLayout LayoutOf(const mica::Partition& partition) {
   l.head_bytes = partition.region().head_bytes();
   l.ring_bytes = partition.region().ring_bytes();
   l.mapped_bytes = partition.region().mapped_bytes();
+  l.index_scheme = mica::kIndexScheme;
   return l;
 }
 
@@ -64,6 +67,7 @@ absl::Status CheckSameLayout(const ReplicaLayout& theirs, const ReplicaLayout& m
     const char* name;
     uint64_t theirs, mine;
   } fields[] = {
+      {"index placement scheme (mica/index_hash.h)", theirs.index_scheme, mine.index_scheme},
       {"store mode", theirs.mode, mine.mode},
       {"buckets", theirs.bucket_count, mine.bucket_count},
       {"extra buckets", theirs.extra_bucket_count, mine.extra_bucket_count},

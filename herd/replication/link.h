@@ -38,6 +38,9 @@ struct ReplicaLayout {
   uint64_t head_bytes = 0;  // the region's mapping: [head | ring | mirror]
   uint64_t ring_bytes = 0;
   uint64_t mapped_bytes = 0;
+  // How entries are placed in buckets (mica::kIndexScheme): a backup that placed them otherwise
+  // would miss every key its primary stored.
+  uint32_t index_scheme = 0;
 };
 ReplicaLayout LayoutOf(const mica::Partition& partition);
 // OK when `theirs` (the primary's) equals `mine` field by field; else which field differs.

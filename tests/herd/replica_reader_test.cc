@@ -1037,8 +1037,8 @@ struct RegionView {
   mica::Bucket* bucket(uint64_t index) const {  // main buckets, then the extra ones
     return reinterpret_cast<mica::Bucket*>(base() + partition->layout().buckets_offset) + index;
   }
-  mica::Bucket* main_of(uint64_t keyhash) const {
-    return bucket(partition->IndexHash(keyhash) & (partition->layout().bucket_count - 1));
+  mica::Bucket* main_of(std::string_view key) const {
+    return bucket(partition->IndexHash(key) & (partition->layout().bucket_count - 1));
   }
   mica::Bucket* next(const mica::Bucket* b) const {
     const uint32_t n = b->next_extra;
@@ -1048,14 +1048,13 @@ struct RegionView {
   uint64_t position(uint64_t slot_offset) const {
     return store() ? slot_offset : slot_offset & (partition->layout().log_bytes - 1);
   }
-  // The slot naming `keyhash`'s item (its header's keyhash), or nullptr.
-  uint64_t* slot_of(uint64_t keyhash) const {
+  // The slot naming `key`'s item (its header's keyhash), or nullptr.
+  uint64_t* slot_of(std::string_view key) const {
+    const uint64_t keyhash = mica::KeyHash(key);
     int hops = 0;
-    for (mica::Bucket* b = main_of(keyhash); b != nullptr && hops < 100; b = next(b), ++hops) {
+    for (mica::Bucket* b = main_of(key); b != nullptr && hops < 100; b = next(b), ++hops) {
       for (uint64_t& slot : b->slots) {
-        if (slot == 0 || mica::SlotTag(slot) != mica::TagOf(partition->IndexHash(keyhash))) {
-          continue;
-        }
+        if (slot == 0 || mica::SlotTag(slot) != mica::TagOf(partition->IndexHash(key))) continue;
         const auto* item =
             reinterpret_cast<const mica::ItemHeader*>(ring() + position(mica::SlotOffset(slot)));
         if (item->keyhash == keyhash) return &slot;
@@ -1063,8 +1062,8 @@ struct RegionView {
     }
     return nullptr;
   }
-  mica::ItemHeader* item_of(uint64_t keyhash) const {
-    const uint64_t* slot = slot_of(keyhash);
+  mica::ItemHeader* item_of(std::string_view key) const {
+    const uint64_t* slot = slot_of(key);
     if (slot == nullptr) return nullptr;
     return reinterpret_cast<mica::ItemHeader*>(ring() + position(mica::SlotOffset(*slot)));
   }
@@ -1189,7 +1188,7 @@ TEST_P(ReplicaReaderHostileTest, DamagedReplicaBytesNeverCrashLieOrHang) {
   // chain is walked rather than refused).
   for (int round = 0; round < 60; ++round) {
     reset();
-    const uint64_t index = round < 40 ? view.partition->IndexHash(hashes[round % kHostileKeys]) &
+    const uint64_t index = round < 40 ? view.partition->IndexHash(keys[round % kHostileKeys]) &
                                             (layout.bucket_count - 1)
                                       : rng() % buckets;
     auto* line = reinterpret_cast<uint8_t*>(view.bucket(index));
@@ -1198,7 +1197,7 @@ TEST_P(ReplicaReaderHostileTest, DamagedReplicaBytesNeverCrashLieOrHang) {
     if (round % 4 == 1) {
       // Slots of real tags at random offsets: followed, not skipped by the tag.
       for (uint64_t& slot : view.bucket(index)->slots) {
-        slot = mica::MakeSlot(mica::TagOf(view.partition->IndexHash(hashes[rng() % kHostileKeys])),
+        slot = mica::MakeSlot(mica::TagOf(view.partition->IndexHash(keys[rng() % kHostileKeys])),
                               rng() % (ring_limit + 64));
       }
     }
@@ -1208,7 +1207,7 @@ TEST_P(ReplicaReaderHostileTest, DamagedReplicaBytesNeverCrashLieOrHang) {
   int items_damaged = 0;
   for (int k = 0; k < kHostileItemKeys; ++k) {
     reset();
-    if (view.item_of(hashes[k]) == nullptr) continue;
+    if (view.item_of(keys[k]) == nullptr) continue;
     ++items_damaged;
     const std::vector<std::function<void(mica::ItemHeader*)>> damages = {
         [](mica::ItemHeader* h) { h->value_bytes = UINT32_MAX; },
@@ -1222,14 +1221,14 @@ TEST_P(ReplicaReaderHostileTest, DamagedReplicaBytesNeverCrashLieOrHang) {
     };
     for (size_t d = 0; d < damages.size(); ++d) {
       reset();
-      damages[d](view.item_of(hashes[k]));
+      damages[d](view.item_of(keys[k]));
       judge(absl::StrCat(keys[k], "'s item header, damage ", d));
     }
     // Another key's whole item over this one's (store mode: only if it fits the block).
     const int other = (k + 1) % kHostileKeys;
     reset();
-    mica::ItemHeader* mine = view.item_of(hashes[k]);
-    const mica::ItemHeader* theirs = view.item_of(hashes[other]);
+    mica::ItemHeader* mine = view.item_of(keys[k]);
+    const mica::ItemHeader* theirs = view.item_of(keys[other]);
     if (theirs != nullptr) {
       const uint64_t bytes = mica::ItemBytes(theirs->key_bytes, theirs->value_bytes, true);
       const uint64_t at = static_cast<uint64_t>(reinterpret_cast<uint8_t*>(mine) - view.ring());
@@ -1259,14 +1258,14 @@ TEST_P(ReplicaReaderHostileTest, DamagedReplicaBytesNeverCrashLieOrHang) {
         (uint64_t{1} << 48) - 8};
     for (const uint64_t target : targets) {
       reset();
-      uint64_t* slot = view.slot_of(hashes[k]);
+      uint64_t* slot = view.slot_of(keys[k]);
       *slot = mica::MakeSlot(mica::SlotTag(*slot), target);
       judge(absl::StrCat(keys[k], "'s slot pointed at ", target));
     }
     if (theirs != nullptr) {
       reset();
-      uint64_t* slot = view.slot_of(hashes[k]);
-      *slot = mica::MakeSlot(mica::SlotTag(*slot), mica::SlotOffset(*view.slot_of(hashes[other])));
+      uint64_t* slot = view.slot_of(keys[k]);
+      *slot = mica::MakeSlot(mica::SlotTag(*slot), mica::SlotOffset(*view.slot_of(keys[other])));
       judge(absl::StrCat(keys[k], "'s slot pointed at ", keys[other], "'s item"));
     }
   }

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "gtest/gtest.h"
 #include "mica/keyhash.h"
 
@@ -310,41 +311,82 @@ TEST(Partition, FullBucketEvictsItsOldestItem) {
   EXPECT_TRUE(store.Get("k3").has_value());
 }
 
-// Issue 36: a client knows KeyHash (it routes by it). With buckets taken from it directly, a
-// client computed, offline, keys sharing a victim's bucket and evicted the victim's acknowledged
-// value with kSlotsPerBucket PUTs. Buckets and tags now come from IndexHash under the
-// partition's secret key: those keys land anywhere, and the victim stays.
-TEST(Partition, KeysChosenByTheirPublicHashCannotEvictAVictim) {
+// KeyHash is public and invertible: for any target hash, 32-byte keys of exactly that KeyHash
+// can be written down (its last multiply-fold is the identity for one chosen word, and its
+// finalizer is a bijection). This is what a client could do; keyhash.cc's constants are copied
+// here, and each key made is checked against the real KeyHash.
+namespace key_forgery {
+constexpr uint64_t kSeed = 0x9e3779b97f4a7c15ULL;
+constexpr uint64_t kMul1 = 0xa0761d6478bd642fULL;
+constexpr uint64_t kMul2 = 0xe7037ed1a0b428dbULL;
+constexpr uint64_t kMul3 = 0x8ebc6af09c88c6e3ULL;
+constexpr uint64_t kFinal1 = 0xff51afd7ed558ccdULL;
+constexpr uint64_t kFinal2 = 0xc4ceb9fe1a85ec53ULL;
+uint64_t MulFold(uint64_t a, uint64_t b) {
+  const unsigned __int128 product = static_cast<unsigned __int128>(a) * b;
+  return static_cast<uint64_t>(product) ^ static_cast<uint64_t>(product >> 64);
+}
+uint64_t InverseOf(uint64_t odd) {  // modulo 2^64, by Newton's iteration
+  uint64_t x = odd;
+  for (int i = 0; i < 6; ++i) x *= 2 - odd * x;
+  return x;
+}
+uint64_t Unfinalize(uint64_t h) {
+  h ^= h >> 33;
+  h *= InverseOf(kFinal2);
+  h ^= h >> 33;
+  h *= InverseOf(kFinal1);
+  h ^= h >> 33;
+  return h;
+}
+uint64_t Word(const std::string& s, size_t at) {
+  uint64_t w;
+  std::memcpy(&w, s.data() + at, sizeof(w));
+  return w;
+}
+// A 32-byte key starting with `prefix` (16 bytes) whose KeyHash is `target`.
+std::string KeyWithHash(const std::string& prefix, uint64_t target) {
+  constexpr uint64_t kBytes = 32;
+  const uint64_t h1 = MulFold(Word(prefix, 0) ^ kMul1, Word(prefix, 8) ^ (kSeed ^ kBytes * kMul1));
+  const uint64_t a = kMul2 ^ 1;  // MulFold(a ^ kMul2, y) == y
+  const uint64_t b = Unfinalize(target) ^ kBytes ^ h1 ^ kMul3;
+  std::string key = prefix;
+  key.append(reinterpret_cast<const char*>(&a), sizeof(a));
+  key.append(reinterpret_cast<const char*>(&b), sizeof(b));
+  return key;
+}
+}  // namespace key_forgery
+
+// Issue 36: a client knows KeyHash (it routes by it) and can make keys with any KeyHash. With
+// buckets and tags taken from the keyhash (or from any function of it alone), keys with the
+// victim's keyhash all landed in its bucket with its tag, and kSlotsPerBucket PUTs evicted the
+// victim's acknowledged value. Buckets and tags now come from IndexHash of the key's bytes under
+// the partition's secret key: those keys land anywhere, and the victim stays.
+TEST(Partition, KeysForgedWithAVictimsHashCannotEvictIt) {
   PartitionConfig config = SmallConfig();
   config.bucket_count = 1024;
   Store store(config);
-  const uint64_t mask = store.p().layout().bucket_count - 1;
   ASSERT_EQ(store.Put("victim", "acknowledged").result, Result::kOk);
   const uint64_t victim = KeyHash("victim");
-  // The attack: more keys than a bucket holds whose public hash has the victim's bucket bits
-  // (a full bucket evicts its oldest entry, whatever its tag).
-  int attackers = 0;
-  for (uint64_t i = 0; attackers < 2 * kSlotsPerBucket; ++i) {
-    const std::string key = absl::StrCat("attacker-", i);
-    const uint64_t h = KeyHash(key);
-    if ((h & mask) != (victim & mask)) continue;
+  for (int i = 0; i < 2 * kSlotsPerBucket; ++i) {
+    const std::string key = key_forgery::KeyWithHash(absl::StrFormat("attacker-%07d", i), victim);
+    ASSERT_EQ(KeyHash(key), victim) << "the forgery no longer matches mica/keyhash.cc";
     ASSERT_EQ(store.Put(key, "x").result, Result::kOk);
-    ++attackers;
   }
   const std::optional<Found> got = store.Get("victim");
-  ASSERT_TRUE(got.has_value()) << "evicted by keys chosen from the public hash";
+  ASSERT_TRUE(got.has_value()) << "evicted by keys forged with its public hash";
   EXPECT_EQ(got->value, "acknowledged");
   EXPECT_EQ(store.p().stats().evictions.Get(), 0u);
 }
 
-// Each partition draws its own key: the same keyhash lands in unrelated buckets of two.
+// Each partition draws its own key: the same key lands in unrelated buckets of two.
 TEST(Partition, EveryPartitionHasItsOwnIndexKey) {
   Store a(SmallConfig());
   Store b(SmallConfig());
   int same = 0;
   for (int i = 0; i < 64; ++i) {
-    const uint64_t h = KeyHash(absl::StrCat("key-", i));
-    same += a.p().IndexHash(h) == b.p().IndexHash(h);
+    const std::string key = absl::StrCat("key-", i);
+    same += a.p().IndexHash(key) == b.p().IndexHash(key);
   }
   EXPECT_EQ(same, 0);
 }
@@ -472,7 +514,7 @@ TEST(Status, ResultsMapToAbslCodes) {
 const Bucket& BucketOf(Partition& p, const std::string& key) {
   const auto* buckets =
       reinterpret_cast<const Bucket*>(p.region().head() + p.layout().buckets_offset);
-  return buckets[p.IndexHash(KeyHash(key)) & (p.layout().bucket_count - 1)];
+  return buckets[p.IndexHash(key) & (p.layout().bucket_count - 1)];
 }
 
 TEST(BucketSeqlock, EveryChangeMovesTheVersionByTwoAndLeavesItEven) {

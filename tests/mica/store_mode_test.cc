@@ -654,11 +654,11 @@ TEST(StoreMode, DamagedMemoryIsNeverFollowed) {
   const std::string key = "k0";
   uint64_t* slot = nullptr;
   for (uint64_t& s : head->slots) {
-    if (s != 0 && SlotTag(s) == TagOf(p.IndexHash(KeyHash(key)))) slot = &s;
+    if (s != 0 && SlotTag(s) == TagOf(p.IndexHash(key))) slot = &s;
   }
   ASSERT_NE(slot, nullptr);
   const uint64_t saved = *slot;
-  *slot = MakeSlot(TagOf(p.IndexHash(KeyHash(key))), p.layout().pool_bytes + (uint64_t{1} << 30));
+  *slot = MakeSlot(TagOf(p.IndexHash(key)), p.layout().pool_bytes + (uint64_t{1} << 30));
   EXPECT_EQ(p.Get(key, KeyHash(key), out.data(), 8192).result, Result::kNotFound);
   *slot = saved;
   // An item header whose lengths grew: never copied out, never handed to a reader, and a PUT

@@ -167,6 +167,9 @@ inline constexpr uint64_t kRetiredCountMask = (uint64_t{1} << kRetiredCountBits)
 
 // Written by the owner at creation; a peer reads every field as hostile input (validated when it
 // attaches, and every ring offset and depth again at each use, since the owner can change them).
+// All zero bytes must be its initial state (every table entry free, every counter 0): a fresh
+// segment is never constructed (SegmentMapping::Create), so no member may have a default member
+// initializer or a constructor that sets anything else.
 struct SegmentHeader {
   uint64_t magic;
   uint32_t version;

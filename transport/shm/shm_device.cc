@@ -1,5 +1,6 @@
 // The shared-memory fabric's control path: segments, peers, devices, PDs, regions, CQs, AHs.
 #include <fcntl.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -11,9 +12,11 @@
 #include <memory>
 #include <new>
 #include <string_view>
+#include <system_error>
 #include <type_traits>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "glog/logging.h"
 #include "transport/shared_memory.h"
@@ -610,9 +613,14 @@ absl::StatusOr<std::unique_ptr<ShmDevice>> ShmDevice::Open(const DeviceOptions& 
     if (!partitions.ok()) return partitions.status();
     device->partitions_ = std::make_unique<PartitionTable>(*std::move(partitions));
   }
-  if (async) {
+  // Started here in both modes (the synchronous mode's waits until a QP queues a WR), so that
+  // PostSend never creates a thread, and a failure to start one is an error here.
+  try {
     util::MutexLock lock(&device->progress_mutex_);
     device->progress_thread_ = std::thread([d = device.get()] { d->RunProgress(); });
+  } catch (const std::system_error& e) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("shm device: cannot start its progress thread: ", e.what()));
   }
   return device;
 }
@@ -632,11 +640,17 @@ ShmDevice::~ShmDevice() {
 void ShmDevice::WakeProgress() {
   util::MutexLock lock(&progress_mutex_);
   progress_wanted_ = true;
-  if (!progress_thread_.joinable()) progress_thread_ = std::thread([this] { RunProgress(); });
   progress_wake_.SignalAll();
 }
 
 void ShmDevice::RunProgress() {
+  // A thread starts with its creator's CPU affinity: a device opened by a thread pinned to one
+  // core (herd_client --client_cores) would put this thread on that busy core. It runs where the
+  // process's main thread may.
+  cpu_set_t allowed;
+  if (sched_getaffinity(getpid(), sizeof(allowed), &allowed) == 0) {
+    sched_setaffinity(0, sizeof(allowed), &allowed);
+  }
   // When a pass finds nothing due, the thread sleeps this long: a NIC-like delay of tens of
   // microseconds without burning a core of these small machines.
   constexpr auto kIdleSleep = std::chrono::microseconds(20);

@@ -175,8 +175,8 @@ class ShmDevice : public Device {
   // the QPs' pending send WRs.
   bool async() const { return async_; }
   // Synchronous mode: a QP queued WRs for the progress thread (an RC WR met a receiver not
-  // ready); starts the thread the first time, and wakes it when it waits for work. Not the data
-  // path: a QP calls it only while it has WRs waiting out an RNR timer.
+  // ready); wakes the thread if it waits for work. Not the data path: a QP calls it only while
+  // it has WRs waiting out an RNR timer.
   void WakeProgress();
   // The peer device at `address` (of this fabric), mapped once for all of this device's QPs and
   // address handles that talk to it: each used to map the peer's segment (and every region of it
@@ -199,8 +199,8 @@ class ShmDevice : public Device {
   const FaultOptions faults_;
   std::unique_ptr<PartitionTable> partitions_;  // FaultOptions::partition_file, or null
   const bool async_;
-  // Asynchronous mode: started with the device. Synchronous mode: started by the first
-  // WakeProgress; between RNRs it waits (without a timeout) until the next.
+  // Started with the device in both modes. Synchronous mode: while no QP has WRs queued it
+  // waits (without a timeout) for the next WakeProgress.
   std::thread progress_thread_ ABSL_GUARDED_BY(progress_mutex_);
   std::atomic<bool> stop_progress_{false};
   util::Mutex progress_mutex_;
