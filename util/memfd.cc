@@ -43,7 +43,10 @@ std::string HugepageShortage(std::string_view name, size_t bytes, const absl::St
 }
 
 void LogSmallPageFallback(std::string_view name, size_t bytes, const absl::Status& why) {
-  LOG(INFO) << HugepageShortage(name, bytes, why) << "; using small pages";
+  // Every 1,000th: a server that tries hugepages for each session's buffers said it at every
+  // join (a million lines, and a read of /proc/meminfo each, in a million-session soak).
+  LOG_EVERY_N(INFO, 1000) << HugepageShortage(name, bytes, why) << "; using small pages ("
+                          << google::COUNTER << " such fallbacks so far)";
 }
 
 }  // namespace util
