@@ -63,7 +63,7 @@ absl::StatusOr<std::unique_ptr<SegmentMapping>> SegmentMapping::Create(uint64_t 
     return Errno("mmap segment");
   }
   // A fresh memfd reads as zeros, and zeros are the value-initialised header (every table entry
-  // free, every counter 0): constructing it would write all of its ~1.2 MB, faulting in and
+  // free, every counter 0): constructing it would write all of its ~770 KB, faulting in and
   // allocating pages that most devices never use (it was most of a client's join).
   static_assert(std::is_trivially_destructible_v<SegmentHeader>);
   auto* header = static_cast<SegmentHeader*>(base);
