@@ -222,7 +222,8 @@ class Client {
   static constexpr absl::Duration kFollowRetryInterval = absl::Milliseconds(20);
   static constexpr absl::Duration kFollowConnectTimeout = absl::Seconds(1);
 
-  // Synchronous wrappers on logical client 0 (for tests and examples): submit, poll until done.
+  // Synchronous wrappers on logical client 0 (for tests and examples): wait for the request's
+  // slot and buffers (kDeadlineExceeded past request_deadline), submit, poll until done.
   absl::StatusOr<Value> Get(std::string_view key);
   absl::StatusOr<uint64_t> Put(std::string_view key, std::string_view value);  // new version
   // The new version, or kAlreadyExists (EXISTS) naming the present version.

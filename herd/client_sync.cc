@@ -15,7 +15,23 @@ absl::StatusOr<Result> Client::RunOne(Op op, std::string_view key, std::string_v
   if (outstanding_ != 0) {
     return absl::FailedPreconditionError("synchronous calls need no requests outstanding");
   }
-  if (absl::Status s = Submit(0, op, key, value, expected_version, kSyncTag); !s.ok()) return s;
+  if (absl::Status s = CheckRequest(op, key, value); !s.ok()) return s;
+  // The slot's or a landing buffer's last WR may still be read by the fabric (a retransmission
+  // queued behind a receiver-not-ready wait, say) though its request was answered: wait for its
+  // completion, as RunMany does, bounded by request_deadline.
+  const uint64_t keyhash = HashKey(key);
+  const Clock::time_point give_up =
+      Clock::now() + absl::ToChronoNanoseconds(options_.request_deadline);
+  while (!CanSubmit(0, keyhash, value.size())) {
+    if (Clock::now() > give_up) {
+      return absl::DeadlineExceededError(
+          "the request's buffer was still being read by the fabric at the request deadline");
+    }
+    Reap();
+  }
+  if (absl::Status s = Submit(0, op, key, keyhash, value, expected_version, kSyncTag); !s.ok()) {
+    return s;
+  }
   Result result;
   while (true) {
     if (Poll(absl::MakeSpan(&result, 1)) == 1 && result.tag == kSyncTag) return result;

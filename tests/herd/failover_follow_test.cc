@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "gtest/gtest.h"
@@ -368,6 +369,9 @@ TEST(FailoverFollow, UnderLoadEveryMutationIsAppliedExactlyOnce) {
     const uint64_t kill_after = 50 + rng() % 351;
     std::atomic<uint64_t> acknowledged{0};
     std::atomic<bool> killed{false};
+    std::atomic<int> exited{0};  // threads done: a thread that failed early kills nothing
+    // Read once here: Kill() below clears the fixture's pid while threads may still be running.
+    const pid_t primary_pid = primary->pid();
     std::vector<std::vector<std::vector<KeyModel>>> models(
         kThreads, std::vector<std::vector<KeyModel>>(kClientsPerThread,
                                                      std::vector<KeyModel>(kKeysPerClient)));
@@ -375,6 +379,7 @@ TEST(FailoverFollow, UnderLoadEveryMutationIsAppliedExactlyOnce) {
     std::vector<std::thread> threads;
     for (int t = 0; t < kThreads; ++t) {
       threads.emplace_back([&, t] {
+        absl::Cleanup count_exit = [&exited] { exited.fetch_add(1); };
         auto connected = Client::Connect(Follower(fabric, members, kClientsPerThread));
         if (!connected.ok()) {
           errors[t] = connected.status().ToString();
@@ -445,7 +450,7 @@ TEST(FailoverFollow, UnderLoadEveryMutationIsAppliedExactlyOnce) {
             }
             if (followed) ++after_follow[c];
             if (acknowledged.fetch_add(1) + 1 == kill_after) {
-              kill(primary->pid(), SIGKILL);
+              kill(primary_pid, SIGKILL);
               killed.store(true);
             }
           }
@@ -465,8 +470,9 @@ TEST(FailoverFollow, UnderLoadEveryMutationIsAppliedExactlyOnce) {
         }
       });
     }
-    // The operator: once the primary is dead, promote one backup.
-    while (!killed.load() && acknowledged.load() < kill_after) std::this_thread::yield();
+    // The operator: once the primary is dead, promote one backup. Reaping it before the killing
+    // thread's kill() could let that kill reach a recycled pid: wait for `killed`.
+    while (!killed.load() && exited.load() < kThreads) std::this_thread::yield();
     primary->Kill();
     const size_t chosen = rng() % backups.size();
     absl::StatusOr<std::string> promoted = testing::PromoteOnceDetached(backups[chosen]->address());

@@ -356,7 +356,7 @@ TEST(LargeValues, AServerPausedUnderLargePutsLeavesTheClientWhole) {
   ASSERT_NE(client, nullptr);
   const std::string value(64 << 10, 'p');  // out of line: a WRITE_WITH_IMM
   ASSERT_TRUE(client->Put("warm", value).ok());
-  ASSERT_EQ(kill(server.pid(), SIGSTOP), 0);
+  ASSERT_TRUE(server.Pause());
   // PUTs in every landing buffer: they and their first retransmissions take the receives the
   // worker keeps posted; the later ones find none.
   for (uint32_t c = 0; c < landing; ++c) {
@@ -373,7 +373,7 @@ TEST(LargeValues, AServerPausedUnderLargePutsLeavesTheClientWhole) {
     delivered += client->Poll(absl::MakeSpan(results).subspan(delivered));
   }
   ASSERT_GE(client->stats().retransmissions, receives) << "too few retransmissions to RNR";
-  ASSERT_EQ(kill(server.pid(), SIGCONT), 0);
+  ASSERT_TRUE(server.Resume());
   while (delivered < landing && absl::Now() < give_up) {
     delivered += client->Poll(absl::MakeSpan(results).subspan(delivered));
   }
@@ -382,7 +382,8 @@ TEST(LargeValues, AServerPausedUnderLargePutsLeavesTheClientWhole) {
     EXPECT_EQ(r.status, Status::kOk) << "PUT " << r.tag << ": " << ResultError(r);
   }
   EXPECT_EQ(client->stats().send_failed, 0u);
-  ASSERT_TRUE(client->Put("after", value).ok()) << "the large-value path broke";
+  const auto after = client->Put("after", value);
+  ASSERT_TRUE(after.ok()) << "the large-value path broke: " << after.status();
   auto got = client->Get("paused-0");
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_TRUE(got->value == value);

@@ -8,8 +8,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <fstream>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
@@ -60,6 +62,7 @@ class ServerProcess {
   ~ServerProcess() {
     if (pid_ > 0) {
       kill(pid_, SIGTERM);
+      kill(pid_, SIGCONT);  // a test that failed while the server was paused
       int status = 0;
       waitpid(pid_, &status, 0);
       EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
@@ -76,6 +79,25 @@ class ServerProcess {
     waitpid(pid_, nullptr, 0);
     pid_ = -1;
   }
+
+  // SIGSTOPs the server and returns once it is stopped (a signal is delivered when the kernel
+  // next runs the process: until then it may still answer requests).
+  bool Pause() {
+    if (pid_ <= 0 || kill(pid_, SIGSTOP) != 0) return false;
+    const std::string stat_path = absl::StrCat("/proc/", pid_, "/stat");
+    while (true) {
+      std::ifstream stat(stat_path);
+      std::string line;
+      if (!std::getline(stat, line)) return false;
+      // "pid (comm) state ...": comm may hold spaces and parentheses; the state follows the last
+      // ')'.
+      const size_t close = line.rfind(')');
+      if (close == std::string::npos || close + 2 >= line.size()) return false;
+      if (line[close + 2] == 'T') return true;
+      std::this_thread::yield();
+    }
+  }
+  bool Resume() { return pid_ > 0 && kill(pid_, SIGCONT) == 0; }
 
   bool ok() const { return port_ != 0; }
   std::string address() const { return absl::StrCat(host_, ":", port_); }
