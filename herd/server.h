@@ -176,6 +176,10 @@ class Server {
   }
 
  private:
+  // A joining client has this long to send each handshake message (its connection waits in the
+  // pending set meanwhile, blocking nobody).
+  static constexpr absl::Duration kHandshakeTimeout = absl::Seconds(10);
+
   struct Session;
   Server(const ServerOptions& options, std::unique_ptr<transport::control::Listener> listener);
   absl::Status Init();
