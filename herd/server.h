@@ -179,6 +179,9 @@ class Server {
   // A joining client has this long to send each handshake message (its connection waits in the
   // pending set meanwhile, blocking nobody).
   static constexpr absl::Duration kHandshakeTimeout = absl::Seconds(10);
+  // TCP keepalive on a replication channel (either end): a peer whose machine died (no FIN ever
+  // comes) is found gone; a failure to set it is logged.
+  static void KeepReplicationChannelAlive(transport::control::Channel& channel);
 
   struct Session;
   Server(const ServerOptions& options, std::unique_ptr<transport::control::Listener> listener);
@@ -198,9 +201,9 @@ class Server {
   // QPs (server_large_values.cc); fills the routes' large-value fields.
   absl::Status BuildLargeValuePath(Session& session, const struct Join& join);
   void Retire(Session& session);
-  // Replication (server_replication.cc). kPrimary, in Init: attaches to every backup and builds
-  // each worker's gate. kBackup, in Init: each worker's redo area and reader; then a thread that
-  // admits one primary at a time (ServeReplication).
+  // Replication (server_primary.cc, server_backup.cc). kPrimary, in Init: attaches to every backup
+  // and builds each worker's gate. kBackup, in Init: each worker's redo area and reader; then a
+  // thread that admits one primary at a time (ServeReplication).
   absl::Status AttachToBackups();
   absl::Status PrepareReplica();
   void ServeReplication();

@@ -33,7 +33,7 @@ using testing::JsonNumber;
 using testing::ReplicatedServer;
 using testing::ServerProcess;
 
-// The promoted clock's jump (server_replication.cc): versions at or past it were handed out by
+// The promoted clock's jump (server_backup.cc): versions at or past it were handed out by
 // the new primary.
 constexpr uint64_t kPromotedVersions = uint64_t{1} << 32;
 

@@ -1,6 +1,6 @@
-// Replication on the server (issue 16): a primary attaches to its backups at start and hands
-// each worker a ReplicationGate; a backup prepares each worker's redo area and reader and admits
-// one primary at a time on its replication port.
+// Replication on a backup (issue 16): it prepares each worker's redo area and reader, admits one
+// primary at a time on its replication port, serves replica reads under a lease, and is
+// promoted. The primary's side is in server_primary.cc.
 #include <cstring>
 #include <thread>
 
@@ -22,28 +22,12 @@ using util::Take;
 // A primary's replication hello must arrive this soon after it connects (a primary sends it at
 // once; a connector that sends nothing holds the replication thread no longer than this).
 constexpr absl::Duration kReplicaHandshakeTimeout = absl::Seconds(2);
-// TCP keepalive on replication channels: a peer whose machine died (no FIN ever comes) counts as
-// gone after about idle + interval x probes.
-constexpr absl::Duration kKeepaliveIdle = absl::Seconds(1);
-constexpr absl::Duration kKeepaliveInterval = absl::Seconds(1);
-constexpr int kKeepaliveProbes = 3;
 // At promotion each partition's version clock jumps this far: past every version the dead
 // primary may have handed out beyond what the backup holds (at most a few batches in flight).
 constexpr uint64_t kPromotionVersionGap = uint64_t{1} << 32;
 // How often the backup's replication thread looks for a new primary, or for its primary's
 // departure.
 constexpr absl::Duration kReplicationPollInterval = absl::Milliseconds(20);
-// How often a primary tries to attach a lost backup again, and how long one try may take (the
-// control thread waits for it).
-constexpr absl::Duration kRejoinInterval = absl::Seconds(1);
-// ... and with a coordinator, where every attach is a (re)join of a registered member.
-constexpr absl::Duration kCoordinatedRejoinInterval = absl::Milliseconds(200);
-constexpr absl::Duration kRejoinConnectTimeout = absl::Milliseconds(200);
-// ... and how long its welcome may take once connected: the backup registers its partitions
-// first (seconds for large ones; the control thread waits, a known cost of rejoining).
-constexpr absl::Duration kRejoinWelcomeTimeout = absl::Seconds(10);
-// Completion queue entries beyond a full window of every link: error completions at teardown.
-constexpr uint32_t kReplicationCqSlack = 64;
 // A backup's end of a link receives nothing and sends nothing.
 constexpr uint32_t kBackupQpDepth = 1;
 // A coordinated backup asks for its read lease this many times per lease length (a lost or late
@@ -51,277 +35,6 @@ constexpr uint32_t kBackupQpDepth = 1;
 constexpr int64_t kLeaseRenewalsPerLease = 4;
 
 }  // namespace
-
-std::string_view ReplicationRoleName(ReplicationRole role) {
-  switch (role) {
-    case ReplicationRole::kNone:
-      return "none";
-    case ReplicationRole::kPrimary:
-      return "primary";
-    case ReplicationRole::kBackup:
-      return "backup";
-  }
-  return "unknown";
-}
-
-absl::StatusOr<ReplicationRole> ParseReplicationRole(std::string_view name) {
-  for (ReplicationRole role :
-       {ReplicationRole::kNone, ReplicationRole::kPrimary, ReplicationRole::kBackup}) {
-    if (name == ReplicationRoleName(role)) return role;
-  }
-  return absl::InvalidArgumentError(
-      absl::StrFormat("--role=%s: expected none, primary or backup", name));
-}
-
-absl::Status Server::AttachToBackups() {
-  const Config& c = options_.config;
-  const ReplicationServerOptions& ro = options_.replication;
-  if (ro.backups.empty() && !ro.coordinated()) {
-    return absl::InvalidArgumentError(
-        "--role=primary needs --backups=HOST:PORT[,HOST:PORT...] (or --coordinator)");
-  }
-  if (!ro.backups.empty() && ro.coordinated()) {
-    return absl::InvalidArgumentError(
-        "--backups with --coordinator: coordinated backups register with the coordinator and the "
-        "primary attaches them; drop --backups");
-  }
-  // One batch's record must hold a batch of small writes and, with large values, one large
-  // write: the worker admits large writes only while they fit (LargeWritesAllowed).
-  const uint64_t needed =
-      SmallBatchRecordBytes(c) + (c.large_values() ? LargeWriteRecordBytes(c) : 0);
-  if (MaxRecordBytes(ro.gate.staging_bytes) < needed) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "--replication_staging_bytes=%d is too small: one batch's record (a third of the ring) "
-        "must hold %d bytes (--postlist small writes%s); use at least %d",
-        ro.gate.staging_bytes, needed, c.large_values() ? " and one largest value" : "",
-        3 * (needed + sizeof(RedoHeader) + 64)));
-  }
-  const uint64_t depth = LinkSendQueueDepth(ro.gate);
-  if (depth > UINT32_MAX / (ro.coordinated() ? kMaxBackups : ro.backups.size())) {
-    return absl::InvalidArgumentError("replication: the links' queues are too deep");
-  }
-  transport::Device* device = device_.get();
-  if (ro.device.has_value()) {
-    if (absl::Status s = Take(transport::OpenDevice(*ro.device), &replication_device_); !s.ok()) {
-      return s;
-    }
-    device = replication_device_.get();
-  }
-  if (absl::Status s = PrepareLinks(device); !s.ok()) return s;
-  if (ro.coordinated()) {
-    // Every slot vacant: members that register join by state transfer (Coordinate).
-    return CreateGates(
-        std::vector<std::vector<BackupLink>>(c.workers, std::vector<BackupLink>(kMaxBackups)));
-  }
-  std::vector<std::vector<BackupLink>> links(c.workers);
-  for (const std::string& address : ro.backups) {
-    std::vector<BackupLink> per_worker;
-    absl::StatusOr<transport::control::Channel> channel = ConnectBackup(
-        address, /*transfer=*/false, ro.connect_timeout, ro.connect_timeout, &per_worker);
-    if (!channel.ok()) return channel.status();
-    for (uint32_t w = 0; w < c.workers; ++w) links[w].push_back(per_worker[w]);
-    LOG(INFO) << "replicating to backup " << address << " (" << c.workers << " partitions)";
-    backup_channels_.push_back(std::make_unique<transport::control::Channel>(*std::move(channel)));
-  }
-  backup_states_.assign(backup_channels_.size(), BackupState::kLive);
-  next_rejoin_.assign(backup_channels_.size(), absl::InfinitePast());
-  backup_addresses_ = ro.backups;
-  return CreateGates(links);
-}
-
-absl::Status Server::PrepareLinks(transport::Device* device) {
-  const ReplicationServerOptions& ro = options_.replication;
-  const size_t slots = ro.coordinated() ? kMaxBackups : ro.backups.size();
-  if (absl::Status s = Take(device->AllocatePd(), &replication_pd_); !s.ok()) return s;
-  for (WorkerResources& r : workers_) {
-    const auto cq_depth =
-        static_cast<uint32_t>(LinkSendQueueDepth(ro.gate) * slots + kReplicationCqSlack);
-    if (absl::Status s = Take(device->CreateCq(cq_depth), &r.replication_cq); !s.ok()) return s;
-  }
-  if (ro.coordinated()) {
-    backup_channels_.clear();
-    for (size_t b = 0; b < kMaxBackups; ++b) {
-      backup_channels_.push_back(std::make_unique<transport::control::Channel>(-1));
-    }
-    backup_states_.assign(kMaxBackups, BackupState::kVacant);
-    next_rejoin_.assign(kMaxBackups, absl::InfinitePast());
-    backup_addresses_.assign(kMaxBackups, "");
-    backup_members_.assign(kMaxBackups, "");
-    lease_granted_.assign(kMaxBackups, kNeverGranted);
-    drop_after_.assign(kMaxBackups, kNeverGranted);
-  }
-  return absl::OkStatus();
-}
-
-ReplicationOptions Server::GateOptions() const {
-  ReplicationOptions options = options_.replication.gate;
-  options.drops_need_consent = options_.replication.coordinated();
-  return options;
-}
-
-absl::Status Server::CreateGates(const std::vector<std::vector<BackupLink>>& links) {
-  for (uint32_t w = 0; w < options_.config.workers; ++w) {
-    WorkerResources& r = workers_[w];
-    if (absl::Status s =
-            Take(ReplicationGate::Create(r.partition.get(), replication_pd_.get(),
-                                         r.replication_cq.get(), links[w], GateOptions()),
-                 &r.gate);
-        !s.ok()) {
-      return s;
-    }
-  }
-  return absl::OkStatus();
-}
-
-absl::StatusOr<transport::control::Channel> Server::ConnectBackup(const std::string& address,
-                                                                  bool transfer,
-                                                                  absl::Duration timeout,
-                                                                  absl::Duration welcome_timeout,
-                                                                  std::vector<BackupLink>* links) {
-  const Config& c = options_.config;
-  const ReplicationServerOptions& ro = options_.replication;
-  absl::StatusOr<transport::control::Channel> channel =
-      transport::control::Channel::Connect(address, timeout);
-  if (!channel.ok()) {
-    return absl::UnavailableError(
-        absl::StrFormat("backup %s: %s", address, channel.status().ToString()));
-  }
-  ReplicaHello hello;
-  hello.workers = c.workers;
-  hello.staging_bytes = ro.gate.staging_bytes;
-  hello.layout =
-      LayoutOf(workers_[0].worker ? workers_[0].worker->partition() : *workers_[0].partition);
-  hello.transfer = transfer;
-  hello.max_clients = c.max_clients;
-  hello.window = c.window;
-  hello.epoch = held_.epoch;
-  hello.member = ro.member;
-  std::vector<std::unique_ptr<transport::QueuePair>> qps;
-  for (WorkerResources& r : workers_) {
-    transport::QpConfig qc;
-    qc.type = transport::QpType::kRc;
-    qc.send_cq = r.replication_cq.get();
-    qc.recv_cq = r.replication_cq.get();  // receives nothing
-    qc.max_send_wr = static_cast<uint32_t>(LinkSendQueueDepth(ro.gate));
-    qc.max_recv_wr = 1;
-    qc.max_inline_data = 0;
-    std::unique_ptr<transport::QueuePair> qp;
-    if (absl::Status s = Take(replication_pd_->CreateQp(qc), &qp); !s.ok()) return s;
-    hello.link_qps.push_back(qp->endpoint());
-    qps.push_back(std::move(qp));
-  }
-  if (absl::Status s = channel->Send(kReplicaHello, Encode(hello)); !s.ok()) return s;
-  absl::StatusOr<transport::control::Message> reply =
-      Expect(*channel, kReplicaWelcome, welcome_timeout);
-  if (!reply.ok()) {
-    return absl::FailedPreconditionError(
-        absl::StrFormat("backup %s refused this primary: %s", address, reply.status().message()));
-  }
-  absl::StatusOr<ReplicaWelcome> welcome = DecodeReplicaWelcome(reply->payload, c.workers);
-  if (!welcome.ok()) return welcome.status();
-  links->clear();
-  for (uint32_t w = 0; w < c.workers; ++w) {
-    const ReplicaPartition& p = welcome->partitions[w];
-    transport::ConnectConfig connect;
-    connect.remote = p.qp;
-    if (absl::Status s = qps[w]->Connect(connect); !s.ok()) return s;
-    links->push_back(
-        BackupLink{qps[w].get(), p.region_addr, p.region_rkey, p.redo_addr, p.redo_rkey});
-  }
-  if (absl::Status s =
-          channel->EnableKeepalive(kKeepaliveIdle, kKeepaliveInterval, kKeepaliveProbes);
-      !s.ok()) {
-    LOG(WARNING) << "replication channel keepalive: " << s;
-  }
-  // Kept for the server's life: a dropped link's QP may still be named by its gate until the
-  // worker adopts a rejoined one (a few QPs per rejoin).
-  for (uint32_t w = 0; w < c.workers; ++w) workers_[w].backup_qps.push_back(std::move(qps[w]));
-  return channel;
-}
-
-void Server::WatchBackups() {
-  const absl::Time now = absl::Now();
-  const bool coordinated = options_.replication.coordinated();
-  for (size_t b = 0; b < backup_channels_.size(); ++b) {
-    const std::string& address = backup_addresses_[b];
-    if (backup_states_[b] == BackupState::kVacant) continue;
-    if (backup_states_[b] == BackupState::kDropping) {
-      SettleDrop(b);
-      continue;
-    }
-    if (backup_states_[b] == BackupState::kLost) {
-      if (now >= next_rejoin_[b]) {
-        next_rejoin_[b] = now + (coordinated ? kCoordinatedRejoinInterval : kRejoinInterval);
-        Rejoin(b);
-      }
-      continue;
-    }
-    const bool closed = backup_channels_[b]->PeerClosed();
-    bool dropped = false;
-    for (const WorkerResources& r : workers_) dropped = dropped || r.gate->dropped(b);
-    if (closed || dropped) {
-      // Closed: it died or restarted. Dropped by a gate (an error, a stall, an oversize batch):
-      // its copy misses acknowledged writes from now on; told so, it answers no more reads and
-      // refuses a promotion. Every gate drops it, and the connection closes. It may come back
-      // (Rejoin) as an empty backup, brought up to date by state transfer.
-      LOG(WARNING) << "backup " << address
-                   << (closed ? " closed its control connection" : " dropped")
-                   << ": serving degraded";
-      for (WorkerResources& r : workers_) r.gate->RequestDrop(b);
-      if (!closed) (void)backup_channels_[b]->Send(kReplicaDropped, {});
-      backup_channels_[b] = std::make_unique<transport::control::Channel>(-1);  // closes it
-      if (coordinated) {
-        // Its gates hold releases until the configuration no longer lists it, once its read
-        // lease ran out (a member still joining never had one, nor a place to lose).
-        drop_after_[b] = backup_states_[b] == BackupState::kLive
-                             ? lease_granted_[b] + absl::ToInt64Nanoseconds(LeaseWait())
-                             : kNeverGranted;
-        backup_states_[b] = BackupState::kDropping;
-        continue;
-      }
-      backup_states_[b] = BackupState::kLost;
-      next_rejoin_[b] = now + kRejoinInterval;
-      continue;
-    }
-    if (coordinated && backup_states_[b] == BackupState::kLive) AnswerLeaseRequests(b);
-    if (backup_states_[b] == BackupState::kJoining) {
-      bool synced = true;
-      for (const WorkerResources& r : workers_) synced = synced && r.gate->synced(b);
-      if (!synced) continue;
-      if (coordinated && !CommitAddition(b)) continue;  // tried again on the next pass
-      (void)backup_channels_[b]->Send(kReplicaSynced, {});
-      backup_states_[b] = BackupState::kLive;
-      LOG(INFO) << "backup " << address << " is up to date: replicating to it again";
-    }
-  }
-}
-
-void Server::Rejoin(size_t b) {
-  const std::string& address = backup_addresses_[b];
-  // Every gate must have let go of the old link first (RequestDrop takes up to
-  // kStallCheckEvery of a worker's loops, a consent one loop).
-  for (const WorkerResources& r : workers_) {
-    if (!r.gate->dropped(b) || r.gate->drop_unsettled(b)) return;
-  }
-  std::vector<BackupLink> links;
-  absl::StatusOr<transport::control::Channel> channel = ConnectBackup(
-      address, /*transfer=*/true, kRejoinConnectTimeout, kRejoinWelcomeTimeout, &links);
-  if (!channel.ok()) {
-    VLOG(1) << "backup " << address << " not back yet: " << channel.status();
-    return;
-  }
-  for (uint32_t w = 0; w < workers_.size(); ++w) {
-    if (!workers_[w].gate->OfferLink(b, links[w])) {
-      // Only a gate that took an earlier offer could refuse: never left half-joined.
-      LOG(ERROR) << "backup " << address << ": worker " << w << " refused the new link";
-      for (WorkerResources& r : workers_) r.gate->RequestDrop(b);
-      return;  // the channel closes: the backup sees its primary leave while syncing
-    }
-  }
-  LOG(INFO) << "backup " << address << " rejoined: transferring the partitions' state";
-  backup_channels_[b] = std::make_unique<transport::control::Channel>(*std::move(channel));
-  backup_states_[b] = BackupState::kJoining;
-}
 
 absl::Status Server::PrepareReplica() {
   const ReplicationServerOptions& ro = options_.replication;
@@ -556,11 +269,7 @@ absl::Status Server::AttachPrimary(transport::control::Channel& channel) {
   }
   // A first primary that transfers nothing starts from the same empty state as this backup.
   if (!hello->transfer) reads_refused_.store(stale_.load());
-  if (absl::Status s =
-          channel.EnableKeepalive(kKeepaliveIdle, kKeepaliveInterval, kKeepaliveProbes);
-      !s.ok()) {
-    LOG(WARNING) << "replication channel keepalive: " << s;
-  }
+  KeepReplicationChannelAlive(channel);
   ever_attached_ = true;
   attached_epoch_ = hello->epoch;
   attached_member_ = hello->member;
