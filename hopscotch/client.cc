@@ -50,17 +50,12 @@ Client::~Client() {
 }
 
 absl::Status Client::Open() {
-  absl::StatusOr<std::unique_ptr<transport::Device>> device =
-      transport::OpenDevice(options_.device);
-  if (!device.ok()) return device.status();
-  device_ = *std::move(device);
-  absl::StatusOr<std::unique_ptr<transport::ProtectionDomain>> pd = device_->AllocatePd();
-  if (!pd.ok()) return pd.status();
-  pd_ = *std::move(pd);
-  absl::StatusOr<std::unique_ptr<transport::CompletionQueue>> cq =
-      device_->CreateCq(options_.window);
-  if (!cq.ok()) return cq.status();
-  cq_ = *std::move(cq);
+  absl::StatusOr<transport::DeviceResources> opened =
+      transport::OpenDeviceResources(options_.device, options_.window);
+  if (!opened.ok()) return opened.status();
+  device_ = std::move(opened->device);
+  pd_ = std::move(opened->pd);
+  cq_ = std::move(opened->cq);
   absl::StatusOr<transport::SharedMemory> buffers =
       transport::SharedMemory::Allocate(uint64_t{options_.window} * kNeighbourhoodBytes, "hop");
   if (!buffers.ok()) return buffers.status();

@@ -39,16 +39,12 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(const ServerOptions& opti
 }
 
 absl::Status Server::Open() {
-  absl::StatusOr<std::unique_ptr<transport::Device>> device =
-      transport::OpenDevice(options_.device);
-  if (!device.ok()) return device.status();
-  device_ = *std::move(device);
-  absl::StatusOr<std::unique_ptr<transport::ProtectionDomain>> pd = device_->AllocatePd();
-  if (!pd.ok()) return pd.status();
-  pd_ = *std::move(pd);
-  absl::StatusOr<std::unique_ptr<transport::CompletionQueue>> cq = device_->CreateCq(1);
-  if (!cq.ok()) return cq.status();
-  cq_ = *std::move(cq);
+  absl::StatusOr<transport::DeviceResources> opened =
+      transport::OpenDeviceResources(options_.device, /*cq_depth=*/1);
+  if (!opened.ok()) return opened.status();
+  device_ = std::move(opened->device);
+  pd_ = std::move(opened->pd);
+  cq_ = std::move(opened->cq);
   // Remote READ only: no client can write a byte of the table (the conformance suite checks
   // that a WRITE into a READ-only region fails on both backends).
   absl::StatusOr<std::unique_ptr<transport::MemoryRegion>> mr = pd_->RegisterMemory(

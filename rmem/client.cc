@@ -44,11 +44,12 @@ Client::~Client() {
 }
 
 absl::Status Client::Open() {
-  if (absl::Status s = util::Take(transport::OpenDevice(options_.device), &device_); !s.ok()) {
-    return s;
-  }
-  if (absl::Status s = util::Take(device_->AllocatePd(), &pd_); !s.ok()) return s;
-  if (absl::Status s = util::Take(device_->CreateCq(kCqDepth), &cq_); !s.ok()) return s;
+  absl::StatusOr<transport::DeviceResources> opened =
+      transport::OpenDeviceResources(options_.device, kCqDepth);
+  if (!opened.ok()) return opened.status();
+  device_ = std::move(opened->device);
+  pd_ = std::move(opened->pd);
+  cq_ = std::move(opened->cq);
   const uint64_t bytes =
       kCommandBytes + uint64_t{kCommandSlots} * kReplyBytes + options_.staging_bytes;
   absl::StatusOr<transport::SharedMemory> memory =

@@ -19,6 +19,21 @@ absl::StatusOr<std::unique_ptr<Device>> OpenDevice(const DeviceOptions& options)
   return std::unique_ptr<Device>(std::move(*device));
 }
 
+absl::StatusOr<DeviceResources> OpenDeviceResources(const DeviceOptions& options,
+                                                    uint32_t cq_depth) {
+  DeviceResources opened;
+  absl::StatusOr<std::unique_ptr<Device>> device = OpenDevice(options);
+  if (!device.ok()) return device.status();
+  opened.device = *std::move(device);
+  absl::StatusOr<std::unique_ptr<ProtectionDomain>> pd = opened.device->AllocatePd();
+  if (!pd.ok()) return pd.status();
+  opened.pd = *std::move(pd);
+  absl::StatusOr<std::unique_ptr<CompletionQueue>> cq = opened.device->CreateCq(cq_depth);
+  if (!cq.ok()) return cq.status();
+  opened.cq = *std::move(cq);
+  return opened;
+}
+
 ChildLinks::~ChildLinks() {
   for (int i = 0; i < linked_; ++i) counts_[i]->fetch_sub(1, std::memory_order_acq_rel);
 }

@@ -368,6 +368,18 @@ struct DeviceOptions {
 
 absl::StatusOr<std::unique_ptr<Device>> OpenDevice(const DeviceOptions& options);
 
+// What a one-queue service or client opens first (hopscotch's and rmem's): the device, one
+// protection domain on it and one completion queue. Members are declared so that they destroy
+// in the order the verbs need: the CQ, then the PD, then the device.
+struct DeviceResources {
+  std::unique_ptr<Device> device;
+  std::unique_ptr<ProtectionDomain> pd;
+  std::unique_ptr<CompletionQueue> cq;
+};
+// Opens options' device, a PD and a CQ of `cq_depth` entries; the first failure's status.
+absl::StatusOr<DeviceResources> OpenDeviceResources(const DeviceOptions& options,
+                                                    uint32_t cq_depth);
+
 // Names OpenDevice accepts here: "shm" and every verbs device present.
 std::vector<std::string> ListDevices();
 
