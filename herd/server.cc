@@ -265,6 +265,12 @@ absl::Status Server::Start() {
 void Server::Stop() {
   if (!started_ || stop_.exchange(true)) return;
   control_.join();  // retires every session first, while the workers still run
+  // Rejoin attempts still running (each bounded by its timeouts): their QPs go while the links'
+  // PD and the workers' CQs are still there.
+  for (std::future<Attach>& attempt : rejoining_) {
+    if (attempt.valid()) attempt.wait();
+  }
+  rejoining_.clear();
   if (lease_keeper_.joinable()) lease_keeper_.join();
   if (replication_thread_.joinable()) replication_thread_.join();  // detaches the primary
   for (std::thread& t : threads_) t.join();

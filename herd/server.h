@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <future>
 #include <memory>
 #include <optional>
 #include <string>
@@ -19,6 +20,7 @@
 #include "herd/replication/configuration.h"
 #include "herd/replication/coordinator.h"
 #include "herd/replication/gate.h"
+#include "herd/replication/link.h"
 #include "herd/replication/replica_reader.h"
 #include "herd/worker.h"
 #include "mica/config.h"
@@ -226,15 +228,34 @@ class Server {
   // A coordinated backup's copy is whole: a state transfer completed in this life, and its
   // primary has not dropped it since.
   bool HoldsWholeCopy();
-  // kPrimary: attaches to backup `address` (the hello says whether a state transfer follows):
-  // one RC QP per worker, kept in workers_[w].backup_qps; the links in `links` (per worker).
-  absl::StatusOr<transport::control::Channel> ConnectBackup(const std::string& address,
-                                                            bool transfer, absl::Duration timeout,
-                                                            absl::Duration welcome_timeout,
-                                                            std::vector<BackupLink>* links);
-  // kPrimary, control thread: tries to attach lost backup `b` again (a restarted, empty one)
-  // and offers the new links to the gates, which bring it up to date (OfferLink).
-  void Rejoin(size_t b);
+  // kPrimary: an attach to one backup, made by ConnectBackup: the control channel, and per
+  // worker the RC QP and the link over it (not yet kept or offered to a gate).
+  struct Attach {
+    absl::StatusOr<transport::control::Channel> channel = absl::UnknownError("not attached");
+    std::vector<BackupLink> links;
+    std::vector<std::unique_ptr<transport::QueuePair>> qps;
+    std::string address;  // what it was made for: a slot may be given another meanwhile
+    std::string member;
+    uint64_t epoch = 0;
+  };
+  // The hello ConnectBackup sends (but its QPs): built on the control thread, which owns
+  // `held_`, and read by an attach running on its own thread.
+  ReplicaHello HelloForBackup(bool transfer) const;
+  // kPrimary: attaches to backup `address` with `hello` (which says whether a state transfer
+  // follows): one RC QP per worker. Touches nothing the control thread changes, so it may run
+  // on a thread of its own. Waits up to `timeout` to connect and `welcome_timeout` for the
+  // backup's welcome.
+  Attach ConnectBackup(const std::string& address, ReplicaHello hello, absl::Duration timeout,
+                       absl::Duration welcome_timeout);
+  // Keeps an attach's QPs for the server's life: a dropped link's QP may still be named by its
+  // gate until the worker adopts a rejoined one (a few QPs per rejoin).
+  void KeepLinkQps(Attach& attach);
+  // kPrimary, control thread: starts an attempt to attach lost backup `b` again (a restarted,
+  // empty one) on a thread of its own, so that clients keep joining while a backup takes
+  // seconds to answer; FinishRejoin takes its result on a later pass and offers the new links
+  // to the gates, which bring the backup up to date (OfferLink).
+  void StartRejoin(size_t b);
+  void FinishRejoin(size_t b);
   // kBackup, control thread (a kPromoteRequest): once no primary is attached, every worker
   // replays its last committed batch, takes the partition's state over and takes writes; no
   // primary attaches afterwards. A JSON summary, or why not.
@@ -370,6 +391,10 @@ class Server {
   };
   std::vector<BackupState> backup_states_;
   std::vector<absl::Time> next_rejoin_;
+  // Per backup slot: the rejoin attempt running on its own thread (StartRejoin), if any. Stop()
+  // waits for them (each bounded by its connect and welcome timeouts) before the links' PD and
+  // the workers go.
+  std::vector<std::future<Attach>> rejoining_;
   // Per backup slot: where it attaches, its member name (coordinated), and when the primary
   // last granted it a read lease (the lease ends by then + read_lease).
   std::vector<std::string> backup_addresses_;

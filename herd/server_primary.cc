@@ -2,6 +2,9 @@
 // a ReplicationGate, watches its links and attaches lost backups again. The backup's side is in
 // server_backup.cc.
 
+#include <chrono>
+#include <future>
+
 #include "absl/strings/str_format.h"
 #include "glog/logging.h"
 #include "herd/join.h"
@@ -105,16 +108,18 @@ absl::Status Server::AttachToBackups() {
   }
   std::vector<std::vector<BackupLink>> links(c.workers);
   for (const std::string& address : ro.backups) {
-    std::vector<BackupLink> per_worker;
-    absl::StatusOr<transport::control::Channel> channel = ConnectBackup(
-        address, /*transfer=*/false, ro.connect_timeout, ro.connect_timeout, &per_worker);
-    if (!channel.ok()) return channel.status();
-    for (uint32_t w = 0; w < c.workers; ++w) links[w].push_back(per_worker[w]);
+    Attach attach = ConnectBackup(address, HelloForBackup(/*transfer=*/false), ro.connect_timeout,
+                                  ro.connect_timeout);
+    if (!attach.channel.ok()) return attach.channel.status();
+    KeepLinkQps(attach);
+    for (uint32_t w = 0; w < c.workers; ++w) links[w].push_back(attach.links[w]);
     LOG(INFO) << "replicating to backup " << address << " (" << c.workers << " partitions)";
-    backup_channels_.push_back(std::make_unique<transport::control::Channel>(*std::move(channel)));
+    backup_channels_.push_back(
+        std::make_unique<transport::control::Channel>(*std::move(attach.channel)));
   }
   backup_states_.assign(backup_channels_.size(), BackupState::kLive);
   next_rejoin_.assign(backup_channels_.size(), absl::InfinitePast());
+  rejoining_.resize(backup_channels_.size());
   backup_addresses_ = ro.backups;
   return CreateGates(links);
 }
@@ -135,6 +140,7 @@ absl::Status Server::PrepareLinks(transport::Device* device) {
     }
     backup_states_.assign(kMaxBackups, BackupState::kVacant);
     next_rejoin_.assign(kMaxBackups, absl::InfinitePast());
+    rejoining_.resize(kMaxBackups);
     backup_addresses_.assign(kMaxBackups, "");
     backup_members_.assign(kMaxBackups, "");
     lease_granted_.assign(kMaxBackups, kNeverGranted);
@@ -163,19 +169,9 @@ absl::Status Server::CreateGates(const std::vector<std::vector<BackupLink>>& lin
   return absl::OkStatus();
 }
 
-absl::StatusOr<transport::control::Channel> Server::ConnectBackup(const std::string& address,
-                                                                  bool transfer,
-                                                                  absl::Duration timeout,
-                                                                  absl::Duration welcome_timeout,
-                                                                  std::vector<BackupLink>* links) {
+ReplicaHello Server::HelloForBackup(bool transfer) const {
   const Config& c = options_.config;
   const ReplicationServerOptions& ro = options_.replication;
-  absl::StatusOr<transport::control::Channel> channel =
-      transport::control::Channel::Connect(address, timeout);
-  if (!channel.ok()) {
-    return absl::UnavailableError(
-        absl::StrFormat("backup %s: %s", address, channel.status().ToString()));
-  }
   ReplicaHello hello;
   hello.workers = c.workers;
   hello.staging_bytes = ro.gate.staging_bytes;
@@ -186,43 +182,66 @@ absl::StatusOr<transport::control::Channel> Server::ConnectBackup(const std::str
   hello.window = c.window;
   hello.epoch = held_.epoch;
   hello.member = ro.member;
-  std::vector<std::unique_ptr<transport::QueuePair>> qps;
+  return hello;
+}
+
+Server::Attach Server::ConnectBackup(const std::string& address, ReplicaHello hello,
+                                     absl::Duration timeout, absl::Duration welcome_timeout) {
+  const Config& c = options_.config;
+  Attach attach;
+  attach.address = address;
+  attach.epoch = hello.epoch;
+  auto fail = [&attach](absl::Status status) {
+    attach.channel = std::move(status);
+    attach.links.clear();
+    return std::move(attach);
+  };
+  absl::StatusOr<transport::control::Channel> channel =
+      transport::control::Channel::Connect(address, timeout);
+  if (!channel.ok()) {
+    return fail(absl::UnavailableError(
+        absl::StrFormat("backup %s: %s", address, channel.status().ToString())));
+  }
   for (WorkerResources& r : workers_) {
     transport::QpConfig qc;
     qc.type = transport::QpType::kRc;
     qc.send_cq = r.replication_cq.get();
     qc.recv_cq = r.replication_cq.get();  // receives nothing
-    qc.max_send_wr = static_cast<uint32_t>(LinkSendQueueDepth(ro.gate));
+    qc.max_send_wr = static_cast<uint32_t>(LinkSendQueueDepth(options_.replication.gate));
     qc.max_recv_wr = 1;
     qc.max_inline_data = 0;
     std::unique_ptr<transport::QueuePair> qp;
-    if (absl::Status s = Take(replication_pd_->CreateQp(qc), &qp); !s.ok()) return s;
+    if (absl::Status s = Take(replication_pd_->CreateQp(qc), &qp); !s.ok()) return fail(s);
     hello.link_qps.push_back(qp->endpoint());
-    qps.push_back(std::move(qp));
+    attach.qps.push_back(std::move(qp));
   }
-  if (absl::Status s = channel->Send(kReplicaHello, Encode(hello)); !s.ok()) return s;
+  if (absl::Status s = channel->Send(kReplicaHello, Encode(hello)); !s.ok()) return fail(s);
   absl::StatusOr<transport::control::Message> reply =
       Expect(*channel, kReplicaWelcome, welcome_timeout);
   if (!reply.ok()) {
-    return absl::FailedPreconditionError(
-        absl::StrFormat("backup %s refused this primary: %s", address, reply.status().message()));
+    return fail(absl::FailedPreconditionError(
+        absl::StrFormat("backup %s refused this primary: %s", address, reply.status().message())));
   }
   absl::StatusOr<ReplicaWelcome> welcome = DecodeReplicaWelcome(reply->payload, c.workers);
-  if (!welcome.ok()) return welcome.status();
-  links->clear();
+  if (!welcome.ok()) return fail(welcome.status());
   for (uint32_t w = 0; w < c.workers; ++w) {
     const ReplicaPartition& p = welcome->partitions[w];
     transport::ConnectConfig connect;
     connect.remote = p.qp;
-    if (absl::Status s = qps[w]->Connect(connect); !s.ok()) return s;
-    links->push_back(
-        BackupLink{qps[w].get(), p.region_addr, p.region_rkey, p.redo_addr, p.redo_rkey});
+    if (absl::Status s = attach.qps[w]->Connect(connect); !s.ok()) return fail(s);
+    attach.links.push_back(
+        BackupLink{attach.qps[w].get(), p.region_addr, p.region_rkey, p.redo_addr, p.redo_rkey});
   }
   KeepReplicationChannelAlive(*channel);
-  // Kept for the server's life: a dropped link's QP may still be named by its gate until the
-  // worker adopts a rejoined one (a few QPs per rejoin).
-  for (uint32_t w = 0; w < c.workers; ++w) workers_[w].backup_qps.push_back(std::move(qps[w]));
-  return channel;
+  attach.channel = *std::move(channel);
+  return attach;
+}
+
+void Server::KeepLinkQps(Attach& attach) {
+  for (size_t w = 0; w < attach.qps.size(); ++w) {
+    workers_[w].backup_qps.push_back(std::move(attach.qps[w]));
+  }
+  attach.qps.clear();
 }
 
 void Server::WatchBackups() {
@@ -230,15 +249,19 @@ void Server::WatchBackups() {
   const bool coordinated = options_.replication.coordinated();
   for (size_t b = 0; b < backup_channels_.size(); ++b) {
     const std::string& address = backup_addresses_[b];
+    if (rejoining_[b].valid() &&
+        rejoining_[b].wait_for(std::chrono::seconds(0)) == std::future_status::ready) {
+      FinishRejoin(b);
+    }
     if (backup_states_[b] == BackupState::kVacant) continue;
     if (backup_states_[b] == BackupState::kDropping) {
       SettleDrop(b);
       continue;
     }
     if (backup_states_[b] == BackupState::kLost) {
-      if (now >= next_rejoin_[b]) {
+      if (!rejoining_[b].valid() && now >= next_rejoin_[b]) {
         next_rejoin_[b] = now + (coordinated ? kCoordinatedRejoinInterval : kRejoinInterval);
-        Rejoin(b);
+        StartRejoin(b);
       }
       continue;
     }
@@ -282,30 +305,51 @@ void Server::WatchBackups() {
   }
 }
 
-void Server::Rejoin(size_t b) {
-  const std::string& address = backup_addresses_[b];
+void Server::StartRejoin(size_t b) {
   // Every gate must have let go of the old link first (RequestDrop takes up to
   // kStallCheckEvery of a worker's loops, a consent one loop).
   for (const WorkerResources& r : workers_) {
     if (!r.gate->dropped(b) || r.gate->drop_unsettled(b)) return;
   }
-  std::vector<BackupLink> links;
-  absl::StatusOr<transport::control::Channel> channel = ConnectBackup(
-      address, /*transfer=*/true, kRejoinConnectTimeout, kRejoinWelcomeTimeout, &links);
-  if (!channel.ok()) {
-    VLOG(1) << "backup " << address << " not back yet: " << channel.status();
+  rejoining_[b] = std::async(
+      std::launch::async, [this, address = backup_addresses_[b],
+                           member = backup_members_.empty() ? std::string() : backup_members_[b],
+                           hello = HelloForBackup(/*transfer=*/true)]() mutable {
+        Attach attach =
+            ConnectBackup(address, std::move(hello), kRejoinConnectTimeout, kRejoinWelcomeTimeout);
+        attach.member = member;
+        return attach;
+      });
+}
+
+void Server::FinishRejoin(size_t b) {
+  Attach attach = rejoining_[b].get();
+  if (!attach.channel.ok()) {
+    VLOG(1) << "backup " << attach.address << " not back yet: " << attach.channel.status();
     return;
   }
+  // Made for this slot as it still is: the same backup, in the epoch this server acts in (a
+  // slot freed or given to another member, or a newer configuration, meanwhile: the attach is
+  // let go, and its channel's closing tells the backup).
+  const std::string& member = backup_members_.empty() ? std::string() : backup_members_[b];
+  if (backup_states_[b] != BackupState::kLost || attach.address != backup_addresses_[b] ||
+      attach.member != member || attach.epoch != held_.epoch) {
+    LOG(INFO) << "backup " << attach.address << ": an attach made for another configuration "
+              << "of this slot is let go";
+    return;
+  }
+  KeepLinkQps(attach);
   for (uint32_t w = 0; w < workers_.size(); ++w) {
-    if (!workers_[w].gate->OfferLink(b, links[w])) {
+    if (!workers_[w].gate->OfferLink(b, attach.links[w])) {
       // Only a gate that took an earlier offer could refuse: never left half-joined.
-      LOG(ERROR) << "backup " << address << ": worker " << w << " refused the new link";
+      LOG(ERROR) << "backup " << attach.address << ": worker " << w << " refused the new link";
       for (WorkerResources& r : workers_) r.gate->RequestDrop(b);
       return;  // the channel closes: the backup sees its primary leave while syncing
     }
   }
-  LOG(INFO) << "backup " << address << " rejoined: transferring the partitions' state";
-  backup_channels_[b] = std::make_unique<transport::control::Channel>(*std::move(channel));
+  LOG(INFO) << "backup " << attach.address << " rejoined: transferring the partitions' state";
+  backup_channels_[b] = std::make_unique<transport::control::Channel>(*std::move(attach.channel));
   backup_states_[b] = BackupState::kJoining;
 }
+
 }  // namespace herd

@@ -208,6 +208,49 @@ TEST(ReplicationRejoin, AKilledBackupRestartedEmptyIsBroughtUpToDateUnderLoad) {
   }
 }
 
+// Issue 35: attaching a backup again runs on a thread of its own. A restarted backup may take
+// seconds to answer a primary's hello (it registers its partitions first); the primary's control
+// thread, which admits clients, used to wait for that answer. Here the lost backup's port is
+// taken by a listener that accepts the primary's attach and never answers: a client joins the
+// primary and writes while the primary still waits on it.
+TEST(ReplicationRejoin, ClientsJoinWhileALostBackupIsSlowToWelcomeItsPrimary) {
+  const std::string fabric = absl::StrCat("repl-slow-welcome-", getpid());
+  ServerOptions backup_options =
+      ReplicatedServer(fabric, mica::StoreMode::kStore, ReplicationRole::kBackup);
+  auto doomed = std::make_unique<ServerProcess>(backup_options);
+  ASSERT_TRUE(doomed->ok());
+  ServerOptions options =
+      ReplicatedServer(fabric, mica::StoreMode::kStore, ReplicationRole::kPrimary);
+  options.replication.backups = {doomed->replication_address()};
+  ServerProcess primary(options);
+  ASSERT_TRUE(primary.ok());
+  const std::string replication_address = doomed->replication_address();
+  const auto replication_port = static_cast<uint16_t>(
+      std::stoi(replication_address.substr(replication_address.rfind(':') + 1)));
+  doomed->Kill();
+  absl::StatusOr<std::string> stats = AwaitStats(primary.address(), [](const std::string& s) {
+    return JsonNumber(s, "live_backups") == 0;
+  });
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  absl::StatusOr<transport::control::Listener> silent =
+      transport::control::Listener::Listen("127.0.0.1", replication_port);
+  ASSERT_TRUE(silent.ok()) << silent.status();
+  // The primary's next attempt (one a second) connects, sends its hello and waits.
+  absl::StatusOr<transport::control::Channel> attach = silent->Accept(kRejoinDeadline);
+  ASSERT_TRUE(attach.ok()) << attach.status();
+  ClientOptions o;
+  o.server = primary.address();
+  o.device.fabric = fabric;
+  o.connect_timeout = kRejoinDeadline;  // however long it takes: the order is the point
+  auto client = Client::Connect(o);
+  ASSERT_TRUE(client.ok()) << client.status();
+  absl::StatusOr<uint64_t> put = (*client)->Put("during", "a slow rejoin");
+  ASSERT_TRUE(put.ok()) << put.status();
+  // Joined and written while the primary still waits for the welcome (it gives up after 10 s
+  // and closes the connection): the join did not wait on the attach.
+  EXPECT_FALSE(attach->PeerClosed()) << "the client's join waited for the backup's welcome";
+}
+
 // A backup that is told to expect a state transfer serves no read and refuses promotion until
 // the transfer completes; one whose primary leaves mid-transfer is never promoted.
 TEST(ReplicationRejoin, ABackupWhosePrimaryLeavesMidTransferIsNeverPromoted) {
