@@ -23,6 +23,7 @@ absl::StatusOr<Result> Client::RunOne(Op op, std::string_view key, std::string_v
   const Clock::time_point give_up =
       Clock::now() + absl::ToChronoNanoseconds(options_.request_deadline);
   while (!CanSubmit(0, keyhash, value.size())) {
+    if (!health_.ok()) return health_;  // a lost server: its WRs may never complete
     if (Clock::now() > give_up) {
       return absl::DeadlineExceededError(
           "the request's buffer was still being read by the fabric at the request deadline");

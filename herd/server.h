@@ -236,7 +236,6 @@ class Server {
     std::vector<std::unique_ptr<transport::QueuePair>> qps;
     std::string address;  // what it was made for: a slot may be given another meanwhile
     std::string member;
-    uint64_t epoch = 0;
   };
   // The hello ConnectBackup sends (but its QPs): built on the control thread, which owns
   // `held_`, and read by an attach running on its own thread.

@@ -208,8 +208,8 @@ bool Server::CommitChange(const Configuration& next, int32_t version) {
 }
 
 void Server::KeepPrimaryLease() {
-  // Its own thread: the control thread may wait seconds on a member's attach, and the workers
-  // must not stop serving meanwhile.
+  // Its own thread: a coordinator round trip (or a slow control pass) must not hold the lease,
+  // and the workers must not stop serving meanwhile.
   const ReplicationServerOptions& ro = options_.replication;
   while (!stop_.load()) {
     // promoted_ is set after any reconnection: from then on coordinator_ never changes.
@@ -315,7 +315,7 @@ void Server::AttachRegisteredMembers(const std::vector<std::string>& members) {
     const size_t b = static_cast<size_t>(vacant - backup_states_.begin());
     backup_members_[b] = member;
     backup_addresses_[b] = info->replication_address;
-    backup_states_[b] = BackupState::kLost;  // WatchBackups attaches it (Rejoin)
+    backup_states_[b] = BackupState::kLost;  // WatchBackups attaches it (StartRejoin)
     next_rejoin_[b] = now;
     LOG(INFO) << "member " << member << " (" << info->replication_address
               << ") registered: attaching it as a backup";

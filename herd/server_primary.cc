@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <future>
+#include <system_error>
 
 #include "absl/strings/str_format.h"
 #include "glog/logging.h"
@@ -24,14 +25,14 @@ using util::Take;
 constexpr absl::Duration kKeepaliveIdle = absl::Seconds(1);
 constexpr absl::Duration kKeepaliveInterval = absl::Seconds(1);
 constexpr int kKeepaliveProbes = 3;
-// How often a primary tries to attach a lost backup again, and how long one try may take (the
-// control thread waits for it).
+// How often a primary tries to attach a lost backup again, and how long one try may take (on a
+// thread of its own: StartRejoin).
 constexpr absl::Duration kRejoinInterval = absl::Seconds(1);
 // ... and with a coordinator, where every attach is a (re)join of a registered member.
 constexpr absl::Duration kCoordinatedRejoinInterval = absl::Milliseconds(200);
 constexpr absl::Duration kRejoinConnectTimeout = absl::Milliseconds(200);
 // ... and how long its welcome may take once connected: the backup registers its partitions
-// first (seconds for large ones; the control thread waits, a known cost of rejoining).
+// first (seconds for large ones).
 constexpr absl::Duration kRejoinWelcomeTimeout = absl::Seconds(10);
 // Completion queue entries beyond a full window of every link: error completions at teardown.
 constexpr uint32_t kReplicationCqSlack = 64;
@@ -190,7 +191,6 @@ Server::Attach Server::ConnectBackup(const std::string& address, ReplicaHello he
   const Config& c = options_.config;
   Attach attach;
   attach.address = address;
-  attach.epoch = hello.epoch;
   auto fail = [&attach](absl::Status status) {
     attach.channel = std::move(status);
     attach.links.clear();
@@ -272,7 +272,7 @@ void Server::WatchBackups() {
       // Closed: it died or restarted. Dropped by a gate (an error, a stall, an oversize batch):
       // its copy misses acknowledged writes from now on; told so, it answers no more reads and
       // refuses a promotion. Every gate drops it, and the connection closes. It may come back
-      // (Rejoin) as an empty backup, brought up to date by state transfer.
+      // (StartRejoin) as an empty backup, brought up to date by state transfer.
       LOG(WARNING) << "backup " << address
                    << (closed ? " closed its control connection" : " dropped")
                    << ": serving degraded";
@@ -311,15 +311,20 @@ void Server::StartRejoin(size_t b) {
   for (const WorkerResources& r : workers_) {
     if (!r.gate->dropped(b) || r.gate->drop_unsettled(b)) return;
   }
-  rejoining_[b] = std::async(
-      std::launch::async, [this, address = backup_addresses_[b],
-                           member = backup_members_.empty() ? std::string() : backup_members_[b],
-                           hello = HelloForBackup(/*transfer=*/true)]() mutable {
-        Attach attach =
-            ConnectBackup(address, std::move(hello), kRejoinConnectTimeout, kRejoinWelcomeTimeout);
-        attach.member = member;
-        return attach;
-      });
+  try {
+    rejoining_[b] = std::async(
+        std::launch::async, [this, address = backup_addresses_[b],
+                             member = backup_members_.empty() ? std::string() : backup_members_[b],
+                             hello = HelloForBackup(/*transfer=*/true)]() mutable {
+          Attach attach = ConnectBackup(address, std::move(hello), kRejoinConnectTimeout,
+                                        kRejoinWelcomeTimeout);
+          attach.member = member;
+          return attach;
+        });
+  } catch (const std::system_error& e) {
+    // No thread to be had now: tried again after the rejoin interval.
+    LOG(WARNING) << "backup " << backup_addresses_[b] << ": no thread for an attach: " << e.what();
+  }
 }
 
 void Server::FinishRejoin(size_t b) {
@@ -328,12 +333,14 @@ void Server::FinishRejoin(size_t b) {
     VLOG(1) << "backup " << attach.address << " not back yet: " << attach.channel.status();
     return;
   }
-  // Made for this slot as it still is: the same backup, in the epoch this server acts in (a
-  // slot freed or given to another member, or a newer configuration, meanwhile: the attach is
-  // let go, and its channel's closing tells the backup).
+  // Made for this slot as it still is: the same backup, still lost (a slot freed or given to
+  // another member meanwhile: the attach is let go, and its channel's closing tells the
+  // backup). A newer epoch of this primary's own making (another slot's addition or removal)
+  // changes nothing for it: the backup took the hello as from its current primary, and a
+  // fenced primary runs no WatchBackups at all.
   const std::string& member = backup_members_.empty() ? std::string() : backup_members_[b];
   if (backup_states_[b] != BackupState::kLost || attach.address != backup_addresses_[b] ||
-      attach.member != member || attach.epoch != held_.epoch) {
+      attach.member != member) {
     LOG(INFO) << "backup " << attach.address << ": an attach made for another configuration "
               << "of this slot is let go";
     return;

@@ -8,12 +8,15 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <string>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "gtest/gtest.h"
 #include "herd/client.h"
 #include "herd/server.h"
@@ -80,22 +83,26 @@ class ServerProcess {
     pid_ = -1;
   }
 
-  // SIGSTOPs the server and returns once it is stopped (a signal is delivered when the kernel
-  // next runs the process: until then it may still answer requests).
+  // SIGSTOPs the server and returns true once every one of its threads is stopped (a signal
+  // takes effect when the kernel next runs each thread: until then it may still answer
+  // requests); false if it died or did not stop within a minute.
   bool Pause() {
     if (pid_ <= 0 || kill(pid_, SIGSTOP) != 0) return false;
-    const std::string stat_path = absl::StrCat("/proc/", pid_, "/stat");
-    while (true) {
-      std::ifstream stat(stat_path);
-      std::string line;
-      if (!std::getline(stat, line)) return false;
-      // "pid (comm) state ...": comm may hold spaces and parentheses; the state follows the last
-      // ')'.
-      const size_t close = line.rfind(')');
-      if (close == std::string::npos || close + 2 >= line.size()) return false;
-      if (line[close + 2] == 'T') return true;
+    const absl::Time give_up = absl::Now() + absl::Minutes(1);
+    const std::string tasks = absl::StrCat("/proc/", pid_, "/task");
+    while (absl::Now() < give_up) {
+      bool all_stopped = true;
+      std::error_code error;
+      for (const auto& task : std::filesystem::directory_iterator(tasks, error)) {
+        const char state = ThreadState(task.path() / "stat");
+        if (state == 'Z' || state == 'X') return false;  // the server died
+        all_stopped = all_stopped && (state == 'T' || state == 't' || state == '?');
+      }
+      if (error) return false;
+      if (all_stopped) return true;
       std::this_thread::yield();
     }
+    return false;
   }
   bool Resume() { return pid_ > 0 && kill(pid_, SIGCONT) == 0; }
 
@@ -106,6 +113,16 @@ class ServerProcess {
   pid_t pid() const { return pid_; }
 
  private:
+  // A thread's state letter from its /proc stat line ("tid (comm) state ...": comm may hold
+  // spaces and parentheses, the state follows the last ')'); '?' if the thread is gone.
+  static char ThreadState(const std::filesystem::path& stat_path) {
+    std::ifstream stat(stat_path);
+    std::string line;
+    if (!std::getline(stat, line)) return '?';
+    const size_t close = line.rfind(')');
+    return close == std::string::npos || close + 2 >= line.size() ? '?' : line[close + 2];
+  }
+
   pid_t pid_ = -1;
   uint16_t port_ = 0;
   uint16_t replication_port_ = 0;
