@@ -352,8 +352,20 @@ TEST(LargeValues, AServerPausedUnderLargePutsLeavesTheClientWhole) {
   ServerProcess server(options);
   ASSERT_TRUE(server.ok());
   const uint32_t landing = options.config.landing_buffers;
-  auto client = Join(server, "large-paused", /*clients=*/landing);  // 5 ms first timeout
-  ASSERT_NE(client, nullptr);
+  // Every 5 ms, no backoff, and a deadline past the test's: the retransmissions that exhaust
+  // the receives come within milliseconds however slow the warm-up made the adaptive timer (an
+  // ASan build's RTTs grew it to where the 10 s request deadline ended both PUTs first).
+  ClientOptions client_options;
+  client_options.server = server.address();
+  client_options.clients = landing;
+  client_options.device.fabric = "large-paused";
+  client_options.retry_timeout = absl::Milliseconds(5);
+  client_options.adaptive_retry = false;
+  client_options.max_attempts = 10'000;
+  client_options.request_deadline = absl::Minutes(5);
+  auto connected = Client::Connect(client_options);
+  ASSERT_TRUE(connected.ok()) << connected.status();
+  std::unique_ptr<Client> client = *std::move(connected);
   const std::string value(64 << 10, 'p');  // out of line: a WRITE_WITH_IMM
   ASSERT_TRUE(client->Put("warm", value).ok());
   ASSERT_TRUE(server.Pause());
