@@ -228,9 +228,8 @@ TEST(ReplicationRejoin, ClientsJoinWhileALostBackupIsSlowToWelcomeItsPrimary) {
   const auto replication_port = static_cast<uint16_t>(
       std::stoi(replication_address.substr(replication_address.rfind(':') + 1)));
   doomed->Kill();
-  absl::StatusOr<std::string> stats = AwaitStats(primary.address(), [](const std::string& s) {
-    return JsonNumber(s, "live_backups") == 0;
-  });
+  absl::StatusOr<std::string> stats = AwaitStats(
+      primary.address(), [](const std::string& s) { return JsonNumber(s, "live_backups") == 0; });
   ASSERT_TRUE(stats.ok()) << stats.status();
   absl::StatusOr<transport::control::Listener> silent =
       transport::control::Listener::Listen("127.0.0.1", replication_port);
