@@ -2,10 +2,8 @@
 // memcached's tools do it: by hand, or from scripts (binary-safe with --hex or --value_file).
 // Each run joins the server as one client, runs one synchronous request, prints its answer and
 // leaves. kSynopsis and kDetails below are its manual (--help).
-#include <fcntl.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -15,20 +13,18 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "gflags/gflags.h"
 #include "glog/logging.h"
 #include "herd/client.h"
 #include "herd/join.h"
+#include "herd/kv_command.h"
 #include "herd/replication/coordinator.h"
 #include "transport/flags.h"
 
@@ -66,8 +62,6 @@ constexpr int kExitOk = 0;
 constexpr int kExitFailed = 1;       // the operation failed: NOT_FOUND, EXISTS, NO_MEMORY, ...
 constexpr int kExitUsage = 2;        // a bad command line: command, arguments, flags, hex
 constexpr int kExitUnreachable = 3;  // the server could not be reached, or did not answer
-
-constexpr uint32_t kMaxPort = 65535;
 
 constexpr char kAbout[] = "runs one key-value operation against a herd server\n\n";
 // What a usage error prints after its line; --help prints it between kAbout and kDetails.
@@ -109,32 +103,6 @@ unknown (TIMED_OUT, exit 3). A failure names every member's answer. stats asks -
 Flags: --server, --members, --timeout_ms, --hex, --value_file, --show_version, and the
 transport's (--fabric, --shm_fabric_name, --device, --gid_index, ...), as herd_server takes them.
 --helpshort lists herd_kv's own flags, --help every flag.)";
-
-enum class Verb { kGet, kPut, kInsert, kDelete, kCas, kStats };
-
-struct CommandSpec {
-  absl::string_view name;
-  Verb verb;
-  absl::string_view synopsis;
-  size_t args;       // before VALUE
-  bool takes_value;  // VALUE follows them, unless --value_file gives it
-};
-
-constexpr CommandSpec kCommands[] = {
-    {"get", Verb::kGet, "get KEY", 1, false},
-    {"put", Verb::kPut, "put KEY VALUE", 1, true},
-    {"insert", Verb::kInsert, "insert KEY VALUE", 1, true},
-    {"del", Verb::kDelete, "del KEY", 1, false},
-    {"cas", Verb::kCas, "cas KEY VERSION VALUE", 2, true},
-    {"stats", Verb::kStats, "stats", 0, false},
-};
-
-struct Command {
-  Verb verb = Verb::kGet;
-  std::string key;
-  std::string value;
-  uint64_t expected_version = 0;  // cas
-};
 
 // The line a failure prints: the status's message when it already starts with a NAME (every
 // client library error does: "NOT_FOUND: no such key"), else the absl code's name first.
@@ -234,112 +202,10 @@ absl::Status CheckFlags(int argc, char** argv) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::string> DecodeHex(absl::string_view what, absl::string_view hex) {
-  const bool digits_only =
-      std::all_of(hex.begin(), hex.end(), [](char c) { return absl::ascii_isxdigit(c); });
-  if (hex.size() % 2 != 0 || !digits_only) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "--hex: %s '%s' is not a hex string (two digits 0-9a-f per byte)", what, hex));
-  }
-  return absl::HexStringToBytes(hex);
-}
-
-// An argument as bytes: itself, or decoded from hex with --hex.
-absl::StatusOr<std::string> Bytes(absl::string_view what, absl::string_view arg) {
-  if (FLAGS_hex) return DecodeHex(what, arg);
-  return std::string(arg);
-}
-
-// Reads a value from `path` ('-': stdin) with read(2), so that whatever the path is (a
-// directory, a closed stdin, /proc/self/mem, /dev/zero) the answer is a value or a clear error:
-// a read error is never taken for the end of the value, and reading stops one chunk past the
-// largest value any server accepts.
-absl::StatusOr<std::string> ReadValueFile(const std::string& path) {
-  constexpr size_t kChunkBytes = 64 << 10;
-  const bool from_stdin = path == "-";
-  const std::string name = from_stdin ? "- (stdin)" : path;
-  const int fd = from_stdin ? STDIN_FILENO : open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("--value_file=%s: cannot open it: %s", name, strerror(errno)));
-  }
-  std::string bytes;
-  std::vector<char> chunk(kChunkBytes);
-  absl::Status status;
-  while (status.ok()) {
-    const ssize_t got = read(fd, chunk.data(), chunk.size());
-    if (got < 0 && errno == EINTR) continue;
-    if (got < 0) {
-      status = absl::InvalidArgumentError(
-          absl::StrFormat("--value_file=%s: cannot read it: %s", name, strerror(errno)));
-    } else if (got == 0) {
-      break;
-    } else {
-      bytes.append(chunk.data(), static_cast<size_t>(got));
-      if (bytes.size() > herd::kMaxLargeValueBytes) {
-        status = absl::InvalidArgumentError(absl::StrFormat(
-            "--value_file=%s: longer than the largest value any server accepts (%d bytes)", name,
-            herd::kMaxLargeValueBytes));
-      }
-    }
-  }
-  if (!from_stdin) close(fd);
-  if (!status.ok()) return status;
-  return bytes;
-}
-
-const CommandSpec* FindCommand(absl::string_view name) {
-  for (const CommandSpec& spec : kCommands) {
-    if (spec.name == name) return &spec;
-  }
-  return nullptr;
-}
-
-// `args`: the command's name, then its arguments.
-absl::StatusOr<Command> ParseCommand(const std::vector<std::string>& args) {
-  if (args.empty()) return absl::InvalidArgumentError("no command");
-  const CommandSpec* spec = FindCommand(args[0]);
-  if (spec == nullptr) {
-    return absl::InvalidArgumentError(absl::StrFormat("unknown command '%s'", args[0]));
-  }
-  const bool value_in_file = !FLAGS_value_file.empty();
-  if (value_in_file && !spec->takes_value) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--value_file: ", spec->name, " takes no value"));
-  }
-  const size_t wanted = spec->args + (spec->takes_value && !value_in_file ? 1 : 0);
-  if (args.size() - 1 != wanted) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "%s takes %d argument(s), not %d: %s%s", spec->name, wanted, args.size() - 1,
-        spec->synopsis, value_in_file ? " (VALUE from --value_file)" : ""));
-  }
-  Command command;
-  command.verb = spec->verb;
-  if (spec->verb == Verb::kStats) return command;
-  absl::StatusOr<std::string> key = Bytes("KEY", args[1]);
-  if (!key.ok()) return key.status();
-  command.key = *std::move(key);
-  if (spec->verb == Verb::kCas && !absl::SimpleAtoi(args[2], &command.expected_version)) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("cas: VERSION '%s' is not a version number", args[2]));
-  }
-  if (!spec->takes_value) return command;
-  absl::StatusOr<std::string> value =
-      value_in_file ? ReadValueFile(FLAGS_value_file) : Bytes("VALUE", args.back());
-  if (!value.ok()) return value.status();
-  command.value = *std::move(value);
-  return command;
-}
-
 absl::Status CheckServerAddress(absl::string_view server) {
-  const size_t colon = server.rfind(':');
-  uint32_t port = 0;
-  if (colon == absl::string_view::npos || !absl::SimpleAtoi(server.substr(colon + 1), &port) ||
-      port > kMaxPort) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("--server=%s is not host:port (e.g. 127.0.0.1:31850)", server));
-  }
-  return absl::OkStatus();
+  if (herd::IsHostPort(server)) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrFormat("--server=%s is not host:port (e.g. 127.0.0.1:31850)", server));
 }
 
 // --server, then each --members entry not already listed. With --members and --server left at
@@ -359,21 +225,8 @@ absl::StatusOr<std::vector<std::string>> ServersFromFlags() {
     FLAGS_members = absl::StrJoin(*members, ",");  // followed as --members are
     return members;
   }
-  std::vector<std::string> servers;
-  if (FLAGS_members.empty() || !gflags::GetCommandLineFlagInfoOrDie("server").is_default) {
-    servers.push_back(FLAGS_server);
-  }
-  for (absl::string_view member : absl::StrSplit(FLAGS_members, ',', absl::SkipEmpty())) {
-    if (absl::Status s = CheckServerAddress(member); !s.ok()) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "--members: '%s' is not host:port (e.g. 127.0.0.1:31850,127.0.0.1:31860)", member));
-    }
-    if (std::find(servers.begin(), servers.end(), member) == servers.end()) {
-      servers.emplace_back(member);
-    }
-  }
-  if (servers.empty()) return absl::InvalidArgumentError("--members names no HOST:PORT");
-  return servers;
+  return herd::ServersToTry(FLAGS_server, gflags::GetCommandLineFlagInfoOrDie("server").is_default,
+                            FLAGS_members);
 }
 
 absl::StatusOr<herd::ClientOptions> ClientOptionsFromFlags() {
@@ -406,18 +259,18 @@ void PrintValue(const herd::Value& value) {
   }
 }
 
-herd::Op OpOf(Verb verb) {
+herd::Op OpOf(herd::KvVerb verb) {
   switch (verb) {
-    case Verb::kPut:
+    case herd::KvVerb::kPut:
       return herd::Op::kPut;
-    case Verb::kInsert:
+    case herd::KvVerb::kInsert:
       return herd::Op::kInsert;
-    case Verb::kDelete:
+    case herd::KvVerb::kDelete:
       return herd::Op::kDelete;
-    case Verb::kCas:
+    case herd::KvVerb::kCas:
       return herd::Op::kCas;
-    case Verb::kGet:
-    case Verb::kStats:  // never sent (RunStats)
+    case herd::KvVerb::kGet:
+    case herd::KvVerb::kStats:  // never sent (RunStats)
       break;
   }
   return herd::Op::kGet;
@@ -428,7 +281,7 @@ herd::Op OpOf(Verb verb) {
 // then becomes *client): a mutation the lost primary executed is answered from its replicated
 // outcome, never applied twice. With no member promoted within --timeout_ms, the outcome stays
 // unknown (TIMED_OUT). A GET is asked of the next member instead (UNAVAILABLE here).
-absl::Status RunRequest(std::unique_ptr<herd::Client>& client, const Command& command) {
+absl::Status RunRequest(std::unique_ptr<herd::Client>& client, const herd::KvCommand& command) {
   constexpr uint64_t kTag = 1;
   if (absl::Status s = client->Submit(0, OpOf(command.verb), command.key, command.value,
                                       command.expected_version, kTag);
@@ -438,7 +291,7 @@ absl::Status RunRequest(std::unique_ptr<herd::Client>& client, const Command& co
   herd::Result result;
   while (client->Poll(absl::MakeSpan(&result, 1)) == 0) {
     if (client->health().ok() || FLAGS_members.empty()) continue;
-    if (command.verb == Verb::kGet) {  // changes nothing: any member may be asked instead
+    if (command.verb == herd::KvVerb::kGet) {  // changes nothing: any member may be asked instead
       return absl::UnavailableError(
           absl::StrCat("UNAVAILABLE: the server was lost before it answered (",
                        client->health().message(), ")"));
@@ -454,7 +307,7 @@ absl::Status RunRequest(std::unique_ptr<herd::Client>& client, const Command& co
     client = *std::move(follower);
   }
   if (absl::Status error = herd::ResultError(result); !error.ok()) return error;
-  if (command.verb == Verb::kGet) {
+  if (command.verb == herd::KvVerb::kGet) {
     PrintValue(herd::Value{std::string(result.value), result.version});
   } else {
     PrintVersion(result.version);
@@ -484,9 +337,9 @@ bool RefusedUnexecuted(const absl::Status& status) {
          absl::StartsWith(status.message(), "BACKUP_BUSY:");
 }
 
-int Run(const Command& command, const herd::ClientOptions& options,
+int Run(const herd::KvCommand& command, const herd::ClientOptions& options,
         const std::vector<std::string>& servers) {
-  if (command.verb == Verb::kStats) return RunStats(options);
+  if (command.verb == herd::KvVerb::kStats) return RunStats(options);
   absl::Status last;
   int last_exit = kExitUnreachable;
   std::vector<std::string> tried;  // "HOST:PORT NAME" per member, for the failure's line
@@ -497,7 +350,7 @@ int Run(const Command& command, const herd::ClientOptions& options,
     absl::StatusOr<std::unique_ptr<herd::Client>> client = herd::Client::Connect(at);
     absl::Status done = client.ok() ? RunRequest(*client, command) : client.status();
     if (done.ok()) return kExitOk;
-    const bool lost_get = command.verb == Verb::kGet && absl::IsUnavailable(done);
+    const bool lost_get = command.verb == herd::KvVerb::kGet && absl::IsUnavailable(done);
     if (client.ok() && !RefusedUnexecuted(done) && !lost_get) {
       return Fail(ExitCodeOf(done), done);
     }
@@ -529,7 +382,11 @@ int main(int argc, char** argv) {
 
   std::vector<std::string> arguments(argv + 1, argv + argc);
   arguments.insert(arguments.end(), after_dashes.begin(), after_dashes.end());
-  absl::StatusOr<Command> command = ParseCommand(arguments);
+  herd::KvInput input;
+  input.hex = FLAGS_hex;
+  input.value_file = FLAGS_value_file;
+  input.max_value_bytes = herd::kMaxLargeValueBytes;
+  absl::StatusOr<herd::KvCommand> command = herd::ParseKvCommand(arguments, input);
   if (!command.ok()) return UsageFailure(command.status());
   absl::StatusOr<herd::ClientOptions> options = ClientOptionsFromFlags();
   if (!options.ok()) return UsageFailure(options.status());
