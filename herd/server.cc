@@ -21,8 +21,6 @@ namespace {
 
 using util::Take;
 
-using transport::control::PendingConnections;
-
 // The item the start-up layout line counts capacity in: HERD's 16 B keys and 32 B values.
 constexpr uint32_t kDescribedKeyBytes = 16;
 constexpr uint32_t kDescribedValueBytes = 32;
@@ -217,16 +215,16 @@ absl::Status Server::Init() {
   pending.first_message_timeout = kHandshakeTimeout;
   if (options_.connect == transport::ConnectMode::kCm) {
     pending.max_pending = transport::kCmDefaultMaxPending;
-    absl::StatusOr<std::unique_ptr<transport::CmHandshakes>> set =
-        transport::CmHandshakes::Create(*device_, options_.listen_address, options_.port, pending);
-    if (!set.ok()) return set.status();
-    pending_ = *std::move(set);
-  } else {
-    absl::StatusOr<std::unique_ptr<PendingConnections>> set =
-        PendingConnections::Create(listener_.get(), pending);
-    if (!set.ok()) return set.status();
-    pending_ = *std::move(set);
   }
+  transport::JoinListenerOptions joins;
+  joins.connect = options_.connect;
+  joins.address = options_.listen_address;
+  joins.port = options_.port;
+  joins.pending = pending;
+  absl::StatusOr<transport::JoinListener> listener =
+      transport::JoinListener::Open(*device_, joins, std::move(listener_));
+  if (!listener.ok()) return listener.status();
+  pending_ = *std::move(listener);
   client_ids_used_.assign(c.max_clients, false);
   ids_awaiting_resume_.assign(c.max_clients, 0);
   queue_slots_used_.assign(c.max_clients, false);

@@ -28,6 +28,7 @@
 #include "transport/control/handshake_set.h"
 #include "transport/control/pending_connections.h"
 #include "transport/fabric.h"
+#include "transport/join_listener.h"
 #include "transport/shared_memory.h"
 #include "util/lease.h"
 #include "util/mutex.h"
@@ -307,7 +308,8 @@ class Server {
   absl::StatusOr<uint32_t> TakeClientIds(uint32_t count, const Join& join);
 
   const ServerOptions options_;
-  std::unique_ptr<transport::control::Listener> listener_;  // ConnectMode::kTcp only
+  // ConnectMode::kTcp: the port bound in Create, until Init hands it to pending_.
+  std::unique_ptr<transport::control::Listener> listener_;
   std::unique_ptr<Topology> topology_;
   std::vector<int> cores_;
   std::unique_ptr<transport::Device> device_;
@@ -365,7 +367,7 @@ class Server {
 
   // Control thread only (Stats() reads the device's counters and atomics, never these).
   // The joins in progress, over TCP (PendingConnections) or RDMA-CM (CmHandshakes).
-  std::unique_ptr<transport::control::HandshakeSet> pending_;
+  transport::JoinListener pending_;
   absl::flat_hash_map<uint64_t, Handshake> handshakes_;  // by pending connection id
   std::vector<std::unique_ptr<Session>> sessions_;
   std::vector<bool> client_ids_used_;

@@ -78,25 +78,18 @@ absl::Status Server::Open() {
   }
   pending.max_payload = kMaxRequestBytes;
   pending.first_message_timeout = kHelloTimeout;
-  if (options_.connect == transport::ConnectMode::kCm) {
-    absl::StatusOr<std::unique_ptr<transport::CmHandshakes>> set =
-        transport::CmHandshakes::Create(*device_, options_.listen_address, options_.port, pending);
-    if (!set.ok()) return set.status();
-    // Lookup QPs joining by the CM alone (their REQ carries a hop hello) come here.
-    (*set)->OnOtherRequest([this](std::unique_ptr<transport::CmRequest> request) {
-      OnCmLookupRequest(std::move(request));
-    });
-    connections_ = *std::move(set);
-  } else {
-    absl::StatusOr<transport::control::Listener> listener =
-        transport::control::Listener::Listen(options_.listen_address, options_.port);
-    if (!listener.ok()) return listener.status();
-    listener_ = std::make_unique<transport::control::Listener>(*std::move(listener));
-    absl::StatusOr<std::unique_ptr<transport::control::PendingConnections>> set =
-        transport::control::PendingConnections::Create(listener_.get(), pending);
-    if (!set.ok()) return set.status();
-    connections_ = *std::move(set);
-  }
+  transport::JoinListenerOptions joins;
+  joins.connect = options_.connect;
+  joins.address = options_.listen_address;
+  joins.port = options_.port;
+  joins.pending = pending;
+  // Lookup QPs joining by the CM alone (their REQ carries a hop hello) come here.
+  joins.on_other_request = [this](std::unique_ptr<transport::CmRequest> request) {
+    OnCmLookupRequest(std::move(request));
+  };
+  absl::StatusOr<transport::JoinListener> listener = transport::JoinListener::Open(*device_, joins);
+  if (!listener.ok()) return listener.status();
+  connections_ = *std::move(listener);
   return absl::OkStatus();
 }
 

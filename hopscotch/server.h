@@ -29,6 +29,7 @@
 #include "transport/control/channel.h"
 #include "transport/control/handshake_set.h"
 #include "transport/fabric.h"
+#include "transport/join_listener.h"
 
 namespace hopscotch {
 
@@ -108,8 +109,7 @@ class Server {
   // The QPs' CQ: the server posts nothing, so nothing ever completes on it.
   std::unique_ptr<transport::CompletionQueue> cq_;
   std::unique_ptr<transport::MemoryRegion> mr_;
-  std::unique_ptr<transport::control::Listener> listener_;  // TCP only
-  std::unique_ptr<transport::control::HandshakeSet> connections_;
+  transport::JoinListener connections_;
   absl::flat_hash_map<uint64_t, Session> sessions_;  // by connection id
   std::vector<CmLookup> cm_lookups_;
   ServerCounters counters_;

@@ -119,24 +119,17 @@ absl::Status Server::Open() {
   for (size_t slot = options_.max_clients; slot-- > 0;) {
     free_slots_.push_back(static_cast<uint32_t>(slot));
   }
-  absl::StatusOr<transport::control::Listener> listener =
-      transport::control::Listener::Listen(options_.listen_address, options_.port);
-  if (!listener.ok()) return listener.status();
-  listener_ = std::make_unique<transport::control::Listener>(*std::move(listener));
+  transport::JoinListenerOptions joins;
+  joins.address = options_.listen_address;
+  joins.port = options_.port;
+  joins.pending.max_pending = options_.max_clients;
+  joins.pending.first_message_timeout = kHelloTimeout;
   // A client whose machine died or was cut off sends no FIN: keepalive ends its session, so its
   // queued ops go and it can resume elsewhere.
-  if (absl::Status s =
-          listener_->EnableKeepalive(kKeepaliveIdle, kKeepaliveInterval, kKeepaliveProbes);
-      !s.ok()) {
-    return s;
-  }
-  transport::control::PendingOptions pending;
-  pending.max_pending = options_.max_clients;
-  pending.first_message_timeout = kHelloTimeout;
-  absl::StatusOr<std::unique_ptr<transport::control::PendingConnections>> set =
-      transport::control::PendingConnections::Create(listener_.get(), pending);
-  if (!set.ok()) return set.status();
-  connections_ = *std::move(set);
+  joins.keepalive = transport::Keepalive{kKeepaliveIdle, kKeepaliveInterval, kKeepaliveProbes};
+  absl::StatusOr<transport::JoinListener> listener = transport::JoinListener::Open(*device_, joins);
+  if (!listener.ok()) return listener.status();
+  connections_ = *std::move(listener);
   return absl::OkStatus();
 }
 

@@ -41,6 +41,7 @@
 #include "transport/control/channel.h"
 #include "transport/control/handshake_set.h"
 #include "transport/fabric.h"
+#include "transport/join_listener.h"
 #include "transport/shared_memory.h"
 
 namespace rmem {
@@ -112,8 +113,7 @@ class Server {
   uint64_t cq_depth_ = 0;
   // Every session's message buffers, one slice per session slot (registered in its PD).
   std::unique_ptr<transport::SharedMemory> buffers_;
-  std::unique_ptr<transport::control::Listener> listener_;
-  std::unique_ptr<transport::control::HandshakeSet> connections_;
+  transport::JoinListener connections_;
   std::vector<std::unique_ptr<Session>> slots_;       // by session slot (max_clients)
   absl::flat_hash_map<uint64_t, uint32_t> sessions_;  // connection id -> slot
   std::vector<uint32_t> free_slots_;                  // popped from the back: lowest first
