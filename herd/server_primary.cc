@@ -2,6 +2,9 @@
 // a ReplicationGate, watches its links and attaches lost backups again. The backup's side is in
 // server_backup.cc.
 
+#include <poll.h>
+
+#include <algorithm>
 #include <chrono>
 #include <future>
 #include <system_error>
@@ -34,6 +37,14 @@ constexpr absl::Duration kRejoinConnectTimeout = absl::Milliseconds(200);
 // ... and how long its welcome may take once connected: the backup registers its partitions
 // first (seconds for large ones).
 constexpr absl::Duration kRejoinWelcomeTimeout = absl::Seconds(10);
+// How often an attach waiting for a backup's welcome looks whether the server is stopping.
+constexpr absl::Duration kStopSlice = absl::Milliseconds(50);
+
+// Whether `channel` has bytes (or a close) to read within `timeout`.
+bool Readable(const transport::control::Channel& channel, absl::Duration timeout) {
+  pollfd p{channel.fd(), POLLIN, 0};
+  return poll(&p, 1, static_cast<int>(absl::ToInt64Milliseconds(timeout))) > 0;
+}
 // Completion queue entries beyond a full window of every link: error completions at teardown.
 constexpr uint32_t kReplicationCqSlack = 64;
 
@@ -216,8 +227,15 @@ Server::Attach Server::ConnectBackup(const std::string& address, ReplicaHello he
     attach.qps.push_back(std::move(qp));
   }
   if (absl::Status s = channel->Send(kReplicaHello, Encode(hello)); !s.ok()) return fail(s);
-  absl::StatusOr<transport::control::Message> reply =
-      Expect(*channel, kReplicaWelcome, welcome_timeout);
+  // The welcome is awaited in slices while the server runs: a Stop ends an attach to a silent
+  // (paused, cut off) backup within a slice instead of the welcome timeout.
+  const absl::Time welcome_deadline = absl::Now() + welcome_timeout;
+  while (!Readable(*channel, kStopSlice)) {
+    if (stop_.load() || absl::Now() >= welcome_deadline) break;
+  }
+  if (stop_.load()) return fail(absl::CancelledError("the server is stopping"));
+  absl::StatusOr<transport::control::Message> reply = Expect(
+      *channel, kReplicaWelcome, std::max(welcome_deadline - absl::Now(), absl::ZeroDuration()));
   if (!reply.ok()) {
     return fail(absl::FailedPreconditionError(
         absl::StrFormat("backup %s refused this primary: %s", address, reply.status().message())));

@@ -35,6 +35,9 @@ constexpr uint64_t kWritesBeforeKill = 200;
 constexpr uint64_t kWritesAfterRejoin = 200;
 // How long the primary may take to notice, reattach and transfer (generous: 2 cores, ASan).
 constexpr absl::Duration kRejoinDeadline = absl::Seconds(60);
+// How long a primary's attach waits for a backup's welcome (server_primary.cc,
+// kRejoinWelcomeTimeout).
+constexpr absl::Duration kWelcomeTimeout = absl::Seconds(10);
 
 // Polls the server at `address` until `done(stats)` holds; the last stats, or an error.
 template <typename Done>
@@ -248,6 +251,13 @@ TEST(ReplicationRejoin, ClientsJoinWhileALostBackupIsSlowToWelcomeItsPrimary) {
   // Joined and written while the primary still waits for the welcome (it gives up after 10 s
   // and closes the connection): the join did not wait on the attach.
   EXPECT_FALSE(attach->PeerClosed()) << "the client's join waited for the backup's welcome";
+  // And a stop does not wait it out either: the primary shuts down (cleanly: ServerProcess::Stop
+  // checks) long before the attach's 10 s would end, a silent backup holding nothing up.
+  client->reset();
+  const absl::Time stopping = absl::Now();
+  primary.Stop();
+  EXPECT_LT(absl::Now() - stopping, kWelcomeTimeout / 2)
+      << "the stop waited for the silent backup's welcome";
 }
 
 // A backup that is told to expect a state transfer serves no read and refuses promotion until

@@ -62,18 +62,22 @@ class ServerProcess {
     }
     close(ready[0]);
   }
-  ~ServerProcess() {
-    if (pid_ > 0) {
-      kill(pid_, SIGTERM);
-      kill(pid_, SIGCONT);  // a test that failed while the server was paused
-      int status = 0;
-      waitpid(pid_, &status, 0);
-      EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
-          << "the server did not shut down cleanly: status " << status;
-    }
-  }
+  ~ServerProcess() { Stop(); }
   ServerProcess(const ServerProcess&) = delete;
   ServerProcess& operator=(const ServerProcess&) = delete;
+
+  // Shuts the server down as an operator does (SIGTERM: Server::Stop) and reaps it; a test fails
+  // unless it exited cleanly.
+  void Stop() {
+    if (pid_ <= 0) return;
+    kill(pid_, SIGTERM);
+    kill(pid_, SIGCONT);  // a test that failed while the server was paused
+    int status = 0;
+    waitpid(pid_, &status, 0);
+    pid_ = -1;
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+        << "the server did not shut down cleanly: status " << status;
+  }
 
   // SIGKILLs the server (a crash: nothing is shut down) and reaps it.
   void Kill() {
