@@ -116,7 +116,7 @@ absl::Status Server::Init() {
   // (mica::Partition::ReadReplica), and the layouts on both sides must agree.
   // And it keeps its clients' mutation outcomes in the region (replication/outcome_table.h),
   // mirrored with the mutations: a client that follows a failover is answered, never applied twice.
-  if (options_.replication.role != ReplicationRole::kNone) {
+  if (role_.replicated()) {
     store.checksum_from_value_bytes = 0;
     store.owner_area_bytes = OutcomeTableBytes(c);
   }
@@ -196,9 +196,9 @@ absl::Status Server::Init() {
     worker_qps.push_back(std::move(qps));
   }
   // Replication before the workers: a primary's gates and a backup's readers are theirs.
-  if (options_.replication.role == ReplicationRole::kPrimary) {
+  if (role_.configured() == ReplicationRole::kPrimary) {
     if (absl::Status s = AttachToBackups(); !s.ok()) return s;
-  } else if (options_.replication.role == ReplicationRole::kBackup) {
+  } else if (role_.configured() == ReplicationRole::kBackup) {
     if (absl::Status s = PrepareReplica(); !s.ok()) return s;
   }
   for (uint32_t w = 0; w < c.workers; ++w) {
@@ -234,7 +234,7 @@ absl::Status Server::Init() {
 }
 
 Server::Server(const ServerOptions& options, std::unique_ptr<transport::control::Listener> listener)
-    : options_(options), listener_(std::move(listener)) {}
+    : options_(options), role_(options.replication.role), listener_(std::move(listener)) {}
 
 Server::~Server() { Stop(); }
 
@@ -301,7 +301,7 @@ void Server::ControlLoop() {
     BuryRetiredHandles();
     if (coordinator_ != nullptr) {
       Coordinate();
-    } else if (options_.replication.role == ReplicationRole::kPrimary) {
+    } else if (role_.configured() == ReplicationRole::kPrimary) {
       WatchBackups();
     }
   }

@@ -22,6 +22,7 @@
 #include "herd/replication/gate.h"
 #include "herd/replication/link.h"
 #include "herd/replication/replica_reader.h"
+#include "herd/replication/role.h"
 #include "herd/worker.h"
 #include "mica/config.h"
 #include "transport/control/channel.h"
@@ -34,13 +35,6 @@
 #include "util/mutex.h"
 
 namespace herd {
-
-// Issue 16: a server alone (the default), a primary that mirrors every partition to its
-// backups before it acknowledges a write, or a backup that takes a primary's WRITEs and answers
-// GETs from them (mutations: NOT_PRIMARY).
-enum class ReplicationRole : uint8_t { kNone = 0, kPrimary = 1, kBackup = 2 };
-std::string_view ReplicationRoleName(ReplicationRole role);
-absl::StatusOr<ReplicationRole> ParseReplicationRole(std::string_view name);
 
 struct ReplicationServerOptions {
   ReplicationRole role = ReplicationRole::kNone;
@@ -308,6 +302,9 @@ class Server {
   absl::StatusOr<uint32_t> TakeClientIds(uint32_t count, const Join& join);
 
   const ServerOptions options_;
+  // What this server is in its replication group now (alone, primary, backup; promoted,
+  // fenced): every role question asks it.
+  ServerRole role_;
   // ConnectMode::kTcp: the port bound in Create, until Init hands it to pending_.
   std::unique_ptr<transport::control::Listener> listener_;
   std::unique_ptr<Topology> topology_;
@@ -419,9 +416,8 @@ class Server {
   // When the takeover may take writes: every read lease of the old primary over (NowNs terms).
   std::optional<int64_t> lease_wait_until_;
   std::atomic<uint64_t> epoch_{0};  // held_.epoch, for Stats and the replication thread
-  std::atomic<bool> fenced_{false};
-  util::Lease primary_lease_;  // the workers of a coordinated primary serve while it is valid
-  util::Lease read_lease_;     // a coordinated backup's readers answer while it is valid
+  util::Lease primary_lease_;       // the workers of a coordinated primary serve while it is valid
+  util::Lease read_lease_;          // a coordinated backup's readers answer while it is valid
   // The replication thread's (a coordinated backup): the attached primary's epoch and member.
   uint64_t attached_epoch_ = 0;
   std::string attached_member_;
@@ -458,7 +454,7 @@ class Server {
   // stale_ or syncing_, or no primary attached yet (a restarted backup's empty region is no
   // copy of anything): every GET answers BACKUP_BUSY (the replica readers watch it).
   std::atomic<bool> reads_refused_{true};
-  std::atomic<bool> primary_attached_{false}, promoted_{false};
+  std::atomic<bool> primary_attached_{false};
 };
 
 }  // namespace herd

@@ -359,13 +359,13 @@ std::vector<std::string> Server::RunOnWorkers(bool take_writes, bool make_gates)
 }
 
 absl::StatusOr<std::string> Server::Promote() {
-  if (options_.replication.role != ReplicationRole::kBackup) {
+  if (role_.configured() != ReplicationRole::kBackup) {
     return absl::FailedPreconditionError(
         "this server is not a backup (--role=backup): there is nothing to promote");
   }
   {
     util::MutexLock lock(&replication_mutex_);
-    if (promoted_.load()) return std::string("{\"promoted\":true,\"already\":true}");
+    if (role_.promoted()) return std::string("{\"promoted\":true,\"already\":true}");
     if (promoting_)
       return absl::FailedPreconditionError("an earlier promotion of this backup failed");
     if (primary_ != nullptr) {
@@ -398,7 +398,7 @@ absl::StatusOr<std::string> Server::Promote() {
     LOG(ERROR) << "promotion failed: " << absl::StrJoin(failures, "; ");
     return absl::DataLossError(absl::StrCat("promotion failed: ", absl::StrJoin(failures, "; ")));
   }
-  promoted_.store(true);
+  role_.Promote();
   LOG(INFO) << "promoted: this server is the primary now (" << workers_.size() << " partitions, "
             << absl::FormatDuration(absl::Now() - start) << ")";
   return absl::StrFormat("{\"promoted\":true,\"workers\":%d,\"seconds\":%.6f}", workers_.size(),

@@ -73,7 +73,7 @@ absl::Status Server::JoinCluster() {
   if (absl::Status s = CheckMemberName(ro.member); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("--member: ", s.message()));
   }
-  if (ro.role == ReplicationRole::kNone) {
+  if (!role_.replicated()) {
     return absl::InvalidArgumentError("--coordinator needs --role=primary or --role=backup");
   }
   if (LeaseWait() > ro.coordinator.session_timeout / kPrimaryLeaseDivisor) {
@@ -97,7 +97,7 @@ absl::Status Server::JoinCluster() {
         absl::FormatDuration(coordinator_->session_timeout()),
         absl::FormatDuration(ro.coordinator.session_timeout), absl::FormatDuration(LeaseWait())));
   }
-  if (ro.role == ReplicationRole::kPrimary) {
+  if (role_.configured() == ReplicationRole::kPrimary) {
     // A new cluster's first configuration. A cluster that has one has a primary (or had): this
     // server's empty store is no copy of it, so it joins as a backup instead.
     Configuration first;
@@ -185,7 +185,7 @@ absl::Status Server::Register() {
 }
 
 void Server::Fence(std::string_view why) {
-  if (fenced_.exchange(true)) return;
+  if (!role_.Fence()) return;
   primary_lease_.Revoke();
   LOG(ERROR) << "fenced: " << why
              << ". This server serves nothing from now on (restart it as a backup to rejoin).";
@@ -212,13 +212,13 @@ void Server::KeepPrimaryLease() {
   // and the workers must not stop serving meanwhile.
   const ReplicationServerOptions& ro = options_.replication;
   while (!stop_.load()) {
-    // promoted_ is set after any reconnection: from then on coordinator_ never changes.
-    if ((ro.role == ReplicationRole::kPrimary || promoted_.load()) && !fenced_.load()) {
+    // A promotion comes after any reconnection: from then on coordinator_ never changes.
+    if (role_.serving_primary()) {
       if (coordinator_->expired()) {
         Fence("the coordination session expired");
       } else {
         const int64_t sent = util::Lease::NowNs();
-        if (coordinator_->Confirm().ok() && !fenced_.load()) {
+        if (coordinator_->Confirm().ok() && !role_.fenced()) {
           primary_lease_.ExtendTo(sent + absl::ToInt64Nanoseconds(coordinator_->session_timeout()) /
                                              kPrimaryLeaseDivisor);
         }
@@ -230,11 +230,10 @@ void Server::KeepPrimaryLease() {
 }
 
 void Server::Coordinate() {
-  const ReplicationServerOptions& ro = options_.replication;
   const absl::Time now = absl::Now();
-  const bool acting_primary = ro.role == ReplicationRole::kPrimary || promoted_.load();
+  const bool acting_primary = role_.primary();
   if (acting_primary && coordinator_->expired()) Fence("the coordination session expired");
-  if (fenced_.load()) return;
+  if (role_.fenced()) return;
   if (!acting_primary && coordinator_->expired()) {
     // A backup's session ended (it was paused or cut off for longer than the timeout): its
     // registration went with it. A new session registers it again; its place in the
@@ -257,8 +256,7 @@ void Server::Coordinate() {
       CoordinateAsBackup(stored->configuration, stored->version);
     }
   }
-  if ((ro.role == ReplicationRole::kPrimary || promoted_.load()) && !fenced_.load() &&
-      !backup_states_.empty()) {
+  if (role_.serving_primary() && !backup_states_.empty()) {
     WatchBackups();
   }
 }
@@ -328,7 +326,7 @@ void Server::AnswerLeaseRequests(size_t b) {
        m.ok(); m = channel.Receive(absl::ZeroDuration())) {
     if (m->type != kLeaseRequest) continue;
     // Granted only while this primary is sure of its place: a fenced one lets them lapse.
-    if (fenced_.load() || !primary_lease_.Valid()) continue;
+    if (role_.fenced() || !primary_lease_.Valid()) continue;
     lease_granted_[b] = util::Lease::NowNs();
     (void)channel.Send(kLeaseGrant, m->payload);
   }
@@ -446,7 +444,7 @@ absl::Status Server::TakeOver(const Configuration& next) {
   held_ = next;
   epoch_.store(next.epoch);
   config_backups_.store(0);
-  promoted_.store(true);
+  role_.Promote();
   next_coordination_ = absl::InfinitePast();
   LOG(INFO) << "took over: the primary of epoch " << next.epoch << " (" << workers_.size()
             << " partitions)";
@@ -455,7 +453,7 @@ absl::Status Server::TakeOver(const Configuration& next) {
 
 absl::StatusOr<std::string> Server::PromoteCoordinated() {
   const ReplicationServerOptions& ro = options_.replication;
-  if (promoted_.load() || ro.role == ReplicationRole::kPrimary) {
+  if (role_.primary()) {
     return absl::FailedPreconditionError("this server is a primary already");
   }
   absl::StatusOr<VersionedConfiguration> stored = coordinator_->ReadConfiguration();

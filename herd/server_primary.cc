@@ -50,26 +50,6 @@ constexpr uint32_t kReplicationCqSlack = 64;
 
 }  // namespace
 
-std::string_view ReplicationRoleName(ReplicationRole role) {
-  switch (role) {
-    case ReplicationRole::kNone:
-      return "none";
-    case ReplicationRole::kPrimary:
-      return "primary";
-    case ReplicationRole::kBackup:
-      return "backup";
-  }
-  return "unknown";
-}
-
-absl::StatusOr<ReplicationRole> ParseReplicationRole(std::string_view name) {
-  for (ReplicationRole role :
-       {ReplicationRole::kNone, ReplicationRole::kPrimary, ReplicationRole::kBackup}) {
-    if (name == ReplicationRoleName(role)) return role;
-  }
-  return absl::InvalidArgumentError(
-      absl::StrFormat("--role=%s: expected none, primary or backup", name));
-}
 void Server::KeepReplicationChannelAlive(transport::control::Channel& channel) {
   if (absl::Status s =
           channel.EnableKeepalive(kKeepaliveIdle, kKeepaliveInterval, kKeepaliveProbes);

@@ -105,7 +105,7 @@ absl::Status Server::OnJoin(uint64_t id, const transport::control::Message& mess
   // Only a promoted backup holds a lost primary's outcomes; anywhere else a resumption would
   // take over nothing, or (on a primary still running the old session) outcomes its backups may
   // not hold yet. Ignored there; the Welcome says so and the client refuses to follow.
-  if (!promoted_.load()) join->resume_session = 0;
+  if (!role_.promoted()) join->resume_session = 0;
   if (join->resume_session != 0 &&
       uint64_t{join->resume_first_client_id} + handshake.clients > c.max_clients) {
     return absl::InvalidArgumentError(absl::StrFormat(
@@ -137,9 +137,7 @@ absl::Status Server::OnJoin(uint64_t id, const transport::control::Message& mess
     welcome.region_rkey = session->region_mr->rkey();
   }
   welcome.secret = session->secret;
-  welcome.takes_writes =
-      (options_.replication.role != ReplicationRole::kBackup || promoted_.load()) &&
-      !fenced_.load();
+  welcome.takes_writes = role_.takes_writes();
   welcome.epoch = epoch_.load();
   welcome.resumed = join->resume_session != 0;
   for (uint32_t w = 0; w < c.workers; ++w) {

@@ -133,11 +133,11 @@ ServerStats Server::Stats() const {
     stats.no_memory += p.no_memory.Get();
     if (r.worker->partition().layout().mode == mica::StoreMode::kStore) AddStoreLevels(p, &stats);
   }
-  stats.role = promoted_.load() ? ReplicationRole::kPrimary : options_.replication.role;
-  stats.promoted = promoted_.load();
+  stats.role = role_.current();
+  stats.promoted = role_.promoted();
   const bool coordinated = options_.replication.coordinated();
   stats.epoch = epoch_.load();
-  stats.fenced = fenced_.load();
+  stats.fenced = role_.fenced();
   if (coordinated) {
     stats.lease_left_s = absl::ToDoubleSeconds(
         stats.role == ReplicationRole::kPrimary ? primary_lease_.left() : read_lease_.left());

@@ -1,0 +1,67 @@
+// What a server is in its replication group, and what it has become since it started: the one
+// object every "is this server the primary?" asks (the Server owns it; server_primary.cc,
+// server_backup.cc and server_coordination.cc are its roles' machinery).
+//
+//   configured kNone     ->  alone for good (no transition)
+//   configured kPrimary  ->  Fence()    ->  fenced: it serves nothing, for good
+//   configured kBackup   ->  Promote()  ->  the primary (promoted)  ->  Fence()  ->  fenced
+//                        ->  Fence()    ->  fenced (a takeover that failed half way)
+//
+// A fenced server is restarted to serve again (as a backup: it rejoins by state transfer).
+// Each transition happens at most once; a refused one changes nothing. Thread-safe: any thread
+// may read (the workers' and the lease keeper's answers follow it); the transitions are the
+// control thread's.
+#ifndef HERD_HERD_REPLICATION_ROLE_H_
+#define HERD_HERD_REPLICATION_ROLE_H_
+
+#include <atomic>
+#include <cstdint>
+#include <string_view>
+
+#include "absl/status/statusor.h"
+
+namespace herd {
+
+// Issue 16: a server alone (the default), a primary that mirrors every partition to its
+// backups before it acknowledges a write, or a backup that takes a primary's WRITEs and answers
+// GETs from them (mutations: NOT_PRIMARY).
+enum class ReplicationRole : uint8_t { kNone = 0, kPrimary = 1, kBackup = 2 };
+std::string_view ReplicationRoleName(ReplicationRole role);
+absl::StatusOr<ReplicationRole> ParseReplicationRole(std::string_view name);
+
+class ServerRole {
+ public:
+  explicit ServerRole(ReplicationRole configured) : configured_(configured) {}
+  ServerRole(const ServerRole&) = delete;
+  ServerRole& operator=(const ServerRole&) = delete;
+
+  // The role the server was started in (--role).
+  ReplicationRole configured() const { return configured_; }
+  // What it is now: kPrimary once a backup was promoted; a fenced primary is still kPrimary.
+  ReplicationRole current() const { return promoted() ? ReplicationRole::kPrimary : configured_; }
+  bool replicated() const { return configured_ != ReplicationRole::kNone; }
+  // Acts as its group's primary: started as one, or a promoted backup (fenced or not).
+  bool primary() const { return current() == ReplicationRole::kPrimary; }
+  // A primary that still serves: it takes writes, renews its lease and watches its backups.
+  bool serving_primary() const { return primary() && !fenced(); }
+  // Takes writes and clients' mutations: a server alone, or a serving primary.
+  bool takes_writes() const { return configured_ == ReplicationRole::kNone || serving_primary(); }
+  bool promoted() const { return promoted_.load(std::memory_order_acquire); }
+  bool fenced() const { return fenced_.load(std::memory_order_acquire); }
+
+  // A backup becomes its group's primary. False (nothing changes) unless it started as a backup
+  // and was neither promoted nor fenced.
+  bool Promote();
+  // A replicated server stops serving for good (a primary that lost its place, a backup whose
+  // takeover failed half way). False (nothing changes) for a server alone or one fenced before.
+  bool Fence();
+
+ private:
+  const ReplicationRole configured_;
+  std::atomic<bool> promoted_{false};
+  std::atomic<bool> fenced_{false};
+};
+
+}  // namespace herd
+
+#endif  // HERD_HERD_REPLICATION_ROLE_H_
