@@ -366,6 +366,10 @@ absl::StatusOr<std::string> Server::Promote() {
   {
     util::MutexLock lock(&replication_mutex_);
     if (role_.promoted()) return std::string("{\"promoted\":true,\"already\":true}");
+    if (role_.fenced()) {
+      return absl::FailedPreconditionError(
+          "this server was fenced (a takeover failed half way): restart it to serve again");
+    }
     if (promoting_)
       return absl::FailedPreconditionError("an earlier promotion of this backup failed");
     if (primary_ != nullptr) {

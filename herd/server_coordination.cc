@@ -456,6 +456,10 @@ absl::StatusOr<std::string> Server::PromoteCoordinated() {
   if (role_.primary()) {
     return absl::FailedPreconditionError("this server is a primary already");
   }
+  if (role_.fenced()) {
+    return absl::FailedPreconditionError(
+        "this server was fenced (a takeover failed half way): restart it to serve again");
+  }
   absl::StatusOr<VersionedConfiguration> stored = coordinator_->ReadConfiguration();
   if (!stored.ok()) return stored.status();
   const absl::StatusCode primary =
