@@ -4,9 +4,9 @@
 #
 #   usage: scripts/test.sh
 #
-# Stages: setup, build (default: the guests' binaries; --config=opt: every other binary), the
-# layering check (scripts/check_layers.sh), every test under --config=asan (AddressSanitizer and
-# UBSan), the threaded tests again under --config=tsan, the verbs
+# Stages: setup, the layering check (scripts/check_layers.sh), build (--config=opt: every binary
+# and the guests' tests), every test under --config=asan (AddressSanitizer and UBSan), the
+# threaded tests again under --config=tsan, the verbs
 # tests on Soft-RoCE, the cluster in a box (five hosts over ssh in a second guest), the Python
 # unittests of the scripts and of herd_kv (reported in their stage, not in the GoogleTest
 # total), a short session soak, clang-format check. Each stage
@@ -85,25 +85,22 @@ check_format() {
   return 1
 }
 
-# What each build is for. Every test runs under AddressSanitizer + UndefinedBehaviorSanitizer
-# (the same cases, and more checked, than in a plain build: running them a second time unchecked
-# cost five minutes of CI and found nothing the checked run does not); the threaded ones again
-# under ThreadSanitizer. The plain (default) build makes only what the qemu guests run: that
-# build has no -march=native, so it runs on the guest's CPU. The optimized build makes every
-# binary that is not a test, as users and the scripts' tests run them. Together the three compile
-# every target in the tree; `bazel build //...` and `bazel test //...` stay the developer's loop.
-readonly guest_targets=(
+# Two builds, each compiling what it is for, together every target in the tree (`bazel build
+# //...` and `bazel test //...` stay the developer's loop):
+# - --config=opt: every binary that is not a test, as users, the benchmarks and the scripts'
+#   tests run them, and the tests the qemu guests run (-march=x86-64-v3: the guests' CPU runs
+#   them; the other tests at -O3 too took minutes of CI for nothing);
+# - --config=asan: every test, under AddressSanitizer + UndefinedBehaviorSanitizer (the same
+#   cases as a plain build, checked: running them a second time unchecked cost five minutes of
+#   CI and found nothing the checked run does not); the threaded ones again under --config=tsan.
+readonly guest_tests=(
   //tests/transport:conformance_test //tests/transport:multiprocess_test
   //tests/herd:verbs_e2e_test //tests/transport:cm_test //tests/transport:cm_channel_test
   //tests/hopscotch:verbs_service_test //tests/rmem:server_test //tests/rmem:server_kill_test
   //tests/rmem:server_hostile_test
-  //herd:herd_server //herd:herd_kv //herd:herd_admin //bench:herd_client
 )
-stage "build (default: what the guests run)" bazel build "${guest_targets[@]}"
 stage "layers (scripts/check_layers.sh)" ./scripts/check_layers.sh
-# The optimized binaries the scripts' tests and the benchmarks run (building the tests at -O3
-# too took minutes of CI for nothing).
-stage "build (opt)" bazel build --config=opt -- //... -//tests/...
+stage "build (opt)" bazel build --config=opt -- //... -//tests/... "${guest_tests[@]}"
 if [ "${HERD_SKIP_ASAN:-0}" != 1 ]; then
   run_tests asan --config=asan
 else
@@ -127,11 +124,11 @@ if [ "${HERD_SKIP_TSAN:-0}" != 1 ]; then
   stage "test (tsan)" bazel test --config=tsan "${tsan_tests[@]}"
   add_totals tsan "$(bazel info bazel-testlogs --config=tsan 2>/dev/null)" "${tsan_tests[@]}"
 fi
-# The default-config binaries (no -march=native: the guest CPU lacks AVX-512). The guest writes
-# its gtest XML into a host directory mounted read-write.
+# The opt binaries (-march=x86-64-v3, which the guest's CPU has). The guest writes its gtest XML
+# into a host directory mounted read-write.
 run_in_rxe_vm() {
   local bin xml
-  bin=$(bazel info bazel-bin 2>/dev/null)
+  bin=$(bazel info --config=opt bazel-bin 2>/dev/null)
   xml=$(mktemp -d /tmp/herd-vm-xml.XXXXXX)
   HERD_VM_RW="$xml" HERD_VERBS_DEVICE=rxe0 HERD_VM_ENV=HERD_VERBS_DEVICE ./scripts/rxe_vm.sh bash -c "
     set -u; rc=0

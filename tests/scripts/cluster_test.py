@@ -2,7 +2,7 @@
 """The experiment runner across hosts, for real: run INSIDE the cluster in a box, five hosts each
 with its own network namespace, Soft-RoCE device and sshd (scripts/cluster_vm.sh):
 
-  bazel build //herd:herd_server //bench:herd_client //herd:herd_admin
+  bazel build --config=opt //herd:herd_server //bench:herd_client //herd:herd_admin
   scripts/cluster_vm.sh --hosts 5 -- /usr/bin/python3 tests/scripts/cluster_test.py [-v]
 
 A sweep whose server and clients are on different hosts measures every point; a replicated point
