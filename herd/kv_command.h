@@ -32,8 +32,9 @@ struct KvCommand {
 struct KvInput {
   bool hex = false;        // KEY and VALUE are hex strings (two digits per byte)
   std::string value_file;  // non-empty: VALUE comes from this file ("-": stdin)
-  // A value file longer than this is refused once this much plus one chunk has been read (the
-  // largest value any server accepts: a file is never read to its end only to be refused).
+  // A value file longer than this is refused once this much plus one chunk has been read (set
+  // it to the largest value any server accepts, herd::kMaxLargeValueBytes: a file is never read
+  // to its end only to be refused). 0 refuses every non-empty value file.
   uint64_t max_value_bytes = 0;
 };
 
