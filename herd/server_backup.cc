@@ -402,7 +402,11 @@ absl::StatusOr<std::string> Server::Promote() {
     LOG(ERROR) << "promotion failed: " << absl::StrJoin(failures, "; ");
     return absl::DataLossError(absl::StrCat("promotion failed: ", absl::StrJoin(failures, "; ")));
   }
-  role_.Promote();
+  if (!role_.Promote()) {
+    // Checked under replication_mutex_ above; only a Fence meanwhile (coordinated servers, which
+    // never come here) could refuse it.
+    LOG(DFATAL) << "the promotion of this backup was refused after its workers took writes";
+  }
   LOG(INFO) << "promoted: this server is the primary now (" << workers_.size() << " partitions, "
             << absl::FormatDuration(absl::Now() - start) << ")";
   return absl::StrFormat("{\"promoted\":true,\"workers\":%d,\"seconds\":%.6f}", workers_.size(),

@@ -444,7 +444,11 @@ absl::Status Server::TakeOver(const Configuration& next) {
   held_ = next;
   epoch_.store(next.epoch);
   config_backups_.store(0);
-  role_.Promote();
+  if (!role_.Promote()) {
+    // Only a Fence could refuse it, and nothing fences a backup during its takeover but the
+    // takeover itself (which returned above).
+    LOG(DFATAL) << "the takeover's promotion was refused after its workers took writes";
+  }
   next_coordination_ = absl::InfinitePast();
   LOG(INFO) << "took over: the primary of epoch " << next.epoch << " (" << workers_.size()
             << " partitions)";

@@ -6,7 +6,8 @@
 //   transport::JoinListenerOptions options;
 //   options.connect = mode;  options.address = "0.0.0.0";  options.port = 0;  // any free port
 //   options.pending.first_message_timeout = absl::Seconds(10);
-//   ASSIGN_OR_RETURN(joins_, transport::JoinListener::Open(*device, options));
+//   absl::StatusOr<transport::JoinListener> joins = transport::JoinListener::Open(*device,
+//   options); if (!joins.ok()) return joins.status(); joins_ = *std::move(joins);
 //   joins_->Wait(timeout, &events);  // the handshake set: control::HandshakeSet
 #ifndef HERD_TRANSPORT_JOIN_LISTENER_H_
 #define HERD_TRANSPORT_JOIN_LISTENER_H_
@@ -54,6 +55,7 @@ class JoinListener {
   // The set goes before the listener it accepts from (a defaulted assignment would free the
   // listener first).
   JoinListener& operator=(JoinListener&& other) noexcept {
+    if (this == &other) return *this;
     reset();
     tcp_ = std::move(other.tcp_);
     set_ = std::move(other.set_);

@@ -26,14 +26,23 @@ absl::StatusOr<ReplicationRole> ParseReplicationRole(std::string_view name) {
       absl::StrFormat("--role=%s: expected none, primary or backup", name));
 }
 
+bool ServerRole::SetUnless(uint8_t bit, uint8_t refused_by) {
+  uint8_t state = state_.load(std::memory_order_acquire);
+  do {
+    if ((state & (bit | refused_by)) != 0) return false;
+  } while (!state_.compare_exchange_weak(state, state | bit, std::memory_order_acq_rel,
+                                         std::memory_order_acquire));
+  return true;
+}
+
 bool ServerRole::Promote() {
-  if (configured_ != ReplicationRole::kBackup || fenced()) return false;
-  return !promoted_.exchange(true, std::memory_order_acq_rel);
+  if (configured_ != ReplicationRole::kBackup) return false;
+  return SetUnless(kPromoted, kFenced);
 }
 
 bool ServerRole::Fence() {
   if (!replicated()) return false;
-  return !fenced_.exchange(true, std::memory_order_acq_rel);
+  return SetUnless(kFenced, 0);
 }
 
 }  // namespace herd

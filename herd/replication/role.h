@@ -9,8 +9,9 @@
 //
 // A fenced server is restarted to serve again (as a backup: it rejoins by state transfer).
 // Each transition happens at most once; a refused one changes nothing. Thread-safe: any thread
-// may read (the workers' and the lease keeper's answers follow it); the transitions are the
-// control thread's.
+// reads it, and the transitions (the control thread's; a Fence also the lease keeper's) are each
+// one atomic step over both facts, so a Fence and a Promote racing never leave a fenced server
+// promoted.
 #ifndef HERD_HERD_REPLICATION_ROLE_H_
 #define HERD_HERD_REPLICATION_ROLE_H_
 
@@ -46,8 +47,8 @@ class ServerRole {
   bool serving_primary() const { return primary() && !fenced(); }
   // Takes writes and clients' mutations: a server alone, or a serving primary.
   bool takes_writes() const { return configured_ == ReplicationRole::kNone || serving_primary(); }
-  bool promoted() const { return promoted_.load(std::memory_order_acquire); }
-  bool fenced() const { return fenced_.load(std::memory_order_acquire); }
+  bool promoted() const { return (state_.load(std::memory_order_acquire) & kPromoted) != 0; }
+  bool fenced() const { return (state_.load(std::memory_order_acquire) & kFenced) != 0; }
 
   // A backup becomes its group's primary. False (nothing changes) unless it started as a backup
   // and was neither promoted nor fenced.
@@ -57,9 +58,13 @@ class ServerRole {
   bool Fence();
 
  private:
+  static constexpr uint8_t kPromoted = 1;
+  static constexpr uint8_t kFenced = 2;
+  // Sets `bit` unless a bit of `refused_by` (or `bit` itself) is set already: one atomic step.
+  bool SetUnless(uint8_t bit, uint8_t refused_by);
+
   const ReplicationRole configured_;
-  std::atomic<bool> promoted_{false};
-  std::atomic<bool> fenced_{false};
+  std::atomic<uint8_t> state_{0};  // kPromoted | kFenced
 };
 
 }  // namespace herd

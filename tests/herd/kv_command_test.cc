@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -119,7 +120,9 @@ TEST(KvCommand, RefusesWhatIsMalformedNamingIt) {
 }
 
 TEST(KvCommand, AValueFileIsReadWholeByteForByte) {
-  char path[] = "/tmp/kv_command_test.XXXXXX";
+  const char* dir = getenv("TEST_TMPDIR");
+  std::string path_template = std::string(dir != nullptr ? dir : "/tmp") + "/value.XXXXXX";
+  char* path = path_template.data();
   const int fd = mkstemp(path);
   ASSERT_GE(fd, 0);
   // Over one read chunk (64 KiB), with every byte value, NULs included.
