@@ -101,6 +101,13 @@ readonly guest_tests=(
 )
 stage "layers (scripts/check_layers.sh)" ./scripts/check_layers.sh
 stage "build (opt)" bazel build --config=opt -- //... -//tests/... "${guest_tests[@]}"
+opt_built=$?
+# The guests run what the opt build made: after a failed one, whatever an older build left.
+need_opt_build() {
+  [ "$opt_built" = 0 ] && return 0
+  echo "not run: the opt build failed (its binaries would be an older build's)"
+  return 1
+}
 if [ "${HERD_SKIP_ASAN:-0}" != 1 ]; then
   run_tests asan --config=asan
 else
@@ -128,6 +135,7 @@ fi
 # into a host directory mounted read-write.
 run_in_rxe_vm() {
   local bin xml
+  need_opt_build || return 1
   bin=$(bazel info --config=opt bazel-bin 2>/dev/null)
   xml=$(mktemp -d /tmp/herd-vm-xml.XXXXXX)
   HERD_VM_RW="$xml" HERD_VERBS_DEVICE=rxe0 HERD_VM_ENV=HERD_VERBS_DEVICE ./scripts/rxe_vm.sh bash -c "
@@ -173,6 +181,7 @@ fi
 # replicated point that fails over, refused host entries, Ctrl-C), and nothing may be left
 # running on any host (tests/scripts/cluster_test.py, scripts/cluster_vm.sh).
 run_cluster_in_a_box() {
+  need_opt_build || return 1
   HERD_VM_TIMEOUT=1500 ./scripts/cluster_vm.sh --hosts 5 -- \
     /usr/bin/python3 tests/scripts/cluster_test.py -v 2>&1 | tail -n 40
   return "${PIPESTATUS[0]}"
