@@ -7,7 +7,7 @@
 #
 # Builds REV in a throwaway git worktree (--config=opt, or --build=CONFIG among the options) and
 # this tree, then:
-#   1. engine_bench of each tree, interleaved (where REV has bench/engine_bench): ns per GET and
+#   1. engine_bench of each tree, interleaved (where both have bench/engine_bench): ns per GET and
 #      PUT of the worker alone, each repetition this tree then REV;
 #   2. scripts/compare.py revision: herd_server + herd_client of this tree, then REV's, with the
 #      same flags and cores, --repetitions times (medians compared; with --profile each side's
@@ -47,9 +47,14 @@ git worktree add --detach -f "$worktree" "$commit" >/dev/null
 
 targets=(//herd:herd_server //bench:herd_client)
 echo "[compare_revisions] building this tree and ${rev} (${commit:0:12}) with ${config[*]:-default}" >&2
-bazel build "${config[@]}" "${targets[@]}" //bench:engine_bench
+# engine_bench where both trees have it (a tree older than it, run with these scripts copied in,
+# compares end to end only).
 has_engine_bench=0
-if (cd "$worktree" && bazel query //bench:engine_bench >/dev/null 2>&1); then has_engine_bench=1; fi
+if bazel query //bench:engine_bench >/dev/null 2>&1 &&
+  (cd "$worktree" && bazel query //bench:engine_bench >/dev/null 2>&1); then
+  has_engine_bench=1
+fi
+bazel build "${config[@]}" "${targets[@]}" $([ "$has_engine_bench" = 1 ] && echo //bench:engine_bench)
 (cd "$worktree" && bazel build "${config[@]}" "${targets[@]}" \
   $([ "$has_engine_bench" = 1 ] && echo //bench:engine_bench))
 this_bin=$(bazel info "${config[@]}" bazel-bin 2>/dev/null)
@@ -85,7 +90,7 @@ for phase in sorted({r["phase"] for r in runs}):
           f"{ns['this'] / ns['rev']:.3f})", file=sys.stderr)
 EOF
 else
-  echo "[compare_revisions] ${rev} has no bench/engine_bench: engine-only comparison skipped" >&2
+  echo "[compare_revisions] a tree without bench/engine_bench: engine-only comparison skipped" >&2
 fi
 
 # Not exec: the EXIT trap removes the worktree.
