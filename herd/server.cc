@@ -196,17 +196,25 @@ absl::Status Server::Init() {
     worker_qps.push_back(std::move(qps));
   }
   // Replication before the workers: a primary's gates and a backup's readers are theirs.
-  if (role_.configured() == ReplicationRole::kPrimary) {
-    if (absl::Status s = AttachToBackups(); !s.ok()) return s;
-  } else if (role_.configured() == ReplicationRole::kBackup) {
-    if (absl::Status s = PrepareReplica(); !s.ok()) return s;
+  if (role_.replicated()) {
+    std::vector<mica::Partition*> partitions;
+    for (WorkerResources& r : workers_) partitions.push_back(r.partition.get());
+    if (absl::Status s =
+            Take(ReplicationMember::Create(*this, role_, c, options_.replication,
+                                           options_.region_pages, std::move(partitions)),
+                 &replication_);
+        !s.ok()) {
+      return s;
+    }
   }
   for (uint32_t w = 0; w < c.workers; ++w) {
     WorkerResources& r = workers_[w];
-    const bool coordinated = options_.replication.coordinated();
+    const bool replicated = replication_ != nullptr;
     r.worker = std::make_unique<Worker>(w, c, std::move(r.partition), std::move(worker_qps[w]),
-                                        r.send_cq.get(), r.recv_cq.get(), memories[w], r.gate.get(),
-                                        r.reader.get(), coordinated ? &primary_lease_ : nullptr);
+                                        r.send_cq.get(), r.recv_cq.get(), memories[w],
+                                        replicated ? replication_->gate(w) : nullptr,
+                                        replicated ? replication_->reader(w) : nullptr,
+                                        replicated ? replication_->primary_lease() : nullptr);
     if (absl::Status s = r.worker->PostInitialReceives(); !s.ok()) return s;
   }
   if (absl::Status s = PrepareFences(); !s.ok()) return s;
@@ -229,7 +237,8 @@ absl::Status Server::Init() {
   ids_awaiting_resume_.assign(c.max_clients, 0);
   queue_slots_used_.assign(c.max_clients, false);
   queue_slot_generation_.assign(c.max_clients, 0);
-  if (options_.replication.coordinated()) return JoinCluster();  // once the ports are known
+  // Once the ports are known.
+  if (options_.replication.coordinated()) return replication_->JoinCluster();
   return absl::OkStatus();
 }
 
@@ -255,22 +264,16 @@ absl::Status Server::Start() {
     });
   }
   control_ = std::thread([this] { ControlLoop(); });
-  if (coordinator_ != nullptr) lease_keeper_ = std::thread([this] { KeepPrimaryLease(); });
-  if (replication_listener_) replication_thread_ = std::thread([this] { ServeReplication(); });
+  if (replication_ != nullptr) replication_->Start();
   return absl::OkStatus();
 }
 
 void Server::Stop() {
   if (!started_ || stop_.exchange(true)) return;
   control_.join();  // retires every session first, while the workers still run
-  // Rejoin attempts still running (each bounded by its timeouts): their QPs go while the links'
-  // PD and the workers' CQs are still there.
-  for (std::future<Attach>& attempt : rejoining_) {
-    if (attempt.valid()) attempt.wait();
-  }
-  rejoining_.clear();
-  if (lease_keeper_.joinable()) lease_keeper_.join();
-  if (replication_thread_.joinable()) replication_thread_.join();  // detaches the primary
+  // Its rejoin attempts and threads, while the workers still run (a backup's detachment runs a
+  // task on each).
+  if (replication_ != nullptr) replication_->StopThreads();
   for (std::thread& t : threads_) t.join();
   const ServerStats stats = Stats();
   uint64_t requests = 0;
@@ -299,15 +302,35 @@ void Server::ControlLoop() {
       }
     }
     BuryRetiredHandles();
-    if (coordinator_ != nullptr) {
-      Coordinate();
-    } else if (role_.configured() == ReplicationRole::kPrimary) {
-      WatchBackups();
-    }
+    if (replication_ != nullptr) replication_->OnControlPass();
   }
   for (auto& session : sessions_) Retire(*session);
   sessions_.clear();
   session_count_.store(0);
+}
+
+std::vector<std::string> Server::RunOnWorkers(absl::Span<ReplicaTask* const> tasks) {
+  for (size_t w = 0; w < tasks.size(); ++w) workers_[w].worker->RequestTask(tasks[w]);
+  std::vector<std::string> failures;
+  for (size_t w = 0; w < tasks.size(); ++w) {
+    ReplicaTask* task = tasks[w];
+    while (!task->done.load(std::memory_order_acquire)) {
+      // Stopping: the worker may exit its loop before it claims the task; take it back (if it
+      // claimed it already, it finishes it).
+      if (stop_.load() && workers_[w].worker->CancelTask(task)) break;
+      std::this_thread::yield();
+    }
+    if (!task->done.load(std::memory_order_acquire)) {
+      failures.push_back(absl::StrFormat("worker %d: the server stopped first", w));
+    } else if (!task->status.ok()) {
+      failures.push_back(absl::StrFormat("worker %d: %s", w, task->status.ToString()));
+    } else {
+      // A promotion (control thread): fresh joins avoid these ids while their clients may
+      // still come back for their outcomes (TakeClientIds).
+      for (uint32_t client : task->awaiting_resume) ids_awaiting_resume_[client] = 1;
+    }
+  }
+  return failures;
 }
 
 void Server::WaitForWorkers() {

@@ -32,7 +32,10 @@ void Server::OnHandshakeEvent(transport::control::HandshakeEvent& event) {
   }
   if (event.message.type == kPromoteRequest && !handshakes_.contains(event.id)) {
     absl::StatusOr<std::string> promoted =
-        coordinator_ != nullptr ? PromoteCoordinated() : Promote();
+        replication_ != nullptr
+            ? replication_->Promote()
+            : absl::FailedPreconditionError(
+                  "this server is not a backup (--role=backup): there is nothing to promote");
     if (promoted.ok()) {
       (void)pending_->Send(event.id, kPromoted,
                            transport::control::WireWriter().Bytes(*promoted).Take());
@@ -138,7 +141,7 @@ absl::Status Server::OnJoin(uint64_t id, const transport::control::Message& mess
   }
   welcome.secret = session->secret;
   welcome.takes_writes = role_.takes_writes();
-  welcome.epoch = epoch_.load();
+  welcome.epoch = replication_ != nullptr ? replication_->epoch() : 0;
   welcome.resumed = join->resume_session != 0;
   for (uint32_t w = 0; w < c.workers; ++w) {
     welcome.worker_ud.push_back(workers_[w].ud_qps[0]->endpoint());

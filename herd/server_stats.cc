@@ -134,48 +134,24 @@ ServerStats Server::Stats() const {
     if (r.worker->partition().layout().mode == mica::StoreMode::kStore) AddStoreLevels(p, &stats);
   }
   stats.role = role_.current();
-  stats.promoted = role_.promoted();
-  const bool coordinated = options_.replication.coordinated();
-  stats.epoch = epoch_.load();
-  stats.fenced = role_.fenced();
-  if (coordinated) {
-    stats.lease_left_s = absl::ToDoubleSeconds(
-        stats.role == ReplicationRole::kPrimary ? primary_lease_.left() : read_lease_.left());
-  }
-  // Gates exist on a primary from the start, and on a coordinated one promoted (gates_ready_).
-  if (stats.role == ReplicationRole::kPrimary && (!stats.promoted || gates_ready_.load())) {
-    stats.backups = coordinated ? config_backups_.load()
-                                : static_cast<uint32_t>(options_.replication.backups.size());
-    stats.live_backups = coordinated ? UINT32_MAX : stats.backups;
-    for (const WorkerResources& r : workers_) {
-      const ReplicationCounters g = r.gate->counters();
-      stats.live_backups = std::min<uint32_t>(stats.live_backups, g.live_backups);
-      ReplicationCounters& t = stats.replication;
-      t.batches_posted += g.batches_posted;
-      t.writes_posted += g.writes_posted;
-      t.bytes_posted += g.bytes_posted;
-      t.deferred += g.deferred;
-      t.overflowed += g.overflowed;
-      t.links_dropped += g.links_dropped;
-      t.stalls += g.stalls;
-      t.released += g.released;
-      t.reads_held += g.reads_held;
-      t.watermarks_posted += g.watermarks_posted;
-      t.joined += g.joined;
-      t.transfer_bytes += g.transfer_bytes;
-    }
-  } else if (stats.role == ReplicationRole::kBackup) {
-    stats.syncing = syncing_.load();
-    for (const WorkerResources& r : workers_) {
-      const ReplicaReadCounters& k = r.reader->counters();
-      stats.replica_reads += k.reads.Get();
-      stats.replica_torn += k.torn.Get();
-      stats.replica_unconfirmed += k.unconfirmed.Get();
-      stats.replica_busy += k.busy.Get();
-      stats.replica_unreleased += k.unreleased.Get();
-      stats.replica_held_back += k.held_back.Get();
-    }
-    stats.primary_attached = primary_attached_.load();
+  if (replication_ != nullptr) {
+    const MemberStats m = replication_->Stats();
+    stats.role = m.role;
+    stats.promoted = m.promoted;
+    stats.fenced = m.fenced;
+    stats.epoch = m.epoch;
+    stats.lease_left_s = m.lease_left_s;
+    stats.backups = m.backups;
+    stats.live_backups = m.live_backups;
+    stats.replication = m.replication;
+    stats.syncing = m.syncing;
+    stats.replica_reads = m.replica_reads;
+    stats.replica_torn = m.replica_torn;
+    stats.replica_unconfirmed = m.replica_unconfirmed;
+    stats.replica_busy = m.replica_busy;
+    stats.replica_unreleased = m.replica_unreleased;
+    stats.replica_held_back = m.replica_held_back;
+    stats.primary_attached = m.primary_attached;
   }
   // Every QP and CQ the server ever had: workers' UD QPs and CQs, sessions' connected QPs
   // (WRITE responses are posted on them), departed sessions' included.

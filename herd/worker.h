@@ -18,6 +18,7 @@
 #include "herd/protocol.h"
 #include "herd/replication/outcome_table.h"
 #include "herd/replication/replica_reader.h"
+#include "herd/replication/replica_task.h"
 #include "herd/response_gate.h"
 #include "herd/send_chains.h"
 #include "herd/send_queue.h"
@@ -104,25 +105,6 @@ struct FenceTarget {
   transport::AddressHandle* ah = nullptr;
   uint32_t qpn = 0;
   uint32_t qkey = 0;
-};
-
-// Work a backup's worker runs on its own thread between two batches (its partition is its
-// alone): `apply` repairs or takes over the replica (replay the last committed redo record;
-// ResumeFromRegion); with `take_writes`, once it succeeded, replica mode ends and mutations
-// execute from the next batch on (a promotion). On failure the worker stays a replica.
-struct ReplicaTask {
-  std::function<absl::Status(mica::Partition&)> apply;
-  bool take_writes = false;
-  absl::Status status;
-  // A promotion's: the client ids whose outcomes the old primary left in this partition
-  // (replication/outcome_table.h). They await their clients' resumption: the worker records no new
-  // outcome over theirs until then.
-  std::vector<uint32_t> awaiting_resume;
-  // A promotion that takes backups again (coordinated replication): called on the worker's
-  // thread once the partition took writes, it returns the gate the worker answers through from
-  // the next batch on (it must outlive the worker's thread); null: none.
-  std::function<ResponseGate*(mica::Partition&)> make_gate;
-  std::atomic<bool> done{false};
 };
 
 // Registered memory a worker uses; allocated by the server (one MR per piece).

@@ -1,6 +1,6 @@
 // What a server is in its replication group, and what it has become since it started: the one
-// object every "is this server the primary?" asks (the Server owns it; server_primary.cc,
-// server_backup.cc and server_coordination.cc are its roles' machinery).
+// object every "is this server the primary?" asks (the Server owns it; its ReplicationMember,
+// member.h, runs the roles' machinery and moves it).
 //
 //   configured kNone     ->  alone for good (no transition)
 //   configured kPrimary  ->  Fence()    ->  fenced: it serves nothing, for good

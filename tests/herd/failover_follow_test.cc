@@ -33,8 +33,8 @@ using testing::JsonNumber;
 using testing::ReplicatedServer;
 using testing::ServerProcess;
 
-// The promoted clock's jump (server_backup.cc): versions at or past it were handed out by
-// the new primary.
+// The promoted clock's jump (herd/replication/member_backup.cc): versions at or past it were handed
+// out by the new primary.
 constexpr uint64_t kPromotedVersions = uint64_t{1} << 32;
 
 ClientOptions Follower(const std::string& fabric, std::vector<std::string> members,

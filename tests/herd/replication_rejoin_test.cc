@@ -35,7 +35,7 @@ constexpr uint64_t kWritesBeforeKill = 200;
 constexpr uint64_t kWritesAfterRejoin = 200;
 // How long the primary may take to notice, reattach and transfer (generous: 2 cores, ASan).
 constexpr absl::Duration kRejoinDeadline = absl::Seconds(60);
-// How long a primary's attach waits for a backup's welcome (server_primary.cc,
+// How long a primary's attach waits for a backup's welcome (herd/replication/member_primary.cc,
 // kRejoinWelcomeTimeout).
 constexpr absl::Duration kWelcomeTimeout = absl::Seconds(10);
 

@@ -71,6 +71,7 @@ class ClusterTest(unittest.TestCase):
         if not hosts():
             self.skipTest("not inside scripts/cluster_vm.sh (no HERD_CLUSTER_HOSTS)")
         self.out = pathlib.Path(tempfile.mkdtemp(prefix="herd-cluster-test-"))
+        self.started = time.monotonic()
 
     def tearDown(self):
         # Nothing of the case may stay on any host (an ssh session's sshd may take a moment to
@@ -79,6 +80,9 @@ class ClusterTest(unittest.TestCase):
         while running_on_hosts() and time.monotonic() < deadline:
             time.sleep(0.1)
         self.assertEqual(running_on_hosts(), {}, "left running on the hosts")
+        # Where the stage's minutes go (the guest is emulated: each case takes minutes).
+        print(f"[{self.id().rsplit('.', 1)[-1]}: {time.monotonic() - self.started:.0f} s]",
+              file=sys.stderr, flush=True)
 
     def records(self, directory):
         return [json.loads(p.read_text()) for p in sorted(directory.glob("*.json"))]

@@ -1,6 +1,6 @@
 // Replication on a backup (issue 16): it prepares each worker's redo area and reader, admits one
 // primary at a time on its replication port, serves replica reads under a lease, and is
-// promoted. The primary's side is in server_primary.cc.
+// promoted. The primary's side is in member_primary.cc.
 #include <cstring>
 #include <thread>
 
@@ -10,7 +10,7 @@
 #include "herd/join.h"
 #include "herd/replication/link.h"
 #include "herd/replication/log.h"
-#include "herd/server.h"
+#include "herd/replication/member.h"
 #include "transport/control/wire.h"
 #include "util/take.h"
 
@@ -36,15 +36,15 @@ constexpr int64_t kLeaseRenewalsPerLease = 4;
 
 }  // namespace
 
-absl::Status Server::PrepareReplica() {
-  const ReplicationServerOptions& ro = options_.replication;
-  for (WorkerResources& r : workers_) {
+absl::Status ReplicationMember::PrepareReplica() {
+  const ReplicationServerOptions& ro = options_;
+  for (WorkerReplication& r : workers_) {
     absl::StatusOr<transport::SharedMemory> redo = transport::SharedMemory::Allocate(
-        RedoAreaBytes(ro.gate.staging_bytes), "herd-redo", options_.region_pages);
+        RedoAreaBytes(ro.gate.staging_bytes), "herd-redo", region_pages_);
     if (!redo.ok()) return redo.status();
     r.redo = std::make_unique<transport::SharedMemory>(*std::move(redo));
     std::memset(r.redo->data(), 0, kRedoCommitLineBytes);  // nothing committed, nothing landing
-    r.reader = std::make_unique<ReplicaReader>(r.partition.get(), r.redo->data(), &reads_refused_,
+    r.reader = std::make_unique<ReplicaReader>(r.partition, r.redo->data(), &reads_refused_,
                                                ro.coordinated() ? &read_lease_ : nullptr);
   }
   absl::StatusOr<transport::control::Listener> listener =
@@ -54,9 +54,9 @@ absl::Status Server::PrepareReplica() {
   return absl::OkStatus();
 }
 
-void Server::ServeReplication() {
-  const bool coordinated = options_.replication.coordinated();
-  while (!stop_.load()) {
+void ReplicationMember::ServeReplication() {
+  const bool coordinated = options_.coordinated();
+  while (!host_.stopping()) {
     if (primary_ != nullptr && coordinated) {
       Configuration now;
       {
@@ -75,8 +75,7 @@ void Server::ServeReplication() {
         continue;
       }
       if (absl::Now() >= next_lease_request_) {
-        next_lease_request_ =
-            absl::Now() + options_.replication.read_lease / kLeaseRenewalsPerLease;
+        next_lease_request_ = absl::Now() + options_.read_lease / kLeaseRenewalsPerLease;
         const int64_t sent = util::Lease::NowNs();
         (void)primary_->channel->Send(
             kLeaseRequest,
@@ -95,7 +94,7 @@ void Server::ServeReplication() {
         uint64_t sent = 0;
         if (r.U64(&sent) && r.Finish().ok() && sent <= static_cast<uint64_t>(INT64_MAX)) {
           read_lease_.ExtendTo(static_cast<int64_t>(sent) +
-                               absl::ToInt64Nanoseconds(options_.replication.read_lease));
+                               absl::ToInt64Nanoseconds(options_.read_lease));
         }
         message = primary_->channel->Receive(absl::ZeroDuration());
       }
@@ -141,8 +140,8 @@ void Server::ServeReplication() {
   DetachPrimary();
 }
 
-absl::Status Server::AttachPrimary(transport::control::Channel& channel) {
-  const Config& c = options_.config;
+absl::Status ReplicationMember::AttachPrimary(transport::control::Channel& channel) {
+  const Config& c = config_;
   // The hello first, without the lock: a connector that sends nothing must not hold up a
   // promotion (which takes the lock on the clients' control thread).
   absl::StatusOr<transport::control::Message> message = channel.Receive(kReplicaHandshakeTimeout);
@@ -173,7 +172,7 @@ absl::Status Server::AttachPrimary(transport::control::Channel& channel) {
   }
   absl::StatusOr<ReplicaHello> hello = DecodeReplicaHello(message->payload, c.workers);
   if (!hello.ok()) return hello.status();
-  if (options_.replication.coordinated()) {
+  if (options_.coordinated()) {
     // Fencing: only the primary of the configuration in force, and only with a transfer (this
     // copy may hold another epoch's writes).
     Configuration now;
@@ -202,25 +201,25 @@ absl::Status Server::AttachPrimary(transport::control::Channel& channel) {
         "replicated mutation outcomes: they must match)",
         hello->max_clients, hello->window, c.max_clients, c.window));
   }
-  if (hello->staging_bytes != options_.replication.gate.staging_bytes) {
+  if (hello->staging_bytes != options_.gate.staging_bytes) {
     return absl::FailedPreconditionError(
         absl::StrFormat("the primary's staging ring is %d bytes, this backup's redo areas hold %d "
                         "(--replication_staging_bytes must match)",
-                        hello->staging_bytes, options_.replication.gate.staging_bytes));
+                        hello->staging_bytes, options_.gate.staging_bytes));
   }
   for (uint32_t w = 0; w < c.workers; ++w) {
-    const mica::Partition& partition = workers_[w].worker->partition();
+    const mica::Partition& partition = *workers_[w].partition;
     if (absl::Status s = CheckSameLayout(hello->layout, LayoutOf(partition)); !s.ok()) return s;
   }
   auto attachment = std::make_unique<Attachment>();
-  if (absl::Status s = Take(device_->AllocatePd(), &attachment->pd); !s.ok()) return s;
-  if (absl::Status s = Take(device_->CreateCq(c.workers * 2 + 1), &attachment->cq); !s.ok()) {
+  if (absl::Status s = Take(host_.device().AllocatePd(), &attachment->pd); !s.ok()) return s;
+  if (absl::Status s = Take(host_.device().CreateCq(c.workers * 2 + 1), &attachment->cq); !s.ok()) {
     return s;
   }
   ReplicaWelcome welcome;
   for (uint32_t w = 0; w < c.workers; ++w) {
-    WorkerResources& r = workers_[w];
-    const mica::MirroredRegion& region = r.worker->partition().region();
+    WorkerReplication& r = workers_[w];
+    const mica::MirroredRegion& region = r.partition->region();
     std::unique_ptr<transport::MemoryRegion> region_mr, redo_mr;
     constexpr auto kWritable = transport::kLocalWrite | transport::kRemoteWrite;
     if (absl::Status s =
@@ -280,7 +279,7 @@ absl::Status Server::AttachPrimary(transport::control::Channel& channel) {
   return absl::OkStatus();
 }
 
-void Server::DetachPrimary() {
+void ReplicationMember::DetachPrimary() {
   util::MutexLock lock(&replication_mutex_);
   if (primary_ == nullptr) return;
   // Its QPs first: nothing it still sends lands once they are gone; then its MRs and PD.
@@ -296,15 +295,15 @@ void Server::DetachPrimary() {
   }
 }
 
-std::vector<std::string> Server::RunOnWorkers(bool take_writes, bool make_gates) {
+std::vector<std::string> ReplicationMember::RunOnWorkers(bool take_writes, bool make_gates) {
   std::vector<std::unique_ptr<ReplicaTask>> tasks;
-  for (WorkerResources& r : workers_) {
+  for (WorkerReplication& r : workers_) {
     auto task = std::make_unique<ReplicaTask>();
     task->take_writes = take_writes;
     if (make_gates) {
       // After the takeover (the version clock jumped): the gate's released clock starts there.
       // Every slot vacant: registered members join by state transfer.
-      WorkerResources* resources = &r;
+      WorkerReplication* resources = &r;
       task->make_gate = [this, resources](mica::Partition& partition) -> ResponseGate* {
         absl::StatusOr<std::unique_ptr<ReplicationGate>> gate = ReplicationGate::Create(
             &partition, replication_pd_.get(), resources->replication_cq.get(),
@@ -333,32 +332,14 @@ std::vector<std::string> Server::RunOnWorkers(bool take_writes, bool make_gates)
       partition.AdvanceVersionClock(kPromotionVersionGap);
       return absl::OkStatus();
     };
-    r.worker->RequestTask(task.get());
     tasks.push_back(std::move(task));
   }
-  std::vector<std::string> failures;
-  for (size_t w = 0; w < tasks.size(); ++w) {
-    ReplicaTask* task = tasks[w].get();
-    while (!task->done.load(std::memory_order_acquire)) {
-      // Stopping: the worker may exit its loop before it claims the task; take it back (if it
-      // claimed it already, it finishes it).
-      if (stop_.load() && workers_[w].worker->CancelTask(task)) break;
-      std::this_thread::yield();
-    }
-    if (!task->done.load(std::memory_order_acquire)) {
-      failures.push_back(absl::StrFormat("worker %d: the server stopped first", w));
-    } else if (!task->status.ok()) {
-      failures.push_back(absl::StrFormat("worker %d: %s", w, task->status.ToString()));
-    } else {
-      // A promotion (control thread): fresh joins avoid these ids while their clients may
-      // still come back for their outcomes (TakeClientIds).
-      for (uint32_t client : task->awaiting_resume) ids_awaiting_resume_[client] = 1;
-    }
-  }
-  return failures;
+  std::vector<ReplicaTask*> each;
+  for (const std::unique_ptr<ReplicaTask>& task : tasks) each.push_back(task.get());
+  return host_.RunOnWorkers(each);
 }
 
-absl::StatusOr<std::string> Server::Promote() {
+absl::StatusOr<std::string> ReplicationMember::PromoteManually() {
   if (role_.configured() != ReplicationRole::kBackup) {
     return absl::FailedPreconditionError(
         "this server is not a backup (--role=backup): there is nothing to promote");

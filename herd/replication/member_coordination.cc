@@ -22,7 +22,7 @@
 #include "absl/strings/str_join.h"
 #include "glog/logging.h"
 #include "herd/join.h"
-#include "herd/server.h"
+#include "herd/replication/member.h"
 
 namespace herd {
 namespace {
@@ -56,20 +56,20 @@ std::string HostPort(const std::string& host, uint16_t port) {
 
 }  // namespace
 
-bool Server::HoldsWholeCopy() {
+bool ReplicationMember::HoldsWholeCopy() {
   // The configuration may list this member from an earlier life (killed and restarted before
   // the primary dropped it): only a transfer completed in this life makes its copy whole.
   util::MutexLock lock(&replication_mutex_);
   return ever_attached_ && !stale_.load() && !syncing_.load();
 }
 
-absl::Duration Server::LeaseWait() const {
-  const absl::Duration lease = options_.replication.read_lease;
+absl::Duration ReplicationMember::LeaseWait() const {
+  const absl::Duration lease = options_.read_lease;
   return lease + lease / 10 + kLeaseMarginFloor;
 }
 
-absl::Status Server::JoinCluster() {
-  const ReplicationServerOptions& ro = options_.replication;
+absl::Status ReplicationMember::JoinCluster() {
+  const ReplicationServerOptions& ro = options_;
   if (absl::Status s = CheckMemberName(ro.member); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("--member: ", s.message()));
   }
@@ -149,9 +149,9 @@ absl::Status Server::JoinCluster() {
   return Register();
 }
 
-absl::Status Server::Reconnect() {
+absl::Status ReplicationMember::Reconnect() {
   absl::StatusOr<std::unique_ptr<Coordinator>> coordinator =
-      Coordinator::Connect(options_.replication.coordinator);
+      Coordinator::Connect(options_.coordinator);
   if (!coordinator.ok()) return coordinator.status();
   coordinator_ = *std::move(coordinator);
   if (absl::Status s = Register(); !s.ok()) return s;
@@ -159,10 +159,10 @@ absl::Status Server::Reconnect() {
   return absl::OkStatus();
 }
 
-absl::Status Server::Register() {
-  const ReplicationServerOptions& ro = options_.replication;
+absl::Status ReplicationMember::Register() {
+  const ReplicationServerOptions& ro = options_;
   MemberInfo info;
-  info.client_address = HostPort(ro.advertise_host, port());
+  info.client_address = HostPort(ro.advertise_host, host_.client_port());
   if (replication_listener_ != nullptr) {
     info.replication_address = HostPort(ro.advertise_host, ro.advertise_replication_port != 0
                                                                ? ro.advertise_replication_port
@@ -184,14 +184,14 @@ absl::Status Server::Register() {
   return absl::OkStatus();
 }
 
-void Server::Fence(std::string_view why) {
+void ReplicationMember::Fence(std::string_view why) {
   if (!role_.Fence()) return;
   primary_lease_.Revoke();
   LOG(ERROR) << "fenced: " << why
              << ". This server serves nothing from now on (restart it as a backup to rejoin).";
 }
 
-bool Server::CommitChange(const Configuration& next, int32_t version) {
+bool ReplicationMember::CommitChange(const Configuration& next, int32_t version) {
   VersionedConfiguration current{held_, version};
   absl::Status s = coordinator_->ReplaceConfiguration(current, next);
   if (!s.ok()) {
@@ -207,11 +207,11 @@ bool Server::CommitChange(const Configuration& next, int32_t version) {
   return true;
 }
 
-void Server::KeepPrimaryLease() {
+void ReplicationMember::KeepPrimaryLease() {
   // Its own thread: a coordinator round trip (or a slow control pass) must not hold the lease,
   // and the workers must not stop serving meanwhile.
-  const ReplicationServerOptions& ro = options_.replication;
-  while (!stop_.load()) {
+  const ReplicationServerOptions& ro = options_;
+  while (!host_.stopping()) {
     // A promotion comes after any reconnection: from then on coordinator_ never changes.
     if (role_.serving_primary()) {
       if (coordinator_->expired()) {
@@ -225,11 +225,11 @@ void Server::KeepPrimaryLease() {
       }
     }
     const absl::Time next = absl::Now() + ro.coordinator.session_timeout / kConfirmsPerSession;
-    while (!stop_.load() && absl::Now() < next) absl::SleepFor(kLeaseKeeperPoll);
+    while (!host_.stopping() && absl::Now() < next) absl::SleepFor(kLeaseKeeperPoll);
   }
 }
 
-void Server::Coordinate() {
+void ReplicationMember::Coordinate() {
   const absl::Time now = absl::Now();
   const bool acting_primary = role_.primary();
   if (acting_primary && coordinator_->expired()) Fence("the coordination session expired");
@@ -261,8 +261,8 @@ void Server::Coordinate() {
   }
 }
 
-void Server::CoordinateAsPrimary(const Configuration& stored, int32_t version) {
-  if (stored.primary != options_.replication.member) {
+void ReplicationMember::CoordinateAsPrimary(const Configuration& stored, int32_t version) {
+  if (stored.primary != options_.member) {
     Fence(absl::StrFormat("%s took over (%s)", stored.primary, stored.ToString()));
     return;
   }
@@ -278,7 +278,7 @@ void Server::CoordinateAsPrimary(const Configuration& stored, int32_t version) {
   if (members.ok()) AttachRegisteredMembers(*members);
 }
 
-void Server::AttachRegisteredMembers(const std::vector<std::string>& members) {
+void ReplicationMember::AttachRegisteredMembers(const std::vector<std::string>& members) {
   const absl::Time now = absl::Now();
   for (size_t b = 0; b < backup_members_.size(); ++b) {
     if (backup_states_[b] != BackupState::kLost) continue;
@@ -296,9 +296,8 @@ void Server::AttachRegisteredMembers(const std::vector<std::string>& members) {
     }
   }
   for (const std::string& member : members) {
-    if (member == options_.replication.member ||
-        std::find(backup_members_.begin(), backup_members_.end(), member) !=
-            backup_members_.end()) {
+    if (member == options_.member || std::find(backup_members_.begin(), backup_members_.end(),
+                                               member) != backup_members_.end()) {
       continue;
     }
     absl::StatusOr<MemberInfo> info = coordinator_->Member(member);
@@ -320,7 +319,7 @@ void Server::AttachRegisteredMembers(const std::vector<std::string>& members) {
   }
 }
 
-void Server::AnswerLeaseRequests(size_t b) {
+void ReplicationMember::AnswerLeaseRequests(size_t b) {
   transport::control::Channel& channel = *backup_channels_[b];
   for (absl::StatusOr<transport::control::Message> m = channel.Receive(absl::ZeroDuration());
        m.ok(); m = channel.Receive(absl::ZeroDuration())) {
@@ -332,11 +331,10 @@ void Server::AnswerLeaseRequests(size_t b) {
   }
 }
 
-bool Server::CommitAddition(size_t b) {
+bool ReplicationMember::CommitAddition(size_t b) {
   // Committed already (the answer to the write was lost, and the next read found it there).
   if (held_.HasBackup(backup_members_[b])) return true;
-  absl::StatusOr<Configuration> next =
-      AddBackupIn(held_, options_.replication.member, backup_members_[b]);
+  absl::StatusOr<Configuration> next = AddBackupIn(held_, options_.member, backup_members_[b]);
   if (!next.ok()) {
     LOG(WARNING) << "backup " << backup_members_[b] << " not added: " << next.status();
     return false;
@@ -346,25 +344,25 @@ bool Server::CommitAddition(size_t b) {
   return true;
 }
 
-void Server::SettleDrop(size_t b) {
-  for (const WorkerResources& r : workers_) {
+void ReplicationMember::SettleDrop(size_t b) {
+  for (const WorkerReplication& r : workers_) {
     if (!r.gate->dropped(b)) return;  // RequestDrop takes a few of the worker's loops
   }
   if (util::Lease::NowNs() < drop_after_[b]) return;  // its read lease may still run
   const std::string& member = backup_members_[b];
   if (held_.HasBackup(member)) {
-    absl::StatusOr<Configuration> next = DropBackupIn(held_, options_.replication.member, member);
+    absl::StatusOr<Configuration> next = DropBackupIn(held_, options_.member, member);
     if (!next.ok() || !CommitChange(*next, held_version_)) return;  // tried again next pass
   }
   // It can neither read nor be promoted now: the gates go on without it.
-  for (WorkerResources& r : workers_) r.gate->ConsentToDrop(b);
+  for (WorkerReplication& r : workers_) r.gate->ConsentToDrop(b);
   LOG(INFO) << "backup " << member << " removed from the configuration";
   backup_states_[b] = BackupState::kVacant;
   backup_members_[b].clear();
 }
 
-void Server::CoordinateAsBackup(const Configuration& stored, int32_t version) {
-  const ReplicationServerOptions& ro = options_.replication;
+void ReplicationMember::CoordinateAsBackup(const Configuration& stored, int32_t version) {
+  const ReplicationServerOptions& ro = options_;
   {
     util::MutexLock lock(&published_mutex_);
     published_ = stored;
@@ -401,11 +399,11 @@ void Server::CoordinateAsBackup(const Configuration& stored, int32_t version) {
   if (absl::Status s = TakeOver(*next); !s.ok()) LOG(WARNING) << "takeover: " << s;
 }
 
-absl::Status Server::TakeOver(const Configuration& next) {
+absl::Status ReplicationMember::TakeOver(const Configuration& next) {
   // The old primary's access goes first (the replication thread sees the new epoch).
   const absl::Time give_up = absl::Now() + kDetachTimeout;
   while (primary_attached_.load()) {
-    if (absl::Now() >= give_up || stop_.load()) {
+    if (absl::Now() >= give_up || host_.stopping()) {
       return absl::DeadlineExceededError("the old primary is still attached");
     }
     absl::SleepFor(absl::Milliseconds(1));
@@ -426,7 +424,7 @@ absl::Status Server::TakeOver(const Configuration& next) {
     promoting_ = true;  // no primary attaches from now on
   }
   if (replication_pd_ == nullptr) {
-    if (absl::Status s = PrepareLinks(device_.get()); !s.ok()) return s;
+    if (absl::Status s = PrepareLinks(&host_.device()); !s.ok()) return s;
   }
   const std::vector<std::string> failures = RunOnWorkers(/*take_writes=*/true, /*make_gates=*/true);
   taking_over_.reset();
@@ -434,7 +432,7 @@ absl::Status Server::TakeOver(const Configuration& next) {
     Fence(absl::StrCat("the takeover failed: ", absl::StrJoin(failures, "; ")));
     return absl::DataLossError(absl::StrCat("takeover failed: ", absl::StrJoin(failures, "; ")));
   }
-  for (const WorkerResources& r : workers_) {
+  for (const WorkerReplication& r : workers_) {
     if (r.gate == nullptr) {
       Fence("a promoted worker has no replication gate");
       return absl::InternalError("a promoted worker has no replication gate");
@@ -455,8 +453,8 @@ absl::Status Server::TakeOver(const Configuration& next) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::string> Server::PromoteCoordinated() {
-  const ReplicationServerOptions& ro = options_.replication;
+absl::StatusOr<std::string> ReplicationMember::PromoteCoordinated() {
+  const ReplicationServerOptions& ro = options_;
   if (role_.primary()) {
     return absl::FailedPreconditionError("this server is a primary already");
   }

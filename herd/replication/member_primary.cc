@@ -1,6 +1,6 @@
 // Replication on a primary (issue 16): it attaches to its backups at start, hands each worker
 // a ReplicationGate, watches its links and attaches lost backups again. The backup's side is in
-// server_backup.cc.
+// member_backup.cc.
 
 #include <poll.h>
 
@@ -14,7 +14,7 @@
 #include "herd/join.h"
 #include "herd/replication/link.h"
 #include "herd/replication/log.h"
-#include "herd/server.h"
+#include "herd/replication/member.h"
 #include "transport/control/wire.h"
 #include "util/take.h"
 
@@ -50,7 +50,7 @@ constexpr uint32_t kReplicationCqSlack = 64;
 
 }  // namespace
 
-void Server::KeepReplicationChannelAlive(transport::control::Channel& channel) {
+void ReplicationMember::KeepReplicationChannelAlive(transport::control::Channel& channel) {
   if (absl::Status s =
           channel.EnableKeepalive(kKeepaliveIdle, kKeepaliveInterval, kKeepaliveProbes);
       !s.ok()) {
@@ -58,9 +58,9 @@ void Server::KeepReplicationChannelAlive(transport::control::Channel& channel) {
   }
 }
 
-absl::Status Server::AttachToBackups() {
-  const Config& c = options_.config;
-  const ReplicationServerOptions& ro = options_.replication;
+absl::Status ReplicationMember::AttachToBackups() {
+  const Config& c = config_;
+  const ReplicationServerOptions& ro = options_;
   if (ro.backups.empty() && !ro.coordinated()) {
     return absl::InvalidArgumentError(
         "--role=primary needs --backups=HOST:PORT[,HOST:PORT...] (or --coordinator)");
@@ -85,7 +85,7 @@ absl::Status Server::AttachToBackups() {
   if (depth > UINT32_MAX / (ro.coordinated() ? kMaxBackups : ro.backups.size())) {
     return absl::InvalidArgumentError("replication: the links' queues are too deep");
   }
-  transport::Device* device = device_.get();
+  transport::Device* device = &host_.device();
   if (ro.device.has_value()) {
     if (absl::Status s = Take(transport::OpenDevice(*ro.device), &replication_device_); !s.ok()) {
       return s;
@@ -116,11 +116,11 @@ absl::Status Server::AttachToBackups() {
   return CreateGates(links);
 }
 
-absl::Status Server::PrepareLinks(transport::Device* device) {
-  const ReplicationServerOptions& ro = options_.replication;
+absl::Status ReplicationMember::PrepareLinks(transport::Device* device) {
+  const ReplicationServerOptions& ro = options_;
   const size_t slots = ro.coordinated() ? kMaxBackups : ro.backups.size();
   if (absl::Status s = Take(device->AllocatePd(), &replication_pd_); !s.ok()) return s;
-  for (WorkerResources& r : workers_) {
+  for (WorkerReplication& r : workers_) {
     const auto cq_depth =
         static_cast<uint32_t>(LinkSendQueueDepth(ro.gate) * slots + kReplicationCqSlack);
     if (absl::Status s = Take(device->CreateCq(cq_depth), &r.replication_cq); !s.ok()) return s;
@@ -141,18 +141,18 @@ absl::Status Server::PrepareLinks(transport::Device* device) {
   return absl::OkStatus();
 }
 
-ReplicationOptions Server::GateOptions() const {
-  ReplicationOptions options = options_.replication.gate;
-  options.drops_need_consent = options_.replication.coordinated();
+ReplicationOptions ReplicationMember::GateOptions() const {
+  ReplicationOptions options = options_.gate;
+  options.drops_need_consent = options_.coordinated();
   return options;
 }
 
-absl::Status Server::CreateGates(const std::vector<std::vector<BackupLink>>& links) {
-  for (uint32_t w = 0; w < options_.config.workers; ++w) {
-    WorkerResources& r = workers_[w];
+absl::Status ReplicationMember::CreateGates(const std::vector<std::vector<BackupLink>>& links) {
+  for (uint32_t w = 0; w < config_.workers; ++w) {
+    WorkerReplication& r = workers_[w];
     if (absl::Status s =
-            Take(ReplicationGate::Create(r.partition.get(), replication_pd_.get(),
-                                         r.replication_cq.get(), links[w], GateOptions()),
+            Take(ReplicationGate::Create(r.partition, replication_pd_.get(), r.replication_cq.get(),
+                                         links[w], GateOptions()),
                  &r.gate);
         !s.ok()) {
       return s;
@@ -161,14 +161,13 @@ absl::Status Server::CreateGates(const std::vector<std::vector<BackupLink>>& lin
   return absl::OkStatus();
 }
 
-ReplicaHello Server::HelloForBackup(bool transfer) const {
-  const Config& c = options_.config;
-  const ReplicationServerOptions& ro = options_.replication;
+ReplicaHello ReplicationMember::HelloForBackup(bool transfer) const {
+  const Config& c = config_;
+  const ReplicationServerOptions& ro = options_;
   ReplicaHello hello;
   hello.workers = c.workers;
   hello.staging_bytes = ro.gate.staging_bytes;
-  hello.layout =
-      LayoutOf(workers_[0].worker ? workers_[0].worker->partition() : *workers_[0].partition);
+  hello.layout = LayoutOf(*workers_[0].partition);
   hello.transfer = transfer;
   hello.max_clients = c.max_clients;
   hello.window = c.window;
@@ -177,9 +176,11 @@ ReplicaHello Server::HelloForBackup(bool transfer) const {
   return hello;
 }
 
-Server::Attach Server::ConnectBackup(const std::string& address, ReplicaHello hello,
-                                     absl::Duration timeout, absl::Duration welcome_timeout) {
-  const Config& c = options_.config;
+ReplicationMember::Attach ReplicationMember::ConnectBackup(const std::string& address,
+                                                           ReplicaHello hello,
+                                                           absl::Duration timeout,
+                                                           absl::Duration welcome_timeout) {
+  const Config& c = config_;
   Attach attach;
   attach.address = address;
   auto fail = [&attach](absl::Status status) {
@@ -193,12 +194,12 @@ Server::Attach Server::ConnectBackup(const std::string& address, ReplicaHello he
     return fail(absl::UnavailableError(
         absl::StrFormat("backup %s: %s", address, channel.status().ToString())));
   }
-  for (WorkerResources& r : workers_) {
+  for (WorkerReplication& r : workers_) {
     transport::QpConfig qc;
     qc.type = transport::QpType::kRc;
     qc.send_cq = r.replication_cq.get();
     qc.recv_cq = r.replication_cq.get();  // receives nothing
-    qc.max_send_wr = static_cast<uint32_t>(LinkSendQueueDepth(options_.replication.gate));
+    qc.max_send_wr = static_cast<uint32_t>(LinkSendQueueDepth(options_.gate));
     qc.max_recv_wr = 1;
     qc.max_inline_data = 0;
     std::unique_ptr<transport::QueuePair> qp;
@@ -211,9 +212,9 @@ Server::Attach Server::ConnectBackup(const std::string& address, ReplicaHello he
   // (paused, cut off) backup within a slice instead of the welcome timeout.
   const absl::Time welcome_deadline = absl::Now() + welcome_timeout;
   while (!Readable(*channel, kStopSlice)) {
-    if (stop_.load() || absl::Now() >= welcome_deadline) break;
+    if (host_.stopping() || absl::Now() >= welcome_deadline) break;
   }
-  if (stop_.load()) return fail(absl::CancelledError("the server is stopping"));
+  if (host_.stopping()) return fail(absl::CancelledError("the server is stopping"));
   absl::StatusOr<transport::control::Message> reply = Expect(
       *channel, kReplicaWelcome, std::max(welcome_deadline - absl::Now(), absl::ZeroDuration()));
   if (!reply.ok()) {
@@ -235,16 +236,16 @@ Server::Attach Server::ConnectBackup(const std::string& address, ReplicaHello he
   return attach;
 }
 
-void Server::KeepLinkQps(Attach& attach) {
+void ReplicationMember::KeepLinkQps(Attach& attach) {
   for (size_t w = 0; w < attach.qps.size(); ++w) {
     workers_[w].backup_qps.push_back(std::move(attach.qps[w]));
   }
   attach.qps.clear();
 }
 
-void Server::WatchBackups() {
+void ReplicationMember::WatchBackups() {
   const absl::Time now = absl::Now();
-  const bool coordinated = options_.replication.coordinated();
+  const bool coordinated = options_.coordinated();
   for (size_t b = 0; b < backup_channels_.size(); ++b) {
     const std::string& address = backup_addresses_[b];
     if (rejoining_[b].valid() &&
@@ -265,7 +266,7 @@ void Server::WatchBackups() {
     }
     const bool closed = backup_channels_[b]->PeerClosed();
     bool dropped = false;
-    for (const WorkerResources& r : workers_) dropped = dropped || r.gate->dropped(b);
+    for (const WorkerReplication& r : workers_) dropped = dropped || r.gate->dropped(b);
     if (closed || dropped) {
       // Closed: it died or restarted. Dropped by a gate (an error, a stall, an oversize batch):
       // its copy misses acknowledged writes from now on; told so, it answers no more reads and
@@ -274,7 +275,7 @@ void Server::WatchBackups() {
       LOG(WARNING) << "backup " << address
                    << (closed ? " closed its control connection" : " dropped")
                    << ": serving degraded";
-      for (WorkerResources& r : workers_) r.gate->RequestDrop(b);
+      for (WorkerReplication& r : workers_) r.gate->RequestDrop(b);
       if (!closed) (void)backup_channels_[b]->Send(kReplicaDropped, {});
       backup_channels_[b] = std::make_unique<transport::control::Channel>(-1);  // closes it
       if (coordinated) {
@@ -293,7 +294,7 @@ void Server::WatchBackups() {
     if (coordinated && backup_states_[b] == BackupState::kLive) AnswerLeaseRequests(b);
     if (backup_states_[b] == BackupState::kJoining) {
       bool synced = true;
-      for (const WorkerResources& r : workers_) synced = synced && r.gate->synced(b);
+      for (const WorkerReplication& r : workers_) synced = synced && r.gate->synced(b);
       if (!synced) continue;
       if (coordinated && !CommitAddition(b)) continue;  // tried again on the next pass
       (void)backup_channels_[b]->Send(kReplicaSynced, {});
@@ -303,10 +304,10 @@ void Server::WatchBackups() {
   }
 }
 
-void Server::StartRejoin(size_t b) {
+void ReplicationMember::StartRejoin(size_t b) {
   // Every gate must have let go of the old link first (RequestDrop takes up to
   // kStallCheckEvery of a worker's loops, a consent one loop).
-  for (const WorkerResources& r : workers_) {
+  for (const WorkerReplication& r : workers_) {
     if (!r.gate->dropped(b) || r.gate->drop_unsettled(b)) return;
   }
   try {
@@ -325,7 +326,7 @@ void Server::StartRejoin(size_t b) {
   }
 }
 
-void Server::FinishRejoin(size_t b) {
+void ReplicationMember::FinishRejoin(size_t b) {
   Attach attach = rejoining_[b].get();
   if (!attach.channel.ok()) {
     VLOG(1) << "backup " << attach.address << " not back yet: " << attach.channel.status();
@@ -348,7 +349,7 @@ void Server::FinishRejoin(size_t b) {
     if (!workers_[w].gate->OfferLink(b, attach.links[w])) {
       // Only a gate that took an earlier offer could refuse: never left half-joined.
       LOG(ERROR) << "backup " << attach.address << ": worker " << w << " refused the new link";
-      for (WorkerResources& r : workers_) r.gate->RequestDrop(b);
+      for (WorkerReplication& r : workers_) r.gate->RequestDrop(b);
       return;  // the channel closes: the backup sees its primary leave while syncing
     }
   }
