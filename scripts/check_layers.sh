@@ -41,6 +41,8 @@ rule "the data path knows no protocol, store or engine" \
 rule "an embedded client links no server and no replication" \
   '//herd:client' "${herd_above_client}"
 rule "replication sits below the engine" '//herd/replication/...' '//herd:engine'
+rule "the replication member runs over ReplicationHost alone (its test links no server)" \
+  '//tests/herd:replication_member_test' '//herd:engine + //herd:client'
 rule "the examples link the client library, nothing of the server" \
   '//examples:kv_client + //examples:batch_client' "${herd_above_client}"
 rule "the echo baseline shares only the data path and the wire, never the store" \

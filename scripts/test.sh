@@ -123,6 +123,7 @@ readonly tsan_tests=(
   //tests/transport:mirrored_registration_test //tests/transport:cm_channel_test
   //tests/herd:worker_rules_test //tests/herd:send_queue_test //tests/herd:slot_scanner_test
   //tests/herd:response_gate_test //tests/herd:replication_gate_test
+  //tests/herd:replication_member_test
   //tests/herd:smoke_test //tests/herd:e2e_test
   //tests/herd:robustness_test //tests/herd:replication_e2e_test
   //tests/herd:failover_follow_test //tests/herd:coordinator_test //tests/util:lease_test
