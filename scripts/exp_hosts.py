@@ -3,17 +3,21 @@ before a run starts (its checkout, its build, its RDMA device and GID, its addre
 run left running on each.
 
 A host is run on directly when its address is loopback (and no ssh_port says otherwise), else
-over ssh in BatchMode (keys only, no prompt). Every process the runner starts carries the run's
+over ssh in BatchMode (keys only, no prompt), every command of a run to a host on one shared
+connection (share_connections: one handshake per host, not one per command). Every process the runner starts carries the run's
 marker in its environment (HERD_EXP_RUN=<id>), so what is left of a run on a host can be found
 and killed there, however it was started; only processes in the checking shell's own network
 namespace count as the host's (a box of namespaces shares one process table).
 """
 import hashlib
 import ipaddress
+import os
 import pathlib
 import shlex
+import shutil
 import socket
 import subprocess
+import tempfile
 from concurrent import futures
 
 ROLES = ("server", "client", "backup", "coordinator")
@@ -25,6 +29,11 @@ MARKER = "HERD_EXP_RUN"
 CHECK_TIMEOUT_S = 120
 # What a host's shell says when it has no checkout at `repo` (Host.shell).
 NO_CHECKOUT = "herd-exp: no checkout at"
+# A host's shared ssh connection (share_connections) ends this long after its last command
+# unless the run closes it first: a run killed outright leaves none behind for longer.
+CONTROL_PERSIST_S = 60
+# How long closing one shared connection may take.
+CONTROL_EXIT_TIMEOUT_S = 15
 # A GID table entry that holds nothing.
 EMPTY_GID = "0000:0000:0000:0000:0000:0000:0000:0000"
 
@@ -59,6 +68,9 @@ class Host:
         self.loopback = self.address in ("localhost", "127.0.0.1", "::1")
         # A loopback host runs directly unless an ssh port says to go through sshd anyway.
         self.local = self.loopback and "ssh_port" not in spec
+        # Where its shared ssh connection's socket is (share_connections); None: a handshake
+        # per command.
+        self.control_path = None
 
     def __repr__(self):
         return f"{self.name} ({self.address})"
@@ -67,16 +79,25 @@ class Host:
         """The address other processes of the run use to reach this host's servers."""
         return "127.0.0.1" if self.local else self.address
 
-    def ssh_prefix(self):
+    def ssh_target(self):
+        return f"{self.ssh_user}@{self.address}" if self.ssh_user else self.address
+
+    def ssh_options_argv(self):
         command = ["ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=accept-new"]
         if self.ssh_port:
             command += ["-p", str(self.ssh_port)]
         if self.ssh_key:
             command += ["-i", str(self.ssh_key)]
+        if self.control_path:
+            # The first command's ssh becomes the master; the others open sessions on it.
+            command += ["-o", "ControlMaster=auto", "-o", f"ControlPath={self.control_path}",
+                        "-o", f"ControlPersist={CONTROL_PERSIST_S}"]
         for option in self.ssh_options:
             command += ["-o", option]
-        target = f"{self.ssh_user}@{self.address}" if self.ssh_user else self.address
-        return command + [target]
+        return command
+
+    def ssh_prefix(self):
+        return self.ssh_options_argv() + [self.ssh_target()]
 
     def shell(self, script):
         """argv that runs bash `script` on this host (in its checkout's folder)."""
@@ -197,6 +218,38 @@ def check_host(host, fabric, binaries, local_repo):
                 problems.append(f"{where}: GID index {host.gid_index} of {host.device} is "
                                 f"empty (no address on its netdev at that index)")
     return problems
+
+
+def share_connections(hosts):
+    """From now on each remote host's commands share one ssh connection (OpenSSH's
+    ControlMaster): a run makes dozens per host (checks, every process it starts, CPU samples,
+    the leftover sweeps), each a full handshake otherwise (~2 s in the cluster box's emulated
+    guest, ~0.4 s on its shared connection). Returns the folder of the sockets, for
+    close_connections."""
+    directory = tempfile.mkdtemp(prefix="herd-ssh-")
+    for host in hosts:
+        if not host.local:
+            host.control_path = os.path.join(directory, "%C")  # a hash: short enough
+    return directory
+
+
+def close_connections(hosts, directory):
+    """Ends the shared connections (and with them their sshd sessions on the hosts) and removes
+    the folder; commands go back to a connection each. Idempotent; callable from atexit (no
+    thread pool: none starts once the interpreter shuts down)."""
+    shared = [host for host in hosts if host.control_path]
+    closing = [subprocess.Popen(host.ssh_options_argv() + ["-O", "exit", host.ssh_target()],
+                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL) for host in shared]
+    for process in closing:
+        try:
+            process.wait(timeout=CONTROL_EXIT_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            process.kill()  # the connection ends by itself after CONTROL_PERSIST_S idle
+            process.wait()
+    for host in shared:
+        host.control_path = None
+    shutil.rmtree(directory, ignore_errors=True)
 
 
 def check_hosts(hosts, fabric, binaries, local_repo):

@@ -64,6 +64,7 @@ total_wrs_per_op (client + server WRs), wire_bytes_per_op (payload bytes both wa
 counted), round_trips_per_op. run and plot write DIR/per_get.md: those per series (plot line).
 """
 import argparse
+import atexit
 import csv
 import itertools
 import json
@@ -1321,6 +1322,10 @@ def command_run(args):
     binaries = [bazel_bin(experiment.build) / "herd" / "herd_server",
                 bazel_bin(experiment.build) / "bench" / "herd_client"]
     try:
+        # One ssh connection per host for the whole run, closed on any way out (after the last
+        # leftover sweep: atexit runs after the handlers and the finally below).
+        connections = exp_hosts.share_connections(experiment.hosts)
+        atexit.register(exp_hosts.close_connections, experiment.hosts, connections)
         exp_hosts.check_hosts(experiment.hosts, experiment.fabric, binaries, REPO)
     except exp_hosts.HostError as error:
         fail(str(error))

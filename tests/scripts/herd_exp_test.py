@@ -727,7 +727,17 @@ class HerdExpTest(unittest.TestCase):
             PasswordAuthentication no
             """))
         os.makedirs("/run/sshd", exist_ok=True)  # privilege separation directory
-        daemon = subprocess.Popen([sshd, "-D", "-e", "-f", str(config)], stderr=subprocess.PIPE)
+        log = keys / "sshd.log"  # one "Accepted publickey" line per connection
+        daemon = subprocess.Popen([sshd, "-D", "-E", str(log), "-f", str(config)],
+                                  stderr=subprocess.PIPE)
+
+        def connections():
+            return log.read_text().count("Accepted publickey") if log.exists() else 0
+
+        def masters():  # the shared connections' ssh processes ("ssh: /tmp/herd-ssh-...")
+            listing = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True)
+            return [line for line in listing.stdout.splitlines() if "herd-ssh-" in line]
+
         try:
             probe = ["ssh", "-p", str(port), "-i", str(keys / "user"), "-o", "BatchMode=yes",
                      "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
@@ -742,10 +752,18 @@ class HerdExpTest(unittest.TestCase):
                       "UserKnownHostsFile=/dev/null, LogLevel=ERROR]}" % (port, keys / "user"))
             path = experiment(self.dir, "over_ssh", "{clients: [2]}",
                               hosts=["{name: server, address: localhost, role: server}", client])
+            before = connections()
             done = self.run_runner(path)
             self.assertEqual(done.returncode, 0, done.stderr)
             record = json.loads((self.out / "clients-2_r0.json").read_text())
             self.assertGreater(record["mops"], 0)
+            # The checks, the client, its CPU samples and the leftover sweeps: one connection,
+            # closed when the run ended.
+            self.assertEqual(connections() - before, 1, log.read_text()[-2000:])
+            deadline = time.monotonic() + 10
+            while masters() and time.monotonic() < deadline:
+                time.sleep(0.1)
+            self.assertEqual(masters(), [])
         finally:
             daemon.terminate()
             daemon.wait()
