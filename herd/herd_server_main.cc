@@ -61,8 +61,16 @@ DEFINE_uint32(session_timeout_ms, 2000,
 DEFINE_uint32(read_lease_ms, 500,
               "--coordinator: a backup serves GETs this long after its primary last renewed its "
               "lease; a write waits at most this long for a backup that stops answering");
+DEFINE_bool(rejoin_when_fenced, true,
+            "--coordinator: a primary that was fenced (another member took over, or its "
+            "coordination session expired) stops and starts again in this process as a backup "
+            "under the same --member and client port, brought up to date by state transfer; "
+            "false: it serves nothing until restarted");
 
 namespace {
+
+// How often a fenced primary tries again to come back as a backup (--rejoin_when_fenced).
+constexpr absl::Duration kRejoinRetry = absl::Seconds(1);
 
 int Fail(const absl::Status& status) {
   LOG(ERROR) << status;
@@ -153,19 +161,23 @@ int main(int argc, char** argv) {
   absl::StatusOr<std::unique_ptr<herd::Server>> server = herd::Server::Create(options);
   if (!server.ok()) return Fail(server.status());
   if (absl::Status s = (*server)->Start(); !s.ok()) return Fail(s);
-  printf(
-      "herd_server ready port=%d connect=%s store_mode=%s role=%s replication_port=%d device=%s "
-      "region_page_kib=%zu config=%s\n",
-      (*server)->port(), options.connect == transport::ConnectMode::kCm ? "cm" : "tcp",
-      std::string(mica::StoreModeName(options.store.mode)).c_str(),
-      std::string(herd::ReplicationRoleName(options.replication.role)).c_str(),
-      (*server)->replication_port(), (*server)->device_name().c_str(),
-      (*server)->region_page_bytes() >> 10, options.config.ToJson().c_str());
-  fflush(stdout);
+  const auto print_ready = [&options](const herd::Server& s) {
+    printf(
+        "herd_server ready port=%d connect=%s store_mode=%s role=%s replication_port=%d "
+        "device=%s region_page_kib=%zu config=%s\n",
+        s.port(), options.connect == transport::ConnectMode::kCm ? "cm" : "tcp",
+        std::string(mica::StoreModeName(options.store.mode)).c_str(),
+        std::string(herd::ReplicationRoleName(options.replication.role)).c_str(),
+        s.replication_port(), s.device_name().c_str(), s.region_page_bytes() >> 10,
+        options.config.ToJson().c_str());
+    fflush(stdout);
+  };
+  print_ready(**server);
 
   herd::ServerStats last = (*server)->Stats();
-  const herd::ServerStats first = last;
-  const absl::Time start = absl::Now();
+  herd::ServerStats first = last;
+  absl::Time start = absl::Now();  // of this life (a rejoin after a fence starts another)
+  const absl::Time began = start;
   absl::Time tick = start;
   while (true) {
     timespec second{1, 0};
@@ -180,7 +192,37 @@ int main(int argc, char** argv) {
             herd::StatsJson(stats, last, absl::ToDoubleSeconds(now - tick)).c_str());
     last = stats;
     tick = now;
-    if (FLAGS_duration_s > 0 && now - start >= absl::Seconds(FLAGS_duration_s)) break;
+    if (stats.fenced && FLAGS_rejoin_when_fenced) {
+      // Its copy may hold writes no backup acknowledged: it comes back empty, as a backup that
+      // registers once another member took over (at once when one did; its stopped server's
+      // registration is gone, which lets an in-sync backup take over when its session expired)
+      // and is brought up to date by state transfer. On the same client port: whoever knew the
+      // member's address finds it again.
+      LOG(WARNING) << "fenced: stopping, and starting again as a backup of cluster "
+                   << options.replication.coordinator.cluster << " (--rejoin_when_fenced)";
+      options.port = (*server)->port();
+      options.replication.role = herd::ReplicationRole::kBackup;
+      (*server)->Stop();
+      server->reset();  // every port, device and region let go before the next life takes them
+      // Tried again every second while it fails (the coordinator unreachable from a partitioned
+      // member, its port not free yet), until a stop signal.
+      for (server = herd::Server::Create(options); !server.ok();
+           server = herd::Server::Create(options)) {
+        LOG(WARNING) << "not rejoined yet (tried again in " << kRejoinRetry
+                     << "): " << server.status();
+        const timespec retry = absl::ToTimespec(kRejoinRetry);
+        if (sigtimedwait(&stop_signals, nullptr, &retry) > 0) {
+          LOG(INFO) << "stop signal while fenced: shutting down";
+          return 0;
+        }
+      }
+      if (absl::Status s = (*server)->Start(); !s.ok()) return Fail(s);
+      print_ready(**server);
+      LOG(INFO) << "rejoined cluster " << options.replication.coordinator.cluster << " as a backup";
+      last = first = (*server)->Stats();
+      start = tick = absl::Now();
+    }
+    if (FLAGS_duration_s > 0 && now - began >= absl::Seconds(FLAGS_duration_s)) break;
   }
   (*server)->Stop();
   printf("{\"server\":%s}\n",
