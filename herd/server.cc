@@ -78,6 +78,10 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(const ServerOptions& opti
 
 absl::Status Server::Init() {
   const Config& c = options_.config;
+  if (options_.replication.coordinated() && !role_.replicated()) {
+    // Before anything is allocated: a server alone has no replication member to coordinate.
+    return absl::InvalidArgumentError("--coordinator needs --role=primary or --role=backup");
+  }
   if (absl::Status s = Take(transport::OpenDevice(options_.device), &device_); !s.ok()) return s;
   if (absl::Status s = Validate(c, device_->port().active_mtu); !s.ok()) return s;
   if (options_.connect == transport::ConnectMode::kCm && device_->name() == "shm") {
@@ -310,6 +314,7 @@ void Server::ControlLoop() {
 }
 
 std::vector<std::string> Server::RunOnWorkers(absl::Span<ReplicaTask* const> tasks) {
+  DCHECK_EQ(tasks.size(), workers_.size());
   for (size_t w = 0; w < tasks.size(); ++w) workers_[w].worker->RequestTask(tasks[w]);
   std::vector<std::string> failures;
   for (size_t w = 0; w < tasks.size(); ++w) {

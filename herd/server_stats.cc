@@ -133,7 +133,7 @@ ServerStats Server::Stats() const {
     stats.no_memory += p.no_memory.Get();
     if (r.worker->partition().layout().mode == mica::StoreMode::kStore) AddStoreLevels(p, &stats);
   }
-  stats.role = role_.current();
+  stats.role = role_.current();  // alone; a member says what it is
   if (replication_ != nullptr) {
     const MemberStats m = replication_->Stats();
     stats.role = m.role;

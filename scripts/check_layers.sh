@@ -40,7 +40,8 @@ rule "the data path knows no protocol, store or engine" \
   '//herd:datapath' "${herd_above_client} + //herd:client + //herd:wire + //mica/..."
 rule "an embedded client links no server and no replication" \
   '//herd:client' "${herd_above_client}"
-rule "replication sits below the engine" '//herd/replication/...' '//herd:engine'
+rule "replication sits below the engine and links no client" '//herd/replication/...' \
+  '//herd:engine + //herd:client'
 rule "the replication member runs over ReplicationHost alone (its test links no server)" \
   '//tests/herd:replication_member_test' '//herd:engine + //herd:client'
 rule "the examples link the client library, nothing of the server" \

@@ -44,8 +44,8 @@ ReplicationMember::ReplicationMember(ReplicationHost& host, ServerRole& role, co
 }
 
 ReplicationMember::~ReplicationMember() {
-  // StopThreads is the host's to call once it stops; a member whose host never started (a
-  // failed Init) has no threads, and one destroyed without a stop must not leave them running.
+  // The host calls it once it stops; here for a member never started (no threads) and as the
+  // last word (a started member's threads return only once its host is stopping).
   StopThreads();
 }
 

@@ -19,9 +19,9 @@
 // automatic failover. docs/architecture.md, "Replication" and "Configurations, fencing and leases",
 // says what each role guarantees.
 //
-// Threads: the engine's control thread calls OnControlPass, Promote and Stats-free members; the
-// replication thread (a backup's) and the lease keeper (a coordinated server's) are the member's
-// own; Stats may be called from any thread.
+// Threads: the engine's control thread calls OnControlPass and Promote; the replication thread
+// (a backup's) and the lease keeper (a coordinated server's) are the member's own and return
+// once host.stopping(); Stats may be called from any thread.
 #ifndef HERD_HERD_REPLICATION_MEMBER_H_
 #define HERD_HERD_REPLICATION_MEMBER_H_
 
@@ -160,8 +160,9 @@ class ReplicationMember {
   // The engine's control thread: herd_admin promote (coordinated: the conditional write). A JSON
   // summary, or why not.
   absl::StatusOr<std::string> Promote();
-  // Once host.stopping(): waits for the rejoin attempts in flight and joins the member's threads
-  // (a backup's detaches its primary). Before the workers' threads join.
+  // Once host.stopping() (the threads return only then): waits for the rejoin attempts in flight
+  // and joins the member's threads (a backup's detaches its primary). Before the workers' threads
+  // join. The destructor calls it: a started member is destroyed only after its host stopped.
   void StopThreads();
   MemberStats Stats() const;
 

@@ -73,9 +73,6 @@ absl::Status ReplicationMember::JoinCluster() {
   if (absl::Status s = CheckMemberName(ro.member); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("--member: ", s.message()));
   }
-  if (!role_.replicated()) {
-    return absl::InvalidArgumentError("--coordinator needs --role=primary or --role=backup");
-  }
   if (LeaseWait() > ro.coordinator.session_timeout / kPrimaryLeaseDivisor) {
     // A backup's read lease must end before a new primary can exist (docs/architecture.md).
     return absl::InvalidArgumentError(absl::StrFormat(

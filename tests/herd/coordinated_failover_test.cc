@@ -196,6 +196,12 @@ TEST_F(CoordinatedFailoverTest, ASecondPrimaryOrATakenNameIsRefusedAtStart) {
       Server::Create(cluster_.Options("q", ReplicationRole::kPrimary, true));
   ASSERT_FALSE(second.ok());
   EXPECT_NE(second.status().message().find("--role=backup"), std::string::npos) << second.status();
+  // A server alone has no role in a cluster: refused, not half started.
+  absl::StatusOr<std::unique_ptr<Server>> alone =
+      Server::Create(cluster_.Options("r", ReplicationRole::kNone, true));
+  ASSERT_FALSE(alone.ok());
+  EXPECT_NE(alone.status().message().find("--coordinator needs --role"), std::string::npos)
+      << alone.status();
 }
 
 }  // namespace

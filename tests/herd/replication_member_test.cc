@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
@@ -154,6 +155,9 @@ TEST(ReplicationMember, AttachesDetachesAndPromotesThroughItsHostAlone) {
   absl::StatusOr<std::unique_ptr<ReplicationMember>> backup =
       Member(backup_host, backup_role, Options(ReplicationRole::kBackup));
   ASSERT_TRUE(backup.ok()) << backup.status();
+  // However the test ends (a failed ASSERT returns early), the host stops before the member's
+  // destructor joins the threads that return only then.
+  const absl::Cleanup stop_first = [&backup_host] { backup_host.Stop(); };
   ASSERT_NE((*backup)->replication_port(), 0);
   for (uint32_t w = 0; w < kWorkers; ++w) {
     EXPECT_NE((*backup)->reader(w), nullptr);  // its workers' GETs go through a reader
@@ -163,7 +167,8 @@ TEST(ReplicationMember, AttachesDetachesAndPromotesThroughItsHostAlone) {
   // Nothing to take over yet.
   absl::StatusOr<std::string> orphan = (*backup)->Promote();
   ASSERT_FALSE(orphan.ok());
-  EXPECT_NE(orphan.status().message().find("never had a primary"), std::string::npos) << orphan.status();
+  EXPECT_NE(orphan.status().message().find("never had a primary"), std::string::npos)
+      << orphan.status();
 
   ReplicationServerOptions primary_options = Options(ReplicationRole::kPrimary);
   primary_options.backups = {absl::StrCat("127.0.0.1:", (*backup)->replication_port())};
