@@ -91,6 +91,7 @@ class Chaos {
       links.coordinator = std::make_unique<testing::TcpProxy>("127.0.0.1", zk_.port());
       links.replication = std::make_unique<testing::TcpProxy>("127.0.0.1", links.replication_port);
     }
+    rejoins_before_ = RejoinLines();
   }
   ~Chaos() {
     stop_.store(true);
@@ -202,8 +203,10 @@ class Chaos {
     }
     return out;
   }
-  // How many times a fenced member came back as a backup by itself (its log says so each time).
-  uint64_t fenced_rejoins() const {
+  // How many times a fenced member came back as a backup by itself during this run (its log,
+  // appended by every run of this binary, says so each time).
+  uint64_t fenced_rejoins() const { return RejoinLines() - rejoins_before_; }
+  uint64_t RejoinLines() const {
     uint64_t rejoins = 0;
     for (const char* m : kMembers) {
       std::ifstream in(servers_.at(m)->log());
@@ -412,6 +415,7 @@ class Chaos {
   std::atomic<bool> stop_{false};
   std::atomic<uint64_t> acknowledged_{0}, reads_answered_{0};
   uint64_t seed_ = 1;
+  uint64_t rejoins_before_ = 0;  // RejoinLines() as the run began
   std::mutex events_mutex_;
   std::vector<h::Event> events_;
 };
