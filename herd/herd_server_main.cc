@@ -2,10 +2,13 @@
 // per-second progress to stderr. Its first stdout line, "herd_server ready port=N", says it
 // accepts clients (scripts wait for it instead of sleeping).
 #include <signal.h>
+#include <unistd.h>
 
+#include <atomic>
 #include <bit>
 #include <cstdio>
 #include <ctime>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -69,8 +72,50 @@ DEFINE_bool(rejoin_when_fenced, true,
 
 namespace {
 
-// How often a fenced primary tries again to come back as a backup (--rejoin_when_fenced).
+// How often a fenced primary tries again to come back as a backup (--rejoin_when_fenced), and
+// how often it looks for a stop signal while a try runs.
 constexpr absl::Duration kRejoinRetry = absl::Seconds(1);
+constexpr absl::Duration kRejoinPoll = absl::Milliseconds(50);
+
+// A fenced primary's next life (--rejoin_when_fenced): a backup server under the same member
+// name. Server::Create registers it only once another member took over (seconds; minutes when
+// no backup can), so it runs on a thread of its own while this one answers stop signals: a stop
+// meanwhile ends the process at once (Cancelled; it holds nothing yet). A failed try (the
+// coordinator unreachable from a partitioned member, the port taken) is tried again every
+// kRejoinRetry; a client port taken by someone else falls back to any free one.
+absl::StatusOr<std::unique_ptr<herd::Server>> RejoinAsBackup(herd::ServerOptions& options,
+                                                             const sigset_t& stop_signals) {
+  while (true) {
+    absl::StatusOr<std::unique_ptr<herd::Server>> server = absl::UnknownError("not created");
+    std::atomic<bool> created{false};
+    // The stop signals stay blocked in it (inherited): this thread alone takes them.
+    std::thread creator([&] {
+      server = herd::Server::Create(options);
+      created.store(true, std::memory_order_release);
+    });
+    const timespec poll = absl::ToTimespec(kRejoinPoll);
+    while (!created.load(std::memory_order_acquire)) {
+      if (const int signal = sigtimedwait(&stop_signals, nullptr, &poll); signal > 0) {
+        LOG(INFO) << "signal " << signal << " while rejoining: exiting";
+        fflush(stdout);
+        google::FlushLogFiles(google::INFO);
+        _exit(0);  // the half-made server holds nothing to save, nor anyone's data
+      }
+    }
+    creator.join();
+    if (server.ok()) return server;
+    LOG(WARNING) << "not rejoined yet (tried again in " << kRejoinRetry << "): " << server.status();
+    if (server.status().message().find("in use") != std::string::npos && options.port != 0) {
+      LOG(WARNING) << "client port " << options.port << " is taken: rejoining on a free one";
+      options.port = 0;
+    }
+    const timespec retry = absl::ToTimespec(kRejoinRetry);
+    if (sigtimedwait(&stop_signals, nullptr, &retry) > 0) {
+      LOG(INFO) << "stop signal while rejoining: exiting";
+      return absl::CancelledError("stopped while rejoining");
+    }
+  }
+}
 
 int Fail(const absl::Status& status) {
   LOG(ERROR) << status;
@@ -178,6 +223,7 @@ int main(int argc, char** argv) {
   herd::ServerStats first = last;
   absl::Time start = absl::Now();  // of this life (a rejoin after a fence starts another)
   const absl::Time began = start;
+  bool stayed_fenced = false;  // fenced with no backup to take over: no rejoin (logged once)
   absl::Time tick = start;
   while (true) {
     timespec second{1, 0};
@@ -192,35 +238,39 @@ int main(int argc, char** argv) {
             herd::StatsJson(stats, last, absl::ToDoubleSeconds(now - tick)).c_str());
     last = stats;
     tick = now;
-    if (stats.fenced && FLAGS_rejoin_when_fenced) {
-      // Its copy may hold writes no backup acknowledged: it comes back empty, as a backup that
-      // registers once another member took over (at once when one did; its stopped server's
-      // registration is gone, which lets an in-sync backup take over when its session expired)
-      // and is brought up to date by state transfer. On the same client port: whoever knew the
-      // member's address finds it again.
-      LOG(WARNING) << "fenced: stopping, and starting again as a backup of cluster "
-                   << options.replication.coordinator.cluster << " (--rejoin_when_fenced)";
-      options.port = (*server)->port();
-      options.replication.role = herd::ReplicationRole::kBackup;
-      (*server)->Stop();
-      server->reset();  // every port, device and region let go before the next life takes them
-      // Tried again every second while it fails (the coordinator unreachable from a partitioned
-      // member, its port not free yet), until a stop signal.
-      for (server = herd::Server::Create(options); !server.ok();
-           server = herd::Server::Create(options)) {
-        LOG(WARNING) << "not rejoined yet (tried again in " << kRejoinRetry
-                     << "): " << server.status();
-        const timespec retry = absl::ToTimespec(kRejoinRetry);
-        if (sigtimedwait(&stop_signals, nullptr, &retry) > 0) {
-          LOG(INFO) << "stop signal while fenced: shutting down";
-          return 0;
+    if (stats.fenced && FLAGS_rejoin_when_fenced && !stayed_fenced) {
+      if (stats.backups == 0) {
+        // Nobody in its configuration can take over: its memory holds the cluster's only copy.
+        // Kept (fenced, serving nothing) rather than dropped by a restart.
+        LOG(ERROR) << "fenced with no backup in its configuration: no member can take over, so "
+                      "this server keeps its copy and does not rejoin (restart it by hand)";
+        stayed_fenced = true;
+      } else {
+        // This life's totals, as a stop prints them: the next life is a backup's.
+        printf("{\"server\":%s}\n",
+               herd::StatsJson(stats, first, absl::ToDoubleSeconds(now - start)).c_str());
+        fflush(stdout);
+        LOG(WARNING) << "fenced: stopping, and starting again as a backup of cluster "
+                     << options.replication.coordinator.cluster << " (--rejoin_when_fenced)";
+        options.port = (*server)->port();
+        options.replication.role = herd::ReplicationRole::kBackup;
+        if (gflags::GetCommandLineFlagInfoOrDie("replication_port").is_default) {
+          options.replication.port = 0;  // a primary never listened there: any free port
         }
+        (*server)->Stop();
+        server->reset();  // every port, device and region let go before the next life takes them
+        server = RejoinAsBackup(options, stop_signals);
+        if (!server.ok()) {
+          if (absl::IsCancelled(server.status())) return 0;  // a stop signal meanwhile
+          return Fail(server.status());
+        }
+        if (absl::Status s = (*server)->Start(); !s.ok()) return Fail(s);
+        print_ready(**server);
+        LOG(INFO) << "rejoined cluster " << options.replication.coordinator.cluster
+                  << " as a backup";
+        last = first = (*server)->Stats();
+        start = tick = absl::Now();
       }
-      if (absl::Status s = (*server)->Start(); !s.ok()) return Fail(s);
-      print_ready(**server);
-      LOG(INFO) << "rejoined cluster " << options.replication.coordinator.cluster << " as a backup";
-      last = first = (*server)->Stats();
-      start = tick = absl::Now();
     }
     if (FLAGS_duration_s > 0 && now - began >= absl::Seconds(FLAGS_duration_s)) break;
   }

@@ -226,7 +226,9 @@ def share_connections(hosts):
     the leftover sweeps), each a full handshake otherwise (~2 s in the cluster box's emulated
     guest, ~0.4 s on its shared connection). Returns the folder of the sockets, for
     close_connections."""
-    directory = tempfile.mkdtemp(prefix="herd-ssh-")
+    # Under /tmp whatever TMPDIR says: a unix socket's path must fit in 108 bytes (%C is 40, and
+    # ssh adds a 17-byte suffix while it binds).
+    directory = tempfile.mkdtemp(prefix="herd-ssh-", dir="/tmp")
     for host in hosts:
         if not host.local:
             host.control_path = os.path.join(directory, "%C")  # a hash: short enough
@@ -269,6 +271,9 @@ def _leftover_script(run_id, kill):
             f"for dir in /proc/[0-9]*; do pid=${{dir#/proc/}}; "
             f"[ \"$(readlink $dir/ns/net 2>/dev/null)\" = \"$mine\" ] || continue; "
             f"tr '\\0' '\\n' <$dir/environ 2>/dev/null | grep -qxF {MARKER}={run_id} || continue; "
+            # A shared ssh connection (share_connections) is the runner's, not a leftover: its
+            # master may have been started by a command that carried the marker.
+            f"case \"$(tr '\\0' ' ' <$dir/cmdline 2>/dev/null)\" in 'ssh: '*'[mux]'*) continue;; esac; "
             f"echo \"$pid $(tr '\\0' ' ' <$dir/cmdline 2>/dev/null)\"; {action} done; true")
 
 

@@ -630,7 +630,9 @@ class Runner:
             backups = (self.start_backups(name, server_knobs, replicas, log_name, coordinated)
                        if replicas else [])
             if backups and coordinated:
-                server_argv += ["--role=primary", "--member=primary"]
+                # A primary fenced during a point (a stall past its session) is a failed point:
+                # not a backup whose totals would be taken for the primary's.
+                server_argv += ["--role=primary", "--member=primary", "--rejoin_when_fenced=false"]
                 self.backup_clients = ",".join(b[2] for b in backups)
             elif backups:
                 server_argv += ["--role=primary",

@@ -185,7 +185,8 @@ void ReplicationMember::Fence(std::string_view why) {
   if (!role_.Fence()) return;
   primary_lease_.Revoke();
   LOG(ERROR) << "fenced: " << why
-             << ". This server serves nothing from now on (restart it as a backup to rejoin).";
+             << ". This server serves nothing from now on (herd_server --rejoin_when_fenced brings "
+                "it back as a backup; otherwise restart it as one).";
 }
 
 bool ReplicationMember::CommitChange(const Configuration& next, int32_t version) {
