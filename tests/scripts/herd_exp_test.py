@@ -603,6 +603,15 @@ class LeftoversTest(unittest.TestCase):
                                   env={**os.environ, exp_hosts.MARKER: run_id})
         other = subprocess.Popen(["sleep", "600"], start_new_session=True,
                                  env={**os.environ, exp_hosts.MARKER: run_id + "-other"})
+        # A shared ssh connection's master (share_connections) named as OpenSSH names it, started
+        # by a command that carried the run's marker: the run's connection, not a leftover.
+        master = subprocess.Popen(
+            ["bash", "-c", 'exec -a "ssh: /tmp/herd-ssh-x/0f [mux]" sleep 600'],
+            start_new_session=True, env={**os.environ, exp_hosts.MARKER: run_id})
+        deadline = time.monotonic() + 30  # until bash has exec'd it under the master's name
+        while (not pathlib.Path(f"/proc/{master.pid}/cmdline").read_bytes().startswith(b"ssh:")
+               and time.monotonic() < deadline):
+            time.sleep(0.01)
         try:
             local = exp_hosts.Host({"name": "here", "address": "localhost", "role": "server"},
                                    str(REPO))
@@ -612,9 +621,10 @@ class LeftoversTest(unittest.TestCase):
             self.assertEqual(found["here"], [f"{marked.pid} sleep 600"])
             self.assertEqual(marked.wait(timeout=30), -signal.SIGKILL)
             self.assertIsNone(other.poll())
+            self.assertIsNone(master.poll())
             self.assertEqual(exp_hosts.leftovers([local], run_id), ({}, {}))
         finally:
-            for process in (marked, other):
+            for process in (marked, other, master):
                 if process.poll() is None:
                     process.kill()
                     process.wait()
