@@ -80,9 +80,10 @@ constexpr absl::Duration kRejoinPoll = absl::Milliseconds(50);
 // A fenced primary's next life (--rejoin_when_fenced): a backup server under the same member
 // name. Server::Create registers it only once another member took over (seconds; minutes when
 // no backup can), so it runs on a thread of its own while this one answers stop signals: a stop
-// meanwhile ends the process at once (Cancelled; it holds nothing yet). A failed try (the
+// meanwhile ends the process at once (it holds nothing yet, nor anyone's data). A failed try (the
 // coordinator unreachable from a partitioned member, the port taken) is tried again every
-// kRejoinRetry; a client port taken by someone else falls back to any free one.
+// kRejoinRetry, a stop between tries returning Cancelled; a client port taken by someone else
+// falls back to any free one.
 absl::StatusOr<std::unique_ptr<herd::Server>> RejoinAsBackup(herd::ServerOptions& options,
                                                              const sigset_t& stop_signals) {
   while (true) {
