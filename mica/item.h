@@ -4,6 +4,8 @@
 #define HERD_MICA_ITEM_H_
 
 #include <cstdint>
+#include <cstring>
+#include <string_view>
 
 namespace mica {
 
@@ -48,6 +50,23 @@ inline const char* ItemKey(const ItemHeader* item) {
   return reinterpret_cast<const char*>(item) + sizeof(ItemHeader);
 }
 inline const char* ItemValue(const ItemHeader* item) { return ItemKey(item) + item->key_bytes; }
+
+// Whether the item's key is exactly `key`, whose length the caller already matched against
+// key_bytes. Keys of 8..16 bytes (HERD's 16-byte keys) compare as two overlapping words, no
+// library call on the hot path; other lengths use memcmp.
+inline bool ItemKeyIs(const ItemHeader* item, std::string_view key) {
+  const char* stored = ItemKey(item);
+  const size_t n = key.size();
+  if (n >= 8 && n <= 16) {
+    uint64_t stored_head, stored_tail, key_head, key_tail;
+    std::memcpy(&stored_head, stored, sizeof(uint64_t));
+    std::memcpy(&key_head, key.data(), sizeof(uint64_t));
+    std::memcpy(&stored_tail, stored + n - sizeof(uint64_t), sizeof(uint64_t));
+    std::memcpy(&key_tail, key.data() + n - sizeof(uint64_t), sizeof(uint64_t));
+    return ((stored_head ^ key_head) | (stored_tail ^ key_tail)) == 0;
+  }
+  return std::memcmp(stored, key.data(), n) == 0;
+}
 
 }  // namespace mica
 

@@ -181,28 +181,39 @@ Partition::Partition(MirroredRegion region, const PartitionLayout& layout,
 }
 
 uint64_t* Partition::FindSlot(Bucket* head, uint16_t tag, std::string_view key, uint64_t keyhash) {
+  return store_mode() ? FindSlotIn<StoreMode::kStore>(head, tag, key, keyhash)
+                      : FindSlotIn<StoreMode::kCache>(head, tag, key, keyhash);
+}
+
+template <StoreMode kMode>
+uint64_t* Partition::FindSlotIn(Bucket* head, uint16_t tag, std::string_view key,
+                                uint64_t keyhash) {
   uint64_t hops = 0;
   for (Bucket* bucket = head; bucket != nullptr && hops < max_chain_;
-       bucket = NextInChain(bucket), ++hops) {
-    for (uint64_t& slot : bucket->slots) {
-      if (slot == 0 || SlotTag(slot) != tag) continue;
-      if (!IsAlive(SlotOffset(slot))) {
-        if (store_mode()) continue;  // damaged: skipped, not freed (it names no block we know)
-        BeginBucketWrite(head);
-        SetSlot(&slot, 0);
-        EndBucketWrite(head);
-        Changed(head);
-        continue;
+       bucket = kMode == StoreMode::kStore ? NextInChain(bucket) : nullptr, ++hops) {
+    for (uint32_t candidates = SlotsTagged(*bucket, tag); candidates != 0;
+         candidates &= candidates - 1) {
+      uint64_t& slot = bucket->slots[std::countr_zero(candidates)];
+      if (!IsAliveIn<kMode>(SlotOffset(slot))) {
+        if constexpr (kMode == StoreMode::kStore) {
+          continue;  // damaged: skipped, not freed (it names no block we know)
+        } else {
+          BeginBucketWrite(head);
+          SetSlot(&slot, 0);
+          EndBucketWrite(head);
+          Changed(head);
+          continue;
+        }
       }
       const ItemHeader* item = ItemAt(SlotOffset(slot));
       if (item->keyhash != keyhash || item->key_bytes != key.size()) continue;
       // Store mode bounds the item before reading its key (cache mode's mirror holds any item):
       // lengths past the pool are damage, counted and skipped (a miss, never a read past it).
-      if (store_mode() && !InBounds(item)) {
+      if (kMode == StoreMode::kStore && !InBounds(item)) {
         stats_.corrupt.Add();
         continue;
       }
-      if (std::memcmp(ItemKey(item), key.data(), key.size()) == 0) return &slot;
+      if (ItemKeyIs(item, key)) return &slot;
     }
   }
   return nullptr;
@@ -358,15 +369,6 @@ Result Partition::WriteCached(Bucket* head, uint64_t* slot, uint16_t tag, std::s
   EndBucketWrite(head);
   Changed(head);
   return Result::kOk;
-}
-
-uint64_t Partition::IndexHash(std::string_view key) const {
-  // Relaxed atomic loads: a replica's header line is rewritten (with the same key) by its
-  // primary's WRITEs while readers use it.
-  const IndexKey secret{
-      std::atomic_ref<uint64_t>(header_->index_key[0]).load(std::memory_order_relaxed),
-      std::atomic_ref<uint64_t>(header_->index_key[1]).load(std::memory_order_relaxed)};
-  return mica::IndexHash(key, secret);
 }
 
 Response Partition::Execute(const Request& request) {

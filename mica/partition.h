@@ -26,6 +26,7 @@
 #ifndef HERD_MICA_PARTITION_H_
 #define HERD_MICA_PARTITION_H_
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -37,6 +38,7 @@
 #include "absl/types/span.h"
 #include "mica/bucket.h"
 #include "mica/config.h"
+#include "mica/index_hash.h"
 #include "mica/item.h"
 #include "mica/keyhash.h"
 #include "mica/mirrored_region.h"
@@ -137,7 +139,7 @@ class Partition {
   // The hash this partition places `key`'s index entry by: bucket from its low bits, tag from
   // bits 32..47 (keyhash.h's layout), IndexHash of the key's bytes under the key in the
   // partition's header (a replica's: its primary's). Clients never learn it (index_hash.h).
-  uint64_t IndexHash(std::string_view key) const;
+  uint64_t IndexHash(std::string_view key) const { return mica::IndexHash(key, index_key()); }
 
   // A backup's GET (replica_read.cc), on a region a primary's WRITEs keep changing (RDMA, or
   // another process): reads only, never changes a byte (no stats either), and hands out a value
@@ -231,10 +233,24 @@ class Partition {
     Bucket* bucket;
     uint16_t tag;
   };
-  Spot SpotOf(std::string_view key) const {
-    const uint64_t h = IndexHash(key);
+  Spot SpotOf(std::string_view key) const { return SpotOf(key, index_key()); }
+  Spot SpotOf(std::string_view key, const IndexKey& secret) const {
+    const uint64_t h = mica::IndexHash(key, secret);
     return Spot{&buckets_[h & bucket_mask_], TagOf(h)};
   }
+  // The IndexHash key in the header. Relaxed atomic loads: a replica's header line is rewritten
+  // (with the same key) by its primary's WRITEs while readers use it.
+  IndexKey index_key() const {
+    return IndexKey{
+        std::atomic_ref<uint64_t>(header_->index_key[0]).load(std::memory_order_relaxed),
+        std::atomic_ref<uint64_t>(header_->index_key[1]).load(std::memory_order_relaxed)};
+  }
+  // ExecuteBatch for one mode, chosen once per batch (batch.cc).
+  template <StoreMode kMode>
+  void ExecuteBatchIn(absl::Span<const Request> requests, absl::Span<Response> responses);
+  // Prefetches the first lines of every item the spot's bucket holds under its tag (batch.cc).
+  template <StoreMode kMode>
+  void PrefetchCandidates(const Spot& spot) const;
   // The operations at a spot SpotOf found (ExecuteBatch finds every spot before executing).
   Response ExecuteAt(const Request& request, const Spot& spot);
   Response GetAt(const Spot& spot, std::string_view key, uint64_t keyhash, char* value_out,
@@ -255,8 +271,16 @@ class Partition {
   // header can (only damaged memory holds another; such a slot is skipped, never followed; the
   // rest of the item is bounded by InBounds before its key is compared).
   bool IsAlive(uint64_t slot_offset) const {
-    if (store_mode()) return slot_offset >= pool_first_item_ && slot_offset <= pool_last_item_;
-    return ((header_->log_tail - slot_offset) & kSlotOffsetMask) <= log_mask_ + 1;
+    return store_mode() ? IsAliveIn<StoreMode::kStore>(slot_offset)
+                        : IsAliveIn<StoreMode::kCache>(slot_offset);
+  }
+  template <StoreMode kMode>
+  bool IsAliveIn(uint64_t slot_offset) const {
+    if constexpr (kMode == StoreMode::kStore) {
+      return slot_offset >= pool_first_item_ && slot_offset <= pool_last_item_;
+    } else {
+      return ((header_->log_tail - slot_offset) & kSlotOffsetMask) <= log_mask_ + 1;
+    }
   }
   const ItemHeader* ItemAt(uint64_t slot_offset) const {
     return reinterpret_cast<const ItemHeader*>(items_ + (slot_offset & item_mask_));
@@ -267,7 +291,10 @@ class Partition {
   // The slot in the chain of `head` that indexes a live item holding exactly `key`, or
   // nullptr. Cache mode clears slots with this tag whose item died, so a long-dead slot can
   // never alias a live offset once the 48-bit offsets wrap.
+  // The mode is chosen once per lookup: FindSlotIn is the loop for one mode.
   uint64_t* FindSlot(Bucket* head, uint16_t tag, std::string_view key, uint64_t keyhash);
+  template <StoreMode kMode>
+  uint64_t* FindSlotIn(Bucket* head, uint16_t tag, std::string_view key, uint64_t keyhash);
   // A slot for a new key. Cache mode: an empty or dead one, else the one of the bucket's oldest
   // item (evicted). Store mode: an empty one anywhere in the chain, else the first of an extra
   // bucket linked at the chain's end; nullptr when the extra pool is empty (nothing changed).

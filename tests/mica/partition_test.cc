@@ -1,5 +1,6 @@
 #include "mica/partition.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <map>
@@ -515,6 +516,92 @@ const Bucket& BucketOf(Partition& p, const std::string& key) {
   const auto* buckets =
       reinterpret_cast<const Bucket*>(p.region().head() + p.layout().buckets_offset);
   return buckets[p.IndexHash(key) & (p.layout().bucket_count - 1)];
+}
+
+TEST(Bucket, SlotsTaggedMarksExactlyTheSlotsCarryingTheTag) {
+  Bucket bucket{};
+  bucket.version = 0xffffffffu;  // the version and link words are never slots
+  bucket.next_extra = 0xffffffffu;
+  bucket.slots[0] = MakeSlot(5, 0);
+  bucket.slots[1] = 0;  // empty
+  bucket.slots[2] = MakeSlot(5, kSlotOffsetMask);
+  bucket.slots[3] = MakeSlot(7, 64);
+  bucket.slots[4] = MakeSlot(0xffff, 64);
+  bucket.slots[5] = MakeSlot(5 | 0x100, 64);  // differs from 5 in a high bit of the tag only
+  bucket.slots[6] = MakeSlot(5, 128);
+  EXPECT_EQ(SlotsTagged(bucket, 5), 0b1000101u);
+  EXPECT_EQ(SlotsTagged(bucket, 7), 0b0001000u);
+  EXPECT_EQ(SlotsTagged(bucket, 0xffff), 0b0010000u);
+  EXPECT_EQ(SlotsTagged(bucket, 5 | 0x100), 0b0100000u);
+  EXPECT_EQ(SlotsTagged(bucket, 1), 0u) << "no empty slot matches a (never zero) tag";
+}
+
+TEST(Item, ItemKeyIsComparesEveryByteOfEveryLength) {
+  std::vector<uint64_t> words(64);
+  auto* item = reinterpret_cast<ItemHeader*>(words.data());
+  char* stored = reinterpret_cast<char*>(words.data()) + sizeof(ItemHeader);
+  for (size_t n = 1; n <= 40; ++n) {
+    std::string key(n, 'a');
+    for (size_t i = 0; i < n; ++i) key[i] = static_cast<char>('a' + (i * 7) % 26);
+    std::memcpy(stored, key.data(), n);
+    item->key_bytes = static_cast<uint16_t>(n);
+    stored[n] = 'z';  // a byte past the key never counts
+    EXPECT_TRUE(ItemKeyIs(item, key)) << n;
+    for (size_t i = 0; i < n; ++i) {
+      std::string other = key;
+      other[i] = static_cast<char>(other[i] ^ 0x20);
+      EXPECT_FALSE(ItemKeyIs(item, other)) << "length " << n << ", byte " << i;
+    }
+  }
+}
+
+// A bucket may hold several slots of a lookup's tag (16-bit tags collide): a lookup checks each
+// one's item, not only the first. Forged here: one bucket for every key, and a slot of key B's
+// item rewritten to carry key A's tag, placed before A's own slot.
+TEST(Partition, ALookupChecksEveryCandidateSlotOfItsTag) {
+  for (const StoreMode mode : {StoreMode::kCache, StoreMode::kStore}) {
+    SCOPED_TRACE(StoreModeName(mode));
+    PartitionConfig config = SmallConfig();
+    config.mode = mode;
+    config.bucket_count = 1;
+    if (mode == StoreMode::kStore) config.pool_bytes = 4 << 20;
+    Store s(config);
+    ASSERT_EQ(s.Put("key-a", "value-a").result, Result::kOk);
+    ASSERT_EQ(s.Put("key-b", "value-b").result, Result::kOk);
+    auto* bucket = reinterpret_cast<Bucket*>(s.p().region().head() + s.p().layout().buckets_offset);
+    const uint16_t tag_a = TagOf(s.p().IndexHash("key-a"));
+    const uint16_t tag_b = TagOf(s.p().IndexHash("key-b"));
+    ASSERT_NE(tag_a, tag_b);  // 1 in 65,535 keys' pairs: then pick other keys
+    int slot_a = -1, slot_b = -1;
+    for (int i = 0; i < kSlotsPerBucket; ++i) {
+      if (bucket->slots[i] != 0 && SlotTag(bucket->slots[i]) == tag_a) slot_a = i;
+      if (bucket->slots[i] != 0 && SlotTag(bucket->slots[i]) == tag_b) slot_b = i;
+    }
+    ASSERT_GE(slot_a, 0);
+    ASSERT_GE(slot_b, 0);
+    // B's item under A's tag, in the lower slot (looked at first), A's slot in the higher one.
+    const uint64_t item_a = SlotOffset(bucket->slots[slot_a]);
+    const uint64_t item_b = SlotOffset(bucket->slots[slot_b]);
+    const int low = std::min(slot_a, slot_b), high = std::max(slot_a, slot_b);
+    bucket->slots[low] = MakeSlot(tag_a, item_b);
+    bucket->slots[high] = MakeSlot(tag_a, item_a);
+    const std::optional<Found> a = s.Get("key-a");
+    ASSERT_TRUE(a.has_value());
+    EXPECT_EQ(a->value, "value-a");
+    // The batch path finds the same.
+    char out[64];
+    Request request;
+    request.op = OpCode::kGet;
+    request.key = "key-a";
+    request.keyhash = KeyHash("key-a");
+    request.value_out = out;
+    request.value_out_bytes = sizeof(out);
+    Response response;
+    s.p().ExecuteBatch({&request, 1}, {&response, 1});
+    ASSERT_EQ(response.result, Result::kOk);
+    EXPECT_EQ(std::string(out, response.value_bytes), "value-a");
+    EXPECT_FALSE(s.Get("key-b").has_value()) << "B's item is indexed under A's tag only now";
+  }
 }
 
 TEST(BucketSeqlock, EveryChangeMovesTheVersionByTwoAndLeavesItEven) {
