@@ -19,6 +19,8 @@ namespace {
 
 constexpr char kReady[] = "herd_server ready port=";
 constexpr absl::Duration kReadyPoll = absl::Milliseconds(10);
+// How long a stopped server may take to exit before it is killed.
+constexpr absl::Duration kStopDeadline = absl::Seconds(30);
 
 // The port of the last ready line in `log` past byte `from`, or 0.
 uint16_t ReadyPort(const std::string& log, std::streamoff from) {
@@ -45,7 +47,15 @@ ServerBinary::~ServerBinary() {
   if (pid_ <= 0) return;
   kill(pid_, SIGCONT);
   kill(pid_, SIGTERM);
-  waitpid(pid_, nullptr, 0);
+  // A server that ignores the stop (a defect a test just found) must not hang the test: killed.
+  const absl::Time give_up = absl::Now() + kStopDeadline;
+  while (waitpid(pid_, nullptr, WNOHANG) != pid_) {
+    if (absl::Now() >= give_up) {
+      Kill();
+      return;
+    }
+    absl::SleepFor(kReadyPoll);
+  }
 }
 
 absl::Status ServerBinary::Start(const std::vector<std::string>& flags, absl::Duration timeout) {

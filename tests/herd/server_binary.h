@@ -28,6 +28,11 @@ class ServerBinary {
   absl::Status Start(const std::vector<std::string>& flags, absl::Duration timeout);
   void Kill();              // SIGKILL and reap: a crash
   void Signal(int signal);  // SIGSTOP, SIGCONT, ...
+  // The caller reaped it (waitpid on pid()): nothing left to stop or kill.
+  void Forget() {
+    pid_ = -1;
+    port_ = 0;
+  }
   bool running() const { return pid_ > 0; }
   uint16_t port() const { return port_; }
   pid_t pid() const { return pid_; }

@@ -1,0 +1,177 @@
+// What herd_server does once its primary is fenced (--rejoin_when_fenced, issue 35), in the two
+// branches the chaos checker never reaches: a primary whose configuration lists no backup keeps
+// its copy and stays up, fenced, instead of dropping the cluster's only copy to rejoin; and a
+// stop signal while a fenced primary waits to come back as a backup (no member took over yet)
+// ends the process at once, cleanly. The real binary, a real ZooKeeper; a primary is fenced by
+// pausing it (SIGSTOP) until its coordination session is gone, then waking it.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "gtest/gtest.h"
+#include "herd/replication/coordinator.h"
+#include "tests/herd/server_binary.h"
+#include "tests/herd/tcp_proxy.h"
+#include "tests/herd/zookeeper.h"
+
+namespace herd {
+namespace {
+
+constexpr char kServerBinary[] = "herd/herd_server";
+constexpr int kSessionTimeoutMs = 2000;
+// Any awaited change (a start, a session's expiry, a log line) on a loaded 2-core machine.
+constexpr absl::Duration kDeadline = absl::Seconds(60);
+constexpr absl::Duration kPoll = absl::Milliseconds(20);
+constexpr char kFencedNoBackup[] = "fenced with no backup in its configuration";
+constexpr char kRejoining[] = "starting again as a backup";
+constexpr char kRejoined[] = "rejoined cluster";
+constexpr char kExitWhileRejoining[] = "while rejoining: exiting";
+constexpr char kProgress[] = "progress {";
+
+std::string OutputDir() {
+  const char* d = getenv("TEST_UNDECLARED_OUTPUTS_DIR");
+  if (d == nullptr) d = getenv("TEST_TMPDIR");
+  return d != nullptr ? d : "/tmp";
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+class FencedPrimaryTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(zk_.ok()) << zk_.status();
+    CoordinatorOptions o;
+    o.hosts = zk_.hosts();
+    o.cluster = cluster_;
+    absl::StatusOr<std::unique_ptr<Coordinator>> c = Coordinator::Connect(o);
+    ASSERT_TRUE(c.ok()) << c.status();
+    view_ = *std::move(c);
+  }
+
+  testing::ServerBinary& Server(const std::string& member) {
+    std::unique_ptr<testing::ServerBinary>& s = servers_[member];
+    if (s == nullptr) {
+      s = std::make_unique<testing::ServerBinary>(
+          kServerBinary,
+          absl::StrCat(OutputDir(), "/fenced-",
+                       ::testing::UnitTest::GetInstance()->current_test_info()->name(), "-",
+                       getpid(), "-", member, ".log"));
+    }
+    return *s;
+  }
+
+  absl::Status Start(const std::string& member, bool primary, bool auto_failover) {
+    return Server(member).Start(
+        {"--coordinator=" + zk_.hosts(), "--cluster=" + cluster_, "--member=" + member,
+         primary ? "--role=primary" : "--role=backup", "--port=0",
+         absl::StrCat("--replication_port=", testing::UnusedPort()), "--listen_address=127.0.0.1",
+         "--workers=1", "--pin_workers=false", "--store_mode=store", "--mica_pool_bytes=4194304",
+         "--mica_items=4096", "--max_clients=8", "--shm_fabric_name=" + cluster_,
+         absl::StrCat("--session_timeout_ms=", kSessionTimeoutMs),
+         absl::StrCat("--auto_failover=", auto_failover ? "true" : "false"), "--logtostderr"},
+        kDeadline);
+  }
+
+  // Polls `done` until it holds or kDeadline passes.
+  template <typename Done>
+  bool Await(Done done) {
+    const absl::Time give_up = absl::Now() + kDeadline;
+    while (absl::Now() < give_up) {
+      if (done()) return true;
+      absl::SleepFor(kPoll);
+    }
+    return done();
+  }
+
+  bool Registered(const std::string& member) { return view_->Member(member).ok(); }
+
+  bool LogHas(const std::string& member, absl::string_view text) {
+    return absl::StrContains(ReadFile(Server(member).log()), text);
+  }
+
+  // Pauses the member until its coordination session has expired (its registration is gone),
+  // then wakes it: it learns it is fenced.
+  void PauseUntilFenced(const std::string& member) {
+    ASSERT_TRUE(Await([&] { return Registered(member); })) << member << " never registered";
+    Server(member).Signal(SIGSTOP);
+    ASSERT_TRUE(Await([&] { return !Registered(member); }))
+        << member << "'s registration outlived its paused session";
+    Server(member).Signal(SIGCONT);
+  }
+
+  // Waits for the member's process to exit by itself; its wait status, or -1 if it did not.
+  int AwaitExit(const std::string& member) {
+    int status = -1;
+    const pid_t pid = Server(member).pid();
+    if (!Await([&] { return waitpid(pid, &status, WNOHANG) == pid; })) return -1;
+    Server(member).Forget();
+    return status;
+  }
+
+  std::string cluster_ = absl::StrCat("fenced-", getpid());
+  testing::PrivateZooKeeper zk_;
+  std::unique_ptr<Coordinator> view_;
+  std::map<std::string, std::unique_ptr<testing::ServerBinary>> servers_;
+};
+
+// Nobody could take over from it, so its memory holds the only copy of every acknowledged write:
+// it says so, keeps running, fenced, and never restarts itself as a backup (which would drop that
+// copy and wait for a takeover that cannot come). A stop ends it as usual, with its totals.
+TEST_F(FencedPrimaryTest, WithNoBackupItKeepsItsCopyAndStaysUp) {
+  ASSERT_TRUE(Start("p", /*primary=*/true, /*auto_failover=*/true).ok());
+  PauseUntilFenced("p");
+  ASSERT_TRUE(Await([&] { return LogHas("p", kFencedNoBackup); })) << Server("p").log();
+  // Its main loop goes on, fenced: two more of its once-a-second progress lines after that one.
+  ASSERT_TRUE(Await([&] {
+    const std::string log = ReadFile(Server("p").log());
+    const size_t fenced = log.find(kFencedNoBackup);
+    const size_t first = log.find(kProgress, fenced);
+    return first != std::string::npos && log.find(kProgress, first + 1) != std::string::npos;
+  })) << "its loop stopped after it stayed fenced";
+  int status = 0;
+  ASSERT_EQ(waitpid(Server("p").pid(), &status, WNOHANG), 0) << "it exited: " << status;
+  EXPECT_FALSE(LogHas("p", kRejoining)) << "a primary with no backup dropped its copy to rejoin";
+  Server("p").Signal(SIGTERM);
+  status = AwaitExit("p");
+  ASSERT_NE(status, -1) << "a stop did not end it";
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  EXPECT_TRUE(LogHas("p", "{\"server\":")) << "no totals printed at the stop";
+}
+
+// A fenced primary with a backup stops and starts again as a backup, which waits until another
+// member took over; here none will (the backup's automatic failover is off). A SIGTERM during
+// that wait ends the process at once with status 0 (before: it waited for the takeover).
+TEST_F(FencedPrimaryTest, AStopWhileItWaitsToRejoinEndsItAtOnce) {
+  ASSERT_TRUE(Start("p", /*primary=*/true, /*auto_failover=*/true).ok());
+  ASSERT_TRUE(Start("b", /*primary=*/false, /*auto_failover=*/false).ok());
+  ASSERT_TRUE(Await([&] {
+    absl::StatusOr<VersionedConfiguration> v = view_->ReadConfiguration();
+    return v.ok() && v->configuration.primary == "p" && v->configuration.HasBackup("b");
+  })) << "b never joined p";
+  PauseUntilFenced("p");
+  ASSERT_TRUE(Await([&] { return LogHas("p", kRejoining); })) << Server("p").log();
+  Server("p").Signal(SIGTERM);
+  const int status = AwaitExit("p");
+  ASSERT_NE(status, -1) << "a stop did not end a rejoin that waits for a takeover";
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  EXPECT_TRUE(LogHas("p", kExitWhileRejoining));
+  EXPECT_FALSE(LogHas("p", kRejoined)) << "no member took over: it cannot have rejoined";
+}
+
+}  // namespace
+}  // namespace herd
