@@ -882,6 +882,38 @@ TEST_P(Conformance, UdRejectsRdmaOpcodesAtPostTime) {
   EXPECT_EQ(bad, &wr);
 }
 
+// A chain refused partway (the send queue fills at its fifth WR) counts exactly what it posted:
+// four WRs, their bytes, which of them were signalled and inline, and one doorbell; the rest
+// is handed back through `bad`. The counters are summed per post and added once (PostTally);
+// every backend keeps them identically.
+TEST_P(Conformance, APartlyRefusedChainCountsWhatItPostedAndOneDoorbell) {
+  auto qa = MakeQp(*a_, QpType::kRc, /*max_send_wr=*/4);
+  auto qb = MakeQp(*b_, QpType::kRc);
+  ConnectPair(*qa, *qb);
+  constexpr int kChain = 6;
+  Sge sges[kChain];
+  SendWr chain[kChain];
+  for (int i = 0; i < kChain; ++i) {
+    chain[i] = Write(*a_, 16 * i, 8 + i, *b_, 16 * i, &sges[i]);
+    chain[i].flags = (i == 1 ? uint32_t{kSignaled} : 0u) | (i % 2 == 0 ? uint32_t{kInline} : 0u);
+    chain[i].next = i + 1 < kChain ? &chain[i + 1] : nullptr;
+  }
+  SendWr* bad = nullptr;
+  EXPECT_EQ(qa->PostSend(chain, &bad).code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(bad, &chain[4]);
+  const QpCounters& c = qa->counters();
+  EXPECT_EQ(c.wrs.Get(), 4u);
+  EXPECT_EQ(c.bytes.Get(), uint64_t{8 + 9 + 10 + 11});
+  EXPECT_EQ(c.signaled_wrs.Get(), 1u);
+  EXPECT_EQ(c.inline_wrs.Get(), 2u);
+  EXPECT_EQ(c.doorbells.Get(), 1u);
+  // A chain refused at its first WR posts nothing: no doorbell.
+  EXPECT_EQ(qa->PostSend(&chain[4], &bad).code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(bad, &chain[4]);
+  EXPECT_EQ(c.wrs.Get(), 4u);
+  EXPECT_EQ(c.doorbells.Get(), 1u);
+}
+
 TEST_P(Conformance, SendQueueDepthIsEnforcedUntilASignalledCompletionIsPolled) {
   auto qa = MakeQp(*a_, QpType::kRc, /*max_send_wr=*/4);
   auto qb = MakeQp(*b_, QpType::kRc);

@@ -238,7 +238,7 @@ absl::Status ShmQp::PostSend(SendWr* chain, SendWr** bad) {
     return absl::FailedPreconditionError(
         absl::StrFormat("PostSend on a QP in %s", ToString(state())));
   }
-  bool rang = false;
+  PostTally tally(&counters_);
   // The poller advances `retired` (in the segment): read it once per chain, again only if the
   // queue looks full.
   uint64_t retired = entry_->retired.load(std::memory_order_acquire) & kRetiredCountMask;
@@ -274,12 +274,7 @@ absl::Status ShmQp::PostSend(SendWr* chain, SendWr** bad) {
           config_.max_send_wr));
     }
     const uint64_t sequence = ++posted_;
-    const uint64_t bytes = TotalLength(*wr);
-    rang = true;
-    counters_.wrs.Add();
-    counters_.bytes.Add(bytes);
-    if (wr->flags & kSignaled) counters_.signaled_wrs.Add();
-    if (wr->flags & kInline) counters_.inline_wrs.Add();
+    tally.Posted(wr->flags, TotalLength(*wr));
     if (device_->async()) {
       Enqueue(*wr, sequence, SteadyNanos() + int64_t{device_->faults().delay_us} * 1000 + jitter_ns,
               RnrRetries{});
@@ -296,7 +291,6 @@ absl::Status ShmQp::PostSend(SendWr* chain, SendWr** bad) {
     }
   }
   flush_run();
-  if (rang) counters_.doorbells.Add();
   return absl::OkStatus();
 }
 

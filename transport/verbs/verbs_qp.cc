@@ -135,6 +135,17 @@ absl::StatusOr<std::unique_ptr<VerbsQp>> VerbsQp::Create(VerbsDevice* device, ib
   qp->send_sges_.reset(new ibv_sge[size_t{config.max_send_wr} * config.max_send_sge]());
   qp->recv_wrs_.reset(new ibv_recv_wr[config.max_recv_wr]());
   qp->recv_sges_.reset(new ibv_sge[size_t{config.max_recv_wr} * config.max_recv_sge]());
+  // Pre-linked, as eRPC keeps its WRs: each WR points at the next and at its own SGEs once and
+  // for all, so a post writes only the fields that change (a chain is cut after its last WR for
+  // the post and joined again after it).
+  for (uint32_t i = 0; i < config.max_send_wr; ++i) {
+    qp->send_wrs_[i].next = i + 1 < config.max_send_wr ? &qp->send_wrs_[i + 1] : nullptr;
+    qp->send_wrs_[i].sg_list = &qp->send_sges_[size_t{i} * config.max_send_sge];
+  }
+  for (uint32_t i = 0; i < config.max_recv_wr; ++i) {
+    qp->recv_wrs_[i].next = i + 1 < config.max_recv_wr ? &qp->recv_wrs_[i + 1] : nullptr;
+    qp->recv_wrs_[i].sg_list = &qp->recv_sges_[size_t{i} * config.max_recv_sge];
+  }
   qp->signaled_ring_.reset(new uint64_t[config.max_send_wr]);
   std::random_device entropy;
   qp->psn_ = entropy() & kPsnMask;
@@ -250,15 +261,14 @@ absl::Status VerbsQp::ModifyToRts(const ConnectConfig& config) {
   return absl::OkStatus();
 }
 
-void VerbsQp::Translate(const SendWr& wr, ibv_send_wr* out, ibv_sge* sges) const {
+void VerbsQp::Translate(const SendWr& wr, ibv_send_wr* out) const {
+  ibv_sge* sges = out->sg_list;  // its own, linked at creation
   for (uint32_t i = 0; i < wr.num_sge; ++i) {
     sges[i].addr = wr.sg_list[i].addr;
     sges[i].length = wr.sg_list[i].length;
     sges[i].lkey = wr.sg_list[i].lkey;
   }
   out->wr_id = wr.wr_id;
-  out->next = nullptr;
-  out->sg_list = sges;
   out->num_sge = static_cast<int>(wr.num_sge);
   out->opcode = ToIbv(wr.opcode);
   unsigned int flags = 0;
@@ -313,9 +323,7 @@ absl::Status VerbsQp::PostSend(SendWr* chain, SendWr** bad) {
       break;
     }
     if (refused = ValidateSend(*wr); !refused.ok()) break;
-    ibv_send_wr* out = &send_wrs_[count];
-    Translate(*wr, out, &send_sges_[count * config_.max_send_sge]);
-    if (count > 0) send_wrs_[count - 1].next = out;
+    Translate(*wr, &send_wrs_[count]);
   }
   if (absl::Status rang = Ring(chain, count, bad); !rang.ok()) return rang;
   if (!refused.ok()) *bad = wr;
@@ -324,10 +332,15 @@ absl::Status VerbsQp::PostSend(SendWr* chain, SendWr** bad) {
 
 absl::Status VerbsQp::Ring(SendWr* chain, size_t count, SendWr** bad) {
   if (count == 0) return absl::OkStatus();
+  ibv_send_wr* const last = &send_wrs_[count - 1];
+  ibv_send_wr* const after_last = last->next;
+  last->next = nullptr;
   ibv_send_wr* ibv_bad = nullptr;
   const int rc = ibv_post_send(qp_, &send_wrs_[0], &ibv_bad);
+  last->next = after_last;
   const size_t accepted = rc == 0 ? count : static_cast<size_t>(ibv_bad - &send_wrs_[0]);
   // Account for what the provider took, in post order.
+  PostTally tally(&counters_);
   uint64_t sequence = posted_.load(std::memory_order_relaxed);
   uint64_t tail = ring_tail_.load(std::memory_order_relaxed);
   SendWr* wr = chain;
@@ -335,15 +348,9 @@ absl::Status VerbsQp::Ring(SendWr* chain, size_t count, SendWr** bad) {
     ++sequence;
     uint64_t bytes = 0;
     for (uint32_t s = 0; s < wr->num_sge; ++s) bytes += wr->sg_list[s].length;
-    counters_.wrs.Add();
-    counters_.bytes.Add(bytes);
-    if (wr->flags & kInline) counters_.inline_wrs.Add();
-    if (wr->flags & kSignaled) {
-      counters_.signaled_wrs.Add();
-      signaled_ring_[tail++ % config_.max_send_wr] = sequence;
-    }
+    tally.Posted(wr->flags, bytes);
+    if (wr->flags & kSignaled) signaled_ring_[tail++ % config_.max_send_wr] = sequence;
   }
-  if (accepted > 0) counters_.doorbells.Add();
   posted_.store(sequence, std::memory_order_relaxed);
   ring_tail_.store(tail, std::memory_order_release);
   if (rc == 0) return absl::OkStatus();
@@ -386,19 +393,20 @@ absl::Status VerbsQp::PostRecv(RecvWr* chain, RecvWr** bad) {
                           config_.max_recv_wr, config_.max_recv_sge));
     }
     ibv_recv_wr* out = &recv_wrs_[count];
-    ibv_sge* sges = &recv_sges_[count * config_.max_recv_sge];
+    ibv_sge* sges = out->sg_list;  // its own, linked at creation
     for (uint32_t i = 0; i < wr->num_sge; ++i) {
       sges[i] = ibv_sge{wr->sg_list[i].addr, wr->sg_list[i].length, wr->sg_list[i].lkey};
     }
     out->wr_id = wr->wr_id;
-    out->next = nullptr;
-    out->sg_list = sges;
     out->num_sge = static_cast<int>(wr->num_sge);
-    if (count > 0) recv_wrs_[count - 1].next = out;
   }
   if (count == 0) return absl::OkStatus();
+  ibv_recv_wr* const last = &recv_wrs_[count - 1];
+  ibv_recv_wr* const after_last = last->next;
+  last->next = nullptr;
   ibv_recv_wr* ibv_bad = nullptr;
   const int rc = ibv_post_recv(qp_, &recv_wrs_[0], &ibv_bad);
+  last->next = after_last;
   const size_t accepted = rc == 0 ? count : static_cast<size_t>(ibv_bad - &recv_wrs_[0]);
   counters_.recv_wrs.Add(accepted);
   if (rc == 0) return absl::OkStatus();

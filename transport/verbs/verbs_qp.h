@@ -35,7 +35,8 @@ class VerbsQp : public QueuePair {
 
  private:
   VerbsQp(VerbsDevice* device, const QpConfig& config) : QueuePair(config), device_(device) {}
-  void Translate(const SendWr& wr, ibv_send_wr* out, ibv_sge* sges) const;
+  // Writes the fields of `out` (a pre-linked WR: next and sg_list stay) that `wr` sets.
+  void Translate(const SendWr& wr, ibv_send_wr* out) const;
   absl::Status ModifyToInit(const ConnectConfig& config);
   absl::Status ModifyToRtr(const ConnectConfig& config);
   absl::Status ModifyToRts(const ConnectConfig& config);
@@ -48,7 +49,8 @@ class VerbsQp : public QueuePair {
   std::atomic<QpState> state_{QpState::kReset};
 
   // Preallocated translation buffers: max_send_wr WRs x max_send_sge SGEs (and the same for
-  // receives), so the data path allocates nothing.
+  // receives), so the data path allocates nothing; each WR linked to the next and to its own
+  // SGEs at creation.
   std::unique_ptr<ibv_send_wr[]> send_wrs_;
   std::unique_ptr<ibv_sge[]> send_sges_;
   std::unique_ptr<ibv_recv_wr[]> recv_wrs_;
