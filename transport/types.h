@@ -183,35 +183,6 @@ struct QpCounters {
   Counter dropped;
 };
 
-// One PostSend's share of a QP's counters, summed over its WRs and added when the post ends
-// (however it ends): a counter bumped per WR costs up to four dependent load-store pairs per WR
-// on the data path. A post that posted at least one WR counts one doorbell.
-class PostTally {
- public:
-  explicit PostTally(QpCounters* counters) : counters_(counters) {}
-  ~PostTally() {
-    if (wrs_ == 0) return;
-    counters_->doorbells.Add();
-    counters_->wrs.Add(wrs_);
-    counters_->bytes.Add(bytes_);
-    if (signaled_ != 0) counters_->signaled_wrs.Add(signaled_);
-    if (inline_ != 0) counters_->inline_wrs.Add(inline_);
-  }
-  PostTally(const PostTally&) = delete;
-  PostTally& operator=(const PostTally&) = delete;
-  // One WR the provider (or the fabric) took, with its payload bytes.
-  void Posted(uint32_t flags, uint64_t bytes) {
-    ++wrs_;
-    bytes_ += bytes;
-    signaled_ += (flags & kSignaled) != 0 ? 1 : 0;
-    inline_ += (flags & kInline) != 0 ? 1 : 0;
-  }
-
- private:
-  QpCounters* counters_;
-  uint64_t wrs_ = 0, bytes_ = 0, signaled_ = 0, inline_ = 0;
-};
-
 struct CqCounters {
   Counter polls;        // Poll calls
   Counter empty_polls;  // ... that returned nothing

@@ -238,7 +238,7 @@ absl::Status ShmQp::PostSend(SendWr* chain, SendWr** bad) {
     return absl::FailedPreconditionError(
         absl::StrFormat("PostSend on a QP in %s", ToString(state())));
   }
-  PostTally tally(&counters_);
+  bool rang = false;
   // The poller advances `retired` (in the segment): read it once per chain, again only if the
   // queue looks full.
   uint64_t retired = entry_->retired.load(std::memory_order_acquire) & kRetiredCountMask;
@@ -257,24 +257,31 @@ absl::Status ShmQp::PostSend(SendWr* chain, SendWr** bad) {
     if (run_length > 0) RunUdSends(run, run_length, run_sequence);
     run_length = 0;
   };
+  // A chain refused partway still rang for the WRs before the refusal (as a NIC does).
+  auto refuse = [&](SendWr* wr, absl::Status status) {
+    flush_run();
+    if (rang) counters_.doorbells.Add();
+    *bad = wr;
+    return status;
+  };
   for (SendWr* wr = chain; wr != nullptr; wr = wr->next) {
-    if (absl::Status status = ValidateSend(*wr); !status.ok()) {
-      flush_run();
-      *bad = wr;
-      return status;
-    }
+    if (absl::Status status = ValidateSend(*wr); !status.ok()) return refuse(wr, status);
     if (posted_ - retired >= config_.max_send_wr) {
       retired = entry_->retired.load(std::memory_order_acquire) & kRetiredCountMask;
     }
     if (posted_ - retired >= config_.max_send_wr) {
-      flush_run();
-      *bad = wr;
-      return absl::ResourceExhaustedError(absl::StrFormat(
-          "send queue full (%d WRs outstanding): signal a WR and poll its completion",
-          config_.max_send_wr));
+      return refuse(wr, absl::ResourceExhaustedError(absl::StrFormat(
+                            "send queue full (%d WRs outstanding): signal a WR and poll its "
+                            "completion",
+                            config_.max_send_wr)));
     }
     const uint64_t sequence = ++posted_;
-    tally.Posted(wr->flags, TotalLength(*wr));
+    const uint64_t bytes = TotalLength(*wr);
+    rang = true;
+    counters_.wrs.Add();
+    counters_.bytes.Add(bytes);
+    if (wr->flags & kSignaled) counters_.signaled_wrs.Add();
+    if (wr->flags & kInline) counters_.inline_wrs.Add();
     if (device_->async()) {
       Enqueue(*wr, sequence, SteadyNanos() + int64_t{device_->faults().delay_us} * 1000 + jitter_ns,
               RnrRetries{});
@@ -291,6 +298,7 @@ absl::Status ShmQp::PostSend(SendWr* chain, SendWr** bad) {
     }
   }
   flush_run();
+  if (rang) counters_.doorbells.Add();
   return absl::OkStatus();
 }
 

@@ -340,7 +340,6 @@ absl::Status VerbsQp::Ring(SendWr* chain, size_t count, SendWr** bad) {
   last->next = after_last;
   const size_t accepted = rc == 0 ? count : static_cast<size_t>(ibv_bad - &send_wrs_[0]);
   // Account for what the provider took, in post order.
-  PostTally tally(&counters_);
   uint64_t sequence = posted_.load(std::memory_order_relaxed);
   uint64_t tail = ring_tail_.load(std::memory_order_relaxed);
   SendWr* wr = chain;
@@ -348,9 +347,15 @@ absl::Status VerbsQp::Ring(SendWr* chain, size_t count, SendWr** bad) {
     ++sequence;
     uint64_t bytes = 0;
     for (uint32_t s = 0; s < wr->num_sge; ++s) bytes += wr->sg_list[s].length;
-    tally.Posted(wr->flags, bytes);
-    if (wr->flags & kSignaled) signaled_ring_[tail++ % config_.max_send_wr] = sequence;
+    counters_.wrs.Add();
+    counters_.bytes.Add(bytes);
+    if (wr->flags & kInline) counters_.inline_wrs.Add();
+    if (wr->flags & kSignaled) {
+      counters_.signaled_wrs.Add();
+      signaled_ring_[tail++ % config_.max_send_wr] = sequence;
+    }
   }
+  if (accepted > 0) counters_.doorbells.Add();
   posted_.store(sequence, std::memory_order_relaxed);
   ring_tail_.store(tail, std::memory_order_release);
   if (rc == 0) return absl::OkStatus();
