@@ -49,7 +49,9 @@ ServerBinary::~ServerBinary() {
   kill(pid_, SIGTERM);
   // A server that ignores the stop (a defect a test just found) must not hang the test: killed.
   const absl::Time give_up = absl::Now() + kStopDeadline;
-  while (waitpid(pid_, nullptr, WNOHANG) != pid_) {
+  while (true) {
+    const pid_t reaped = waitpid(pid_, nullptr, WNOHANG);
+    if (reaped == pid_ || (reaped < 0 && errno == ECHILD)) return;  // gone (or reaped already)
     if (absl::Now() >= give_up) {
       Kill();
       return;

@@ -3,6 +3,7 @@
 
 #include <arpa/inet.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <random>
@@ -338,7 +339,12 @@ absl::Status VerbsQp::Ring(SendWr* chain, size_t count, SendWr** bad) {
   ibv_send_wr* ibv_bad = nullptr;
   const int rc = ibv_post_send(qp_, &send_wrs_[0], &ibv_bad);
   last->next = after_last;
-  const size_t accepted = rc == 0 ? count : static_cast<size_t>(ibv_bad - &send_wrs_[0]);
+  // A provider that failed without naming the bad WR took none.
+  const size_t accepted =
+      rc == 0
+          ? count
+          : (ibv_bad == nullptr ? 0
+                                : std::min(count, static_cast<size_t>(ibv_bad - &send_wrs_[0])));
   // Account for what the provider took, in post order.
   uint64_t sequence = posted_.load(std::memory_order_relaxed);
   uint64_t tail = ring_tail_.load(std::memory_order_relaxed);
@@ -412,7 +418,11 @@ absl::Status VerbsQp::PostRecv(RecvWr* chain, RecvWr** bad) {
   ibv_recv_wr* ibv_bad = nullptr;
   const int rc = ibv_post_recv(qp_, &recv_wrs_[0], &ibv_bad);
   last->next = after_last;
-  const size_t accepted = rc == 0 ? count : static_cast<size_t>(ibv_bad - &recv_wrs_[0]);
+  const size_t accepted =
+      rc == 0
+          ? count
+          : (ibv_bad == nullptr ? 0
+                                : std::min(count, static_cast<size_t>(ibv_bad - &recv_wrs_[0])));
   counters_.recv_wrs.Add(accepted);
   if (rc == 0) return absl::OkStatus();
   RecvWr* wr = chain;
