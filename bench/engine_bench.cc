@@ -330,6 +330,27 @@ Stages MeasureStages(const herd::Config& config, Phase phase, const Keys& keys,
   return stages;
 }
 
+// Every key must still be there before a GET phase: a cache-mode store sized too small for
+// --keys (its log overwrote, or its buckets dropped, some of them, at the preload or in a PUT
+// phase before) answers misses the phase counts as failures. Said up front, with what to change.
+absl::Status CheckEveryKeyHeld(mica::Partition& store, const Keys& keys, const char* when) {
+  std::vector<char> out(FLAGS_value_bytes);
+  uint64_t missing = 0;
+  for (uint64_t i = 0; i < FLAGS_keys; ++i) {
+    const std::string_view key = keys.Key(i);
+    if (store.Get(key, mica::KeyHash(key), out.data(), FLAGS_value_bytes).result !=
+        mica::Result::kOk) {
+      ++missing;
+    }
+  }
+  if (missing == 0) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(missing, " of the ", FLAGS_keys, " keys are not held ", when, " (",
+                   store.layout().Describe(FLAGS_key_bytes, FLAGS_value_bytes),
+                   "): a cache-mode store drops keys once its log or a bucket is full; raise "
+                   "--mica_log_bytes or --mica_items, or run --store_mode=store"));
+}
+
 absl::Status Run() {
   absl::StatusOr<herd::Config> parsed_config = herd::ConfigFromFlags();
   if (!parsed_config.ok()) return parsed_config.status();
@@ -393,30 +414,6 @@ absl::Status Run() {
     }
   }
 
-  // Every key must still be there: a cache-mode store sized too small for --keys (its log
-  // overwrote, or its buckets dropped, some of them) would answer misses the phases count as
-  // failures. Said up front, with what to change.
-  {
-    std::vector<char> out(FLAGS_value_bytes);
-    for (mica::Partition* p : {partition->get(), stage_store->get()}) {
-      uint64_t missing = 0;
-      for (uint64_t i = 0; i < FLAGS_keys; ++i) {
-        const std::string_view key = keys.Key(i);
-        if (p->Get(key, mica::KeyHash(key), out.data(), FLAGS_value_bytes).result !=
-            mica::Result::kOk) {
-          ++missing;
-        }
-      }
-      if (missing != 0) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(missing, " of the ", FLAGS_keys, " keys are not held after the preload (",
-                         p->layout().Describe(FLAGS_key_bytes, FLAGS_value_bytes),
-                         "): a cache-mode store drops keys once its log or a bucket is full; raise "
-                         "--mica_log_bytes or --mica_items, or run --store_mode=store"));
-      }
-    }
-  }
-
   std::vector<uint8_t> region(config.region_bytes());
   const uint32_t response_bytes = herd::ResponseBytes(config.slot_value_bytes());
   std::vector<uint8_t> staging(uint64_t{config.sq_depth} * response_bytes);
@@ -436,6 +433,12 @@ absl::Status Run() {
   }
 
   for (Phase phase : phases) {
+    if (phase == Phase::kGet) {
+      const char* when = phase == phases.front() ? "after the preload" : "after the phases before";
+      for (mica::Partition* p : {worker.mutable_partition(), stage_store->get()}) {
+        if (absl::Status s = CheckEveryKeyHeld(*p, keys, when); !s.ok()) return s;
+      }
+    }
     const Stages stages = MeasureStages(config, phase, keys, **stage_store);
     qp.set_phase(phase);
     // Every slot of every client holds its first request of the phase, numbered above every

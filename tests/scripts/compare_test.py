@@ -129,6 +129,17 @@ class EngineBenchTest(unittest.TestCase):
         self.assertIn("does not fit --slot_bytes", run.stderr)
 
 
+    def test_a_store_too_small_for_the_keys_is_a_clear_error(self):
+        # A 1 MiB cache-mode log cannot hold 100,000 items: said before any phase, with what to
+        # raise (it was a CHECK failure in the store stage).
+        run = subprocess.run([str(OPT_BIN / "bench" / "engine_bench"), "--keys=100000",
+                              "--mica_log_bytes=1048576", "--core=-1"],
+                             cwd=REPO, capture_output=True, text=True, timeout=RUN_BUDGET_S)
+        self.assertEqual(run.returncode, 1, run.stderr)
+        self.assertIn("keys are not held after the preload", run.stderr)
+        self.assertIn("--store_mode=store", run.stderr)
+
+
 class ScalingTest(unittest.TestCase):
     def setUp(self):
         self.dir = tempfile.mkdtemp(prefix="herd-scaling-test-")
