@@ -12,7 +12,25 @@
 #include "glog/logging.h"
 
 namespace transport::verbs {
+
 namespace {
+
+// Posts the first `count` WRs of a pre-linked array (the chain is cut after its last WR for the
+// call and joined again) and returns the provider's code; `accepted`: how many it took (a
+// failure that names no bad WR took none).
+template <typename Wr, typename Post>
+int PostPrefix(Wr* wrs, size_t count, Post post, size_t* accepted) {
+  Wr* const last = &wrs[count - 1];
+  Wr* const after_last = last->next;
+  last->next = nullptr;
+  Wr* bad = nullptr;
+  const int rc = post(wrs, &bad);
+  last->next = after_last;
+  *accepted = rc == 0          ? count
+              : bad == nullptr ? 0
+                               : std::min(count, static_cast<size_t>(bad - wrs));
+  return rc;
+}
 
 // Packet sequence numbers are 24 bits.
 constexpr uint32_t kPsnMask = (1u << 24) - 1;
@@ -333,18 +351,11 @@ absl::Status VerbsQp::PostSend(SendWr* chain, SendWr** bad) {
 
 absl::Status VerbsQp::Ring(SendWr* chain, size_t count, SendWr** bad) {
   if (count == 0) return absl::OkStatus();
-  ibv_send_wr* const last = &send_wrs_[count - 1];
-  ibv_send_wr* const after_last = last->next;
-  last->next = nullptr;
-  ibv_send_wr* ibv_bad = nullptr;
-  const int rc = ibv_post_send(qp_, &send_wrs_[0], &ibv_bad);
-  last->next = after_last;
-  // A provider that failed without naming the bad WR took none.
-  const size_t accepted =
-      rc == 0
-          ? count
-          : (ibv_bad == nullptr ? 0
-                                : std::min(count, static_cast<size_t>(ibv_bad - &send_wrs_[0])));
+  size_t accepted = 0;
+  const int rc = PostPrefix(
+      send_wrs_.get(), count,
+      [this](ibv_send_wr* wrs, ibv_send_wr** bad) { return ibv_post_send(qp_, wrs, bad); },
+      &accepted);
   // Account for what the provider took, in post order.
   uint64_t sequence = posted_.load(std::memory_order_relaxed);
   uint64_t tail = ring_tail_.load(std::memory_order_relaxed);
@@ -412,17 +423,11 @@ absl::Status VerbsQp::PostRecv(RecvWr* chain, RecvWr** bad) {
     out->num_sge = static_cast<int>(wr->num_sge);
   }
   if (count == 0) return absl::OkStatus();
-  ibv_recv_wr* const last = &recv_wrs_[count - 1];
-  ibv_recv_wr* const after_last = last->next;
-  last->next = nullptr;
-  ibv_recv_wr* ibv_bad = nullptr;
-  const int rc = ibv_post_recv(qp_, &recv_wrs_[0], &ibv_bad);
-  last->next = after_last;
-  const size_t accepted =
-      rc == 0
-          ? count
-          : (ibv_bad == nullptr ? 0
-                                : std::min(count, static_cast<size_t>(ibv_bad - &recv_wrs_[0])));
+  size_t accepted = 0;
+  const int rc = PostPrefix(
+      recv_wrs_.get(), count,
+      [this](ibv_recv_wr* wrs, ibv_recv_wr** bad) { return ibv_post_recv(qp_, wrs, bad); },
+      &accepted);
   counters_.recv_wrs.Add(accepted);
   if (rc == 0) return absl::OkStatus();
   RecvWr* wr = chain;
