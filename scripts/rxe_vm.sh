@@ -16,7 +16,7 @@
 #
 # Environment:
 #   HERD_VM_CACHE    kernel + initramfs cache       (${XDG_CACHE_HOME:-~/.cache}/herd/rxe-vm)
-#   HERD_VM_TIMEOUT  seconds before the guest is killed (600)
+#   HERD_VM_TIMEOUT  seconds before the guest is killed, all boots together (600)
 #   HERD_VM_MEM      guest memory (2G)             HERD_VM_CPUS  guest vCPUs (host's count)
 #   HERD_VM_MTU      MTU of the dummy netdev (1500: rxe's active MTU is then 1024)
 #   HERD_VM_RW       colon-separated host dirs the guest may write (same paths), e.g. results
@@ -39,13 +39,15 @@ cpus=${HERD_VM_CPUS:-$(nproc)}
 mtu=${HERD_VM_MTU:-1500}
 rw_dirs=${HERD_VM_RW:-}
 flavor=${HERD_VM_KERNEL:-stock}
+[[ "$timeout_s" =~ ^[1-9][0-9]*$ ]] ||
+  { echo "rxe_vm.sh: HERD_VM_TIMEOUT=$timeout_s: want whole seconds" >&2; exit 2; }
 boot_tries=${HERD_VM_BOOTS:-2}
 [[ "$boot_tries" =~ ^[1-9][0-9]*$ ]] ||
   { echo "rxe_vm.sh: HERD_VM_BOOTS=$boot_tries: want a count of boots" >&2; exit 2; }
 
 [ "${1:-}" = "--" ] && shift
 if [ $# -eq 0 ]; then
-  sed -n '2,25p' "$0" >&2
+  sed -n '2,30p' "$0" >&2
   exit 2
 fi
 log() { echo "[rxe_vm] $*" >&2; }
@@ -230,7 +232,9 @@ done
 # (under TCG, bringing CPUs up) has panicked during boot, rarely (once in CI's history: an
 # "Oops: int3" in the scheduler, before /init ran), and that is no verdict on the command. A
 # guest that ran the command is never booted again, whatever it did; nor is one the timeout
-# killed (a boot that hangs would only hang again).
+# killed (a boot that hangs would only hang again), nor with too little of the time left for a
+# boot to run anything.
+min_boot_s=30
 started=$(date +%s)
 boots=0
 while :; do
@@ -238,7 +242,6 @@ while :; do
   rm -f "$run/xfer/started" "$run/xfer/rc"
   : >"$run/console"
   left=$((timeout_s - ($(date +%s) - started)))
-  [ "$left" -ge 1 ] || left=1
   set +e
   timeout -k 5 "$left" "${qemu[@]}" </dev/null &
   qemu_pid=$!
@@ -252,21 +255,24 @@ while :; do
     log "exit status $rc after $(($(date +%s) - started)) s"
     exit "$rc"
   fi
-  if [ -e "$run/xfer/started" ] || [ "$qemu_rc" = 124 ] || [ "$boots" -ge "$boot_tries" ]; then
+  # 124: the timeout stopped qemu; 137: it had to kill it.
+  if [ -e "$run/xfer/started" ] || [ "$qemu_rc" = 124 ] || [ "$qemu_rc" = 137 ] ||
+    [ "$boots" -ge "$boot_tries" ] ||
+    [ $((timeout_s - ($(date +%s) - started))) -lt "$min_boot_s" ]; then
     break
   fi
   log "the guest stopped before it ran the command (qemu exit $qemu_rc), booting it again;" \
     "its console ends:"
-  tail -n 30 "$run/console" >&2 || true
+  [ "${HERD_VM_CONSOLE:-0}" = 1 ] || tail -n 30 "$run/console" >&2 || true
 done
-[ "$qemu_rc" = 124 ] && log "killed after ${timeout_s} s (HERD_VM_TIMEOUT)"
+[ "$qemu_rc" = 124 ] || [ "$qemu_rc" = 137 ] && log "killed after ${timeout_s} s (HERD_VM_TIMEOUT)"
 if [ -e "$run/xfer/started" ]; then
   log "the command gave no exit status (qemu exit $qemu_rc); the guest's console ends:"
 else
   log "the guest stopped before it ran the command, in $boots boots (qemu exit $qemu_rc);" \
     "its console ends:"
 fi
-tail -n 30 "$run/console" >&2 || true
+[ "${HERD_VM_CONSOLE:-0}" = 1 ] || tail -n 30 "$run/console" >&2 || true
 exit 125
 
 # ---------------------------------------------------------------- the guest's /init
