@@ -38,9 +38,11 @@ config=()
 out="results/compare_revisions/${rev}"
 mkdir -p "$out"
 worktree=$(mktemp -d /tmp/herd-rev.XXXXXX)
+. scripts/lib/hugepages.sh
 cleanup() {
   git worktree remove --force "$worktree" >/dev/null 2>&1 || rm -rf "$worktree"
   git worktree prune >/dev/null 2>&1 || true
+  give_back_hugepages
 }
 trap cleanup EXIT
 git worktree add --detach -f "$worktree" "$commit" >/dev/null
@@ -68,6 +70,9 @@ cp "$rev_bin/bench/herd_client" "$rev_copy/bench/"
 [ "$has_engine_bench" = 1 ] && cp "$rev_bin/bench/engine_bench" "$rev_copy/bench/"
 (cd "$worktree" && bazel shutdown >/dev/null 2>&1 || true)
 
+# Both trees' stores on 2 MiB pages, as MICA is meant to run: engine_bench's two partitions of 98
+# MiB, or one herd_server's with its clients' landing buffers (lent as root, given back after).
+lend_hugepages 128 "scripts/compare_revisions.sh"
 engine="$out/engine.jsonl"
 : >"$engine"
 if [ "$has_engine_bench" = 1 ]; then

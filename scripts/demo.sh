@@ -13,6 +13,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh --quiet
+# The server's MICA partition (98 MiB) and the client's landing buffers on 2 MiB pages, as MICA
+# is meant to run (scripts/lib/hugepages.sh: lent for the run as root, given back after).
+. scripts/lib/hugepages.sh
+lend_hugepages 64 "scripts/demo.sh"
+trap give_back_hugepages EXIT
 
 sweep=()
 if [ -n "${1:-}" ]; then

@@ -54,6 +54,7 @@ if [ "$cores" -lt 4 ]; then
   echo "scaling.sh: only ${cores} core(s) here: one worker against ${client_threads} client thread(s); a scaling curve needs more cores (see ../shared/device)" >&2
 fi
 for w in ${workers_list//,/ }; do
+  [[ "$w" =~ ^[1-9][0-9]*$ ]] || { echo "scaling.sh: --workers: '${w}' is not a count" >&2; exit 2; }
   if [ "$w" -gt "$half" ]; then
     echo "scaling.sh: --workers ${w} does not fit: workers get cores 0..$((half - 1)), clients the rest" >&2
     exit 2
@@ -80,8 +81,18 @@ if [ "$profile" = 1 ] && ! python3 -c 'import sys; sys.path.insert(0, "scripts")
   profile=0
 fi
 
+# Every worker's MICA partition (98 MiB: 49 pages) on 2 MiB pages, with room for the client
+# processes' landing buffers (lent as root, given back after: scripts/lib/hugepages.sh).
+. scripts/lib/hugepages.sh
+max_workers=0
+for w in ${workers_list//,/ }; do [ "$w" -le "$max_workers" ] || max_workers=$w; done
+lend_hugepages $((max_workers * 49 + 32)) "scripts/scaling.sh"
 server_pid=""
-cleanup() { [ -n "$server_pid" ] && kill "$server_pid" 2>/dev/null; wait 2>/dev/null; }
+cleanup() {
+  [ -n "$server_pid" ] && kill "$server_pid" 2>/dev/null
+  wait 2>/dev/null
+  give_back_hugepages
+}
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 

@@ -25,15 +25,11 @@ cd "$(dirname "$0")/.."
 ./scripts/setup.sh --quiet || exit 1
 
 # Hugepage-backed registration is tested for real only where the kernel's 2 MiB pool has free
-# pages, and it is empty by default: as root, lend it a small pool for this run (restored on
+# pages, and it is empty by default: as root, lend it a small pool for this run (given back on
 # exit). Elsewhere those cases skip, saying so.
-readonly hugepage_pool=/proc/sys/vm/nr_hugepages
-readonly lent_hugepages=32  # 64 MiB: a few regions of the tests at once
-if [ "$(id -u)" = 0 ] && [ -w "$hugepage_pool" ] && [ "$(cat "$hugepage_pool")" = 0 ]; then
-  echo "$lent_hugepages" > "$hugepage_pool" 2>/dev/null &&
-    trap 'echo 0 > "$hugepage_pool"' EXIT &&
-    echo "==== lent the kernel $(cat "$hugepage_pool") hugepages of 2 MiB for this run"
-fi
+. scripts/lib/hugepages.sh
+lend_hugepages 32 "scripts/test.sh" # 64 MiB: a few regions of the tests at once
+trap give_back_hugepages EXIT
 
 status=0
 total_passed=0

@@ -121,6 +121,22 @@ class EngineBenchTest(unittest.TestCase):
             self.assertEqual(set(line["share"]), {"parse", "store", "encode", "rest"})
         # A GET's answer carries its 32-byte value; a PUT's none.
         self.assertGreater(lines[0]["bytes_per_request"], lines[1]["bytes_per_request"])
+        # Each line says what pages the store ran on, and 4 KiB pages are said up front unless
+        # 2 MiB ones were never asked for.
+        for line in lines:
+            self.assertIn(line["store_pages_kib"], (4, 2048))
+        self.assertEqual(lines[0]["store_pages_kib"] == 4, "on 4 KiB pages" in run.stderr,
+                         run.stderr)
+
+    def test_small_pages_asked_for_are_reported_without_a_warning(self):
+        run = subprocess.run([str(OPT_BIN / "bench" / "engine_bench"), "--duration_s=0.1",
+                              "--warmup_s=0.05", "--stage_ops=20000", "--keys=5000", "--core=-1",
+                              "--phases=get", "--mica_hugepages=false"],
+                             cwd=REPO, capture_output=True, text=True, timeout=RUN_BUDGET_S)
+        self.assertEqual(run.returncode, 0, run.stderr)
+        lines = [json.loads(l) for l in run.stdout.splitlines() if l.startswith("{")]
+        self.assertEqual([l["store_pages_kib"] for l in lines], [4])
+        self.assertNotIn("hugepages", run.stderr)
 
     def test_a_request_that_cannot_fit_a_slot_is_refused(self):
         run = subprocess.run([str(OPT_BIN / "bench" / "engine_bench"), "--value_bytes=4096"],
