@@ -11,13 +11,14 @@
 # grants fewer: it says so and the run goes on, on whatever pages it gets (herd falls back to
 # small pages by itself, and says so); a run never fails for want of hugepages.
 hugepages_pool=/proc/sys/vm/nr_hugepages
+hugepages_meminfo=/proc/meminfo  # (both paths are the kernel's; tests point them at files)
 hugepages_lent=0
 
 lend_hugepages() {
   local want=$1 what=$2 free total why
   # Free counts the pages some mapping reserved and has not touched yet: not free for this run.
   free=$(awk '/^HugePages_Free:/ {f = $2} /^HugePages_Rsvd:/ {r = $2} END {print f - r}' \
-    /proc/meminfo)
+    "$hugepages_meminfo")
   free=${free:-0}
   [ "$free" -lt "$want" ] || return 0
   if [ "$(id -u)" != 0 ] || [ ! -w "$hugepages_pool" ]; then
