@@ -55,6 +55,7 @@
 #include "mica/partition.h"
 #include "transport/fabric.h"
 #include "util/counter.h"
+#include "util/memfd.h"
 #include "util/round_up.h"
 
 DEFINE_string(phases, "get,put",
@@ -441,14 +442,14 @@ absl::Status Run() {
   const mica::PartitionLayout& layout = worker.partition().layout();
   const bool huge = layout.hugepages && (*stage_store)->layout().hugepages;
   const uint64_t store_kib = huge ? 2048 : 4;
-  constexpr uint64_t kHugePageBytes = uint64_t{2} << 20;
   // (Tried only for a ring of a hugepage or more: mica/mirrored_region.h.)
   const bool tried =
-      store_config->try_hugepages && layout.log_bytes + layout.pool_bytes >= kHugePageBytes;
+      store_config->try_hugepages && layout.log_bytes + layout.pool_bytes >= util::kHugePageBytes;
   if (!huge && tried) {
     const uint64_t per_partition =
-        util::RoundUp(layout.index_bytes + layout.log_bytes + layout.pool_bytes, kHugePageBytes) /
-        kHugePageBytes;
+        util::RoundUp(layout.index_bytes + layout.log_bytes + layout.pool_bytes,
+                      util::kHugePageBytes) /
+        util::kHugePageBytes;
     std::fprintf(stderr,
                  "engine_bench: the store is on 4 KiB pages (too few free 2 MiB hugepages), so its "
                  "lookups pay TLB misses too; its two partitions need %lu free ones (as root: "
