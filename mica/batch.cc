@@ -46,10 +46,13 @@ void Partition::ExecuteBatchIn(absl::Span<const Request> requests, absl::Span<Re
   for (size_t first = 0; first < requests.size(); first += kBatchChunk) {
     const size_t n = std::min(kBatchChunk, requests.size() - first);
     const IndexKey secret = index_key();
-    for (size_t i = 0; i < n; ++i) {
-      spots[i] = SpotOf(requests[first + i].key, secret);
-      Prefetch(spots[i].bucket);
-    }
+    for (size_t i = 0; i < n; ++i) spots[i] = SpotOf(requests[first + i].key, secret);
+    // All the hashes first, then the bucket prefetches back to back. A prefetch that misses
+    // the TLB holds up retirement until its page walk ends; interleaved with the hashes (about
+    // 130 instructions each) the reorder buffer held two or three of them at a time, so the
+    // walks ran nearly one after another. Back to back, all of them start together
+    // (engine_bench GET 0.90x, PUT 0.94x on VM2; docs/performance.md).
+    for (size_t i = 0; i < n; ++i) Prefetch(spots[i].bucket);
     // Then every request's candidate items, then the executions. (Prefetching each request's
     // items only 2, 4 or 8 requests before it executes, MICA2's staggered shape, measured
     // 0.66-0.85x of this at 100,000 and 1M items: mica_bench, session 29.)
