@@ -67,17 +67,23 @@ bool Configuration::HasBackup(std::string_view name) const {
 }
 
 std::string Configuration::Encode() const {
-  return absl::StrFormat("epoch %d\nprimary %s\nbackups %s\n", epoch, primary,
-                         absl::StrJoin(backups, ","));
+  std::string text = absl::StrFormat("epoch %d\nprimary %s\nbackups %s\n", epoch, primary,
+                                     absl::StrJoin(backups, ","));
+  if (primary_session != 0) absl::StrAppendFormat(&text, "session %d\n", primary_session);
+  return text;
 }
 
 std::string Configuration::ToString() const {
-  return absl::StrFormat("epoch %d: primary %s, backups [%s]", epoch, primary,
-                         absl::StrJoin(backups, ","));
+  return absl::StrFormat("epoch %d: primary %s (session %#x), backups [%s]", epoch, primary,
+                         primary_session, absl::StrJoin(backups, ","));
 }
 
 absl::StatusOr<Configuration> Configuration::Decode(std::string_view text) {
-  absl::StatusOr<std::vector<std::string>> fields = Fields(text, {"epoch", "primary", "backups"});
+  // The form stored before incarnations were recorded has no session line.
+  const bool has_session = std::count(text.begin(), text.end(), '\n') == 4;
+  absl::StatusOr<std::vector<std::string>> fields =
+      has_session ? Fields(text, {"epoch", "primary", "backups", "session"})
+                  : Fields(text, {"epoch", "primary", "backups"});
   if (!fields.ok()) {
     return absl::DataLossError(
         absl::StrCat("stored configuration unreadable: ", fields.status().message()));
@@ -85,6 +91,11 @@ absl::StatusOr<Configuration> Configuration::Decode(std::string_view text) {
   Configuration c;
   if (!absl::SimpleAtoi((*fields)[0], &c.epoch) || c.epoch == 0) {
     return absl::DataLossError(absl::StrFormat("stored configuration: epoch \"%s\"", (*fields)[0]));
+  }
+  if (has_session &&
+      (!absl::SimpleAtoi((*fields)[3], &c.primary_session) || c.primary_session == 0)) {
+    return absl::DataLossError(
+        absl::StrFormat("stored configuration: session \"%s\"", (*fields)[3]));
   }
   c.primary = (*fields)[1];
   if (absl::Status s = CheckMemberName(c.primary); !s.ok()) {
@@ -108,8 +119,22 @@ absl::StatusOr<Configuration> Configuration::Decode(std::string_view text) {
   return c;
 }
 
+absl::StatusOr<PrimaryPresence> PresenceOf(const Configuration& current,
+                                           const absl::StatusOr<MemberInfo>& registration) {
+  if (registration.status().code() == absl::StatusCode::kNotFound) return PrimaryPresence::kGone;
+  if (!registration.ok()) {
+    return absl::UnavailableError(absl::StrCat("the primary's registration could not be read: ",
+                                               registration.status().message()));
+  }
+  if (current.primary_session != 0 && registration->session != current.primary_session) {
+    // The name registered again by a later life (a restart): the primary itself is gone.
+    return PrimaryPresence::kGone;
+  }
+  return PrimaryPresence::kLive;
+}
+
 absl::StatusOr<Configuration> PromoteIn(const Configuration& current, std::string_view candidate,
-                                        PrimaryPresence presence) {
+                                        uint64_t candidate_session, PrimaryPresence presence) {
   if (current.primary == candidate) {
     return absl::AlreadyExistsError(
         absl::StrFormat("%s is already the primary (%s)", candidate, current.ToString()));
@@ -130,6 +155,7 @@ absl::StatusOr<Configuration> PromoteIn(const Configuration& current, std::strin
   Configuration next;
   next.epoch = current.epoch + 1;
   next.primary = std::string(candidate);
+  next.primary_session = candidate_session;
   return next;  // no backups: each rejoins by state transfer
 }
 

@@ -38,15 +38,34 @@ struct Configuration {
   uint64_t epoch = 0;
   std::string primary;
   std::vector<std::string> backups;  // in sync: each holds every acknowledged write
+  // The primary's incarnation: the coordination session it held (and registered under) when
+  // this configuration's line of epochs made it primary. A primary never changes sessions (one
+  // that loses its session is fenced), so a registration of its name under another session is a
+  // later life of the same server, not the primary. 0: not recorded (a configuration stored
+  // before incarnations were; its primary is known by name alone).
+  uint64_t primary_session = 0;
 
   bool HasBackup(std::string_view name) const;
-  // "epoch 7\nprimary p1\nbackups b1,b2\n" (the stored form; Decode refuses anything else).
+  // "epoch 7\nprimary p1\nbackups b1,b2\nsession 72057...\n" (the stored form; without the
+  // session line when none is recorded; Decode refuses anything else).
   std::string Encode() const;
   static absl::StatusOr<Configuration> Decode(std::string_view text);
   std::string ToString() const;  // one line, for logs and errors
   bool operator==(const Configuration& other) const {
-    return epoch == other.epoch && primary == other.primary && backups == other.backups;
+    return epoch == other.epoch && primary == other.primary && backups == other.backups &&
+           primary_session == other.primary_session;
   }
+};
+
+// A member's registration (its ephemeral node's data): where clients and primaries reach it.
+struct MemberInfo {
+  std::string client_address;       // host:port of its join port
+  std::string replication_address;  // host:port where primaries attach ("" for none)
+  // The session that registered it (the node's owner, as Coordinator::Member read it; not part
+  // of the encoded data).
+  uint64_t session = 0;
+  std::string Encode() const;
+  static absl::StatusOr<MemberInfo> Decode(std::string_view text);
 };
 
 // Whether the current primary is still there (its coordination session holds its member node),
@@ -54,20 +73,21 @@ struct Configuration {
 // the operator vouches that it is fenced).
 enum class PrimaryPresence : uint8_t { kGone, kLive, kLiveButForced };
 
+// The primary's presence from its registration as read (`registration`: the member node of
+// current.primary, NOT_FOUND when there is none): live only when registered by the session
+// `current` names (by any session when it names none). Another error: UNAVAILABLE, nothing
+// known.
+absl::StatusOr<PrimaryPresence> PresenceOf(const Configuration& current,
+                                           const absl::StatusOr<MemberInfo>& registration);
+
+// `candidate_session`: the candidate's own coordination session (the new primary's
+// incarnation).
 absl::StatusOr<Configuration> PromoteIn(const Configuration& current, std::string_view candidate,
-                                        PrimaryPresence presence);
+                                        uint64_t candidate_session, PrimaryPresence presence);
 absl::StatusOr<Configuration> DropBackupIn(const Configuration& current, std::string_view primary,
                                            std::string_view backup);
 absl::StatusOr<Configuration> AddBackupIn(const Configuration& current, std::string_view primary,
                                           std::string_view backup);
-
-// A member's registration (its ephemeral node's data): where clients and primaries reach it.
-struct MemberInfo {
-  std::string client_address;       // host:port of its join port
-  std::string replication_address;  // host:port where primaries attach ("" for none)
-  std::string Encode() const;
-  static absl::StatusOr<MemberInfo> Decode(std::string_view text);
-};
 
 }  // namespace herd
 

@@ -186,7 +186,10 @@ absl::StatusOr<MemberInfo> Coordinator::Member(std::string_view name) {
     return absl::DataLossError(
         absl::StrCat("coordinator: member ", std::string(name), ": oversize"));
   }
-  return MemberInfo::Decode(std::string_view(buffer, static_cast<size_t>(length)));
+  absl::StatusOr<MemberInfo> info =
+      MemberInfo::Decode(std::string_view(buffer, static_cast<size_t>(length)));
+  if (info.ok()) info->session = static_cast<uint64_t>(stat.ephemeralOwner);
+  return info;
 }
 
 absl::StatusOr<std::vector<std::string>> Coordinator::Members() {
@@ -206,6 +209,11 @@ absl::StatusOr<absl::Time> Coordinator::Confirm() {
   if (rc != ZOK) return Error(rc, "confirm the session");
   if (expired()) return absl::UnavailableError("coordinator: the session expired");
   return sent;
+}
+
+uint64_t Coordinator::session_id() const {
+  const clientid_t* id = zoo_client_id(zh_);
+  return id == nullptr ? 0 : static_cast<uint64_t>(id->client_id);
 }
 
 absl::Duration Coordinator::session_timeout() const {

@@ -59,7 +59,8 @@ class Coordinator {
 
   // Registers this session as member `name` (ALREADY_EXISTS: another live session holds it).
   absl::Status Register(std::string_view name, const MemberInfo& info);
-  // Member `name`'s registration (NOT_FOUND: it is not registered), watched.
+  // Member `name`'s registration (NOT_FOUND: it is not registered), watched; its `session` is
+  // the session that registered it.
   absl::StatusOr<MemberInfo> Member(std::string_view name);
   // The registered members' names, watched.
   absl::StatusOr<std::vector<std::string>> Members();
@@ -74,6 +75,10 @@ class Coordinator {
   // primary until t + session_timeout() minus its margin (its lease).
   absl::StatusOr<absl::Time> Confirm();
   absl::Duration session_timeout() const;  // as the service granted it
+  // This object's session, as the service numbers it (never 0 once connected): what a
+  // registration made through it carries (MemberInfo::session), and a configuration that makes
+  // this member primary records (Configuration::primary_session).
+  uint64_t session_id() const;
 
  private:
   explicit Coordinator(const CoordinatorOptions& options);

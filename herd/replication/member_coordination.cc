@@ -100,6 +100,7 @@ absl::Status ReplicationMember::JoinCluster() {
     Configuration first;
     first.epoch = 1;
     first.primary = ro.member;
+    first.primary_session = coordinator_->session_id();
     absl::Status created = coordinator_->CreateConfiguration(first);
     if (created.code() == absl::StatusCode::kAlreadyExists) {
       absl::StatusOr<VersionedConfiguration> stored = coordinator_->ReadConfiguration();
@@ -381,8 +382,13 @@ void ReplicationMember::CoordinateAsBackup(const Configuration& stored, int32_t 
     return;
   }
   if (!ro.auto_failover || !stored.HasBackup(ro.member) || !HoldsWholeCopy()) return;
-  if (coordinator_->Member(stored.primary).status().code() != absl::StatusCode::kNotFound) return;
-  absl::StatusOr<Configuration> next = PromoteIn(stored, ro.member, PrimaryPresence::kGone);
+  // Gone: its registration expired with its session, or the name was registered again by a
+  // later life (PresenceOf).
+  absl::StatusOr<PrimaryPresence> presence =
+      PresenceOf(stored, coordinator_->Member(stored.primary));
+  if (!presence.ok() || *presence != PrimaryPresence::kGone) return;
+  absl::StatusOr<Configuration> next =
+      PromoteIn(stored, ro.member, coordinator_->session_id(), PrimaryPresence::kGone);
   if (!next.ok()) return;
   held_ = stored;
   tried_epoch_ = next->epoch;
@@ -462,14 +468,11 @@ absl::StatusOr<std::string> ReplicationMember::PromoteCoordinated() {
   }
   absl::StatusOr<VersionedConfiguration> stored = coordinator_->ReadConfiguration();
   if (!stored.ok()) return stored.status();
-  const absl::StatusCode primary =
-      coordinator_->Member(stored->configuration.primary).status().code();
-  if (primary != absl::StatusCode::kOk && primary != absl::StatusCode::kNotFound) {
-    return absl::UnavailableError("the coordinator does not answer");
-  }
+  absl::StatusOr<PrimaryPresence> presence =
+      PresenceOf(stored->configuration, coordinator_->Member(stored->configuration.primary));
+  if (!presence.ok()) return presence.status();
   absl::StatusOr<Configuration> next =
-      PromoteIn(stored->configuration, ro.member,
-                primary == absl::StatusCode::kOk ? PrimaryPresence::kLive : PrimaryPresence::kGone);
+      PromoteIn(stored->configuration, ro.member, coordinator_->session_id(), *presence);
   if (!next.ok()) return next.status();
   if (!HoldsWholeCopy()) {
     return absl::FailedPreconditionError(

@@ -9,14 +9,25 @@
 namespace herd {
 namespace {
 
-Configuration Three() { return Configuration{4, "p", {"b1", "b2"}}; }
+// A primary's incarnation: the session it registered under (coordinator.h).
+constexpr uint64_t kPrimarySession = 0x100000a2b3c4d5e6;
+constexpr uint64_t kCandidateSession = 0x100000a2b3c4d5f0;
+
+Configuration Three() { return Configuration{4, "p", {"b1", "b2"}, kPrimarySession}; }
 
 TEST(ConfigurationTest, EncodeDecodeRoundTrips) {
-  for (Configuration c : {Three(), Configuration{1, "solo", {}}}) {
+  for (Configuration c : {Three(), Configuration{1, "solo", {}, 7}, Configuration{2, "q", {}}}) {
     absl::StatusOr<Configuration> back = Configuration::Decode(c.Encode());
     ASSERT_TRUE(back.ok()) << back.status();
     EXPECT_EQ(*back, c);
   }
+}
+
+TEST(ConfigurationTest, TheFormWithoutASessionStillDecodes) {
+  // Stored before incarnations were recorded: the primary is known by name alone.
+  absl::StatusOr<Configuration> old = Configuration::Decode("epoch 4\nprimary p\nbackups b1,b2\n");
+  ASSERT_TRUE(old.ok()) << old.status();
+  EXPECT_EQ(*old, (Configuration{4, "p", {"b1", "b2"}, 0}));
 }
 
 TEST(ConfigurationTest, DamagedFormsAreRefused) {
@@ -24,7 +35,10 @@ TEST(ConfigurationTest, DamagedFormsAreRefused) {
                            "epoch x\nprimary p\nbackups b1\n", "epoch 0\nprimary p\nbackups\n",
                            "epoch 4\nprimary p\nbackups b1,b1\n", "epoch 4\nprimary p\nbackups p\n",
                            "epoch 4\nprimary \nbackups\n", "epoch 4\nprimary p/q\nbackups\n",
-                           "primary p\nepoch 4\nbackups\n", "epoch 4\nprimary p\nbackups b1"}) {
+                           "primary p\nepoch 4\nbackups\n", "epoch 4\nprimary p\nbackups b1",
+                           "epoch 4\nprimary p\nbackups b1\nsession 0\n",
+                           "epoch 4\nprimary p\nbackups b1\nsession x\n",
+                           "epoch 4\nprimary p\nsession 5\nbackups b1\n"}) {
     EXPECT_FALSE(Configuration::Decode(text).ok()) << text;
   }
 }
@@ -38,10 +52,12 @@ TEST(ConfigurationTest, MemberNamesAreNodeNames) {
 }
 
 TEST(ConfigurationTest, PromotionTakesAnInSyncBackupAndNoBackups) {
-  absl::StatusOr<Configuration> next = PromoteIn(Three(), "b2", PrimaryPresence::kGone);
+  absl::StatusOr<Configuration> next =
+      PromoteIn(Three(), "b2", kCandidateSession, PrimaryPresence::kGone);
   ASSERT_TRUE(next.ok()) << next.status();
   EXPECT_EQ(next->epoch, 5u);
   EXPECT_EQ(next->primary, "b2");
+  EXPECT_EQ(next->primary_session, kCandidateSession);  // the new primary's incarnation
   // b1 may hold a chain b2 lacks (or lack one b2 holds): it rejoins by state transfer.
   EXPECT_TRUE(next->backups.empty());
 }
@@ -49,18 +65,42 @@ TEST(ConfigurationTest, PromotionTakesAnInSyncBackupAndNoBackups) {
 TEST(ConfigurationTest, PromotionOfABackupNotInSyncIsRefused) {
   // The second-failure scenario: after b1 took over (epoch 5, no backups), b2 is no backup of
   // epoch 5: it holds the old primary's state and would lose what b1 acknowledged.
-  const Configuration after = *PromoteIn(Three(), "b1", PrimaryPresence::kGone);
-  absl::StatusOr<Configuration> second = PromoteIn(after, "b2", PrimaryPresence::kGone);
+  const Configuration after = *PromoteIn(Three(), "b1", kCandidateSession, PrimaryPresence::kGone);
+  absl::StatusOr<Configuration> second =
+      PromoteIn(after, "b2", kCandidateSession, PrimaryPresence::kGone);
   EXPECT_EQ(second.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_FALSE(PromoteIn(Three(), "stranger", PrimaryPresence::kGone).ok());
+  EXPECT_FALSE(PromoteIn(Three(), "stranger", kCandidateSession, PrimaryPresence::kGone).ok());
 }
 
 TEST(ConfigurationTest, PromotionPastALivePrimaryIsRefusedUnlessForced) {
-  EXPECT_EQ(PromoteIn(Three(), "b1", PrimaryPresence::kLive).status().code(),
+  EXPECT_EQ(PromoteIn(Three(), "b1", kCandidateSession, PrimaryPresence::kLive).status().code(),
             absl::StatusCode::kFailedPrecondition);
-  EXPECT_TRUE(PromoteIn(Three(), "b1", PrimaryPresence::kLiveButForced).ok());
-  EXPECT_EQ(PromoteIn(Three(), "p", PrimaryPresence::kGone).status().code(),
+  EXPECT_TRUE(PromoteIn(Three(), "b1", kCandidateSession, PrimaryPresence::kLiveButForced).ok());
+  EXPECT_EQ(PromoteIn(Three(), "p", kCandidateSession, PrimaryPresence::kGone).status().code(),
             absl::StatusCode::kAlreadyExists);
+}
+
+TEST(ConfigurationTest, APrimaryIsLiveOnlyInTheIncarnationTheConfigurationNames) {
+  const absl::StatusOr<MemberInfo> none = absl::NotFoundError("member p");
+  EXPECT_EQ(*PresenceOf(Three(), none), PrimaryPresence::kGone);
+  MemberInfo registered{"127.0.0.1:1", "127.0.0.1:2", kPrimarySession};
+  EXPECT_EQ(*PresenceOf(Three(), registered), PrimaryPresence::kLive);
+  // The same name registered by another session: a later life of the server (restarted), not
+  // the primary this configuration names, which is gone (its session ended).
+  registered.session = kPrimarySession + 1;
+  EXPECT_EQ(*PresenceOf(Three(), registered), PrimaryPresence::kGone);
+  // A configuration that recorded no incarnation knows its primary by name alone.
+  Configuration unrecorded = Three();
+  unrecorded.primary_session = 0;
+  EXPECT_EQ(*PresenceOf(unrecorded, registered), PrimaryPresence::kLive);
+  // Nothing known: no answer either way.
+  EXPECT_EQ(PresenceOf(Three(), absl::UnavailableError("connection loss")).status().code(),
+            absl::StatusCode::kUnavailable);
+}
+
+TEST(ConfigurationTest, BackupChangesKeepThePrimarysIncarnation) {
+  EXPECT_EQ(DropBackupIn(Three(), "p", "b1")->primary_session, kPrimarySession);
+  EXPECT_EQ(AddBackupIn(Three(), "p", "b3")->primary_session, kPrimarySession);
 }
 
 TEST(ConfigurationTest, OnlyTheEpochsPrimaryChangesItsBackups) {

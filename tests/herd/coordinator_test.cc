@@ -138,6 +138,38 @@ TEST_F(CoordinatorTest, RegistrationLivesExactlyAsLongAsItsSession) {
   EXPECT_EQ(*members, std::vector<std::string>{"b1"});
 }
 
+TEST_F(CoordinatorTest, ARegistrationCarriesItsSessionSoALaterLifeIsNotThePrimary) {
+  std::unique_ptr<Coordinator> watcher = Open();
+  std::unique_ptr<Coordinator> first_life = Open();
+  ASSERT_NE(watcher, nullptr);
+  ASSERT_NE(first_life, nullptr);
+  ASSERT_NE(first_life->session_id(), 0u);
+  EXPECT_NE(first_life->session_id(), watcher->session_id());
+  ASSERT_TRUE(first_life->Register("p", MemberInfo{"127.0.0.1:1", "127.0.0.1:2"}).ok());
+  const Configuration stored{1, "p", {"b"}, first_life->session_id()};
+  absl::StatusOr<MemberInfo> info = watcher->Member("p");
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->session, first_life->session_id());
+  EXPECT_EQ(*PresenceOf(stored, info), PrimaryPresence::kLive);
+  // The primary's session ends and the same server, restarted, registers its name again: the
+  // backups must see their primary gone, not the name back.
+  first_life.reset();
+  std::unique_ptr<Coordinator> second_life = Open();
+  ASSERT_NE(second_life, nullptr);
+  // (A closed session's node goes at once, but the close may still be on its way.)
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  absl::Status registered = second_life->Register("p", MemberInfo{"127.0.0.1:3", "127.0.0.1:4"});
+  while (registered.code() == absl::StatusCode::kAlreadyExists && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(5));
+    registered = second_life->Register("p", MemberInfo{"127.0.0.1:3", "127.0.0.1:4"});
+  }
+  ASSERT_TRUE(registered.ok()) << registered;
+  info = watcher->Member("p");
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->session, second_life->session_id());
+  EXPECT_EQ(*PresenceOf(stored, info), PrimaryPresence::kGone);
+}
+
 TEST_F(CoordinatorTest, ConfirmBoundsTheSessionAndAServiceRestartKeepsTheConfiguration) {
   std::unique_ptr<Coordinator> c = Open(absl::Seconds(4));
   ASSERT_NE(c, nullptr);
