@@ -159,6 +159,23 @@ absl::StatusOr<Configuration> PromoteIn(const Configuration& current, std::strin
   return next;  // no backups: each rejoins by state transfer
 }
 
+absl::StatusOr<Configuration> RenewIncarnationIn(const Configuration& current,
+                                                 std::string_view primary, uint64_t session) {
+  if (current.primary != primary) {
+    return absl::FailedPreconditionError(
+        absl::StrFormat("%s is not the primary of %s: it has no incarnation to renew", primary,
+                        current.ToString()));
+  }
+  if (session == 0 || session == current.primary_session) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("session %#x: not a new session for %s", session, current.ToString()));
+  }
+  Configuration next = current;
+  next.epoch = current.epoch + 1;
+  next.primary_session = session;
+  return next;
+}
+
 absl::StatusOr<Configuration> DropBackupIn(const Configuration& current, std::string_view primary,
                                            std::string_view backup) {
   if (current.primary != primary) {

@@ -84,6 +84,11 @@ absl::StatusOr<PrimaryPresence> PresenceOf(const Configuration& current,
 // incarnation).
 absl::StatusOr<Configuration> PromoteIn(const Configuration& current, std::string_view candidate,
                                         uint64_t candidate_session, PrimaryPresence presence);
+// The primary of `current` records its new session (`session`): one that lost the session it
+// was promoted in before it served (a takeover a pause outlasted; it reconnected) records the
+// session it registered under again, before it serves, so that it is live to its backups.
+absl::StatusOr<Configuration> RenewIncarnationIn(const Configuration& current,
+                                                 std::string_view primary, uint64_t session);
 absl::StatusOr<Configuration> DropBackupIn(const Configuration& current, std::string_view primary,
                                            std::string_view backup);
 absl::StatusOr<Configuration> AddBackupIn(const Configuration& current, std::string_view primary,

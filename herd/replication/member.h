@@ -251,7 +251,8 @@ class ReplicationMember {
   void CoordinateAsBackup(const Configuration& stored, int32_t version);
   // Takes over as the primary of `next` (committed): waits for the old primary's detachment,
   // promotes the workers with fresh gates, and serves as primary of that epoch.
-  absl::Status TakeOver(const Configuration& next);
+  // By value: callers pass *taking_over_, which it resets (and may replace).
+  absl::Status TakeOver(Configuration next);
   // A promotion asked for by herd_admin: the same conditional write as an automatic one.
   absl::StatusOr<std::string> PromoteCoordinated();
   // Ends this primary's service for good (another epoch took over, or its session expired).

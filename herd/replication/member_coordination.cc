@@ -403,7 +403,7 @@ void ReplicationMember::CoordinateAsBackup(const Configuration& stored, int32_t 
   if (absl::Status s = TakeOver(*next); !s.ok()) LOG(WARNING) << "takeover: " << s;
 }
 
-absl::Status ReplicationMember::TakeOver(const Configuration& next) {
+absl::Status ReplicationMember::TakeOver(Configuration next) {
   // The old primary's access goes first (the replication thread sees the new epoch).
   const absl::Time give_up = absl::Now() + kDetachTimeout;
   while (primary_attached_.load()) {
@@ -418,6 +418,33 @@ absl::Status ReplicationMember::TakeOver(const Configuration& next) {
     lease_wait_until_ = util::Lease::NowNs() + absl::ToInt64Nanoseconds(LeaseWait());
   if (util::Lease::NowNs() < *lease_wait_until_) {
     absl::SleepFor(absl::Nanoseconds(*lease_wait_until_ - util::Lease::NowNs()));
+  }
+  if (next.primary_session != coordinator_->session_id()) {
+    // Its session ended since its promotion was written (a pause outlasted it; Coordinate
+    // reconnected): the configuration names the session it had, so its backups would take its
+    // registration for a later life and the primary for gone. It records the session it has
+    // now, before it serves (none of its backups exists yet: nobody could take over meanwhile).
+    absl::StatusOr<VersionedConfiguration> stored = coordinator_->ReadConfiguration();
+    if (!stored.ok()) return stored.status();
+    if (stored->configuration.primary != options_.member ||
+        stored->configuration.epoch < next.epoch) {
+      taking_over_.reset();
+      return absl::AbortedError(absl::StrCat("the configuration moved on during the takeover: ",
+                                             stored->configuration.ToString()));
+    }
+    next = stored->configuration;
+    held_ = next;
+    held_version_ = stored->version;
+    if (next.primary_session != coordinator_->session_id()) {
+      absl::StatusOr<Configuration> renewed =
+          RenewIncarnationIn(next, options_.member, coordinator_->session_id());
+      if (!renewed.ok()) return renewed.status();
+      if (!CommitChange(*renewed, stored->version)) {
+        return absl::AbortedError("recording this member's new session: not made");
+      }
+      next = *renewed;
+    }
+    taking_over_ = next;
   }
   const int64_t sent = util::Lease::NowNs();
   if (absl::Status s = coordinator_->Confirm().status(); !s.ok()) return s;

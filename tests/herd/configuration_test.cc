@@ -98,6 +98,19 @@ TEST(ConfigurationTest, APrimaryIsLiveOnlyInTheIncarnationTheConfigurationNames)
             absl::StatusCode::kUnavailable);
 }
 
+TEST(ConfigurationTest, OnlyThePrimaryRenewsItsIncarnation) {
+  absl::StatusOr<Configuration> renewed = RenewIncarnationIn(Three(), "p", kCandidateSession);
+  ASSERT_TRUE(renewed.ok()) << renewed.status();
+  EXPECT_EQ(renewed->epoch, 5u);
+  EXPECT_EQ(renewed->primary, "p");
+  EXPECT_EQ(renewed->backups, Three().backups);
+  EXPECT_EQ(renewed->primary_session, kCandidateSession);
+  EXPECT_EQ(RenewIncarnationIn(Three(), "b1", kCandidateSession).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_FALSE(RenewIncarnationIn(Three(), "p", 0).ok());
+  EXPECT_FALSE(RenewIncarnationIn(Three(), "p", kPrimarySession).ok());
+}
+
 TEST(ConfigurationTest, BackupChangesKeepThePrimarysIncarnation) {
   EXPECT_EQ(DropBackupIn(Three(), "p", "b1")->primary_session, kPrimarySession);
   EXPECT_EQ(AddBackupIn(Three(), "p", "b3")->primary_session, kPrimarySession);
