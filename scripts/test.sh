@@ -195,12 +195,13 @@ fi
 # failing point, Ctrl-C, ssh to a throwaway sshd on loopback), the baseline comparisons
 # (echo and memcached side by side with herd), original_herd_rxe.sh's refusals and patched build
 # (where an rdma_bench clone is at hand), the herd_kv command line against a real herd_server and
-# the hugepage lending of the benchmark scripts. Python's unittest, counted apart.
+# the hugepage lending of the benchmark scripts, and zk.sh's owner watch. Python's unittest,
+# counted apart.
 scripts_tests() {
   local rc=0 test
   for test in tests/scripts/herd_exp_test.py tests/scripts/compare_test.py \
     tests/scripts/cost_breakdown_test.py tests/scripts/original_herd_rxe_test.py \
-    tests/scripts/herd_kv_test.py tests/scripts/hugepages_test.py; do
+    tests/scripts/herd_kv_test.py tests/scripts/hugepages_test.py tests/scripts/zk_test.py; do
     /usr/bin/python3 "$test" -v 2>&1 | tail -n 12
     [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
   done

@@ -10,7 +10,8 @@
 #
 # With HERD_ZK_OWNER=PID in the environment, the server is killed when process PID ends. With
 # HERD_ZK_ADDRESS=IP it listens there (one of this host's addresses, for servers on other hosts)
-# instead of on 127.0.0.1.
+# instead of on 127.0.0.1. (HERD_ZK_EXEC_DELAY_S, for tests/scripts/zk_test.py: the forked shell
+# waits that long before it becomes the server, as a loaded machine may make it.)
 #
 # Needs Debian's zookeeper package (scripts/setup.sh installs it).
 set -euo pipefail
@@ -55,8 +56,12 @@ admin.enableServer=false
 4lw.commands.whitelist=ruok,stat,srvr
 EOF
   echo "$address:$port" >"$dir/address"
-  setsid java -Xmx256m -cp "/etc/zookeeper/conf:$JAR" -Dzookeeper.log.dir="$dir" \
-    org.apache.zookeeper.server.ZooKeeperServerMain "$dir/zoo.cfg" >"$dir/zk.log" 2>&1 </dev/null &
+  local delay=${HERD_ZK_EXEC_DELAY_S:-0}
+  (
+    [ "$delay" = 0 ] || sleep "$delay"
+    exec setsid java -Xmx256m -cp "/etc/zookeeper/conf:$JAR" -Dzookeeper.log.dir="$dir" \
+      org.apache.zookeeper.server.ZooKeeperServerMain "$dir/zoo.cfg" >"$dir/zk.log" 2>&1 </dev/null
+  ) &
   echo $! >"$dir/zk.pid"
   if [ -n "${HERD_ZK_OWNER:-}" ]; then
     # A test's: it goes when its owner process does, however that ends (a crash included). The
@@ -67,6 +72,10 @@ EOF
     ours() { tr '\0' ' ' <"/proc/$java_pid/cmdline" 2>/dev/null | grep -qF "$dir/zoo.cfg"; }
     (
       trap '' HUP
+      # Until the forked shell has become java, its command line is this script's, not the
+      # server's: a watcher that looked then took the server for gone, and killed it the moment
+      # it started (a loaded machine's failed starts: "Killed", nothing logged).
+      while ! ours && kill -0 "$java_pid" 2>/dev/null; do sleep 0.05; done
       while kill -0 "$HERD_ZK_OWNER" 2>/dev/null && ours; do sleep 1; done
       if ours; then kill -KILL "$java_pid" 2>/dev/null || true; fi
     ) </dev/null >/dev/null 2>&1 &
