@@ -48,10 +48,10 @@ void Partition::ExecuteBatchIn(absl::Span<const Request> requests, absl::Span<Re
     const IndexKey secret = index_key();
     for (size_t i = 0; i < n; ++i) spots[i] = SpotOf(requests[first + i].key, secret);
     // All the hashes first, then the bucket prefetches back to back. A prefetch that misses
-    // the TLB holds up retirement until its page walk ends; interleaved with the hashes (about
-    // 130 instructions each) the reorder buffer held two or three of them at a time, so the
-    // walks ran nearly one after another. Back to back, all of them start together
-    // (engine_bench GET 0.90x, PUT 0.94x on VM2; docs/performance.md).
+    // the TLB holds its thread up until its page walk ends: one per stretch of other work (a
+    // hash, about 130 instructions) is paid nearly whole, back to back the walks overlap
+    // (bench/prefetch_bench: 16-22 against 3-7 ns a prefetch on VM2; engine_bench GET 0.88x,
+    // PUT 0.94x; docs/performance.md, "Prefetches wait for page walks").
     for (size_t i = 0; i < n; ++i) Prefetch(spots[i].bucket);
     // Then every request's candidate items, then the executions. (Prefetching each request's
     // items only 2, 4 or 8 requests before it executes, MICA2's staggered shape, measured
