@@ -33,7 +33,7 @@
 #include "glog/logging.h"
 #include "herd/pinning.h"
 
-DEFINE_uint64(region_mib, 1024, "Bytes the cold pages are drawn from (and the flood's region).");
+DEFINE_uint64(region_mib, 1024, "MiB the cold pages are drawn from (and the size of the flood's region).");
 DEFINE_uint32(lines, 16, "Prefetches per round (a worker's batch).");
 DEFINE_string(work, "5,20,60", "Dependent multiply-adds after each prefetch, one case each.");
 DEFINE_uint32(rounds, 3000, "Rounds timed per case.");
@@ -51,7 +51,7 @@ constexpr uint64_t kMiB = uint64_t{1} << 20;
 constexpr int kTlbFloodPages = 6000;
 // How long the timestamp counter is compared against the steady clock to convert ticks to ns.
 constexpr auto kCalibration = std::chrono::milliseconds(200);
-// Warm-up warm pages are drawn from: few enough to stay in the first-level TLB.
+// Pages the tlb_warm case draws from: few enough to stay in the first-level TLB.
 constexpr uint64_t kWarmPages = 32;
 
 enum class Case { kNone, kTlbWarm, kTlbCold, kTlbColdGrouped };
