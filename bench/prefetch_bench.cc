@@ -33,7 +33,8 @@
 #include "glog/logging.h"
 #include "herd/pinning.h"
 
-DEFINE_uint64(region_mib, 1024, "MiB the cold pages are drawn from (and the size of the flood's region).");
+DEFINE_uint64(region_mib, 1024,
+              "MiB the cold pages are drawn from (and the size of the flood's region).");
 DEFINE_uint32(lines, 16, "Prefetches per round (a worker's batch).");
 DEFINE_string(work, "5,20,60", "Dependent multiply-adds after each prefetch, one case each.");
 DEFINE_uint32(rounds, 3000, "Rounds timed per case.");
