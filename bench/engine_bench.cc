@@ -43,6 +43,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "bench/keys.h"
+#include "bench/machine.h"
 #include "gflags/gflags.h"
 #include "glog/logging.h"
 #include "herd/config.h"
@@ -83,12 +84,6 @@ constexpr uint64_t kKeyStreamLength = uint64_t{1} << 20;
 enum class Phase { kGet, kPut };
 
 const char* PhaseName(Phase phase) { return phase == Phase::kGet ? "get" : "put"; }
-
-int64_t ThreadCpuNs(clockid_t clock) {
-  timespec ts{};
-  clock_gettime(clock, &ts);
-  return int64_t{ts.tv_sec} * 1'000'000'000 + ts.tv_nsec;
-}
 
 // The keys and the request stream every phase and stage draws from.
 class Keys {
@@ -494,7 +489,7 @@ absl::Status Run() {
       Measured m;
       m.requests = worker.counters().requests.Get();
       m.batches = worker.counters().batches.Get();
-      m.cpu_ns = ThreadCpuNs(clock);
+      m.cpu_ns = bench::ThreadCpuNs(clock);
       m.stand_in_ns = economy.stand_in_ns.Get();
       m.doorbells = economy.doorbells.Get();
       m.wrs = economy.wrs.Get();

@@ -27,6 +27,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "bench/histogram.h"
+#include "bench/machine.h"
 #include "gflags/gflags.h"
 #include "glog/logging.h"
 #include "transport/fabric.h"
@@ -409,9 +410,15 @@ void FanInRow(const transport::DeviceOptions& options, uint32_t size, uint32_t s
       delivered.store(got_total, std::memory_order_relaxed);
     }
   });
+  // The senders' own CPU time and WRs posted, over their whole run: CPU per SEND does not count
+  // time a sender spent descheduled, so it holds on a machine busy with other work.
+  std::atomic<int64_t> sender_cpu_ns{0};
+  std::atomic<uint64_t> sender_wrs{0};
   std::vector<std::thread> threads;
   for (uint32_t t = 0; t < senders; ++t) {
     threads.emplace_back([&, t] {
+      const int64_t cpu_start = bench::ThreadCpuNs();
+      uint64_t posted = 0;
       Sender& s = *sending[t];
       std::vector<SendWr> wrs(chain);
       std::vector<Sge> sges(chain);
@@ -434,10 +441,13 @@ void FanInRow(const transport::DeviceOptions& options, uint32_t size, uint32_t s
       while (!stop.load(std::memory_order_relaxed)) {
         SendWr* bad = nullptr;
         BENCH_CHECK_OK(s.qp->PostSend(&wrs[0], &bad));
+        posted += chain;
         while (s.node.send_cq->Poll(absl::MakeSpan(c, 4)) == 0 &&
                !stop.load(std::memory_order_relaxed)) {
         }
       }
+      sender_cpu_ns.fetch_add(bench::ThreadCpuNs() - cpu_start);
+      sender_wrs.fetch_add(posted);
     });
   }
   // Measured after a short warm-up, from the receiver's count.
@@ -460,8 +470,10 @@ void FanInRow(const transport::DeviceOptions& options, uint32_t size, uint32_t s
   printf(
       "{\"kind\":\"fanin\",\"verb\":\"SEND\",\"qp_type\":\"UD\",\"msg_size\":%u,"
       "\"senders\":%u,\"chain\":%u,\"mops\":%.4f,\"ns_per_send\":%.1f,"
-      "\"dropped_at_receiver\":%lu,\"receiver_counters\":%s}\n",
-      size, senders, chain, mops, mops > 0 ? 1e3 / mops : 0.0, dropped, counters.ToJson().c_str());
+      "\"sender_cpu_ns_per_send\":%.1f,\"dropped_at_receiver\":%lu,\"receiver_counters\":%s}\n",
+      size, senders, chain, mops, mops > 0 ? 1e3 / mops : 0.0,
+      static_cast<double>(sender_cpu_ns.load()) / static_cast<double>(sender_wrs.load()), dropped,
+      counters.ToJson().c_str());
   fflush(stdout);
   // Destroyed in verbs order: QPs and AHs before their nodes.
   for (auto& s : sending) {

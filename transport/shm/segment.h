@@ -90,7 +90,11 @@ struct RecvRing {
 // One cache line per entry: two producers completing adjacent tickets (two workers answering one
 // client) write different lines, and a consumer's poll of one entry does not take a producer's.
 struct alignas(kCacheLineBytes) CqEntry {
-  std::atomic<uint64_t> sequence;  // slot i is free for ticket t when sequence == t
+  // Ticket t's completion is here when sequence == t + 1 (no earlier value of the slot can be:
+  // the slot's earlier tickets are t - depth, t - 2 depth, ...). Only producers write an entry;
+  // the consumer only reads it, so the line stays shared and a producer's next write to it an
+  // invalidation, not a fetch of the line from the consumer's core.
+  std::atomic<uint64_t> sequence;
   uint64_t wr_id;
   uint64_t sq_sequence;  // send completions: the WR's send-queue position
   uint32_t byte_len;

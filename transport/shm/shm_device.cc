@@ -511,7 +511,7 @@ size_t ShmCq::Poll(absl::Span<Completion> out) {
     c.opcode = static_cast<CompletionOpcode>(e.opcode);
     c.has_imm = e.has_imm != 0;
     const uint64_t sq_sequence = e.sq_sequence;
-    e.sequence.store(head + depth_, std::memory_order_release);
+    // Nothing is written back to the entry (see CqEntry::sequence): room is the head's business.
     if (sq_sequence != 0) {
       RetireSends(device_->segment().header()->qps, c.qp_num, sq_sequence);
     }
@@ -717,7 +717,7 @@ absl::StatusOr<std::unique_ptr<CompletionQueue>> ShmDevice::DoCreateCq(uint32_t 
   for (uint32_t i = 0; i < depth; ++i) {
     CqEntry& e = ring->entries[(start + i) % depth];
     if (extent->fresh) new (&e) CqEntry{};
-    e.sequence.store(start + i, std::memory_order_release);
+    e.sequence.store(start + i, std::memory_order_release);  // ticket start + i: not yet there
   }
   ring->head_seen.store(start, std::memory_order_release);
   ring->head.store(start, std::memory_order_release);

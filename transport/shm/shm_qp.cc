@@ -112,6 +112,10 @@ absl::StatusOr<std::unique_ptr<ShmQp>> ShmQp::Create(ShmDevice* device, const Qp
   qp->send_cq_ = send_cq;
   // Decided once: the device's mode and faults are fixed for its life.
   qp->ud_runs_ = config.type == QpType::kUd && !device->async() && !device->faults().any();
+  // An InfiniBand-layout GRH naming the sender: its device's GID, which a program using this
+  // fabric cannot choose (the segment's fabric, pid and descriptor).
+  const Gid source = device->port().gid;
+  std::memcpy(qp->grh_image_ + kGrhSourceGidOffset, source.data(), source.size());
   qp->loss_state_ = device->faults().seed ^ (uint64_t{qp->number()} << 32);
   qp->disorder_state_ = qp->loss_state_ ^ kDisorderStream;
   qp->jitter_state_ = qp->loss_state_ ^ kJitterStream;
@@ -669,13 +673,7 @@ CompletionStatus ShmQp::PlaceSend(Peer& peer, QpEntry& dst, const SendWr& wr, co
     dst.state.store(static_cast<uint8_t>(QpState::kError), std::memory_order_release);
     return reliable ? CompletionStatus::kRemoteInvalidRequest : CompletionStatus::kSuccess;
   }
-  if (grh != 0) {
-    // An InfiniBand-layout GRH naming the sender: its device's GID, which a program using
-    // this fabric cannot choose (the segment's fabric, pid and descriptor).
-    std::memset(buffer, 0, grh);
-    const Gid source = device_->port().gid;
-    std::memcpy(buffer + kGrhSourceGidOffset, source.data(), source.size());
-  }
+  if (grh != 0) std::memcpy(buffer, grh_image_, sizeof(grh_image_));
   buffer += grh;
   for (uint32_t i = 0; i < wr.num_sge; ++i) {
     OrderedCopy(buffer, reinterpret_cast<const uint8_t*>(wr.sg_list[i].addr), wr.sg_list[i].length);

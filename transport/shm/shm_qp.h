@@ -139,7 +139,12 @@ class ShmQp : public QueuePair {
   // This QP's own messages lost silently (the outbound half of counters().dropped).
   Counter outbound_dropped_;
 
-  bool ud_runs_ = false;         // UD, synchronous, no fault injection: SENDs may go as runs
+  bool ud_runs_ = false;  // UD, synchronous, no fault injection: SENDs may go as runs
+  // UD: the GRH every SEND of this QP lands with (its device's GID, which never changes), built
+  // once. Built per SEND from a PortInfo returned through the stack, the GID's 16-byte reload
+  // failed store forwarding and so waited for every earlier store of the run to leave the store
+  // buffer, the last receiver's completion line included: one cross-core miss per message.
+  alignas(8) uint8_t grh_image_[kGrhBytes] = {};
   uint64_t posted_ = 0;          // send WRs posted, ever
   uint64_t recv_head_seen_ = 0;  // PostRecv's last read of the receive ring's head (see there)
   uint64_t loss_state_ = 0;      // fault injection generator (splitmix64 state)
