@@ -39,8 +39,11 @@ DEFINE_double(duration_s, 1, "Measured seconds per row");
 DEFINE_uint32(chain, 16, "WRs per post_send in the chained rows");
 DEFINE_uint32(signal_every, 16, "One WR in this many is signalled");
 DEFINE_uint32(max_threads, 2, "Rate rows run with 1 .. this many sender threads");
-DEFINE_string(rows, "rate,pingpong,fanin", "Which rows to run: rate, pingpong, fanin");
+DEFINE_string(rows, "rate,pingpong,fanin,fanout",
+              "Which rows to run: rate, pingpong, fanin, fanout");
 DEFINE_string(fanin_senders, "1,2", "Fan-in rows: sender thread counts, comma-separated");
+DEFINE_uint32(fanout_receivers, 16,
+              "Fan-out rows: receivers one sender answers in turn, each its own device");
 
 namespace {
 
@@ -228,12 +231,15 @@ void ReceiveLoop(Pair& p, uint32_t size, const std::atomic<bool>& stop, ThreadRe
   }
 }
 
-std::string CountersJson(const Pair& p) {
+// The sending side's verb economy: its QP and send CQ.
+std::string SenderCountersJson(const transport::QueuePair& qp, const CompletionQueue& send_cq) {
   transport::CounterSnapshot s;
-  s.Add(p.out->counters());
-  s.Add(p.sender.send_cq->counters());
+  s.Add(qp.counters());
+  s.Add(send_cq.counters());
   return s.ToJson();
 }
+
+std::string CountersJson(const Pair& p) { return SenderCountersJson(*p.out, *p.sender.send_cq); }
 
 void RateRow(const transport::DeviceOptions& options, const Verb& verb, uint32_t size,
              uint32_t threads, uint32_t chain) {
@@ -483,6 +489,125 @@ void FanInRow(const transport::DeviceOptions& options, uint32_t size, uint32_t s
   in.reset();
 }
 
+// Fan-out: one sender SENDs `size`-byte UD messages in chains of `chain`, each WR of a chain to
+// the next of `receivers` receivers (each its own device, UD QP and CQ, as herd clients are): a
+// herd worker posting one batch's answers. One thread polls every receiver and reposts.
+void FanOutRow(const transport::DeviceOptions& options, uint32_t size, uint32_t receivers,
+               uint32_t chain) {
+  // Each receiver's posted receives: deep enough that one poller serving them all in turn
+  // rarely lets one run dry (a dry receiver drops, and a drop costs the sender less).
+  constexpr uint32_t kFanOutReceives = 4 * kQueueDepth;
+  constexpr size_t kPollBatch = 32;
+  struct Receiver {
+    Node node;
+    std::unique_ptr<transport::QueuePair> qp;
+    std::unique_ptr<transport::AddressHandle> ah;  // the sender's, to this receiver
+    uint32_t qp_num = 0;
+  };
+  Node sender = OpenNode(options);
+  std::unique_ptr<transport::QueuePair> out = MakeQp(sender, QpType::kUd);
+  transport::ConnectConfig connect;
+  connect.qkey = kQkey;
+  BENCH_CHECK_OK(out->Connect(connect));
+  std::vector<std::unique_ptr<Receiver>> receiving;
+  for (uint32_t r = 0; r < receivers; ++r) {
+    auto receiver = std::make_unique<Receiver>();
+    receiver->node = OpenNode(options);
+    receiver->qp = MakeQp(receiver->node, QpType::kUd, kFanOutReceives);
+    BENCH_CHECK_OK(receiver->qp->Connect(connect));
+    PostReceives(*receiver->qp, receiver->node, kFanOutReceives, size);
+    const transport::PortInfo port = receiver->node.device->port();
+    receiver->ah = *sender.pd->CreateAddressHandle({port.lid, port.gid});
+    receiver->qp_num = receiver->qp->qp_num();
+    receiving.push_back(std::move(receiver));
+  }
+  std::atomic<bool> stop{false};
+  std::atomic<uint64_t> delivered{0};
+  std::thread receive([&] {
+    Completion done[kPollBatch];
+    std::vector<Sge> sges(kPollBatch);
+    std::vector<transport::RecvWr> wrs(kPollBatch);
+    const uint32_t slot = size + transport::kGrhBytes;
+    uint64_t got_total = 0;
+    while (!stop.load(std::memory_order_relaxed)) {
+      for (auto& r : receiving) {
+        const size_t got = r->node.recv_cq->Poll(absl::MakeSpan(done, kPollBatch));
+        if (got == 0) continue;
+        for (size_t i = 0; i < got; ++i) {
+          sges[i] = Sge{r->node.addr(done[i].wr_id * slot), slot, r->node.mr->lkey()};
+          wrs[i] = transport::RecvWr{};
+          wrs[i].wr_id = done[i].wr_id;
+          wrs[i].sg_list = &sges[i];
+          wrs[i].num_sge = 1;
+          wrs[i].next = i + 1 < got ? &wrs[i + 1] : nullptr;
+        }
+        transport::RecvWr* bad = nullptr;
+        BENCH_CHECK_OK(r->qp->PostRecv(wrs.data(), &bad));
+        got_total += got;
+      }
+      delivered.store(got_total, std::memory_order_relaxed);
+    }
+  });
+  int64_t sender_cpu_ns = 0;
+  uint64_t sender_wrs = 0;
+  std::thread send([&] {
+    const int64_t cpu_start = bench::ThreadCpuNs();
+    std::vector<SendWr> wrs(chain);
+    std::vector<Sge> sges(chain);
+    for (uint32_t i = 0; i < chain; ++i) {
+      sges[i] = Sge{sender.addr(size_t{i} * size), size, sender.mr->lkey()};
+      wrs[i].wr_id = i;
+      wrs[i].sg_list = &sges[i];
+      wrs[i].num_sge = 1;
+      wrs[i].opcode = transport::Opcode::kSend;
+      wrs[i].flags = size <= kMaxInline ? uint32_t{transport::kInline} : 0u;
+      wrs[i].remote_qkey = kQkey;
+      wrs[i].next = i + 1 < chain ? &wrs[i + 1] : nullptr;
+    }
+    // As in the fan-in row: the last WR signalled, one chain in flight.
+    wrs[chain - 1].flags |= transport::kSignaled;
+    Completion c[4];
+    uint64_t next_receiver = 0;
+    while (!stop.load(std::memory_order_relaxed)) {
+      for (uint32_t i = 0; i < chain; ++i, ++next_receiver) {
+        const Receiver& r = *receiving[next_receiver % receivers];
+        wrs[i].ah = r.ah.get();
+        wrs[i].remote_qpn = r.qp_num;
+      }
+      SendWr* bad = nullptr;
+      BENCH_CHECK_OK(out->PostSend(&wrs[0], &bad));
+      sender_wrs += chain;
+      while (sender.send_cq->Poll(absl::MakeSpan(c, 4)) == 0 &&
+             !stop.load(std::memory_order_relaxed)) {
+      }
+    }
+    sender_cpu_ns = bench::ThreadCpuNs() - cpu_start;
+  });
+  absl::SleepFor(absl::Milliseconds(100));
+  const uint64_t start_count = delivered.load();
+  const absl::Time start = absl::Now();
+  absl::SleepFor(absl::Seconds(FLAGS_duration_s));
+  const uint64_t messages = delivered.load() - start_count;
+  const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  stop = true;
+  send.join();
+  receive.join();
+  CHECK_GT(messages, 0u) << "fan-out: no message was delivered in " << seconds << " s";
+  uint64_t dropped = 0;
+  for (auto& r : receiving) dropped += r->qp->counters().dropped.Get();
+  const double mops = static_cast<double>(messages) / seconds / 1e6;
+  printf(
+      "{\"kind\":\"fanout\",\"verb\":\"SEND\",\"qp_type\":\"UD\",\"msg_size\":%u,"
+      "\"receivers\":%u,\"chain\":%u,\"mops\":%.4f,\"ns_per_send\":%.1f,"
+      "\"sender_cpu_ns_per_send\":%.1f,\"dropped_at_receivers\":%lu,\"sender_counters\":%s}\n",
+      size, receivers, chain, mops, 1e3 / mops,
+      static_cast<double>(sender_cpu_ns) / static_cast<double>(sender_wrs), dropped,
+      SenderCountersJson(*out, *sender.send_cq).c_str());
+  fflush(stdout);
+  for (auto& r : receiving) r->ah.reset();
+  out.reset();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -549,6 +674,14 @@ int main(int argc, char** argv) {
   for (uint32_t size : sizes) {
     if (!wants("fanin") || size > options->mtu) continue;
     for (uint32_t n : fanin_senders) FanInRow(*options, size, n, FLAGS_chain);
+  }
+  for (uint32_t size : sizes) {
+    if (!wants("fanout") || size > options->mtu) continue;
+    if (FLAGS_fanout_receivers == 0 || FLAGS_fanout_receivers > 256) {
+      fprintf(stderr, "fabric_bench: --fanout_receivers=%u: want 1..256\n", FLAGS_fanout_receivers);
+      return 2;
+    }
+    FanOutRow(*options, size, FLAGS_fanout_receivers, FLAGS_chain);
   }
   return 0;
 }

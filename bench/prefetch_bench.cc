@@ -32,6 +32,7 @@
 #include "gflags/gflags.h"
 #include "glog/logging.h"
 #include "herd/pinning.h"
+#include "util/prefetch.h"
 
 DEFINE_uint64(region_mib, 1024,
               "MiB the cold pages are drawn from (and the size of the flood's region).");
@@ -68,10 +69,6 @@ const char* CaseName(Case c) {
       return "tlb_cold_grouped";
   }
   return "?";
-}
-
-inline void Prefetch(const void* address) {
-  asm volatile("prefetcht0 %0" : : "m"(*static_cast<const char*>(address)));
 }
 
 // A dependency chain of `n` multiply-adds the compiler cannot fold.
@@ -129,10 +126,10 @@ double Measure(Case c, uint32_t work, char* region, char* flood, uint64_t pages,
     const uint64_t start = __rdtsc();
     if (c == Case::kTlbColdGrouped) {
       for (size_t i = 0; i < lines.size(); ++i) x = Work(x, work);
-      for (const char* line : lines) Prefetch(line);
+      for (const char* line : lines) util::PrefetchForRead(line);
     } else {
       for (const char* line : lines) {
-        if (c != Case::kNone) Prefetch(line);
+        if (c != Case::kNone) util::PrefetchForRead(line);
         x = Work(x, work);
       }
     }

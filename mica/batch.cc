@@ -6,6 +6,7 @@
 
 #include "mica/keyhash.h"
 #include "mica/partition.h"
+#include "util/prefetch.h"
 
 namespace mica {
 namespace {
@@ -16,17 +17,6 @@ constexpr int kItemLinesPrefetched = 2;
 // Requests whose spots are found, prefetched and executed together: more than a worker's batch
 // (window x clients per worker, ~16), few enough to stay on the stack.
 constexpr size_t kBatchChunk = 64;
-
-// A read prefetch into every cache level. On x86 an asm volatile, not __builtin_prefetch: GCC
-// 12 deletes a loop whose only effect is __builtin_prefetch as dead code (the item prefetches
-// of this batch vanished from the binary when their loop moved into a function of its own).
-inline void Prefetch(const void* address) {
-#if defined(__x86_64__)
-  asm volatile("prefetcht0 %0" : : "m"(*static_cast<const char*>(address)));
-#else
-  __builtin_prefetch(address, 0, 3);
-#endif
-}
 
 }  // namespace
 
@@ -52,7 +42,7 @@ void Partition::ExecuteBatchIn(absl::Span<const Request> requests, absl::Span<Re
     // hash, about 130 instructions) is paid nearly whole, back to back the walks overlap
     // (bench/prefetch_bench: 16-22 against 3-7 ns a prefetch on VM2; engine_bench GET 0.88x,
     // PUT 0.94x; docs/performance.md, "Prefetches wait for page walks").
-    for (size_t i = 0; i < n; ++i) Prefetch(spots[i].bucket);
+    for (size_t i = 0; i < n; ++i) util::PrefetchForRead(spots[i].bucket);
     // Then every request's candidate items, then the executions. (Prefetching each request's
     // items only 2, 4 or 8 requests before it executes, MICA2's staggered shape, measured
     // 0.66-0.85x of this at 100,000 and 1M items: mica_bench, session 29.)
@@ -75,7 +65,7 @@ void Partition::PrefetchCandidates(const Spot& spot) const {
     if (kMode == StoreMode::kStore && !IsAliveIn<kMode>(offset)) continue;
     const auto* item = reinterpret_cast<const char*>(ItemAt(offset));
     for (int line = 0; line < kItemLinesPrefetched; ++line) {
-      Prefetch(item + line * kCacheLineBytes);
+      util::PrefetchForRead(item + line * kCacheLineBytes);
     }
   }
 }

@@ -81,7 +81,7 @@ Scenario RandomScenario(std::mt19937_64& random) {
   uint32_t receiver = pick(kReceivers);
   for (uint32_t c = 0; c < chains && messages < kMaxMessages; ++c) {
     std::vector<Message> chain;
-    const uint32_t length = 1 + pick(24);  // past kMaxUdRun too
+    const uint32_t length = 1 + pick(24);  // past kMaxUdBatch too
     for (uint32_t i = 0; i < length && messages < kMaxMessages; ++i, ++messages) {
       if (pick(10) >= 7) receiver = pick(kReceivers);  // mostly runs to one receiver
       const uint32_t bytes = kMessageLengths[pick(6)];

@@ -253,17 +253,17 @@ absl::Status ShmQp::PostSend(SendWr* chain, SendWr** bad) {
       jitter_us == 0
           ? 0
           : static_cast<int64_t>(NextRandom(&jitter_state_) % (uint64_t{jitter_us} * 1000 + 1));
-  // Synchronous UD: consecutive SENDs to one receiver, executed together (kMaxUdRun).
-  SendWr* run[kMaxUdRun];
-  uint32_t run_length = 0;
-  uint64_t run_sequence = 0;
-  auto flush_run = [&] {
-    if (run_length > 0) RunUdSends(run, run_length, run_sequence);
-    run_length = 0;
+  // Synchronous UD: consecutive SENDs, executed together (kMaxUdBatch).
+  SendWr* batch[kMaxUdBatch];
+  uint32_t batch_length = 0;
+  uint64_t batch_sequence = 0;
+  auto flush_batch = [&] {
+    if (batch_length > 0) RunUdBatch(batch, batch_length, batch_sequence);
+    batch_length = 0;
   };
   // A chain refused partway still rang for the WRs before the refusal (as a NIC does).
   auto refuse = [&](SendWr* wr, absl::Status status) {
-    flush_run();
+    flush_batch();
     if (rang) counters_.doorbells.Add();
     *bad = wr;
     return status;
@@ -289,19 +289,19 @@ absl::Status ShmQp::PostSend(SendWr* chain, SendWr** bad) {
     if (device_->async()) {
       Enqueue(*wr, sequence, SteadyNanos() + int64_t{device_->faults().delay_us} * 1000 + jitter_ns,
               RnrRetries{});
-    } else if (run_length > 0 && run_length < kMaxUdRun && JoinsUdRun(*run[0], *wr)) {
-      run[run_length++] = wr;
+    } else if (batch_length > 0 && batch_length < kMaxUdBatch && StartsUdRun(*wr)) {
+      batch[batch_length++] = wr;
     } else {
-      flush_run();
+      flush_batch();
       if (StartsUdRun(*wr)) {
-        run[run_length++] = wr;
-        run_sequence = sequence;
+        batch[batch_length++] = wr;
+        batch_sequence = sequence;
       } else {
         Run(*wr, sequence);
       }
     }
   }
-  flush_run();
+  flush_batch();
   if (rang) counters_.doorbells.Add();
   return absl::OkStatus();
 }
@@ -698,72 +698,126 @@ bool ShmQp::JoinsUdRun(const SendWr& head, const SendWr& wr) const {
          wr.remote_qkey == head.remote_qkey && StartsUdRun(wr);
 }
 
-void ShmQp::RunUdSends(SendWr* const* run, uint32_t n, uint64_t first_sequence) {
-  uint32_t byte_lens[kMaxUdRun];
-  uint32_t done = 0;
+void ShmQp::RunUdBatch(SendWr* const* batch, uint32_t n, uint64_t first_sequence) {
+  // The runs: run r is batch[begin[r], begin[r + 1]).
+  uint32_t begin[kMaxUdBatch + 1];
+  uint32_t runs = 0;
+  for (uint32_t i = 0; i < n; ++i) {
+    if (runs == 0 || !JoinsUdRun(*batch[begin[runs - 1]], *batch[i])) begin[runs++] = i;
+  }
+  begin[runs] = n;
+  UdClaim claims[kMaxUdBatch];
+  uint64_t lengths[kMaxUdBatch];
+  RecvEntry recvs[kMaxUdBatch];
+  // Every run's receiver first (loads only: their misses overlap) ...
+  uint32_t located = 0;
   if (!IsError(state())) {
-    Peer* peer = PeerFor(*run[0]);
-    if (peer != nullptr && peer->header()->alive.load(std::memory_order_acquire) != 0 &&
-        !device_->CutFrom(*peer)) {
-      done = DeliverUdRun(*peer, run, n, byte_lens);
+    while (located < runs &&
+           LocateUdRun(batch + begin[located], begin[located + 1] - begin[located],
+                       lengths + begin[located], &claims[located])) {
+      ++located;
     }
   }
-  // UD SENDs complete successfully whatever became of them at the receiver.
-  for (uint32_t i = 0; i < done; ++i) {
-    Finish(*run[i], CompletionStatus::kSuccess, byte_lens[i], first_sequence + i);
+  // ... then the claims, in post order, up to and including the first run that got less than
+  // all of its WRs: what follows it goes after its remainder (below), as one by one would.
+  uint32_t claimed = 0;
+  while (claimed < located) {
+    const uint32_t b = begin[claimed];
+    ClaimUdRun(batch[b]->remote_qpn, lengths + b, recvs + b, &claims[claimed]);
+    ++claimed;
+    if (claims[claimed - 1].taken < begin[claimed] - b) break;
   }
-  // The rest one by one, exactly as if they had never been in a run.
-  for (uint32_t i = done; i < n; ++i) Run(*run[i], first_sequence + i);
+  // ... then the bytes and completions of everything claimed.
+  for (uint32_t r = 0; r < claimed; ++r) {
+    PlaceUdRun(batch + begin[r], lengths + begin[r], recvs + begin[r], claims[r]);
+  }
+  // The sender's completions, in post order (UD SENDs complete successfully whatever became of
+  // them at the receiver); a partly claimed run's rest one by one; the runs after it each as a
+  // batch of its own.
+  for (uint32_t r = 0; r < runs; ++r) {
+    const uint32_t b = begin[r], e = begin[r + 1];
+    if (r >= claimed) {
+      if (runs == 1) {
+        for (uint32_t i = b; i < e; ++i) Run(*batch[i], first_sequence + i);
+      } else {
+        RunUdBatch(batch + b, e - b, first_sequence + b);
+      }
+      continue;
+    }
+    const uint32_t done = b + claims[r].taken;
+    for (uint32_t i = b; i < done; ++i) {
+      Finish(*batch[i], CompletionStatus::kSuccess, static_cast<uint32_t>(lengths[i]),
+             first_sequence + i);
+    }
+    for (uint32_t i = done; i < e; ++i) Run(*batch[i], first_sequence + i);
+  }
 }
 
-uint32_t ShmQp::DeliverUdRun(Peer& peer, SendWr* const* run, uint32_t n, uint32_t* byte_lens) {
+bool ShmQp::LocateUdRun(SendWr* const* run, uint32_t n, uint64_t* lengths, UdClaim* claim) {
+  Peer* peer = PeerFor(*run[0]);
+  if (peer == nullptr || peer->header()->alive.load(std::memory_order_acquire) == 0 ||
+      device_->CutFrom(*peer)) {
+    return false;
+  }
   const uint32_t dst_qpn = run[0]->remote_qpn;
-  QpEntry& dst = peer.header()->qps[dst_qpn & ((1u << kQpIndexBits) - 1)];
+  QpEntry& dst = peer->header()->qps[dst_qpn & ((1u << kQpIndexBits) - 1)];
   const auto dst_state = static_cast<QpState>(dst.state.load(std::memory_order_acquire));
   // Anything but a receiver ready for all of them: one by one (Deliver counts each drop).
   if (dst.qp_num.load(std::memory_order_acquire) != dst_qpn || dst_state == QpState::kError ||
       dst_state == QpState::kReset || dst.type != static_cast<uint8_t>(QpType::kUd) ||
       run[0]->remote_qkey != dst.qkey) {
-    return 0;
+    return false;
   }
-  Receiver receiver;
-  if (!FindRings(peer, dst, &receiver)) return 0;
-  uint64_t lengths[kMaxUdRun], min_lengths[kMaxUdRun];
+  if (!FindRings(*peer, dst, &claim->receiver)) return false;
   uint32_t fit = 0;
   for (; fit < n; ++fit) {
     lengths[fit] = TotalLength(*run[fit]);
-    if (lengths[fit] > peer.header()->mtu) break;  // dropped, by Deliver
-    min_lengths[fit] = lengths[fit] + kGrhBytes;
+    if (lengths[fit] > peer->header()->mtu) break;  // dropped, by Deliver
   }
-  if (fit == 0) return 0;
-  RecvEntry recvs[kMaxUdRun];
+  if (fit == 0) return false;
+  claim->peer = peer;
+  claim->dst = &dst;
+  claim->fit = fit;
+  return true;
+}
+
+void ShmQp::ClaimUdRun(uint32_t dst_qpn, const uint64_t* lengths, RecvEntry* recvs,
+                       UdClaim* claim) {
+  uint64_t min_lengths[kMaxUdBatch];
+  for (uint32_t i = 0; i < claim->fit; ++i) min_lengths[i] = lengths[i] + kGrhBytes;
+  const Receiver& r = claim->receiver;
   Pop stop = Pop::kTaken;
-  const uint32_t taken =
-      PopReceives(receiver.ring, receiver.ring_depth, dst_qpn, min_lengths, fit, recvs, &stop);
-  if (taken == 0) return 0;
-  uint64_t ticket = 0;
-  const uint32_t reserved =
-      ReserveCompletions(receiver.cq, receiver.cq_depth, receiver.cq_id, taken, &ticket);
-  bool receiver_failed = false;
-  for (uint32_t i = 0; i < taken; ++i) {
+  claim->taken = PopReceives(r.ring, r.ring_depth, dst_qpn, min_lengths, claim->fit, recvs, &stop);
+  claim->reserved = claim->taken == 0 ? 0
+                                      : ReserveCompletions(r.cq, r.cq_depth, r.cq_id, claim->taken,
+                                                           &claim->ticket);
+}
+
+void ShmQp::PlaceUdRun(SendWr* const* run, const uint64_t* lengths, const RecvEntry* recvs,
+                       const UdClaim& claim) {
+  QpEntry& dst = *claim.dst;
+  const uint32_t dst_qpn = run[0]->remote_qpn;
+  // A receiver that went to ERR since its receives were claimed (a buffer not its own, found by
+  // an earlier run of this batch or by another sender): its claimed receives flush.
+  bool receiver_failed =
+      static_cast<QpState>(dst.state.load(std::memory_order_acquire)) == QpState::kError;
+  for (uint32_t i = 0; i < claim.taken; ++i) {
     Completion c = ArrivalOf(*run[i], recvs[i].wr_id, dst_qpn, lengths[i]);
     if (receiver_failed) {
-      // A receive of a QP that went to ERR (a buffer not its own) flushes, as on a NIC; one by
-      // one, the messages after would have found the QP in ERR and been dropped.
+      // A receive of a QP that went to ERR flushes, as on a NIC; one by one, the messages after
+      // would have found the QP in ERR and been dropped.
       c.status = CompletionStatus::kFlushed;
       dst.dropped.fetch_add(1, std::memory_order_relaxed);
     } else {
-      PlaceSend(peer, dst, *run[i], recvs[i], lengths[i], &c);
+      PlaceSend(*claim.peer, dst, *run[i], recvs[i], lengths[i], &c);
       receiver_failed = c.status != CompletionStatus::kSuccess;
     }
-    if (i < reserved) {
-      PublishCompletion(receiver.cq, receiver.cq_depth, ticket + i, c, 0);
+    if (i < claim.reserved) {
+      PublishCompletion(claim.receiver.cq, claim.receiver.cq_depth, claim.ticket + i, c, 0);
     } else {
       dst.dropped.fetch_add(1, std::memory_order_relaxed);  // receiver's CQ overran
     }
-    byte_lens[i] = static_cast<uint32_t>(lengths[i]);
   }
-  return taken;
 }
 
 CompletionStatus ShmQp::RdmaRead(Peer& peer, const QpEntry& responder, const SendWr& wr,

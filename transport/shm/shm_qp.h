@@ -65,18 +65,41 @@ class ShmQp : public QueuePair {
   // status (RC: an error then).
   CompletionStatus PlaceSend(Peer& peer, QpEntry& dst, const SendWr& wr, const RecvEntry& recv,
                              uint64_t length, Completion* c);
-  // Synchronous mode, UD, no fault injection: SENDs to one receiver posted together go as a run,
-  // their receives claimed with one CAS and their completions reserved with one, instead of two
-  // locked instructions per message (each of which waits for every earlier store: a sender
-  // answering many clients stalled on each message's bytes). Same outcome as one by one.
-  static constexpr uint32_t kMaxUdRun = 16;
+  // Synchronous mode, UD, no fault injection: up to kMaxUdBatch SENDs posted together go as a
+  // batch of runs (a run: consecutive SENDs to one receiver). A run's receives are claimed with
+  // one CAS and its completions reserved with one, not two locked instructions per message. A
+  // batch claims for every run before it places any bytes: a locked instruction waits for every
+  // earlier store to leave the store buffer, so a claim made after the previous receiver's bytes
+  // and completion were stored waited for their lines to arrive from that receiver's core (a
+  // sender answering many clients paid a cross-core miss per message). The batch first looks up
+  // every run's receiver (loads only, so their misses overlap). (Prefetching each receiver's ring
+  // entries and, for writing, its completion slots in that pass was slower: fabric_bench
+  // --rows=fanout, 1.3x.) Same outcome as one by one, save that a claimed receive of a receiver
+  // that went to ERR before its bytes were placed completes flushed (a NIC flushes an ERR QP's
+  // receives), not dropped unclaimed.
+  static constexpr uint32_t kMaxUdBatch = 16;
   bool StartsUdRun(const SendWr& wr) const;
   bool JoinsUdRun(const SendWr& head, const SendWr& wr) const;
-  // Executes and completes run[0, n) (WRs with sequences first_sequence...).
-  void RunUdSends(SendWr* const* run, uint32_t n, uint64_t first_sequence);
-  // Delivers the longest prefix of run[0, n) it can take in one claim; returns its length (0:
-  // none, the caller delivers one by one) with each one's byte length.
-  uint32_t DeliverUdRun(Peer& peer, SendWr* const* run, uint32_t n, uint32_t* byte_lens);
+  // One run's receiver, and what was claimed there for the run's first WRs.
+  struct UdClaim {
+    Peer* peer = nullptr;
+    QpEntry* dst = nullptr;
+    Receiver receiver;
+    uint32_t fit = 0;       // the run's leading WRs within the receiver's MTU
+    uint32_t taken = 0;     // receives claimed, for the first `taken` WRs
+    uint32_t reserved = 0;  // completions reserved, from `ticket`, for the first `reserved`
+    uint64_t ticket = 0;
+  };
+  // Executes and completes batch[0, n) (WRs with sequences first_sequence...).
+  void RunUdBatch(SendWr* const* batch, uint32_t n, uint64_t first_sequence);
+  // Finds the receiver of run[0, n) and each WR's length; false when it takes no run (a dead or
+  // cut peer, a receiver not ready for UD, no WR within its MTU): those go one by one.
+  bool LocateUdRun(SendWr* const* run, uint32_t n, uint64_t* lengths, UdClaim* claim);
+  // Claims receives for the run's first claim->fit WRs (into recvs) and their completions.
+  void ClaimUdRun(uint32_t dst_qpn, const uint64_t* lengths, RecvEntry* recvs, UdClaim* claim);
+  // Places the claimed WRs' bytes and publishes their completions.
+  void PlaceUdRun(SendWr* const* run, const uint64_t* lengths, const RecvEntry* recvs,
+                  const UdClaim& claim);
   // The responder of an RDMA operation: our connected peer QP's table entry, or nullptr when that
   // QP is gone (RC: retry exceeded; UC: a silent drop, as from a NIC).
   QpEntry* Responder(Peer& peer) const;
