@@ -693,9 +693,8 @@ bool ShmQp::StartsUdRun(const SendWr& wr) const {
   return true;
 }
 
-bool ShmQp::JoinsUdRun(const SendWr& head, const SendWr& wr) const {
-  return wr.ah == head.ah && wr.remote_qpn == head.remote_qpn &&
-         wr.remote_qkey == head.remote_qkey && StartsUdRun(wr);
+bool ShmQp::SameUdReceiver(const SendWr& a, const SendWr& b) {
+  return a.ah == b.ah && a.remote_qpn == b.remote_qpn && a.remote_qkey == b.remote_qkey;
 }
 
 void ShmQp::RunUdBatch(SendWr* const* batch, uint32_t n, uint64_t first_sequence) {
@@ -703,7 +702,7 @@ void ShmQp::RunUdBatch(SendWr* const* batch, uint32_t n, uint64_t first_sequence
   uint32_t begin[kMaxUdBatch + 1];
   uint32_t runs = 0;
   for (uint32_t i = 0; i < n; ++i) {
-    if (runs == 0 || !JoinsUdRun(*batch[begin[runs - 1]], *batch[i])) begin[runs++] = i;
+    if (runs == 0 || !SameUdReceiver(*batch[begin[runs - 1]], *batch[i])) begin[runs++] = i;
   }
   begin[runs] = n;
   UdClaim claims[kMaxUdBatch];

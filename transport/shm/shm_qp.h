@@ -49,12 +49,14 @@ class ShmQp : public QueuePair {
                                           uint32_t* byte_len, RnrRetries* rnr);
   // The receiving QP's table entry and rings as `peer`'s segment describes them now (validated:
   // a peer's segment is hostile input).
+  // No initializers: FindRings sets every field it succeeds with, and a batch's claims (below)
+  // are not zeroed on every post.
   struct Receiver {
-    RecvRing* ring = nullptr;
-    uint32_t ring_depth = 0;
-    CqRing* cq = nullptr;
-    uint32_t cq_depth = 0;
-    uint32_t cq_id = 0;
+    RecvRing* ring;
+    uint32_t ring_depth;
+    CqRing* cq;
+    uint32_t cq_depth;
+    uint32_t cq_id;
   };
   // False when a ring is not valid.
   static bool FindRings(Peer& peer, const QpEntry& dst, Receiver* out);
@@ -79,16 +81,18 @@ class ShmQp : public QueuePair {
   // receives), not dropped unclaimed.
   static constexpr uint32_t kMaxUdBatch = 16;
   bool StartsUdRun(const SendWr& wr) const;
-  bool JoinsUdRun(const SendWr& head, const SendWr& wr) const;
-  // One run's receiver, and what was claimed there for the run's first WRs.
+  // Whether two SENDs of a batch (each one StartsUdRun took) go to one receiver: one run.
+  static bool SameUdReceiver(const SendWr& a, const SendWr& b);
+  // One run's receiver, and what was claimed there for the run's first WRs. Set by LocateUdRun
+  // (the first four) and ClaimUdRun (the rest); no initializers, as for Receiver.
   struct UdClaim {
-    Peer* peer = nullptr;
-    QpEntry* dst = nullptr;
+    Peer* peer;
+    QpEntry* dst;
     Receiver receiver;
-    uint32_t fit = 0;       // the run's leading WRs within the receiver's MTU
-    uint32_t taken = 0;     // receives claimed, for the first `taken` WRs
-    uint32_t reserved = 0;  // completions reserved, from `ticket`, for the first `reserved`
-    uint64_t ticket = 0;
+    uint32_t fit;       // the run's leading WRs within the receiver's MTU
+    uint32_t taken;     // receives claimed, for the first `taken` WRs
+    uint32_t reserved;  // completions reserved, from `ticket`, for the first `reserved`
+    uint64_t ticket;
   };
   // Executes and completes batch[0, n) (WRs with sequences first_sequence...).
   void RunUdBatch(SendWr* const* batch, uint32_t n, uint64_t first_sequence);
