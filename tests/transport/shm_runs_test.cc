@@ -41,6 +41,9 @@ struct Scenario {
   std::vector<uint32_t> receive_lengths[kReceivers];
   uint32_t cq_depth[kReceivers];
   std::vector<std::vector<Message>> chains;
+  // Receivers whose receive 0 names a memory key that is not theirs (a message placed there puts
+  // the receiver in ERR); none in the random scenarios.
+  bool foreign_first_receive[kReceivers] = {};
 };
 
 // What a receiver saw: each completion, the bytes it placed, and its counts.
@@ -117,6 +120,17 @@ Outcome RunScenario(const Scenario& s, bool chained, const std::string& fabric) 
     qps[r] = *nodes[r]->pd->CreateQp(config);
     EXPECT_TRUE(qps[r]->Connect(ConnectConfig{}).ok());
     for (uint32_t i = 0; i < s.receive_lengths[r].size(); ++i) {
+      if (i == 0 && s.foreign_first_receive[r]) {
+        Sge sge = nodes[r]->sge(0, s.receive_lengths[r][0]);
+        sge.lkey ^= 0x100;  // no region of this node has this key
+        RecvWr wr;
+        wr.wr_id = 0;
+        wr.sg_list = &sge;
+        wr.num_sge = 1;
+        RecvWr* bad = nullptr;
+        EXPECT_TRUE(qps[r]->PostRecv(&wr, &bad).ok());
+        continue;
+      }
       EXPECT_TRUE(
           PostRecv(*qps[r], *nodes[r], i, uint64_t{i} * kReceiveSlotBytes, s.receive_lengths[r][i])
               .ok());
@@ -233,6 +247,37 @@ TEST(ShmUdRuns, ARunLargerThanTheRoomInTheCqOverrunsTheRestCounted) {
   EXPECT_EQ(o.receivers[0].arrivals.size(), 2u);
   EXPECT_EQ(o.receivers[0].overruns, 3u);
   EXPECT_EQ(o.receivers[0].dropped, 3u);
+}
+
+// One batch claims for all of its runs before it places any bytes. The one outcome that differs
+// from one by one: a receiver that a placement puts in ERR (a receive naming memory not its own)
+// after a later run of the same batch claimed its next receive. That receive completes flushed,
+// as a NIC flushes an ERR QP's receives; one by one, the later message would have found the QP in
+// ERR and been dropped without taking it. Either way the message is lost and counted.
+TEST(ShmUdRuns, AReceiverInErrBeforeItsClaimedReceiveIsFilledFlushesIt) {
+  Scenario s;
+  s.receive_lengths[0] = {kGrhBytes + 64, kGrhBytes + 64};
+  s.receive_lengths[1] = {kGrhBytes + 64};
+  s.foreign_first_receive[0] = true;
+  s.cq_depth[0] = s.cq_depth[1] = s.cq_depth[2] = 64;
+  // Receiver 0, then 1, then 0 again: three runs of one batch.
+  s.chains.push_back(
+      {Message{0, 64, false, false}, Message{1, 64, false, false}, Message{0, 64, false, false}});
+  const Outcome batched = RunScenario(s, true, absl::StrCat("shm-runs-err-", getpid()));
+  ASSERT_EQ(batched.receivers[0].arrivals.size(), 2u);
+  EXPECT_EQ(batched.receivers[0].arrivals[0].status, CompletionStatus::kLocalProtectionError);
+  EXPECT_EQ(batched.receivers[0].arrivals[1].wr_id, 1u);
+  EXPECT_EQ(batched.receivers[0].arrivals[1].status, CompletionStatus::kFlushed);
+  EXPECT_EQ(batched.receivers[0].dropped, 1u);
+  ASSERT_EQ(batched.receivers[1].arrivals.size(), 1u);
+  EXPECT_EQ(batched.receivers[1].arrivals[0].status, CompletionStatus::kSuccess);
+  EXPECT_EQ(batched.sends, std::vector<CompletionStatus>(3, CompletionStatus::kSuccess));
+  // One by one: the third message finds receiver 0 in ERR and is dropped, its receive untaken.
+  const Outcome single = RunScenario(s, false, absl::StrCat("shm-runs-err1-", getpid()));
+  ASSERT_EQ(single.receivers[0].arrivals.size(), 1u);
+  EXPECT_EQ(single.receivers[0].arrivals[0].status, CompletionStatus::kLocalProtectionError);
+  EXPECT_EQ(single.receivers[0].dropped, 1u);
+  EXPECT_EQ(single.receivers[1], batched.receivers[1]);
 }
 
 // ------------------------------------------------------------------------ cached counters
