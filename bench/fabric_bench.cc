@@ -150,6 +150,68 @@ void PostReceives(transport::QueuePair& qp, Node& n, uint32_t count, uint32_t by
   }
 }
 
+// A chain of `chain` UD SENDs of `size` bytes from `node`'s buffer (inline where herd would),
+// its last WR signalled; the caller names each WR's receiver (ah, remote_qpn). The fan-in and
+// fan-out rows post a chain only once the one before it completed: at most one chain in flight
+// per sender, so no send-queue accounting is needed.
+void UdSendChain(Node& node, uint32_t size, uint32_t chain, std::vector<SendWr>* wrs,
+                 std::vector<Sge>* sges) {
+  wrs->assign(chain, SendWr{});
+  sges->resize(chain);
+  for (uint32_t i = 0; i < chain; ++i) {
+    (*sges)[i] = Sge{node.addr(size_t{i} * size), size, node.mr->lkey()};
+    SendWr& wr = (*wrs)[i];
+    wr.wr_id = i;
+    wr.sg_list = &(*sges)[i];
+    wr.num_sge = 1;
+    wr.opcode = transport::Opcode::kSend;
+    wr.flags = size <= kMaxInline ? uint32_t{transport::kInline} : 0u;
+    wr.remote_qkey = kQkey;
+    wr.next = i + 1 < chain ? &(*wrs)[i + 1] : nullptr;
+  }
+  wrs->back().flags |= transport::kSignaled;
+}
+
+// The messages a receiving thread counted in `delivered` over --duration_s, after a short
+// warm-up, and the seconds that took.
+std::pair<uint64_t, double> MeasureDelivered(const std::atomic<uint64_t>& delivered) {
+  absl::SleepFor(absl::Milliseconds(100));
+  const uint64_t start_count = delivered.load();
+  const absl::Time start = absl::Now();
+  absl::SleepFor(absl::Seconds(FLAGS_duration_s));
+  return {delivered.load() - start_count, absl::ToDoubleSeconds(absl::Now() - start)};
+}
+
+// A receiving thread's loop body (fan-in, fan-out): polls a node's receive CQ and posts each
+// completed receive again, on the same slot (PostReceives' layout for `size`-byte messages).
+class Reposter {
+ public:
+  explicit Reposter(uint32_t size) : slot_(size + transport::kGrhBytes) {}
+  // Returns how many receives completed (and were posted again).
+  size_t PollAndRepost(Node& node, transport::QueuePair& qp) {
+    const size_t got = node.recv_cq->Poll(absl::MakeSpan(done_, kPollBatch));
+    if (got == 0) return 0;
+    for (size_t i = 0; i < got; ++i) {
+      sges_[i] = Sge{node.addr(done_[i].wr_id * slot_), slot_, node.mr->lkey()};
+      wrs_[i] = transport::RecvWr{};
+      wrs_[i].wr_id = done_[i].wr_id;
+      wrs_[i].sg_list = &sges_[i];
+      wrs_[i].num_sge = 1;
+      wrs_[i].next = i + 1 < got ? &wrs_[i + 1] : nullptr;
+    }
+    transport::RecvWr* bad = nullptr;
+    BENCH_CHECK_OK(qp.PostRecv(wrs_, &bad));
+    return got;
+  }
+
+ private:
+  static constexpr size_t kPollBatch = 32;
+  const uint32_t slot_;
+  Completion done_[kPollBatch];
+  Sge sges_[kPollBatch];
+  transport::RecvWr wrs_[kPollBatch];
+};
+
 struct ThreadResult {
   uint64_t messages = 0;
   bench::Histogram latency_ns;
@@ -369,7 +431,6 @@ void PingPongRow(const transport::DeviceOptions& options, const Verb& verb, uint
 void FanInRow(const transport::DeviceOptions& options, uint32_t size, uint32_t senders,
               uint32_t chain) {
   constexpr uint32_t kFanInReceives = 4 * kQueueDepth;  // the receiver's posted receives
-  constexpr size_t kPollBatch = 32;
   Node receiver = OpenNode(options);
   std::unique_ptr<transport::QueuePair> in = MakeQp(receiver, QpType::kUd, kFanInReceives);
   transport::ConnectConfig connect;
@@ -394,24 +455,11 @@ void FanInRow(const transport::DeviceOptions& options, uint32_t size, uint32_t s
   std::atomic<bool> stop{false};
   std::atomic<uint64_t> delivered{0};
   std::thread receive([&] {
-    Completion done[kPollBatch];
-    std::vector<Sge> sges(kPollBatch);
-    std::vector<transport::RecvWr> wrs(kPollBatch);
-    const uint32_t slot = size + transport::kGrhBytes;
+    Reposter reposter(size);
     uint64_t got_total = 0;
     while (!stop.load(std::memory_order_relaxed)) {
-      const size_t got = receiver.recv_cq->Poll(absl::MakeSpan(done, kPollBatch));
+      const size_t got = reposter.PollAndRepost(receiver, *in);
       if (got == 0) continue;
-      for (size_t i = 0; i < got; ++i) {
-        sges[i] = Sge{receiver.addr(done[i].wr_id * slot), slot, receiver.mr->lkey()};
-        wrs[i] = transport::RecvWr{};
-        wrs[i].wr_id = done[i].wr_id;
-        wrs[i].sg_list = &sges[i];
-        wrs[i].num_sge = 1;
-        wrs[i].next = i + 1 < got ? &wrs[i + 1] : nullptr;
-      }
-      transport::RecvWr* bad = nullptr;
-      BENCH_CHECK_OK(in->PostRecv(wrs.data(), &bad));
       got_total += got;
       delivered.store(got_total, std::memory_order_relaxed);
     }
@@ -426,23 +474,13 @@ void FanInRow(const transport::DeviceOptions& options, uint32_t size, uint32_t s
       const int64_t cpu_start = bench::ThreadCpuNs();
       uint64_t posted = 0;
       Sender& s = *sending[t];
-      std::vector<SendWr> wrs(chain);
-      std::vector<Sge> sges(chain);
-      for (uint32_t i = 0; i < chain; ++i) {
-        sges[i] = Sge{s.node.addr(size_t{i} * size), size, s.node.mr->lkey()};
-        wrs[i].wr_id = i;
-        wrs[i].sg_list = &sges[i];
-        wrs[i].num_sge = 1;
-        wrs[i].opcode = transport::Opcode::kSend;
-        wrs[i].flags = size <= kMaxInline ? uint32_t{transport::kInline} : 0u;
-        wrs[i].ah = s.ah.get();
-        wrs[i].remote_qpn = in->qp_num();
-        wrs[i].remote_qkey = kQkey;
-        wrs[i].next = i + 1 < chain ? &wrs[i + 1] : nullptr;
+      std::vector<SendWr> wrs;
+      std::vector<Sge> sges;
+      UdSendChain(s.node, size, chain, &wrs, &sges);
+      for (SendWr& wr : wrs) {
+        wr.ah = s.ah.get();
+        wr.remote_qpn = in->qp_num();
       }
-      // The chain's last WR is signalled, and a chain is posted only once the one before it
-      // completed: at most one chain in flight per sender (no send-queue accounting needed).
-      wrs[chain - 1].flags |= transport::kSignaled;
       Completion c[4];
       while (!stop.load(std::memory_order_relaxed)) {
         SendWr* bad = nullptr;
@@ -457,12 +495,7 @@ void FanInRow(const transport::DeviceOptions& options, uint32_t size, uint32_t s
     });
   }
   // Measured after a short warm-up, from the receiver's count.
-  absl::SleepFor(absl::Milliseconds(100));
-  const uint64_t start_count = delivered.load();
-  const absl::Time start = absl::Now();
-  absl::SleepFor(absl::Seconds(FLAGS_duration_s));
-  const uint64_t messages = delivered.load() - start_count;
-  const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  const auto [messages, seconds] = MeasureDelivered(delivered);
   stop = true;
   for (std::thread& t : threads) t.join();
   receive.join();
@@ -497,7 +530,6 @@ void FanOutRow(const transport::DeviceOptions& options, uint32_t size, uint32_t 
   // Each receiver's posted receives: deep enough that one poller serving them all in turn
   // rarely lets one run dry (a dry receiver drops, and a drop costs the sender less).
   constexpr uint32_t kFanOutReceives = 4 * kQueueDepth;
-  constexpr size_t kPollBatch = 32;
   struct Receiver {
     Node node;
     std::unique_ptr<transport::QueuePair> qp;
@@ -524,27 +556,10 @@ void FanOutRow(const transport::DeviceOptions& options, uint32_t size, uint32_t 
   std::atomic<bool> stop{false};
   std::atomic<uint64_t> delivered{0};
   std::thread receive([&] {
-    Completion done[kPollBatch];
-    std::vector<Sge> sges(kPollBatch);
-    std::vector<transport::RecvWr> wrs(kPollBatch);
-    const uint32_t slot = size + transport::kGrhBytes;
+    Reposter reposter(size);
     uint64_t got_total = 0;
     while (!stop.load(std::memory_order_relaxed)) {
-      for (auto& r : receiving) {
-        const size_t got = r->node.recv_cq->Poll(absl::MakeSpan(done, kPollBatch));
-        if (got == 0) continue;
-        for (size_t i = 0; i < got; ++i) {
-          sges[i] = Sge{r->node.addr(done[i].wr_id * slot), slot, r->node.mr->lkey()};
-          wrs[i] = transport::RecvWr{};
-          wrs[i].wr_id = done[i].wr_id;
-          wrs[i].sg_list = &sges[i];
-          wrs[i].num_sge = 1;
-          wrs[i].next = i + 1 < got ? &wrs[i + 1] : nullptr;
-        }
-        transport::RecvWr* bad = nullptr;
-        BENCH_CHECK_OK(r->qp->PostRecv(wrs.data(), &bad));
-        got_total += got;
-      }
+      for (auto& r : receiving) got_total += reposter.PollAndRepost(r->node, *r->qp);
       delivered.store(got_total, std::memory_order_relaxed);
     }
   });
@@ -552,20 +567,9 @@ void FanOutRow(const transport::DeviceOptions& options, uint32_t size, uint32_t 
   uint64_t sender_wrs = 0;
   std::thread send([&] {
     const int64_t cpu_start = bench::ThreadCpuNs();
-    std::vector<SendWr> wrs(chain);
-    std::vector<Sge> sges(chain);
-    for (uint32_t i = 0; i < chain; ++i) {
-      sges[i] = Sge{sender.addr(size_t{i} * size), size, sender.mr->lkey()};
-      wrs[i].wr_id = i;
-      wrs[i].sg_list = &sges[i];
-      wrs[i].num_sge = 1;
-      wrs[i].opcode = transport::Opcode::kSend;
-      wrs[i].flags = size <= kMaxInline ? uint32_t{transport::kInline} : 0u;
-      wrs[i].remote_qkey = kQkey;
-      wrs[i].next = i + 1 < chain ? &wrs[i + 1] : nullptr;
-    }
-    // As in the fan-in row: the last WR signalled, one chain in flight.
-    wrs[chain - 1].flags |= transport::kSignaled;
+    std::vector<SendWr> wrs;
+    std::vector<Sge> sges;
+    UdSendChain(sender, size, chain, &wrs, &sges);
     Completion c[4];
     uint64_t next_receiver = 0;
     while (!stop.load(std::memory_order_relaxed)) {
@@ -583,12 +587,7 @@ void FanOutRow(const transport::DeviceOptions& options, uint32_t size, uint32_t 
     }
     sender_cpu_ns = bench::ThreadCpuNs() - cpu_start;
   });
-  absl::SleepFor(absl::Milliseconds(100));
-  const uint64_t start_count = delivered.load();
-  const absl::Time start = absl::Now();
-  absl::SleepFor(absl::Seconds(FLAGS_duration_s));
-  const uint64_t messages = delivered.load() - start_count;
-  const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  const auto [messages, seconds] = MeasureDelivered(delivered);
   stop = true;
   send.join();
   receive.join();
