@@ -58,6 +58,13 @@ constexpr size_t kBufferBytes = size_t{4} << 20;
 constexpr uint32_t kQueueDepth = 256;  // send and receive WRs per QP
 constexpr uint32_t kMaxInline = 256;   // inline up to this many bytes, as herd does
 constexpr uint32_t kQkey = 0x4242;
+// Each fan-in and fan-out receiver's posted receives: deep enough that one poller serving several
+// receivers in turn rarely lets one run dry (a dry receiver drops, and a drop costs a sender less).
+constexpr uint32_t kFanReceives = 4 * kQueueDepth;
+// Whether kFanReceives receives of `size`-byte UD messages fit a node's buffer.
+constexpr bool FanReceivesFit(uint32_t size) {
+  return uint64_t{kFanReceives} * (size + transport::kGrhBytes) <= kBufferBytes;
+}
 
 // A failed control-path call ends the benchmark with its status (glog has no CHECK_OK).
 #define BENCH_CHECK_OK(expr)                    \
@@ -430,13 +437,12 @@ void PingPongRow(const transport::DeviceOptions& options, const Verb& verb, uint
 // Fan-in: `senders` threads SEND `size`-byte UD messages in chains of `chain` to one receiver.
 void FanInRow(const transport::DeviceOptions& options, uint32_t size, uint32_t senders,
               uint32_t chain) {
-  constexpr uint32_t kFanInReceives = 4 * kQueueDepth;  // the receiver's posted receives
   Node receiver = OpenNode(options);
-  std::unique_ptr<transport::QueuePair> in = MakeQp(receiver, QpType::kUd, kFanInReceives);
+  std::unique_ptr<transport::QueuePair> in = MakeQp(receiver, QpType::kUd, kFanReceives);
   transport::ConnectConfig connect;
   connect.qkey = kQkey;
   BENCH_CHECK_OK(in->Connect(connect));
-  PostReceives(*in, receiver, kFanInReceives, size);
+  PostReceives(*in, receiver, kFanReceives, size);
   struct Sender {
     Node node;
     std::unique_ptr<transport::QueuePair> qp;
@@ -527,9 +533,6 @@ void FanInRow(const transport::DeviceOptions& options, uint32_t size, uint32_t s
 // herd worker posting one batch's answers. One thread polls every receiver and reposts.
 void FanOutRow(const transport::DeviceOptions& options, uint32_t size, uint32_t receivers,
                uint32_t chain) {
-  // Each receiver's posted receives: deep enough that one poller serving them all in turn
-  // rarely lets one run dry (a dry receiver drops, and a drop costs the sender less).
-  constexpr uint32_t kFanOutReceives = 4 * kQueueDepth;
   struct Receiver {
     Node node;
     std::unique_ptr<transport::QueuePair> qp;
@@ -545,9 +548,9 @@ void FanOutRow(const transport::DeviceOptions& options, uint32_t size, uint32_t 
   for (uint32_t r = 0; r < receivers; ++r) {
     auto receiver = std::make_unique<Receiver>();
     receiver->node = OpenNode(options);
-    receiver->qp = MakeQp(receiver->node, QpType::kUd, kFanOutReceives);
+    receiver->qp = MakeQp(receiver->node, QpType::kUd, kFanReceives);
     BENCH_CHECK_OK(receiver->qp->Connect(connect));
-    PostReceives(*receiver->qp, receiver->node, kFanOutReceives, size);
+    PostReceives(*receiver->qp, receiver->node, kFanReceives, size);
     const transport::PortInfo port = receiver->node.device->port();
     receiver->ah = *sender.pd->CreateAddressHandle({port.lid, port.gid});
     receiver->qp_num = receiver->qp->qp_num();
@@ -672,10 +675,20 @@ int main(int argc, char** argv) {
   }
   for (uint32_t size : sizes) {
     if (!wants("fanin") || size > options->mtu) continue;
+    if (!FanReceivesFit(size)) {
+      fprintf(stderr, "fabric_bench: no fan-in row for %u bytes: %u receives do not fit %zu\n",
+              size, kFanReceives, kBufferBytes);
+      continue;
+    }
     for (uint32_t n : fanin_senders) FanInRow(*options, size, n, FLAGS_chain);
   }
   for (uint32_t size : sizes) {
     if (!wants("fanout") || size > options->mtu) continue;
+    if (!FanReceivesFit(size)) {
+      fprintf(stderr, "fabric_bench: no fan-out row for %u bytes: %u receives do not fit %zu\n",
+              size, kFanReceives, kBufferBytes);
+      continue;
+    }
     if (FLAGS_fanout_receivers == 0 || FLAGS_fanout_receivers > 256) {
       fprintf(stderr, "fabric_bench: --fanout_receivers=%u: want 1..256\n", FLAGS_fanout_receivers);
       return 2;

@@ -77,8 +77,13 @@ class ShmQp : public QueuePair {
   // every run's receiver (loads only, so their misses overlap). (Prefetching each receiver's ring
   // entries and, for writing, its completion slots in that pass was slower: fabric_bench
   // --rows=fanout, 1.3x.) Same outcome as one by one, save that a claimed receive of a receiver
-  // that went to ERR before its bytes were placed completes flushed (a NIC flushes an ERR QP's
-  // receives), not dropped unclaimed.
+  // that went to ERR before its bytes were placed (by an earlier run of the batch, or by another
+  // sender) completes flushed (a NIC flushes an ERR QP's receives) and counts a drop at the
+  // receiver only, where one by one the message would have been dropped unclaimed (counted at
+  // both ends). Known cost: while a placement waits on a receiver's memory (the first message to
+  // a region maps the owner's file; a fault on a file the owner chose may block), the batch's
+  // later receivers hold reserved, unpublished completions, so their CQs show nothing behind
+  // them from other senders either.
   static constexpr uint32_t kMaxUdBatch = 16;
   bool StartsUdRun(const SendWr& wr) const;
   // Whether two SENDs of a batch (each one StartsUdRun took) go to one receiver: one run.
