@@ -434,42 +434,56 @@ void PingPongRow(const transport::DeviceOptions& options, const Verb& verb, uint
   fflush(stdout);
 }
 
+// A UD endpoint of the fan rows: a device of its own and a UD QP with `recv_depth` receives,
+// ready for Q_Key kQkey. `ah` is the sending side's handle to the other end where the caller
+// sets one. Members go in verbs order (the AH and the QP before the node that made them).
+struct UdEnd {
+  Node node;
+  std::unique_ptr<transport::QueuePair> qp;
+  std::unique_ptr<transport::AddressHandle> ah;
+  uint32_t qp_num = 0;
+};
+
+std::unique_ptr<UdEnd> OpenUdEnd(const transport::DeviceOptions& options,
+                                 uint32_t recv_depth = kQueueDepth) {
+  auto end = std::make_unique<UdEnd>();
+  end->node = OpenNode(options);
+  end->qp = MakeQp(end->node, QpType::kUd, recv_depth);
+  transport::ConnectConfig connect;
+  connect.qkey = kQkey;
+  BENCH_CHECK_OK(end->qp->Connect(connect));
+  end->qp_num = end->qp->qp_num();
+  return end;
+}
+
+// The fan rows' receiving thread: polls every end in turn, reposts what completed, and keeps
+// the count in *delivered, until *stop.
+std::thread StartReceiving(std::vector<UdEnd*> ends, uint32_t size, const std::atomic<bool>* stop,
+                           std::atomic<uint64_t>* delivered) {
+  return std::thread([ends = std::move(ends), size, stop, delivered] {
+    Reposter reposter(size);
+    uint64_t got_total = 0;
+    while (!stop->load(std::memory_order_relaxed)) {
+      for (UdEnd* end : ends) got_total += reposter.PollAndRepost(end->node, *end->qp);
+      delivered->store(got_total, std::memory_order_relaxed);
+    }
+  });
+}
+
 // Fan-in: `senders` threads SEND `size`-byte UD messages in chains of `chain` to one receiver.
 void FanInRow(const transport::DeviceOptions& options, uint32_t size, uint32_t senders,
               uint32_t chain) {
-  Node receiver = OpenNode(options);
-  std::unique_ptr<transport::QueuePair> in = MakeQp(receiver, QpType::kUd, kFanReceives);
-  transport::ConnectConfig connect;
-  connect.qkey = kQkey;
-  BENCH_CHECK_OK(in->Connect(connect));
-  PostReceives(*in, receiver, kFanReceives, size);
-  struct Sender {
-    Node node;
-    std::unique_ptr<transport::QueuePair> qp;
-    std::unique_ptr<transport::AddressHandle> ah;
-  };
-  std::vector<std::unique_ptr<Sender>> sending;
-  const transport::PortInfo port = receiver.device->port();
+  std::unique_ptr<UdEnd> receiver = OpenUdEnd(options, kFanReceives);
+  PostReceives(*receiver->qp, receiver->node, kFanReceives, size);
+  std::vector<std::unique_ptr<UdEnd>> sending;
+  const transport::PortInfo port = receiver->node.device->port();
   for (uint32_t t = 0; t < senders; ++t) {
-    auto sender = std::make_unique<Sender>();
-    sender->node = OpenNode(options);
-    sender->qp = MakeQp(sender->node, QpType::kUd);
-    BENCH_CHECK_OK(sender->qp->Connect(connect));
-    sender->ah = *sender->node.pd->CreateAddressHandle({port.lid, port.gid});
-    sending.push_back(std::move(sender));
+    sending.push_back(OpenUdEnd(options));
+    sending.back()->ah = *sending.back()->node.pd->CreateAddressHandle({port.lid, port.gid});
   }
   std::atomic<bool> stop{false};
   std::atomic<uint64_t> delivered{0};
-  std::thread receive([&] {
-    Reposter reposter(size);
-    uint64_t got_total = 0;
-    while (!stop.load(std::memory_order_relaxed)) {
-      const size_t got = reposter.PollAndRepost(receiver, *in);
-      if (got == 0) continue;
-      got_total += got;
-      delivered.store(got_total, std::memory_order_relaxed);
-    }
-  });
+  std::thread receive = StartReceiving({receiver.get()}, size, &stop, &delivered);
   // The senders' own CPU time and WRs posted, over their whole run: CPU per SEND does not count
   // time a sender spent descheduled, so it holds on a machine busy with other work.
   std::atomic<int64_t> sender_cpu_ns{0};
@@ -479,13 +493,13 @@ void FanInRow(const transport::DeviceOptions& options, uint32_t size, uint32_t s
     threads.emplace_back([&, t] {
       const int64_t cpu_start = bench::ThreadCpuNs();
       uint64_t posted = 0;
-      Sender& s = *sending[t];
+      UdEnd& s = *sending[t];
       std::vector<SendWr> wrs;
       std::vector<Sge> sges;
       UdSendChain(s.node, size, chain, &wrs, &sges);
       for (SendWr& wr : wrs) {
         wr.ah = s.ah.get();
-        wr.remote_qpn = in->qp_num();
+        wr.remote_qpn = receiver->qp_num;
       }
       Completion c[4];
       while (!stop.load(std::memory_order_relaxed)) {
@@ -508,9 +522,9 @@ void FanInRow(const transport::DeviceOptions& options, uint32_t size, uint32_t s
   // A row that measured nothing is a failure, not a rate of 0.
   CHECK_GT(messages, 0u) << "fan-in: no message was delivered in " << seconds << " s";
   transport::CounterSnapshot counters;
-  counters.Add(in->counters());
-  counters.Add(receiver.recv_cq->counters());
-  uint64_t dropped = in->counters().dropped.Get();
+  counters.Add(receiver->qp->counters());
+  counters.Add(receiver->node.recv_cq->counters());
+  const uint64_t dropped = receiver->qp->counters().dropped.Get();
   const double mops = static_cast<double>(messages) / seconds / 1e6;
   printf(
       "{\"kind\":\"fanin\",\"verb\":\"SEND\",\"qp_type\":\"UD\",\"msg_size\":%u,"
@@ -520,12 +534,6 @@ void FanInRow(const transport::DeviceOptions& options, uint32_t size, uint32_t s
       static_cast<double>(sender_cpu_ns.load()) / static_cast<double>(sender_wrs.load()), dropped,
       counters.ToJson().c_str());
   fflush(stdout);
-  // Destroyed in verbs order: QPs and AHs before their nodes.
-  for (auto& s : sending) {
-    s->qp.reset();
-    s->ah.reset();
-  }
-  in.reset();
 }
 
 // Fan-out: one sender SENDs `size`-byte UD messages in chains of `chain`, each WR of a chain to
@@ -533,58 +541,40 @@ void FanInRow(const transport::DeviceOptions& options, uint32_t size, uint32_t s
 // herd worker posting one batch's answers. One thread polls every receiver and reposts.
 void FanOutRow(const transport::DeviceOptions& options, uint32_t size, uint32_t receivers,
                uint32_t chain) {
-  struct Receiver {
-    Node node;
-    std::unique_ptr<transport::QueuePair> qp;
-    std::unique_ptr<transport::AddressHandle> ah;  // the sender's, to this receiver
-    uint32_t qp_num = 0;
-  };
-  Node sender = OpenNode(options);
-  std::unique_ptr<transport::QueuePair> out = MakeQp(sender, QpType::kUd);
-  transport::ConnectConfig connect;
-  connect.qkey = kQkey;
-  BENCH_CHECK_OK(out->Connect(connect));
-  std::vector<std::unique_ptr<Receiver>> receiving;
+  std::unique_ptr<UdEnd> sender = OpenUdEnd(options);
+  // Declared after the sender: destroyed first, their AHs (the sender's) with them.
+  std::vector<std::unique_ptr<UdEnd>> receiving;
   for (uint32_t r = 0; r < receivers; ++r) {
-    auto receiver = std::make_unique<Receiver>();
-    receiver->node = OpenNode(options);
-    receiver->qp = MakeQp(receiver->node, QpType::kUd, kFanReceives);
-    BENCH_CHECK_OK(receiver->qp->Connect(connect));
-    PostReceives(*receiver->qp, receiver->node, kFanReceives, size);
-    const transport::PortInfo port = receiver->node.device->port();
-    receiver->ah = *sender.pd->CreateAddressHandle({port.lid, port.gid});
-    receiver->qp_num = receiver->qp->qp_num();
-    receiving.push_back(std::move(receiver));
+    receiving.push_back(OpenUdEnd(options, kFanReceives));
+    UdEnd& receiver = *receiving.back();
+    PostReceives(*receiver.qp, receiver.node, kFanReceives, size);
+    const transport::PortInfo port = receiver.node.device->port();
+    receiver.ah = *sender->node.pd->CreateAddressHandle({port.lid, port.gid});
   }
   std::atomic<bool> stop{false};
   std::atomic<uint64_t> delivered{0};
-  std::thread receive([&] {
-    Reposter reposter(size);
-    uint64_t got_total = 0;
-    while (!stop.load(std::memory_order_relaxed)) {
-      for (auto& r : receiving) got_total += reposter.PollAndRepost(r->node, *r->qp);
-      delivered.store(got_total, std::memory_order_relaxed);
-    }
-  });
+  std::vector<UdEnd*> polled;
+  for (auto& r : receiving) polled.push_back(r.get());
+  std::thread receive = StartReceiving(std::move(polled), size, &stop, &delivered);
   int64_t sender_cpu_ns = 0;
   uint64_t sender_wrs = 0;
   std::thread send([&] {
     const int64_t cpu_start = bench::ThreadCpuNs();
     std::vector<SendWr> wrs;
     std::vector<Sge> sges;
-    UdSendChain(sender, size, chain, &wrs, &sges);
+    UdSendChain(sender->node, size, chain, &wrs, &sges);
     Completion c[4];
     uint64_t next_receiver = 0;
     while (!stop.load(std::memory_order_relaxed)) {
       for (uint32_t i = 0; i < chain; ++i, ++next_receiver) {
-        const Receiver& r = *receiving[next_receiver % receivers];
+        const UdEnd& r = *receiving[next_receiver % receivers];
         wrs[i].ah = r.ah.get();
         wrs[i].remote_qpn = r.qp_num;
       }
       SendWr* bad = nullptr;
-      BENCH_CHECK_OK(out->PostSend(&wrs[0], &bad));
+      BENCH_CHECK_OK(sender->qp->PostSend(&wrs[0], &bad));
       sender_wrs += chain;
-      while (sender.send_cq->Poll(absl::MakeSpan(c, 4)) == 0 &&
+      while (sender->node.send_cq->Poll(absl::MakeSpan(c, 4)) == 0 &&
              !stop.load(std::memory_order_relaxed)) {
       }
     }
@@ -604,10 +594,8 @@ void FanOutRow(const transport::DeviceOptions& options, uint32_t size, uint32_t 
       "\"sender_cpu_ns_per_send\":%.1f,\"dropped_at_receivers\":%lu,\"sender_counters\":%s}\n",
       size, receivers, chain, mops, 1e3 / mops,
       static_cast<double>(sender_cpu_ns) / static_cast<double>(sender_wrs), dropped,
-      SenderCountersJson(*out, *sender.send_cq).c_str());
+      SenderCountersJson(*sender->qp, *sender->node.send_cq).c_str());
   fflush(stdout);
-  for (auto& r : receiving) r->ah.reset();
-  out.reset();
 }
 
 }  // namespace
