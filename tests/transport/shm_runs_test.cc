@@ -9,10 +9,13 @@
 //   completion.
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdint>
 #include <cstring>
+#include <fstream>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -41,9 +44,10 @@ struct Scenario {
   std::vector<uint32_t> receive_lengths[kReceivers];
   uint32_t cq_depth[kReceivers];
   std::vector<std::vector<Message>> chains;
-  // Receivers whose receive 0 names a memory key that is not theirs (a message placed there puts
-  // the receiver in ERR); none in the random scenarios.
-  bool foreign_first_receive[kReceivers] = {};
+  // For each receiver, a receive whose range lies past the end of its region (its key is good):
+  // a message placed there puts the receiver in ERR; kNoBadReceive in the random scenarios.
+  static constexpr uint32_t kNoBadReceive = UINT32_MAX;
+  uint32_t bad_receive[kReceivers] = {kNoBadReceive, kNoBadReceive, kNoBadReceive};
 };
 
 // What a receiver saw: each completion, the bytes it placed, and its counts.
@@ -120,11 +124,11 @@ Outcome RunScenario(const Scenario& s, bool chained, const std::string& fabric) 
     qps[r] = *nodes[r]->pd->CreateQp(config);
     EXPECT_TRUE(qps[r]->Connect(ConnectConfig{}).ok());
     for (uint32_t i = 0; i < s.receive_lengths[r].size(); ++i) {
-      if (i == 0 && s.foreign_first_receive[r]) {
-        Sge sge = nodes[r]->sge(0, s.receive_lengths[r][0]);
-        sge.lkey ^= 0x100;  // no region of this node has this key
+      if (i == s.bad_receive[r]) {
+        Sge sge = nodes[r]->sge(0, s.receive_lengths[r][i]);
+        sge.addr += kNodeMemoryBytes;  // past the region's end
         RecvWr wr;
-        wr.wr_id = 0;
+        wr.wr_id = i;
         wr.sg_list = &sge;
         wr.num_sge = 1;
         RecvWr* bad = nullptr;
@@ -250,34 +254,146 @@ TEST(ShmUdRuns, ARunLargerThanTheRoomInTheCqOverrunsTheRestCounted) {
 }
 
 // One batch claims for all of its runs before it places any bytes. The one outcome that differs
-// from one by one: a receiver that a placement puts in ERR (a receive naming memory not its own)
+// from one by one: a receiver that a placement puts in ERR (a receive past the end of its region)
 // after a later run of the same batch claimed its next receive. That receive completes flushed,
 // as a NIC flushes an ERR QP's receives; one by one, the later message would have found the QP in
 // ERR and been dropped without taking it. Either way the message is lost and counted.
 TEST(ShmUdRuns, AReceiverInErrBeforeItsClaimedReceiveIsFilledFlushesIt) {
   Scenario s;
-  s.receive_lengths[0] = {kGrhBytes + 64, kGrhBytes + 64};
-  s.receive_lengths[1] = {kGrhBytes + 64};
-  s.foreign_first_receive[0] = true;
+  s.receive_lengths[0] = {kGrhBytes + 64, kGrhBytes + 64, kGrhBytes + 64};
+  s.receive_lengths[1] = {kGrhBytes + 64, kGrhBytes + 64};
+  s.bad_receive[0] = 1;
   s.cq_depth[0] = s.cq_depth[1] = s.cq_depth[2] = 64;
-  // Receiver 0, then 1, then 0 again: three runs of one batch.
+  // First a message to each receiver (the sender maps their regions: a run that maps one ends a
+  // batch's claims); then receiver 0, 1 and 0 again: three runs of one batch.
+  s.chains.push_back({Message{0, 64, false, false}});
+  s.chains.push_back({Message{1, 64, false, false}});
   s.chains.push_back(
       {Message{0, 64, false, false}, Message{1, 64, false, false}, Message{0, 64, false, false}});
   const Outcome batched = RunScenario(s, true, absl::StrCat("shm-runs-err-", getpid()));
-  ASSERT_EQ(batched.receivers[0].arrivals.size(), 2u);
-  EXPECT_EQ(batched.receivers[0].arrivals[0].status, CompletionStatus::kLocalProtectionError);
-  EXPECT_EQ(batched.receivers[0].arrivals[1].wr_id, 1u);
-  EXPECT_EQ(batched.receivers[0].arrivals[1].status, CompletionStatus::kFlushed);
+  ASSERT_EQ(batched.receivers[0].arrivals.size(), 3u);
+  EXPECT_EQ(batched.receivers[0].arrivals[0].status, CompletionStatus::kSuccess);
+  EXPECT_EQ(batched.receivers[0].arrivals[1].status, CompletionStatus::kLocalProtectionError);
+  EXPECT_EQ(batched.receivers[0].arrivals[2].wr_id, 2u);
+  EXPECT_EQ(batched.receivers[0].arrivals[2].status, CompletionStatus::kFlushed);
   EXPECT_EQ(batched.receivers[0].dropped, 1u);
-  ASSERT_EQ(batched.receivers[1].arrivals.size(), 1u);
-  EXPECT_EQ(batched.receivers[1].arrivals[0].status, CompletionStatus::kSuccess);
-  EXPECT_EQ(batched.sends, std::vector<CompletionStatus>(3, CompletionStatus::kSuccess));
-  // One by one: the third message finds receiver 0 in ERR and is dropped, its receive untaken.
+  ASSERT_EQ(batched.receivers[1].arrivals.size(), 2u);
+  EXPECT_EQ(batched.receivers[1].arrivals[1].status, CompletionStatus::kSuccess);
+  EXPECT_EQ(batched.sends, std::vector<CompletionStatus>(5, CompletionStatus::kSuccess));
+  // One by one: the last message finds receiver 0 in ERR and is dropped, its receive untaken.
   const Outcome single = RunScenario(s, false, absl::StrCat("shm-runs-err1-", getpid()));
-  ASSERT_EQ(single.receivers[0].arrivals.size(), 1u);
-  EXPECT_EQ(single.receivers[0].arrivals[0].status, CompletionStatus::kLocalProtectionError);
+  ASSERT_EQ(single.receivers[0].arrivals.size(), 2u);
+  EXPECT_EQ(single.receivers[0].arrivals[1].status, CompletionStatus::kLocalProtectionError);
   EXPECT_EQ(single.receivers[0].dropped, 1u);
   EXPECT_EQ(single.receivers[1], batched.receivers[1]);
+}
+
+}  // namespace
+}  // namespace transport::testing
+
+namespace transport::shm {
+// Holds a peer's mapping lock: a placement that must map one of the peer's regions waits on it, as
+// it would on an owner's file that is slow to open or map.
+class PeerTestAccess {
+ public:
+  static util::Mutex& map_mutex(Peer& peer) { return peer.map_mutex_; }
+};
+}  // namespace transport::shm
+
+namespace transport::testing {
+namespace {
+
+// Whether thread `tid` of this process is asleep in the kernel (for the test below: waiting on a
+// lock; nothing else on its path sleeps).
+bool Asleep(pid_t tid) {
+  std::ifstream stat(absl::StrCat("/proc/self/task/", tid, "/stat"));
+  std::string line;
+  std::getline(stat, line);
+  const size_t close = line.rfind(')');  // the name, in parentheses, may hold anything
+  return close != std::string::npos && close + 2 < line.size() && line[close + 2] == 'S';
+}
+
+// A batch to receivers X then Y, where X's region is not mapped by the sender yet and mapping it
+// waits: X's run is the last one claimed, so Y's CQ holds no completion reserved by the waiting
+// batch, and what another sender delivers to Y meanwhile shows at once. (Claimed with the rest,
+// Y's completion was reserved before X's bytes were placed; the other sender's came after it in
+// Y's CQ, unseen until X's mapping was done.)
+TEST(ShmUdRuns, APlacementThatMapsAReceiversRegionHoldsUpNoOtherReceiver) {
+  const std::string fabric = absl::StrCat("shm-runs-map-", getpid());
+  auto sender = MakeNode("shm", kAllAccess, 4096, fabric);
+  auto other_sender = MakeNode("shm", kAllAccess, 4096, fabric);
+  auto x = MakeNode("shm", kAllAccess, 4096, fabric);
+  auto y = MakeNode("shm", kAllAccess, 4096, fabric);
+  ASSERT_TRUE(sender && other_sender && x && y);
+  auto make_ud = [](Node& node) {
+    QpConfig config;
+    config.type = QpType::kUd;
+    config.send_cq = node.send_cq.get();
+    config.recv_cq = node.recv_cq.get();
+    config.max_recv_wr = 8;
+    auto qp = *node.pd->CreateQp(config);
+    EXPECT_TRUE(qp->Connect(ConnectConfig{}).ok());
+    return qp;
+  };
+  auto send_qp = make_ud(*sender);
+  auto other_qp = make_ud(*other_sender);
+  auto x_qp = make_ud(*x);
+  auto y_qp = make_ud(*y);
+  ASSERT_TRUE(PostRecv(*x_qp, *x, 0, 0, kGrhBytes + 64).ok());
+  ASSERT_TRUE(PostRecv(*y_qp, *y, 1, 0, kGrhBytes + 64).ok());
+  ASSERT_TRUE(PostRecv(*y_qp, *y, 2, kReceiveSlotBytes, kGrhBytes + 64).ok());
+  auto to_x = *sender->pd->CreateAddressHandle(AddressInfo{0, x->device->port().gid});
+  auto to_y = *sender->pd->CreateAddressHandle(AddressInfo{0, y->device->port().gid});
+  auto other_to_y = *other_sender->pd->CreateAddressHandle(AddressInfo{0, y->device->port().gid});
+  SendWr wrs[3];
+  Sge sges[3];
+  auto send = [&](SendWr& wr, Sge& sge, Node& from, uint64_t wr_id, AddressHandle* ah,
+                  const QueuePair& to) {
+    sge = from.sge(0, 64);
+    wr.wr_id = wr_id;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    wr.opcode = Opcode::kSend;
+    wr.flags = kSignaled;
+    wr.ah = ah;
+    wr.remote_qpn = to.qp_num();
+    wr.remote_qkey = ConnectConfig{}.qkey;
+  };
+  send(wrs[0], sges[0], *sender, 10, to_x.get(), *x_qp);
+  send(wrs[1], sges[1], *sender, 11, to_y.get(), *y_qp);
+  wrs[0].next = &wrs[1];  // one batch: a run to X, then a run to Y
+  send(wrs[2], sges[2], *other_sender, 20, other_to_y.get(), *y_qp);
+
+  util::Mutex& x_mapping =
+      shm::PeerTestAccess::map_mutex(*static_cast<shm::ShmAh*>(to_x.get())->peer());
+  x_mapping.Lock();
+  std::atomic<pid_t> batch_tid{0};
+  std::thread batch([&] {
+    batch_tid.store(gettid());
+    EXPECT_TRUE(Post(*send_qp, wrs[0]).ok());
+  });
+  // Until the batch waits to map X's region.
+  const absl::Time give_up = absl::Now() + kCompletionDeadline;
+  while ((batch_tid.load() == 0 || !Asleep(batch_tid.load())) && absl::Now() < give_up) {
+    std::this_thread::yield();
+  }
+  ASSERT_TRUE(Asleep(batch_tid.load())) << "the batch never reached X's mapping";
+  ASSERT_TRUE(Post(*other_qp, wrs[2]).ok());
+  const std::vector<Completion> meanwhile = PollN(*y->recv_cq, 1);
+  x_mapping.Unlock();
+  batch.join();
+  ASSERT_EQ(meanwhile.size(), 1u) << "Y's CQ showed nothing while X's region was being mapped";
+  EXPECT_EQ(meanwhile[0].wr_id, 1u);  // Y's first receive: the other sender's message
+  EXPECT_EQ(meanwhile[0].status, CompletionStatus::kSuccess);
+  // Then the batch's two, each at its receiver.
+  const std::vector<Completion> at_x = PollN(*x->recv_cq, 1);
+  ASSERT_EQ(at_x.size(), 1u);
+  EXPECT_EQ(at_x[0].status, CompletionStatus::kSuccess);
+  const std::vector<Completion> at_y = PollN(*y->recv_cq, 1);
+  ASSERT_EQ(at_y.size(), 1u);
+  EXPECT_EQ(at_y[0].wr_id, 2u);
+  EXPECT_EQ(at_y[0].status, CompletionStatus::kSuccess);
+  EXPECT_EQ(PollN(*sender->send_cq, 2).size(), 2u);
 }
 
 // ------------------------------------------------------------------------ cached counters

@@ -167,6 +167,13 @@ uint8_t* Peer::Resolve(uint32_t key, uint64_t addr, uint64_t length, uint32_t ac
   return region->local + (addr - region->addr);
 }
 
+bool Peer::Mapped(uint32_t key) const {
+  const uint32_t index = key >> kMrIndexShift;
+  if (index >= kMaxMrs) return false;
+  const MappedRegion* region = regions_[index].load(std::memory_order_acquire);
+  return region != nullptr && region->key == key;
+}
+
 const Peer::MappedRegion* Peer::MapRegion(uint32_t index, uint32_t key) {
   util::MutexLock lock(&map_mutex_);
   // Another thread may have mapped it while we waited.

@@ -75,8 +75,12 @@ class Peer {
   // file open and mmap under map_mutex_ when the peer is another process, once per region; every
   // later access is lock-free.
   uint8_t* Resolve(uint32_t key, uint64_t addr, uint64_t length, uint32_t access, uint32_t pd);
+  // Whether region `key` is mapped here now, so that Resolve of it opens and maps nothing (it may
+  // still fault on the owner's file). Lock-free.
+  bool Mapped(uint32_t key) const;
 
  private:
+  friend class PeerTestAccess;  // holds map_mutex_ to stand for a mapping that takes its time
   struct MappedRegion {
     uint32_t key = 0;
     uint64_t addr = 0;  // the region as its entry said when we mapped it

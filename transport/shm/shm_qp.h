@@ -80,10 +80,11 @@ class ShmQp : public QueuePair {
   // that went to ERR before its bytes were placed (by an earlier run of the batch, or by another
   // sender) completes flushed (a NIC flushes an ERR QP's receives) and counts a drop at the
   // receiver only, where one by one the message would have been dropped unclaimed (counted at
-  // both ends). Known cost: while a placement waits on a receiver's memory (the first message to
-  // a region maps the owner's file; a fault on a file the owner chose may block), the batch's
-  // later receivers hold reserved, unpublished completions, so their CQs show nothing behind
-  // them from other senders either.
+  // both ends). A run whose receives lie in a region not mapped here yet (the first message to
+  // it maps the owner's file, which may wait) is the last one claimed, so no other receiver's
+  // completions wait, reserved and unpublished, while it is mapped. Known cost left: a fault on
+  // a mapped file the owner chose (a disk file's page read back) holds the later runs' the same
+  // way, as it holds this sender.
   static constexpr uint32_t kMaxUdBatch = 16;
   bool StartsUdRun(const SendWr& wr) const;
   // Whether two SENDs of a batch (each one StartsUdRun took) go to one receiver: one run.
@@ -106,6 +107,8 @@ class ShmQp : public QueuePair {
   bool LocateUdRun(SendWr* const* run, uint32_t n, uint64_t* lengths, UdClaim* claim);
   // Claims receives for the run's first claim->fit WRs (into recvs) and their completions.
   void ClaimUdRun(uint32_t dst_qpn, const uint64_t* lengths, RecvEntry* recvs, UdClaim* claim);
+  // Whether every receive the run claimed lies in a region mapped here (Peer::Mapped).
+  static bool ReceivesMapped(const UdClaim& claim, const RecvEntry* recvs);
   // Places the claimed WRs' bytes and publishes their completions.
   void PlaceUdRun(SendWr* const* run, const uint64_t* lengths, const RecvEntry* recvs,
                   const UdClaim& claim);
