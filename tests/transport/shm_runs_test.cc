@@ -7,6 +7,7 @@
 //   stale one (lower than the real counter, as a slow peer can leave it, or an old life's) never
 //   lets a sender claim a receive that was not posted or a producer overwrite an unpolled
 //   completion.
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -303,14 +304,20 @@ class PeerTestAccess {
 namespace transport::testing {
 namespace {
 
-// Whether thread `tid` of this process is asleep in the kernel (for the test below: waiting on a
-// lock; nothing else on its path sleeps).
-bool Asleep(pid_t tid) {
+// Whether thread `tid` of this process waits on a lock: asleep in the kernel, in futex(2) (a
+// sanitizer's own lock could be that too, but only a lock the test holds keeps it there).
+bool WaitsOnALock(pid_t tid) {
   std::ifstream stat(absl::StrCat("/proc/self/task/", tid, "/stat"));
   std::string line;
   std::getline(stat, line);
   const size_t close = line.rfind(')');  // the name, in parentheses, may hold anything
-  return close != std::string::npos && close + 2 < line.size() && line[close + 2] == 'S';
+  if (close == std::string::npos || close + 2 >= line.size() || line[close + 2] != 'S') {
+    return false;
+  }
+  std::ifstream syscall(absl::StrCat("/proc/self/task/", tid, "/syscall"));
+  long number = -1;
+  syscall >> number;
+  return number == SYS_futex;
 }
 
 // A batch to receivers X then Y, where X's region is not mapped by the sender yet and mapping it
@@ -374,14 +381,17 @@ TEST(ShmUdRuns, APlacementThatMapsAReceiversRegionHoldsUpNoOtherReceiver) {
   });
   // Until the batch waits to map X's region.
   const absl::Time give_up = absl::Now() + kCompletionDeadline;
-  while ((batch_tid.load() == 0 || !Asleep(batch_tid.load())) && absl::Now() < give_up) {
+  while ((batch_tid.load() == 0 || !WaitsOnALock(batch_tid.load())) && absl::Now() < give_up) {
     std::this_thread::yield();
   }
-  ASSERT_TRUE(Asleep(batch_tid.load())) << "the batch never reached X's mapping";
-  ASSERT_TRUE(Post(*other_qp, wrs[2]).ok());
-  const std::vector<Completion> meanwhile = PollN(*y->recv_cq, 1);
-  x_mapping.Unlock();
+  const bool waiting = WaitsOnALock(batch_tid.load());
+  const bool posted = waiting && Post(*other_qp, wrs[2]).ok();
+  const std::vector<Completion> meanwhile =
+      posted ? PollN(*y->recv_cq, 1) : std::vector<Completion>{};
+  x_mapping.Unlock();  // before any ASSERT can end the test with the batch's thread waiting
   batch.join();
+  ASSERT_TRUE(waiting) << "the batch never reached X's mapping";
+  ASSERT_TRUE(posted);
   ASSERT_EQ(meanwhile.size(), 1u) << "Y's CQ showed nothing while X's region was being mapped";
   EXPECT_EQ(meanwhile[0].wr_id, 1u);  // Y's first receive: the other sender's message
   EXPECT_EQ(meanwhile[0].status, CompletionStatus::kSuccess);

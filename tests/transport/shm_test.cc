@@ -624,4 +624,62 @@ TEST(ShmPeers, ANewDeviceAtADepartedOnesAddressIsANewPeer) {
   EXPECT_EQ(got[0].status, CompletionStatus::kSuccess);
 }
 
+// A region key's generation is 8 bits: register and deregister at one index often enough and a
+// new region gets an old one's key. A sender that mapped the old region must not take its
+// mapping for the new one (the bytes would land in memory no longer registered, and the new
+// region would never get them): a mapping is of one registration, not of a key.
+TEST(ShmPeers, ARegionWhoseKeyComesRoundAgainIsNotTakenForTheOldOne) {
+  auto a = MakeNode("shm");
+  auto b = MakeNode("shm");
+  ASSERT_TRUE(a && b);
+  auto sender = MakeQp(*a, QpType::kUd);
+  auto receiver = MakeQp(*b, QpType::kUd);
+  for (QueuePair* qp : {sender.get(), receiver.get()}) ASSERT_TRUE(qp->Connect({}).ok());
+  auto ah = a->pd->CreateAddressHandle(AddressInfo{0, b->device->port().gid});
+  ASSERT_TRUE(ah.ok()) << ah.status();
+  constexpr uint32_t kBytes = 4096;
+  auto receive_into = [&](const SharedMemory& memory, uint32_t lkey) {
+    Sge sge{reinterpret_cast<uint64_t>(memory.data()), kBytes, lkey};
+    RecvWr wr;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    RecvWr* bad = nullptr;
+    return receiver->PostRecv(&wr, &bad);
+  };
+  auto send = [&](const char* text) {
+    std::memcpy(a->bytes(), text, std::strlen(text));
+    EXPECT_EQ(
+        SendUd(*sender, *a->send_cq, a->sge(0, std::strlen(text)), ah->get(), receiver->qp_num()),
+        CompletionStatus::kSuccess);
+    return PollN(*b->recv_cq, 1);
+  };
+  // The old region: the sender maps it with its first message there.
+  SharedMemory old_memory = *SharedMemory::Allocate(kBytes);
+  auto old_mr = b->pd->RegisterMemory(old_memory.data(), kBytes, kAllAccess);
+  ASSERT_TRUE(old_mr.ok()) << old_mr.status();
+  const uint32_t key = (*old_mr)->lkey();
+  ASSERT_TRUE(receive_into(old_memory, key).ok());
+  ASSERT_EQ(send("to the old region").size(), 1u);
+  ASSERT_EQ(std::memcmp(old_memory.data() + kGrhBytes, "to the old region", 17), 0);
+  old_mr->reset();
+  // A new region at the same index, registered again until it gets the old key.
+  SharedMemory new_memory = *SharedMemory::Allocate(kBytes);
+  std::unique_ptr<MemoryRegion> new_mr;
+  for (int i = 0; i < 4096 && (new_mr == nullptr || new_mr->lkey() != key); ++i) {
+    new_mr.reset();
+    auto mr = b->pd->RegisterMemory(new_memory.data(), kBytes, kAllAccess);
+    ASSERT_TRUE(mr.ok()) << mr.status();
+    new_mr = *std::move(mr);
+  }
+  ASSERT_EQ(new_mr->lkey(), key) << "the key never came round";
+  ASSERT_TRUE(receive_into(new_memory, key).ok());
+  const std::vector<Completion> got = send("to the new region");
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].status, CompletionStatus::kSuccess);
+  EXPECT_EQ(std::memcmp(new_memory.data() + kGrhBytes, "to the new region", 17), 0)
+      << "the bytes went elsewhere";
+  EXPECT_EQ(std::memcmp(old_memory.data() + kGrhBytes, "to the old region", 17), 0)
+      << "the deregistered region was written";
+}
+
 }  // namespace transport::testing

@@ -20,7 +20,7 @@ namespace transport::shm {
 
 inline constexpr uint64_t kSegmentMagic = 0x6865726473686d31ULL;  // "herdshm1"
 // The layout below; a peer with another version is refused (bump on any layout change).
-inline constexpr uint32_t kSegmentVersion = 7;
+inline constexpr uint32_t kSegmentVersion = 8;
 // Virtual size of a segment; memfd pages are allocated only when touched.
 inline constexpr uint64_t kSegmentBytes = uint64_t{256} << 20;
 inline constexpr uint32_t kMaxMrs = 4096;  // registered regions per device
@@ -40,6 +40,12 @@ struct MrExtent {
 struct MrEntry {
   std::atomic<uint32_t> key;  // 0: free
   uint32_t access;
+  // Which registration of the device this is (1, 2, ...): unlike a key, whose 8-bit generation
+  // comes round again, never the same twice, so a peer's mapping of an earlier region that had
+  // this key is never taken for this one. Written before the fields, with a release fence
+  // between (ShmDevice::AddRegion): a reader that finds it unchanged after reading them read
+  // one registration's fields.
+  std::atomic<uint64_t> registration;
   uint64_t addr;  // in the owner's address space
   uint64_t length;
   uint32_t pd;            // the protection domain it was registered in (an id unique in its device)
@@ -139,9 +145,9 @@ static_assert(offsetof(CqRing, tail) - offsetof(CqRing, overflows) >= kCacheLine
 static_assert(offsetof(CqRing, entries) - offsetof(CqRing, tail) >= kCacheLineBytes);
 static_assert(alignof(RecvRing) == kCacheLineBytes && alignof(CqRing) == kCacheLineBytes);
 static_assert(kRingAlignment % kCacheLineBytes == 0);
-// An MR entry is its 32-byte head and the extents, without padding a peer must guess.
-static_assert(sizeof(MrExtent) == 24 && offsetof(MrEntry, extents) == 32 &&
-              sizeof(MrEntry) == 32 + kMaxMrExtents * sizeof(MrExtent));
+// An MR entry is its 40-byte head and the extents, without padding a peer must guess.
+static_assert(sizeof(MrExtent) == 24 && offsetof(MrEntry, extents) == 40 &&
+              sizeof(MrEntry) == 40 + kMaxMrExtents * sizeof(MrExtent));
 
 struct QpEntry {
   std::atomic<uint32_t> qp_num;  // 0: free

@@ -152,8 +152,8 @@ uint8_t* Peer::Resolve(uint32_t key, uint64_t addr, uint64_t length, uint32_t ac
   if (index >= kMaxMrs) return nullptr;
   MrEntry& entry = header()->mrs[index];
   if (key == 0 || entry.key.load(std::memory_order_acquire) != key) return nullptr;
-  const MappedRegion* region = regions_[index].load(std::memory_order_acquire);
-  if (region == nullptr || region->key != key) region = MapRegion(index, key);
+  const MappedRegion* region = Current(entry, index, key);
+  if (region == nullptr) region = MapRegion(index, key);
   if (region == nullptr) return nullptr;
   // The range is checked against what was mapped (the entry as it was then): the peer may
   // rewrite its entry at any time, but never widens what we touch.
@@ -167,20 +167,10 @@ uint8_t* Peer::Resolve(uint32_t key, uint64_t addr, uint64_t length, uint32_t ac
   return region->local + (addr - region->addr);
 }
 
-bool Peer::Mapped(uint32_t key) const {
-  const uint32_t index = key >> kMrIndexShift;
-  if (index >= kMaxMrs) return false;
-  const MappedRegion* region = regions_[index].load(std::memory_order_acquire);
-  return region != nullptr && region->key == key;
-}
-
 const Peer::MappedRegion* Peer::MapRegion(uint32_t index, uint32_t key) {
   util::MutexLock lock(&map_mutex_);
   // Another thread may have mapped it while we waited.
-  if (const MappedRegion* current = regions_[index].load(std::memory_order_acquire);
-      current != nullptr && current->key == key) {
-    return current;
-  }
+  if (const MappedRegion* current = Current(header()->mrs[index], index, key)) return current;
   auto region = std::make_unique<MappedRegion>();
   if (!Map(header()->mrs[index], key, region.get())) return nullptr;
   const MappedRegion* published = region.get();
@@ -253,6 +243,7 @@ bool FitsPages(uint64_t addr, uint64_t offset, const MrExtent& extent, uint64_t 
 }  // namespace
 
 bool Peer::Map(MrEntry& entry, uint32_t key, MappedRegion* region) {
+  const uint64_t registration = entry.registration.load(std::memory_order_acquire);
   // One read of each field: the peer may be rewriting them.
   const uint64_t addr = std::atomic_ref<uint64_t>(entry.addr).load(std::memory_order_relaxed);
   const uint64_t length = std::atomic_ref<uint64_t>(entry.length).load(std::memory_order_relaxed);
@@ -268,6 +259,13 @@ bool Peer::Map(MrEntry& entry, uint32_t key, MappedRegion* region) {
     sum += extents[i].length;
   }
   if (sum != length) return false;
+  // The fields read are one registration's, the one `key` names, only if the entry still holds
+  // both (the owner stores the registration, then the fields, then the key; AddRegion).
+  std::atomic_thread_fence(std::memory_order_acquire);
+  if (entry.registration.load(std::memory_order_relaxed) != registration ||
+      entry.key.load(std::memory_order_relaxed) != key) {
+    return false;
+  }
   // Our own mapping of the owner's files, in the same process too: the owner may unmap its
   // memory (deregister and free) while a WR we already resolved still writes, as a NIC's DMA may
   // outlive the application's view; a file lives as long as any mapping of it does.
@@ -275,6 +273,7 @@ bool Peer::Map(MrEntry& entry, uint32_t key, MappedRegion* region) {
                                  : MapExtents(addr, length, absl::MakeSpan(extents, count), region);
   if (!mapped) return false;
   region->key = key;
+  region->registration = registration;
   region->addr = addr;
   region->length = length;
   return true;
@@ -805,6 +804,10 @@ absl::StatusOr<uint32_t> ShmDevice::AddRegion(uint32_t pd, uint64_t addr, uint64
     if (entry.key.load(std::memory_order_relaxed) != 0) continue;
     const uint32_t generation = next_generation_++ & ((1u << kMrIndexShift) - 1);
     const uint32_t key = (index << kMrIndexShift) | (generation == 0 ? 1 : generation);
+    entry.registration.store(next_registration_++, std::memory_order_relaxed);
+    // A peer that reads these fields and then finds `registration` unchanged read this
+    // registration's, not a mix with the last one's (Peer::Map).
+    std::atomic_thread_fence(std::memory_order_release);
     entry.access = access;
     entry.pd = pd;
     entry.addr = addr;

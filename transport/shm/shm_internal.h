@@ -76,19 +76,36 @@ class Peer {
   // later access is lock-free.
   uint8_t* Resolve(uint32_t key, uint64_t addr, uint64_t length, uint32_t access, uint32_t pd);
   // Whether region `key` is mapped here now, so that Resolve of it opens and maps nothing (it may
-  // still fault on the owner's file). Lock-free.
-  bool Mapped(uint32_t key) const;
+  // still fault on the owner's file). Lock-free; inline: the data path asks it per run.
+  bool Mapped(uint32_t key) const {
+    const uint32_t index = key >> kMrIndexShift;
+    if (index >= kMaxMrs) return false;
+    const MrEntry& entry = header()->mrs[index];
+    return entry.key.load(std::memory_order_acquire) == key &&
+           Current(entry, index, key) != nullptr;
+  }
 
  private:
   friend class PeerTestAccess;  // holds map_mutex_ to stand for a mapping that takes its time
   struct MappedRegion {
     uint32_t key = 0;
-    uint64_t addr = 0;  // the region as its entry said when we mapped it
+    uint64_t registration = 0;  // MrEntry::registration: which of the key's lives this maps
+    uint64_t addr = 0;          // the region as its entry said when we mapped it
     uint64_t length = 0;
     uint8_t* local = nullptr;  // where the region's first byte is mapped here
     void* mapping = nullptr;   // for munmap: the mapping, or a multi-extent region's reservation
     size_t mapping_bytes = 0;
   };
+  // Our mapping of region `key` (at `index`, whose entry is `entry`) if it maps the registration
+  // the entry holds now; nullptr when there is none yet, or it is of an earlier region that had
+  // the same key (the key's generation came round) or index.
+  const MappedRegion* Current(const MrEntry& entry, uint32_t index, uint32_t key) const {
+    const MappedRegion* region = regions_[index].load(std::memory_order_acquire);
+    return region != nullptr && region->key == key &&
+                   region->registration == entry.registration.load(std::memory_order_relaxed)
+               ? region
+               : nullptr;
+  }
   // The slow path of Resolve: maps region `key` (at `index`) as its entry describes it now, and
   // publishes it; nullptr if it cannot be mapped.
   const MappedRegion* MapRegion(uint32_t index, uint32_t key);
@@ -218,6 +235,7 @@ class ShmDevice : public Device {
   std::atomic<uint32_t> next_pd_{1};
   util::Mutex control_mutex_;  // control path only: table slots and the arena
   uint32_t next_generation_ ABSL_GUARDED_BY(control_mutex_) = 1;
+  uint64_t next_registration_ ABSL_GUARDED_BY(control_mutex_) = 1;  // MrEntry::registration
   std::atomic<uint32_t> next_cq_id_{1};
   // Released extents: waiting out the quarantine (oldest first), and reusable, by size.
   struct Released {

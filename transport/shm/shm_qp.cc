@@ -719,17 +719,18 @@ void ShmQp::RunUdBatch(SendWr* const* batch, uint32_t n, uint64_t first_sequence
   }
   // ... then the claims, in post order, up to and including the first run that got less than
   // all of its WRs: what follows it goes after its remainder (below), as one by one would. And
-  // up to the first run whose receives lie in a region not mapped here yet: placing it opens and
-  // maps the receiver's file, which may wait, and a later run's completions, reserved and not yet
-  // published, would wait with it and hide every other sender's behind them in their CQs (one
-  // receiver's memory must hold up no other receiver).
+  // up to and including the first run whose receives lie in a region not mapped here yet:
+  // placing it opens and maps the receiver's file, which may wait, and a later run's
+  // completions, reserved and not yet published, would wait with it and hide every other
+  // sender's behind them in their CQs (one receiver's memory must hold up no other receiver).
   uint32_t claimed = 0;
   while (claimed < located) {
     const uint32_t b = begin[claimed];
     UdClaim& claim = claims[claimed];
     ClaimUdRun(batch[b]->remote_qpn, lengths + b, recvs + b, &claim);
     ++claimed;
-    if (claim.taken < begin[claimed] - b || !ReceivesMapped(claim, recvs + b)) break;
+    if (claim.taken < begin[claimed] - b) break;
+    if (claimed < located && !ReceivesMapped(claim, recvs + b)) break;
   }
   // ... then the bytes and completions of everything claimed.
   for (uint32_t r = 0; r < claimed; ++r) {
@@ -798,8 +799,11 @@ void ShmQp::ClaimUdRun(uint32_t dst_qpn, const uint64_t* lengths, RecvEntry* rec
 }
 
 bool ShmQp::ReceivesMapped(const UdClaim& claim, const RecvEntry* recvs) {
+  // A receiver posts its receives from one region or a few: one look per key change.
   for (uint32_t i = 0; i < claim.taken; ++i) {
-    if (!claim.peer->Mapped(recvs[i].lkey)) return false;
+    if ((i == 0 || recvs[i].lkey != recvs[i - 1].lkey) && !claim.peer->Mapped(recvs[i].lkey)) {
+      return false;
+    }
   }
   return true;
 }

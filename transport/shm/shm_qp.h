@@ -70,7 +70,7 @@ class ShmQp : public QueuePair {
   // Synchronous mode, UD, no fault injection: up to kMaxUdBatch SENDs posted together go as a
   // batch of runs (a run: consecutive SENDs to one receiver). A run's receives are claimed with
   // one CAS and its completions reserved with one, not two locked instructions per message. A
-  // batch claims for every run before it places any bytes: a locked instruction waits for every
+  // batch claims for its runs before it places any bytes: a locked instruction waits for every
   // earlier store to leave the store buffer, so a claim made after the previous receiver's bytes
   // and completion were stored waited for their lines to arrive from that receiver's core (a
   // sender answering many clients paid a cross-core miss per message). The batch first looks up
@@ -82,9 +82,13 @@ class ShmQp : public QueuePair {
   // receiver only, where one by one the message would have been dropped unclaimed (counted at
   // both ends). A run whose receives lie in a region not mapped here yet (the first message to
   // it maps the owner's file, which may wait) is the last one claimed, so no other receiver's
-  // completions wait, reserved and unpublished, while it is mapped. Known cost left: a fault on
-  // a mapped file the owner chose (a disk file's page read back) holds the later runs' the same
-  // way, as it holds this sender.
+  // completions wait, reserved and unpublished, while it is mapped; its own receiver's do, as one
+  // by one (Deliver reserves before it places). Known cost left: whatever else holds this thread
+  // between the claims and the last placement holds the later runs' completions too, where one by
+  // one held one receiver's at a time: being descheduled, a first touch of a fresh mapping's
+  // page, a fault on this sender's own buffers, or a fault on a mapped file the owner chose (a
+  // disk file's page read back; a FUSE file's for as long as its daemon takes: region files are
+  // not checked to be memory).
   static constexpr uint32_t kMaxUdBatch = 16;
   bool StartsUdRun(const SendWr& wr) const;
   // Whether two SENDs of a batch (each one StartsUdRun took) go to one receiver: one run.
