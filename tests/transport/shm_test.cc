@@ -682,4 +682,44 @@ TEST(ShmPeers, ARegionWhoseKeyComesRoundAgainIsNotTakenForTheOldOne) {
       << "the deregistered region was written";
 }
 
+// A peer that rewrites its region's entry again and again (here its registration number, as a
+// re-registration at the same index would) makes each access map the region anew, and every
+// mapping is kept while the peer lives (a replaced one may still be in another thread's hands).
+// Past Peer::kMaxReplacedMappings nothing more of that peer is mapped: its receive fails (the
+// receiver goes to ERR), and this process holds no more mappings of its file.
+TEST(ShmPeers, APeerThatReplacesItsRegionsWithoutEndIsRefusedMoreMappings) {
+  auto a = MakeNode("shm");
+  auto b = MakeNode("shm");
+  ASSERT_TRUE(a && b);
+  auto sender = MakeQp(*a, QpType::kUd);
+  auto receiver = MakeQp(*b, QpType::kUd);
+  for (QueuePair* qp : {sender.get(), receiver.get()}) ASSERT_TRUE(qp->Connect({}).ok());
+  auto ah = a->pd->CreateAddressHandle(AddressInfo{0, b->device->port().gid});
+  ASSERT_TRUE(ah.ok()) << ah.status();
+  shm::MrEntry& entry = dynamic_cast<shm::ShmDevice&>(*b->device)
+                            .segment()
+                            .header()
+                            ->mrs[b->mr->lkey() >> shm::kMrIndexShift];
+  const int before = MappingsOf(b->memory->fd());
+  constexpr uint64_t kPast = 10;
+  uint64_t delivered = 0;
+  CompletionStatus last = CompletionStatus::kSuccess;
+  for (uint64_t i = 0; i <= shm::Peer::kMaxReplacedMappings + kPast; ++i) {
+    if (i > 0) entry.registration.fetch_add(1);  // what the hostile peer writes
+    ASSERT_TRUE(PostRecv(*receiver, *b, i, 0, 256).ok());
+    ASSERT_EQ(SendUd(*sender, *a->send_cq, a->sge(0, 8), ah->get(), receiver->qp_num()),
+              CompletionStatus::kSuccess);
+    const std::vector<Completion> got = PollN(*b->recv_cq, 1);
+    ASSERT_EQ(got.size(), 1u);
+    last = got[0].status;
+    if (last != CompletionStatus::kSuccess) break;
+    ++delivered;
+  }
+  // The first mapping and kMaxReplacedMappings in place of it; then none.
+  EXPECT_EQ(delivered, shm::Peer::kMaxReplacedMappings + 1);
+  EXPECT_EQ(last, CompletionStatus::kLocalProtectionError);
+  EXPECT_EQ(MappingsOf(b->memory->fd()) - before,
+            static_cast<int>(shm::Peer::kMaxReplacedMappings + 1));
+}
+
 }  // namespace transport::testing

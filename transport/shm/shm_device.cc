@@ -171,8 +171,19 @@ const Peer::MappedRegion* Peer::MapRegion(uint32_t index, uint32_t key) {
   util::MutexLock lock(&map_mutex_);
   // Another thread may have mapped it while we waited.
   if (const MappedRegion* current = Current(header()->mrs[index], index, key)) return current;
+  const bool replaces = regions_[index].load(std::memory_order_relaxed) != nullptr;
+  if (replaces && replaced_ >= kMaxReplacedMappings) {
+    if (replaced_++ == kMaxReplacedMappings) {
+      LOG(ERROR) << "shm: peer pid " << header()->pid << " replaced its regions "
+                 << kMaxReplacedMappings
+                 << " times under this device's mappings; no more are mapped (its receives "
+                    "and regions that need one fail)";
+    }
+    return nullptr;
+  }
   auto region = std::make_unique<MappedRegion>();
   if (!Map(header()->mrs[index], key, region.get())) return nullptr;
+  if (replaces) ++replaced_;
   const MappedRegion* published = region.get();
   mappings_.push_back(std::move(region));
   regions_[index].store(published, std::memory_order_release);

@@ -75,6 +75,12 @@ class Peer {
   // file open and mmap under map_mutex_ when the peer is another process, once per region; every
   // later access is lock-free.
   uint8_t* Resolve(uint32_t key, uint64_t addr, uint64_t length, uint32_t access, uint32_t pd);
+  // A mapping made in place of an earlier one at the same index (the peer re-registered there, or
+  // rewrote its entry) is kept with the old one, so a peer that did it without end would make us
+  // open and map a file per access and hold a mapping per time (vm.max_map_count is the whole
+  // process's): past this many, nothing more of the peer's is mapped (Resolve fails). Far above
+  // what herd's own peers do (they re-register once per session or re-attachment).
+  static constexpr uint64_t kMaxReplacedMappings = 1024;
   // Whether region `key` is mapped here now, so that Resolve of it opens and maps nothing (it may
   // still fault on the owner's file). Lock-free; inline: the data path asks it per run.
   bool Mapped(uint32_t key) const {
@@ -123,6 +129,8 @@ class Peer {
   // Every mapping ever made, unmapped only when the peer goes: a replaced one may still be in use
   // by another thread's Resolve.
   std::vector<std::unique_ptr<MappedRegion>> mappings_ ABSL_GUARDED_BY(map_mutex_);
+  // Mappings made in place of an earlier one at the same index (see kMaxReplacedMappings).
+  uint64_t replaced_ ABSL_GUARDED_BY(map_mutex_) = 0;
 };
 
 // A UD address handle: its peer is resolved (the segment mapped, or the device's mapping of it
