@@ -685,8 +685,8 @@ TEST(ShmPeers, ARegionWhoseKeyComesRoundAgainIsNotTakenForTheOldOne) {
 // A peer that rewrites its region's entry again and again (here its registration number, as a
 // re-registration at the same index would) makes each access map the region anew, and every
 // mapping is kept while the peer lives (a replaced one may still be in another thread's hands).
-// Past Peer::kMaxReplacedMappings nothing more of that peer is mapped: its receive fails (the
-// receiver goes to ERR), and this process holds no more mappings of its file.
+// Past Peer::kMaxReplacedMappings no more replacements are made for that peer: its receive fails
+// (the receiver goes to ERR), and this process holds no more mappings of its file.
 TEST(ShmPeers, APeerThatReplacesItsRegionsWithoutEndIsRefusedMoreMappings) {
   auto a = MakeNode("shm");
   auto b = MakeNode("shm");

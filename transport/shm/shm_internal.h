@@ -78,8 +78,9 @@ class Peer {
   // A mapping made in place of an earlier one at the same index (the peer re-registered there, or
   // rewrote its entry) is kept with the old one, so a peer that did it without end would make us
   // open and map a file per access and hold a mapping per time (vm.max_map_count is the whole
-  // process's): past this many, nothing more of the peer's is mapped (Resolve fails). Far above
-  // what herd's own peers do (they re-register once per session or re-attachment).
+  // process's): past this many, no more are made for the peer (a Resolve that needs one fails;
+  // its first mappings of other indexes, at most kMaxMrs, still are). Far above what herd's own
+  // peers do (they re-register once per session or re-attachment).
   static constexpr uint64_t kMaxReplacedMappings = 1024;
   // Whether region `key` is mapped here now, so that Resolve of it opens and maps nothing (it may
   // still fault on the owner's file). Lock-free; inline: the data path asks it per run.
