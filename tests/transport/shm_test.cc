@@ -624,19 +624,35 @@ TEST(ShmPeers, ANewDeviceAtADepartedOnesAddressIsANewPeer) {
   EXPECT_EQ(got[0].status, CompletionStatus::kSuccess);
 }
 
+// A UD sender on node a, a UD receiver on node b, and the sender's address handle to b: for the
+// tests of how a sender maps the regions of b it delivers into.
+class ShmPeerRegions : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    a = MakeNode("shm");
+    b = MakeNode("shm");
+    ASSERT_TRUE(a && b);
+    sender = MakeQp(*a, QpType::kUd);
+    receiver = MakeQp(*b, QpType::kUd);
+    for (QueuePair* qp : {sender.get(), receiver.get()}) ASSERT_TRUE(qp->Connect({}).ok());
+    auto to_b = a->pd->CreateAddressHandle(AddressInfo{0, b->device->port().gid});
+    ASSERT_TRUE(to_b.ok()) << to_b.status();
+    ah = *std::move(to_b);
+  }
+  // Sends the first `bytes` of a's memory to the receiver; its send completion's status.
+  CompletionStatus Send(uint32_t bytes) {
+    return SendUd(*sender, *a->send_cq, a->sge(0, bytes), ah.get(), receiver->qp_num());
+  }
+  std::unique_ptr<Node> a, b;
+  std::unique_ptr<QueuePair> sender, receiver;
+  std::unique_ptr<AddressHandle> ah;
+};
+
 // A region key's generation is 8 bits: register and deregister at one index often enough and a
 // new region gets an old one's key. A sender that mapped the old region must not take its
 // mapping for the new one (the bytes would land in memory no longer registered, and the new
 // region would never get them): a mapping is of one registration, not of a key.
-TEST(ShmPeers, ARegionWhoseKeyComesRoundAgainIsNotTakenForTheOldOne) {
-  auto a = MakeNode("shm");
-  auto b = MakeNode("shm");
-  ASSERT_TRUE(a && b);
-  auto sender = MakeQp(*a, QpType::kUd);
-  auto receiver = MakeQp(*b, QpType::kUd);
-  for (QueuePair* qp : {sender.get(), receiver.get()}) ASSERT_TRUE(qp->Connect({}).ok());
-  auto ah = a->pd->CreateAddressHandle(AddressInfo{0, b->device->port().gid});
-  ASSERT_TRUE(ah.ok()) << ah.status();
+TEST_F(ShmPeerRegions, ARegionWhoseKeyComesRoundAgainIsNotTakenForTheOldOne) {
   constexpr uint32_t kBytes = 4096;
   auto receive_into = [&](const SharedMemory& memory, uint32_t lkey) {
     Sge sge{reinterpret_cast<uint64_t>(memory.data()), kBytes, lkey};
@@ -648,9 +664,7 @@ TEST(ShmPeers, ARegionWhoseKeyComesRoundAgainIsNotTakenForTheOldOne) {
   };
   auto send = [&](const char* text) {
     std::memcpy(a->bytes(), text, std::strlen(text));
-    EXPECT_EQ(
-        SendUd(*sender, *a->send_cq, a->sge(0, std::strlen(text)), ah->get(), receiver->qp_num()),
-        CompletionStatus::kSuccess);
+    EXPECT_EQ(Send(std::strlen(text)), CompletionStatus::kSuccess);
     return PollN(*b->recv_cq, 1);
   };
   // The old region: the sender maps it with its first message there.
@@ -687,15 +701,7 @@ TEST(ShmPeers, ARegionWhoseKeyComesRoundAgainIsNotTakenForTheOldOne) {
 // mapping is kept while the peer lives (a replaced one may still be in another thread's hands).
 // Past Peer::kMaxReplacedMappings no more replacements are made for that peer: its receive fails
 // (the receiver goes to ERR), and this process holds no more mappings of its file.
-TEST(ShmPeers, APeerThatReplacesItsRegionsWithoutEndIsRefusedMoreMappings) {
-  auto a = MakeNode("shm");
-  auto b = MakeNode("shm");
-  ASSERT_TRUE(a && b);
-  auto sender = MakeQp(*a, QpType::kUd);
-  auto receiver = MakeQp(*b, QpType::kUd);
-  for (QueuePair* qp : {sender.get(), receiver.get()}) ASSERT_TRUE(qp->Connect({}).ok());
-  auto ah = a->pd->CreateAddressHandle(AddressInfo{0, b->device->port().gid});
-  ASSERT_TRUE(ah.ok()) << ah.status();
+TEST_F(ShmPeerRegions, APeerThatReplacesItsRegionsWithoutEndIsRefusedMoreMappings) {
   shm::MrEntry& entry = dynamic_cast<shm::ShmDevice&>(*b->device)
                             .segment()
                             .header()
@@ -707,8 +713,7 @@ TEST(ShmPeers, APeerThatReplacesItsRegionsWithoutEndIsRefusedMoreMappings) {
   for (uint64_t i = 0; i <= shm::Peer::kMaxReplacedMappings + kPast; ++i) {
     if (i > 0) entry.registration.fetch_add(1);  // what the hostile peer writes
     ASSERT_TRUE(PostRecv(*receiver, *b, i, 0, 256).ok());
-    ASSERT_EQ(SendUd(*sender, *a->send_cq, a->sge(0, 8), ah->get(), receiver->qp_num()),
-              CompletionStatus::kSuccess);
+    ASSERT_EQ(Send(8), CompletionStatus::kSuccess);
     const std::vector<Completion> got = PollN(*b->recv_cq, 1);
     ASSERT_EQ(got.size(), 1u);
     last = got[0].status;
