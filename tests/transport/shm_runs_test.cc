@@ -332,20 +332,13 @@ TEST(ShmUdRuns, APlacementThatMapsAReceiversRegionHoldsUpNoOtherReceiver) {
   auto x = MakeNode("shm", kAllAccess, 4096, fabric);
   auto y = MakeNode("shm", kAllAccess, 4096, fabric);
   ASSERT_TRUE(sender && other_sender && x && y);
-  auto make_ud = [](Node& node) {
-    QpConfig config;
-    config.type = QpType::kUd;
-    config.send_cq = node.send_cq.get();
-    config.recv_cq = node.recv_cq.get();
-    config.max_recv_wr = 8;
-    auto qp = *node.pd->CreateQp(config);
-    EXPECT_TRUE(qp->Connect(ConnectConfig{}).ok());
-    return qp;
-  };
-  auto send_qp = make_ud(*sender);
-  auto other_qp = make_ud(*other_sender);
-  auto x_qp = make_ud(*x);
-  auto y_qp = make_ud(*y);
+  auto send_qp = MakeQp(*sender, QpType::kUd);
+  auto other_qp = MakeQp(*other_sender, QpType::kUd);
+  auto x_qp = MakeQp(*x, QpType::kUd);
+  auto y_qp = MakeQp(*y, QpType::kUd);
+  for (QueuePair* qp : {send_qp.get(), other_qp.get(), x_qp.get(), y_qp.get()}) {
+    ASSERT_TRUE(qp->Connect(ConnectConfig{}).ok());
+  }
   ASSERT_TRUE(PostRecv(*x_qp, *x, 0, 0, kGrhBytes + 64).ok());
   ASSERT_TRUE(PostRecv(*y_qp, *y, 1, 0, kGrhBytes + 64).ok());
   ASSERT_TRUE(PostRecv(*y_qp, *y, 2, kReceiveSlotBytes, kGrhBytes + 64).ok());
@@ -354,8 +347,8 @@ TEST(ShmUdRuns, APlacementThatMapsAReceiversRegionHoldsUpNoOtherReceiver) {
   auto other_to_y = *other_sender->pd->CreateAddressHandle(AddressInfo{0, y->device->port().gid});
   SendWr wrs[3];
   Sge sges[3];
-  auto send = [&](SendWr& wr, Sge& sge, Node& from, uint64_t wr_id, AddressHandle* ah,
-                  const QueuePair& to) {
+  auto fill_send = [&](SendWr& wr, Sge& sge, Node& from, uint64_t wr_id, AddressHandle* ah,
+                       const QueuePair& to) {
     sge = from.sge(0, 64);
     wr.wr_id = wr_id;
     wr.sg_list = &sge;
@@ -366,10 +359,10 @@ TEST(ShmUdRuns, APlacementThatMapsAReceiversRegionHoldsUpNoOtherReceiver) {
     wr.remote_qpn = to.qp_num();
     wr.remote_qkey = ConnectConfig{}.qkey;
   };
-  send(wrs[0], sges[0], *sender, 10, to_x.get(), *x_qp);
-  send(wrs[1], sges[1], *sender, 11, to_y.get(), *y_qp);
+  fill_send(wrs[0], sges[0], *sender, 10, to_x.get(), *x_qp);
+  fill_send(wrs[1], sges[1], *sender, 11, to_y.get(), *y_qp);
   wrs[0].next = &wrs[1];  // one batch: a run to X, then a run to Y
-  send(wrs[2], sges[2], *other_sender, 20, other_to_y.get(), *y_qp);
+  fill_send(wrs[2], sges[2], *other_sender, 20, other_to_y.get(), *y_qp);
 
   util::Mutex& x_mapping =
       shm::PeerTestAccess::map_mutex(*static_cast<shm::ShmAh*>(to_x.get())->peer());
