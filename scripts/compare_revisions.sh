@@ -56,8 +56,11 @@ if bazel query //bench:engine_bench >/dev/null 2>&1 &&
   (cd "$worktree" && bazel query //bench:engine_bench >/dev/null 2>&1); then
   has_engine_bench=1
 fi
+# herd_client lived in herd/ before the layer split (c6be3b7 and older): build it where it is.
+rev_client=//bench:herd_client
+(cd "$worktree" && bazel query "$rev_client" >/dev/null 2>&1) || rev_client=//herd:herd_client
 bazel build "${config[@]}" "${targets[@]}" $([ "$has_engine_bench" = 1 ] && echo //bench:engine_bench)
-(cd "$worktree" && bazel build "${config[@]}" "${targets[@]}" \
+(cd "$worktree" && bazel build "${config[@]}" //herd:herd_server "$rev_client" \
   $([ "$has_engine_bench" = 1 ] && echo //bench:engine_bench))
 this_bin=$(bazel info "${config[@]}" bazel-bin 2>/dev/null)
 rev_bin=$(cd "$worktree" && bazel info "${config[@]}" bazel-bin 2>/dev/null)
@@ -66,7 +69,8 @@ rev_bin=$(cd "$worktree" && bazel info "${config[@]}" bazel-bin 2>/dev/null)
 rev_copy="$out/bin"
 rm -rf "$rev_copy" && mkdir -p "$rev_copy/herd" "$rev_copy/bench"
 cp "$rev_bin/herd/herd_server" "$rev_copy/herd/"
-cp "$rev_bin/bench/herd_client" "$rev_copy/bench/"
+rev_client_path=${rev_client#//}
+cp "$rev_bin/${rev_client_path/://}" "$rev_copy/bench/herd_client"
 [ "$has_engine_bench" = 1 ] && cp "$rev_bin/bench/engine_bench" "$rev_copy/bench/"
 (cd "$worktree" && bazel shutdown >/dev/null 2>&1 || true)
 
