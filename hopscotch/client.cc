@@ -50,8 +50,12 @@ Client::~Client() {
 }
 
 absl::Status Client::Open() {
+  // The server's pool may be a file on disk (hop_server --path), which no seal keeps from
+  // shrinking: a client trusts its server with that, as with the data it serves.
+  transport::DeviceOptions device = options_.device;
+  device.shm_map_unsealed_regions = true;
   absl::StatusOr<transport::DeviceResources> opened =
-      transport::OpenDeviceResources(options_.device, options_.window);
+      transport::OpenDeviceResources(device, options_.window);
   if (!opened.ok()) return opened.status();
   device_ = std::move(opened->device);
   pd_ = std::move(opened->pd);

@@ -15,14 +15,14 @@
 #include "absl/strings/str_format.h"
 #include "glog/logging.h"
 #include "util/errno_status.h"
+#include "util/memfd.h"
 #include "util/word_checksum.h"
 
 namespace rmem {
 namespace {
 
-constexpr uint64_t kHeaderSeed = 0x726d656d68656164;    // "rmemhead"
-constexpr uint64_t kRedoSeed = 0x726d656d7265646f;      // "rmemredo"
-constexpr uint64_t kHugePageBytes = uint64_t{2} << 20;  // x86-64's default hugetlb page
+constexpr uint64_t kHeaderSeed = 0x726d656d68656164;  // "rmemhead"
+constexpr uint64_t kRedoSeed = 0x726d656d7265646f;    // "rmemredo"
 // The largest absl::StatusCode (kUnauthenticated): a redo record naming a larger one is damaged.
 constexpr uint32_t kMaxStatusCode = static_cast<uint32_t>(absl::StatusCode::kUnauthenticated);
 
@@ -98,13 +98,13 @@ absl::StatusOr<Pool> Pool::Map(const std::string& path, int fd, const Layout& la
   } else {
     // In memory: a memfd (hugetlb when the machine has huge pages reserved), mapped shared, so
     // the shm fabric can register it (it maps a registered region's file into its peers).
+    // Sealed at its size (util::CreateMemfd): the clients that map it can rely on its pages.
     if (hugepages) {
       // A hugetlb file's size (and its mapping's length) is a multiple of the huge page.
-      const uint64_t huge = AlignUp(layout.file_bytes, kHugePageBytes);
-      fd = memfd_create("rmem-pool", MFD_CLOEXEC | MFD_HUGETLB);
-      if (fd >= 0 && ftruncate(fd, static_cast<off_t>(huge)) == 0) {
-        base = mmap(nullptr, huge, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-      }
+      const uint64_t huge = AlignUp(layout.file_bytes, util::kHugePageBytes);
+      absl::StatusOr<int> memfd = util::CreateMemfd("rmem-pool", huge, util::kHugePageBytes);
+      fd = memfd.ok() ? *memfd : -1;
+      if (fd >= 0) base = mmap(nullptr, huge, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
       if (base != MAP_FAILED) {
         p.mapped_bytes_ = huge;
       } else if (fd >= 0) {
@@ -113,8 +113,10 @@ absl::StatusOr<Pool> Pool::Map(const std::string& path, int fd, const Layout& la
       }
     }
     if (base == MAP_FAILED) {
-      fd = memfd_create("rmem-pool", MFD_CLOEXEC);
-      if (fd >= 0 && ftruncate(fd, static_cast<off_t>(layout.file_bytes)) == 0) {
+      absl::StatusOr<int> memfd =
+          util::CreateMemfd("rmem-pool", layout.file_bytes, static_cast<size_t>(getpagesize()));
+      fd = memfd.ok() ? *memfd : -1;
+      if (fd >= 0) {
         base = mmap(nullptr, layout.file_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
       }
     }

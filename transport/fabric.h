@@ -364,6 +364,13 @@ struct DeviceOptions {
   // executes, not when it is posted, so reusing it before its completion shows up in tests.
   // Inline data is captured at post time. (Synchronous mode executes inside PostSend.)
   bool shm_async = false;
+  // shm: map a peer's registered region even when its file is not sealed against shrinking (a
+  // file on disk or in /dev/shm: rmem's and hopscotch's --path pools). Its owner could then
+  // truncate it under our mapping and SIGBUS this process at its next access, so it is for a
+  // peer this process trusts with its life: a client reaching its server's pool. Off, only
+  // regions in sealed memfds (what util::CreateMemfd makes) are mapped; any other fails as a bad
+  // key would (a protection error at the side that named it).
+  bool shm_map_unsealed_regions = false;
 };
 
 absl::StatusOr<std::unique_ptr<Device>> OpenDevice(const DeviceOptions& options);

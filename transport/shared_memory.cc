@@ -187,7 +187,7 @@ struct Extents {
 absl::Status NotShared(const void* addr, size_t length, uintptr_t at, std::string_view why) {
   return absl::InvalidArgumentError(absl::StrFormat(
       "memory at %p (+%d bytes) is not all shared memory: %s at %#x; the shm fabric can only "
-      "register memfd or /dev/shm mappings (allocate with transport::SharedMemory::Allocate)",
+      "register shared file mappings (allocate with transport::SharedMemory::Allocate)",
       addr, length, why, at));
 }
 

@@ -77,8 +77,10 @@ struct Backing {
   uint64_t length = 0;
 };
 
-// The shared file mappings (memfd or /dev/shm) that hold [addr, addr + length), in address
-// order, with an open descriptor of each file in this process. The range may span several
+// The shared file mappings (memfd, /dev/shm, a file on disk) that hold [addr, addr + length), in
+// address order, with an open descriptor of each file in this process. (The shm fabric's peers
+// map a region only from a file sealed against shrinking, as SharedMemory's are, unless they
+// opt in: DeviceOptions::shm_map_unsealed_regions.) The range may span several
 // mappings (a mirrored ring maps part of its file twice), at most kMaxMrExtents after
 // consecutive mappings that continue one file at the next offset are merged (the kernel splits
 // a mapping where madvise or mprotect changed part of it). InvalidArgument, naming the address,

@@ -1,5 +1,6 @@
 #include "util/memfd.h"
 
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -23,11 +24,20 @@ HugepagePool ReadHugepagePool() {
 }
 
 absl::StatusOr<int> CreateMemfd(const char* name, size_t bytes, size_t page_bytes) {
-  const unsigned flags = MFD_CLOEXEC | (page_bytes == kHugePageBytes ? MFD_HUGETLB : 0u);
+  const unsigned flags =
+      MFD_CLOEXEC | MFD_ALLOW_SEALING | (page_bytes == kHugePageBytes ? MFD_HUGETLB : 0u);
   const int fd = memfd_create(name, flags);
   if (fd < 0) return ErrnoStatus(absl::StatusCode::kInternal, "memfd_create");
   if (ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
     const absl::Status status = ErrnoStatus(absl::StatusCode::kInternal, "ftruncate memfd");
+    close(fd);
+    return status;
+  }
+  // Sealed at its size: a process that maps it (the shm fabric maps a registered region's file
+  // into every peer that reaches it) can rely on every page existing; a file that could shrink
+  // would SIGBUS that process on its next touch, and such peers refuse it.
+  if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) != 0) {
+    const absl::Status status = ErrnoStatus(absl::StatusCode::kInternal, "seal memfd");
     close(fd);
     return status;
   }

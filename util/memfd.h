@@ -25,7 +25,9 @@ struct HugepagePool {
 HugepagePool ReadHugepagePool();
 
 // A new memfd of `bytes` (a multiple of page_bytes), on hugetlbfs when page_bytes is
-// kHugePageBytes. Returns its descriptor (close-on-exec); the caller maps and closes it.
+// kHugePageBytes, sealed at that size (F_SEAL_SHRINK | F_SEAL_GROW: whoever maps it may touch
+// every page; the shm fabric's peers map only such files). Returns its descriptor
+// (close-on-exec); the caller maps and closes it.
 absl::StatusOr<int> CreateMemfd(const char* name, size_t bytes, size_t page_bytes);
 
 // Why `bytes` of hugepages for `name` could not be had (`why`: the failed call), with the pool's

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -42,6 +43,7 @@
 #include "transport/control/channel.h"
 #include "transport/control/wire.h"
 #include "transport/shm/segment.h"
+#include "transport/shm/shm_internal.h"
 
 namespace herd::testing {
 namespace {
@@ -1003,6 +1005,57 @@ INSTANTIATE_TEST_SUITE_P(Verbs, Garbage,
                            return absl::StrCat(std::string(Name(std::get<0>(info.param))),
                                                std::get<1>(info.param) > 0 ? "_async" : "_sync");
                          });
+
+// ------------------------------------------------------------------------------------------
+// 7.1 Memory pulled from under the server. The file behind a client's receive buffers is the
+//     client's to name (its region's entry in its own segment). Had the server mapped one its
+//     owner can shrink, the client's ftruncate would make a worker's next answer touch a page
+//     past the file's end: a SIGBUS, the server dead. The shm fabric maps only files sealed
+//     against shrinking (SharedMemory's, which cannot be truncated at all), so the attacker
+//     loses only its own answers.
+
+TEST(Adversarial, AClientThatTruncatesTheFileOfItsReceivesCannotKillTheServer) {
+  const std::string fabric = "adv-truncate";
+  ServerProcess server(Options(fabric, RequestVerb::kUcWrite));
+  ASSERT_TRUE(server.ok());
+  auto victim = JoinVictim(server, fabric, 2);
+  auto attacker = JoinRaw(server, fabric, 1);
+  ASSERT_NE(victim, nullptr);
+  ASSERT_NE(attacker, nullptr);
+  RawClient::Request get;
+  get.key = KeyOn(0, attacker->config().workers, "truncate");
+  get.seq = 1;
+  ASSERT_TRUE(attacker->Call(get, kCallTimeout).ok()) << "no answer into sealed memory";
+  const int sealed = attacker->receives().fd();
+  EXPECT_NE(ftruncate(sealed, 0), 0) << "registered memory shrank";
+  // So the attacker names a file that can shrink, of the same size, in its region's entry; a
+  // new registration number makes the worker map the region again.
+  const auto bytes = static_cast<off_t>(attacker->receives().size());
+  const int unsealed = memfd_create("adv-unsealed", MFD_CLOEXEC);
+  ASSERT_GE(unsealed, 0);
+  ASSERT_EQ(ftruncate(unsealed, bytes), 0);
+  transport::shm::MrEntry& entry =
+      dynamic_cast<transport::shm::ShmDevice&>(attacker->device())
+          .segment()
+          .header()
+          ->mrs[attacker->receives_mr().lkey() >> transport::shm::kMrIndexShift];
+  std::atomic_ref<int32_t>(entry.extents[0].fd).store(unsealed, std::memory_order_relaxed);
+  entry.registration.fetch_add(1, std::memory_order_release);
+  // The worker's answer to the next GET: delivered into the new file, or refused. A completion
+  // at the attacker's receive queue either way.
+  get.seq = 2;
+  ASSERT_TRUE(attacker->Send(get).ok());
+  EXPECT_NE(attacker->Receive(kCallTimeout).status().code(), absl::StatusCode::kDeadlineExceeded)
+      << "the worker never answered";
+  // Then the file is pulled, and a GET asks for an answer into it.
+  ASSERT_EQ(ftruncate(unsealed, 0), 0);
+  get.seq = 3;
+  ASSERT_TRUE(attacker->Send(get).ok());
+  // The victim is served after it (its requests to worker 0 come after that one), and the
+  // server shuts down cleanly (ServerProcess::Stop): nothing killed it.
+  RunModelWorkload(*victim, 500, kVictimKeys, Seed(71));
+  close(unsealed);
+}
 
 // ------------------------------------------------------------------------------------------
 // 8. The large-value path (Config::large_values(); docs/architecture.md, "Trust model"): a large

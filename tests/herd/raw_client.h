@@ -61,6 +61,11 @@ class RawClient {
   RawClient& operator=(const RawClient&) = delete;
 
   const Config& config() const { return config_; }
+  // The device, and the registered memory its UD receives land in: what a test rewrites or
+  // pulls from under the server, as a hostile client may.
+  transport::Device& device() const { return *device_; }
+  const transport::SharedMemory& receives() const { return *receives_; }
+  const transport::MemoryRegion& receives_mr() const { return *receives_mr_; }
   const Welcome& welcome() const { return welcome_; }
   uint32_t first_client_id() const { return welcome_.first_client_id; }
   uint32_t ud_qkey() const { return ud_qkey_; }

@@ -50,18 +50,10 @@ inline std::string DeviceFor(const std::string& backend) {
   return "";
 }
 
-// Opens a node on `backend` (see IsShmBackend); nullptr when the backend has no device here (the
-// caller skips). A verbs device that exists but fails to open fails the test.
-inline std::unique_ptr<Node> MakeNode(const std::string& backend, uint32_t access = kAllAccess,
-                                      uint32_t mtu = 4096, const std::string& fabric = "test",
-                                      const FaultOptions& faults = {}) {
-  DeviceOptions options;
-  options.faults = faults;
-  options.name = DeviceFor(backend);
-  if (options.name.empty()) return nullptr;
-  options.fabric = fabric;
-  options.mtu = mtu;
-  options.shm_async = backend == "shm_async";
+// Opens a node on the device `options` name: its PD, two CQs and kNodeMemoryBytes of registered
+// memory; nullptr (a failed expectation) when the device does not open.
+inline std::unique_ptr<Node> MakeNodeOn(const DeviceOptions& options,
+                                        uint32_t access = kAllAccess) {
   auto device = OpenDevice(options);
   EXPECT_TRUE(device.ok()) << device.status();
   if (!device.ok()) return nullptr;
@@ -75,6 +67,21 @@ inline std::unique_ptr<Node> MakeNode(const std::string& backend, uint32_t acces
   EXPECT_TRUE(mr.ok()) << mr.status();
   node->mr = *std::move(mr);
   return node;
+}
+
+// Opens a node on `backend` (see IsShmBackend); nullptr when the backend has no device here (the
+// caller skips). A verbs device that exists but fails to open fails the test.
+inline std::unique_ptr<Node> MakeNode(const std::string& backend, uint32_t access = kAllAccess,
+                                      uint32_t mtu = 4096, const std::string& fabric = "test",
+                                      const FaultOptions& faults = {}) {
+  DeviceOptions options;
+  options.faults = faults;
+  options.name = DeviceFor(backend);
+  if (options.name.empty()) return nullptr;
+  options.fabric = fabric;
+  options.mtu = mtu;
+  options.shm_async = backend == "shm_async";
+  return MakeNodeOn(options, access);
 }
 
 inline std::unique_ptr<QueuePair> MakeQp(Node& node, QpType type, uint32_t max_send_wr = 64) {

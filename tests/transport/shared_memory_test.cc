@@ -53,6 +53,27 @@ TEST(SharedMemory, SmallPagesByDefault) {
   EXPECT_EQ(memory->data()[4999], 0);  // zero-filled
 }
 
+// Its file is sealed at its size, whichever pages back it: the shm fabric's peers map it, and
+// map only files their owner cannot shrink under them (a truncated file SIGBUSes every process
+// that touches a page past the new end).
+TEST(SharedMemory, ItsFileCanNeitherShrinkNorGrow) {
+  std::vector<SharedMemory> memories;
+  memories.push_back(*SharedMemory::Allocate(8192));
+  if (ReadHugepagePool().free >= 1) {
+    memories.push_back(*SharedMemory::Allocate(100, "sealed", PagePolicy::kHugeRequired));
+  }
+  for (const SharedMemory& memory : memories) {
+    SCOPED_TRACE(absl::StrFormat("%d-byte pages", memory.page_bytes()));
+    const int seals = fcntl(memory.fd(), F_GET_SEALS);
+    ASSERT_GE(seals, 0) << "not a memfd that takes seals";
+    EXPECT_NE(seals & F_SEAL_SHRINK, 0);
+    EXPECT_NE(seals & F_SEAL_GROW, 0);
+    EXPECT_NE(ftruncate(memory.fd(), 0), 0) << "the owner shrank its own registered memory";
+    EXPECT_EQ(errno, EPERM);
+    memory.data()[memory.size() - 1] = 1;  // every page is still there
+  }
+}
+
 // Moving into a live SharedMemory releases what it held (its descriptor is closed) and leaves
 // the source empty in every field, so nothing is unmapped or closed twice.
 TEST(SharedMemory, MoveAssignmentReleasesTheTargetAndEmptiesTheSource) {

@@ -643,9 +643,33 @@ class ShmPeerRegions : public ::testing::Test {
   CompletionStatus Send(uint32_t bytes) {
     return SendUd(*sender, *a->send_cq, a->sge(0, bytes), ah.get(), receiver->qp_num());
   }
+  // Makes b's region name, as its backing file, a memfd of the region's size that is not sealed
+  // against shrinking (what a hostile b may write in its own entry), mapped here as `unsealed`;
+  // the fd is unsealed_fd.
+  void BackBsRegionWithAnUnsealedFile() {
+    unsealed_fd = memfd_create("unsealed", MFD_CLOEXEC);
+    ASSERT_GE(unsealed_fd, 0);
+    ASSERT_EQ(ftruncate(unsealed_fd, static_cast<off_t>(b->memory->size())), 0);
+    void* mapped =
+        mmap(nullptr, b->memory->size(), PROT_READ | PROT_WRITE, MAP_SHARED, unsealed_fd, 0);
+    ASSERT_NE(mapped, MAP_FAILED);
+    unsealed = static_cast<uint8_t*>(mapped);
+    shm::MrEntry& entry = dynamic_cast<shm::ShmDevice&>(*b->device)
+                              .segment()
+                              .header()
+                              ->mrs[b->mr->lkey() >> shm::kMrIndexShift];
+    ASSERT_EQ(entry.extent_count, 1u);
+    std::atomic_ref<int32_t>(entry.extents[0].fd).store(unsealed_fd, std::memory_order_relaxed);
+  }
+  void TearDown() override {
+    if (unsealed != nullptr) munmap(unsealed, b->memory->size());
+    if (unsealed_fd >= 0) close(unsealed_fd);
+  }
   std::unique_ptr<Node> a, b;
   std::unique_ptr<QueuePair> sender, receiver;
   std::unique_ptr<AddressHandle> ah;
+  int unsealed_fd = -1;
+  uint8_t* unsealed = nullptr;
 };
 
 // A region key's generation is 8 bits: register and deregister at one index often enough and a
@@ -725,6 +749,47 @@ TEST_F(ShmPeerRegions, APeerThatReplacesItsRegionsWithoutEndIsRefusedMoreMapping
   EXPECT_EQ(last, CompletionStatus::kLocalProtectionError);
   EXPECT_EQ(MappingsOf(b->memory->fd()) - before,
             static_cast<int>(shm::Peer::kMaxReplacedMappings + 1));
+}
+
+// A region's backing file is the peer's to choose. One its owner can shrink (any file but a memfd
+// sealed against shrinking) it can truncate under the sender's mapping, and the sender's next
+// touch past the new end is a SIGBUS: a hostile client's ftruncate would kill the server that
+// answers it. Such a region is never mapped: the receive naming it fails as a bad key's would,
+// and the sender holds no mapping of the file.
+TEST_F(ShmPeerRegions, ARegionInAFileItsOwnerCouldShrinkIsNeverMapped) {
+  BackBsRegionWithAnUnsealedFile();
+  ASSERT_TRUE(PostRecv(*receiver, *b, 1, 0, 256).ok());
+  std::memcpy(a->bytes(), "unsealed", 8);
+  ASSERT_EQ(Send(8), CompletionStatus::kSuccess);
+  const std::vector<Completion> got = PollN(*b->recv_cq, 1);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].status, CompletionStatus::kLocalProtectionError)
+      << "the sender mapped a file its owner can truncate under it";
+  EXPECT_EQ(MappingsOf(unsealed_fd), 1) << "the test's own mapping, and another";
+  EXPECT_NE(std::memcmp(unsealed + kGrhBytes, "unsealed", 8), 0);
+}
+
+// A device opened with DeviceOptions::shm_map_unsealed_regions maps such a file: a client that
+// reaches its server's pool on disk (rmem, hopscotch) trusts that server not to truncate it.
+TEST_F(ShmPeerRegions, ADeviceThatTrustsItsPeersMapsTheirUnsealedFiles) {
+  BackBsRegionWithAnUnsealedFile();
+  DeviceOptions options;
+  options.fabric = "test";
+  options.shm_map_unsealed_regions = true;
+  std::unique_ptr<Node> trusting = MakeNodeOn(options);
+  ASSERT_TRUE(trusting);
+  std::unique_ptr<QueuePair> qp = MakeQp(*trusting, QpType::kUd);
+  ASSERT_TRUE(qp->Connect({}).ok());
+  auto to_b = trusting->pd->CreateAddressHandle(AddressInfo{0, b->device->port().gid});
+  ASSERT_TRUE(to_b.ok()) << to_b.status();
+  ASSERT_TRUE(PostRecv(*receiver, *b, 1, 0, 256).ok());
+  std::memcpy(trusting->bytes(), "trusting", 8);
+  ASSERT_EQ(SendUd(*qp, *trusting->send_cq, trusting->sge(0, 8), to_b->get(), receiver->qp_num()),
+            CompletionStatus::kSuccess);
+  const std::vector<Completion> got = PollN(*b->recv_cq, 1);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].status, CompletionStatus::kSuccess);
+  EXPECT_EQ(std::memcmp(unsealed + kGrhBytes, "trusting", 8), 0);
 }
 
 }  // namespace transport::testing

@@ -80,6 +80,13 @@ absl::StatusOr<std::unique_ptr<SegmentMapping>> SegmentMapping::Create(uint64_t 
 
 namespace {
 
+// Whether the file under `fd` is sealed against shrinking (only a memfd can be): a mapping of
+// it cannot SIGBUS its holder by losing pages off the file's end.
+bool SealedAgainstShrinking(int fd) {
+  const int seals = fcntl(fd, F_GET_SEALS);
+  return seals >= 0 && (seals & F_SEAL_SHRINK) != 0;
+}
+
 absl::Status NotADevice(const ShmAddress& address, std::string_view why) {
   return absl::FailedPreconditionError(
       absl::StrFormat("pid %d fd %d is not a shm device of this fabric (%s; stale address?)",
@@ -101,8 +108,7 @@ absl::StatusOr<int> SegmentMapping::Open(const ShmAddress& address, struct stat*
     close(fd);
     return NotADevice(address, "not a segment-sized file");
   }
-  const int seals = fcntl(fd, F_GET_SEALS);
-  if (seals < 0 || (seals & F_SEAL_SHRINK) == 0) {
+  if (!SealedAgainstShrinking(fd)) {
     close(fd);
     return NotADevice(address, "not sealed against shrinking");
   }
@@ -135,8 +141,10 @@ SegmentMapping::~SegmentMapping() {
 }
 
 // --------------------------------------------------------------------------------- peers
-Peer::Peer(std::unique_ptr<SegmentMapping> segment)
-    : segment_(std::move(segment)), regions_(new std::atomic<const MappedRegion*>[kMaxMrs]) {
+Peer::Peer(std::unique_ptr<SegmentMapping> segment, bool map_unsealed_regions)
+    : segment_(std::move(segment)),
+      map_unsealed_regions_(map_unsealed_regions),
+      regions_(new std::atomic<const MappedRegion*>[kMaxMrs]) {
   for (uint32_t i = 0; i < kMaxMrs; ++i) regions_[i].store(nullptr, std::memory_order_relaxed);
 }
 
@@ -207,13 +215,19 @@ class OwnerFile {
     if (fd_ >= 0) close(fd_);
   }
 
-  // False when it cannot be opened or is shorter than `end` bytes: a mapping past its end would
-  // SIGBUS us.
-  bool Open(int32_t pid, int32_t owner_fd, uint64_t end) {
+  // False when it cannot be opened, is not a regular file or is shorter than `end` bytes (a
+  // mapping past its end would SIGBUS us), or, unless `unsealed_too`, is not sealed against
+  // shrinking: its owner could truncate it under our mapping, and our next touch would SIGBUS
+  // us (a file on disk or FUSE could also stall us on each fault).
+  bool Open(int32_t pid, int32_t owner_fd, uint64_t end, bool unsealed_too) {
     const std::string path = absl::StrFormat("/proc/%d/fd/%d", pid, owner_fd);
     fd_ = open(path.c_str(), O_RDWR | O_CLOEXEC);
     struct stat st;
-    if (fd_ < 0 || fstat(fd_, &st) != 0 || static_cast<uint64_t>(st.st_size) < end) return false;
+    if (fd_ < 0 || fstat(fd_, &st) != 0 || !S_ISREG(st.st_mode) ||
+        static_cast<uint64_t>(st.st_size) < end) {
+      return false;
+    }
+    if (!unsealed_too && !SealedAgainstShrinking(fd_)) return false;
     // Mappings start and end on the file's page boundaries: 2 MiB ones for hugetlb memory
     // (st_blksize is the file's page size there, and the base page size elsewhere).
     page_ = st.st_blksize > 0 ? static_cast<uint64_t>(st.st_blksize)
@@ -292,7 +306,10 @@ bool Peer::Map(MrEntry& entry, uint32_t key, MappedRegion* region) {
 
 bool Peer::MapOneExtent(const MrExtent& extent, MappedRegion* region) {
   OwnerFile file;
-  if (!file.Open(header()->pid, extent.fd, extent.file_offset + extent.length)) return false;
+  if (!file.Open(header()->pid, extent.fd, extent.file_offset + extent.length,
+                 map_unsealed_regions_)) {
+    return false;
+  }
   const uint64_t page = file.page();
   const uint64_t start = extent.file_offset / page * page;
   const uint64_t bytes = RoundUp(extent.file_offset + extent.length - start, page);
@@ -315,7 +332,10 @@ bool Peer::MapExtents(uint64_t addr, uint64_t length, absl::Span<const MrExtent>
   uint64_t offset = 0;  // of extent i in the region
   for (size_t i = 0; i < extents.size(); ++i) {
     const MrExtent& extent = extents[i];
-    if (!files[i].Open(header()->pid, extent.fd, extent.file_offset + extent.length)) return false;
+    if (!files[i].Open(header()->pid, extent.fd, extent.file_offset + extent.length,
+                       map_unsealed_regions_)) {
+      return false;
+    }
     const uint64_t page = files[i].page();
     if ((page & (page - 1)) != 0 || page > kMaxFilePageBytes ||
         !FitsPages(addr, offset, extent, page, i == 0, i + 1 == extents.size())) {
@@ -624,7 +644,8 @@ absl::StatusOr<std::unique_ptr<ShmDevice>> ShmDevice::Open(const DeviceOptions& 
   if (!segment.ok()) return segment.status();
   const bool async = options.shm_async || faults.delay_us > 0 || faults.delay_jitter_us > 0 ||
                      faults.write_disorder > 0 || faults.slow_read_us > 0;
-  std::unique_ptr<ShmDevice> device(new ShmDevice(*std::move(segment), faults, async));
+  std::unique_ptr<ShmDevice> device(
+      new ShmDevice(*std::move(segment), faults, async, options.shm_map_unsealed_regions));
   if (!faults.partition_file.empty()) {
     absl::StatusOr<PartitionTable> partitions = PartitionTable::Open(faults.partition_file);
     if (!partitions.ok()) return partitions.status();
@@ -785,7 +806,7 @@ absl::StatusOr<std::shared_ptr<Peer>> ShmDevice::PeerAt(const ShmAddress& addres
   // the cache, keeps their addresses apart (on a NIC it cannot see the DMA at all).
   absl::StatusOr<std::unique_ptr<SegmentMapping>> own = SegmentMapping::Attach(address, *fd);
   if (!own.ok()) return own.status();
-  return std::make_shared<Peer>(*std::move(own));
+  return std::make_shared<Peer>(*std::move(own), map_unsealed_regions_);
 #endif
   util::MutexLock lock(&peers_mutex_);
   if (auto it = peers_.find(file); it != peers_.end()) {
@@ -800,7 +821,7 @@ absl::StatusOr<std::shared_ptr<Peer>> ShmDevice::PeerAt(const ShmAddress& addres
   }
   absl::StatusOr<std::unique_ptr<SegmentMapping>> segment = SegmentMapping::Attach(address, *fd);
   if (!segment.ok()) return segment.status();
-  auto peer = std::make_shared<Peer>(*std::move(segment));
+  auto peer = std::make_shared<Peer>(*std::move(segment), map_unsealed_regions_);
   absl::erase_if(peers_, [](const auto& entry) { return entry.second.expired(); });
   peers_[file] = peer;
   return peer;

@@ -64,7 +64,8 @@ class SegmentMapping {
 // share between threads (an address handle is: several QPs on several threads post with one).
 class Peer {
  public:
-  explicit Peer(std::unique_ptr<SegmentMapping> segment);
+  // `map_unsealed_regions`: DeviceOptions::shm_map_unsealed_regions of the device that maps it.
+  Peer(std::unique_ptr<SegmentMapping> segment, bool map_unsealed_regions);
   ~Peer();
   SegmentHeader* header() const { return segment_->header(); }
   const SegmentMapping& segment() const { return *segment_; }
@@ -124,6 +125,8 @@ class Peer {
   bool MapExtents(uint64_t addr, uint64_t length, absl::Span<const MrExtent> extents,
                   MappedRegion* region);
   std::unique_ptr<SegmentMapping> segment_;
+  // Whether a region in a file its owner could shrink is mapped (else refused, as a bad key).
+  const bool map_unsealed_regions_;
   // The current mapping of each region index (nullptr: none yet), read without a lock.
   std::unique_ptr<std::atomic<const MappedRegion*>[]> regions_;
   util::Mutex map_mutex_;  // serialises MapRegion: control-path cost, once per region
@@ -221,14 +224,19 @@ class ShmDevice : public Device {
   absl::StatusOr<std::unique_ptr<CompletionQueue>> DoCreateCq(uint32_t depth) override;
 
  private:
-  ShmDevice(std::unique_ptr<SegmentMapping> segment, const FaultOptions& faults, bool async)
-      : segment_(std::move(segment)), faults_(faults), async_(async) {}
+  ShmDevice(std::unique_ptr<SegmentMapping> segment, const FaultOptions& faults, bool async,
+            bool map_unsealed_regions)
+      : segment_(std::move(segment)),
+        faults_(faults),
+        async_(async),
+        map_unsealed_regions_(map_unsealed_regions) {}
   // The progress thread's loop: every QP's due WRs, then a short sleep when none ran.
   void RunProgress();
   std::unique_ptr<SegmentMapping> segment_;
   const FaultOptions faults_;
   std::unique_ptr<PartitionTable> partitions_;  // FaultOptions::partition_file, or null
   const bool async_;
+  const bool map_unsealed_regions_;  // DeviceOptions::shm_map_unsealed_regions
   // Started with the device in both modes. Synchronous mode: while no QP has WRs queued it
   // waits (without a timeout) for the next WakeProgress.
   std::thread progress_thread_ ABSL_GUARDED_BY(progress_mutex_);
