@@ -3,8 +3,13 @@
 #ifndef HERD_TESTS_TRANSPORT_FABRIC_FIXTURE_H_
 #define HERD_TESTS_TRANSPORT_FABRIC_FIXTURE_H_
 
+#include <sys/stat.h>
+
+#include <cstdint>
 #include <cstdlib>
+#include <fstream>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -176,6 +181,23 @@ inline absl::Status PostRecv(QueuePair& qp, Node& node, uint64_t wr_id, size_t o
   wr.num_sge = 1;
   RecvWr* bad = nullptr;
   return qp.PostRecv(&wr, &bad);
+}
+
+// How many mappings of `fd`'s file this process holds (/proc/self/maps lines with its inode).
+inline int MappingsOf(int fd) {
+  struct stat st;
+  if (fstat(fd, &st) != 0) return -1;
+  std::ifstream maps("/proc/self/maps");
+  int count = 0;
+  std::string line;
+  while (std::getline(maps, line)) {
+    std::istringstream fields(line);
+    std::string range, perms, offset, device;
+    uint64_t inode = 0;
+    fields >> range >> perms >> offset >> device >> inode;
+    if (inode == st.st_ino) ++count;
+  }
+  return count;
 }
 
 }  // namespace transport::testing

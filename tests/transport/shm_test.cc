@@ -542,23 +542,6 @@ TEST(ShmConnections, AQpAcceptsOnlyThePeerItIsConnectedTo) {
   }
 }
 
-// How many mappings of `fd`'s file this process holds (/proc/self/maps lines with its inode).
-int MappingsOf(int fd) {
-  struct stat st;
-  if (fstat(fd, &st) != 0) return -1;
-  std::ifstream maps("/proc/self/maps");
-  int count = 0;
-  std::string line;
-  while (std::getline(maps, line)) {
-    std::istringstream fields(line);
-    std::string range, perms, offset, device;
-    uint64_t inode = 0;
-    fields >> range >> perms >> offset >> device >> inode;
-    if (inode == st.st_ino) ++count;
-  }
-  return count;
-}
-
 // Every QP and address handle of a device that talks to one peer device shares one mapping of
 // the peer's segment: each used to map it (and each of its regions it reached) on its own,
 // several times per herd session on both sides, and unmapping them was most of a departure.
