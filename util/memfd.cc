@@ -33,9 +33,9 @@ absl::StatusOr<int> CreateMemfd(const char* name, size_t bytes, size_t page_byte
     close(fd);
     return status;
   }
-  // Sealed at its size: a process that maps it (the shm fabric maps a registered region's file
-  // into every peer that reaches it) can rely on every page existing; a file that could shrink
-  // would SIGBUS that process on its next touch, and such peers refuse it.
+  // Sealed at its size: no one can truncate it under a process that maps it (the shm fabric maps
+  // a registered region's file into every peer that reaches it); a file that could shrink would
+  // SIGBUS that process on its next touch past the new end, and such peers refuse it.
   if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) != 0) {
     const absl::Status status = ErrnoStatus(absl::StatusCode::kInternal, "seal memfd");
     close(fd);

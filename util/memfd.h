@@ -25,8 +25,8 @@ struct HugepagePool {
 HugepagePool ReadHugepagePool();
 
 // A new memfd of `bytes` (a multiple of page_bytes), on hugetlbfs when page_bytes is
-// kHugePageBytes, sealed at that size (F_SEAL_SHRINK | F_SEAL_GROW: whoever maps it may touch
-// every page; the shm fabric's peers map only such files). Returns its descriptor
+// kHugePageBytes, sealed at that size (F_SEAL_SHRINK | F_SEAL_GROW: no one can truncate it
+// under another's mapping; the shm fabric's peers map only such files). Returns its descriptor
 // (close-on-exec); the caller maps and closes it.
 absl::StatusOr<int> CreateMemfd(const char* name, size_t bytes, size_t page_bytes);
 

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/inotify.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -10,6 +11,7 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <random>
@@ -216,6 +218,66 @@ class HostileSegment : public ::testing::Test {
   std::unique_ptr<QueuePair> qa_;
   std::unique_ptr<AddressHandle> ah_;
 };
+
+// A regular file of `bytes` in the test's temporary directory (a file system no memfd lives on),
+// open read-write; removed when this goes. `opens` counts the opens of it anyone made since
+// (inotify IN_OPEN): how a test shows the fabric never opened a file a peer named.
+class DiskFile {
+ public:
+  explicit DiskFile(uint64_t bytes) {
+    const char* dir = std::getenv("TEST_TMPDIR");
+    path_ = std::string(dir != nullptr ? dir : "/tmp") + "/shm_test_disk_file.XXXXXX";
+    fd_ = mkstemp(path_.data());
+    if (fd_ < 0 || ftruncate(fd_, static_cast<off_t>(bytes)) != 0) return;
+    watch_ = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
+    if (watch_ >= 0 && inotify_add_watch(watch_, path_.c_str(), IN_OPEN) < 0) {
+      close(watch_);
+      watch_ = -1;
+    }
+  }
+  ~DiskFile() {
+    if (watch_ >= 0) close(watch_);
+    if (fd_ >= 0) close(fd_);
+    unlink(path_.c_str());
+  }
+  bool ok() const { return fd_ >= 0 && watch_ >= 0; }
+  int fd() const { return fd_; }
+  int opens() const {
+    alignas(inotify_event) char events[4096];
+    int count = 0;
+    ssize_t got;
+    while ((got = read(watch_, events, sizeof(events))) > 0) {
+      for (ssize_t at = 0; at < got;) {
+        const auto* event = reinterpret_cast<const inotify_event*>(events + at);
+        if ((event->mask & IN_OPEN) != 0) ++count;
+        at += static_cast<ssize_t>(sizeof(inotify_event) + event->len);
+      }
+    }
+    return count;
+  }
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+  int watch_ = -1;
+};
+
+// A GID names a descriptor; what it is open on is the peer's choice. A file that is no memfd is
+// refused without being opened: an open runs its file system's code (a FUSE daemon may never
+// answer it; a terminal would become ours), and the peer could swap the file between a check and
+// the open. (The O_PATH resolution that identifies it opens nothing.)
+TEST_F(HostileSegment, AGidNamingAFileThatIsNoMemfdIsRefusedUnopened) {
+  DiskFile file(shm::kSegmentBytes);
+  ASSERT_TRUE(file.ok());
+  auto qa = MakeQp(*a_, QpType::kRc);
+  ConnectConfig config;
+  config.remote.qp_num = 1;
+  config.remote.gid = ForgedGid(file.fd());
+  const absl::Status status = qa->Connect(config);
+  EXPECT_FALSE(status.ok());
+  EXPECT_NE(status.message().find("no memfd"), std::string::npos) << status;
+  EXPECT_EQ(file.opens(), 0) << "the fabric opened a file a peer named before knowing what it is";
+}
 
 TEST_F(HostileSegment, AGidNamingAnEmptyFileIsAnErrorNotSigbus) {
   const int fd = memfd_create("empty", MFD_CLOEXEC);
@@ -773,6 +835,24 @@ TEST_F(ShmPeerRegions, ADeviceThatTrustsItsPeersMapsTheirUnsealedFiles) {
   ASSERT_EQ(got.size(), 1u);
   EXPECT_EQ(got[0].status, CompletionStatus::kSuccess);
   EXPECT_EQ(std::memcmp(unsealed + kGrhBytes, "trusting", 8), 0);
+}
+
+// The same for a region's backing file: one that is no memfd is refused unopened (the receive
+// naming it fails as a bad key's would).
+TEST_F(ShmPeerRegions, ARegionInAFileThatIsNoMemfdIsRefusedUnopened) {
+  DiskFile file(b->memory->size());
+  ASSERT_TRUE(file.ok());
+  shm::MrEntry& entry = dynamic_cast<shm::ShmDevice&>(*b->device)
+                            .segment()
+                            .header()
+                            ->mrs[b->mr->lkey() >> shm::kMrIndexShift];
+  std::atomic_ref<int32_t>(entry.extents[0].fd).store(file.fd(), std::memory_order_relaxed);
+  ASSERT_TRUE(PostRecv(*receiver, *b, 1, 0, 256).ok());
+  ASSERT_EQ(Send(8), CompletionStatus::kSuccess);
+  const std::vector<Completion> got = PollN(*b->recv_cq, 1);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].status, CompletionStatus::kLocalProtectionError);
+  EXPECT_EQ(file.opens(), 0) << "the sender opened a file a peer named before knowing what it is";
 }
 
 }  // namespace transport::testing

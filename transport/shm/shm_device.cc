@@ -95,22 +95,29 @@ absl::Status NotADevice(const ShmAddress& address, std::string_view why) {
 
 }  // namespace
 
-absl::StatusOr<int> SegmentMapping::Open(const ShmAddress& address, struct stat* st) {
-  const std::string path = absl::StrFormat("/proc/%d/fd/%d", address.pid, address.fd);
-  const int fd = open(path.c_str(), O_RDWR | O_CLOEXEC);
-  if (fd < 0) {
-    return Errno(absl::StrFormat("shm peer (pid %d) is unreachable: open %s", address.pid, path));
+absl::StatusOr<int> SegmentMapping::Open(const ShmAddress& address, const MemfdDevices& memfds,
+                                         struct stat* st) {
+  // Whatever the GID names is the peer's input: a memfd (ours are), opened without running any
+  // other file system's open (peer_file.h).
+  absl::StatusOr<int> opened = OpenPeerFile(address.pid, address.fd, memfds, false);
+  if (!opened.ok()) {
+    if (opened.status().code() == absl::StatusCode::kUnavailable) {
+      return absl::UnavailableError(absl::StrFormat("shm peer (pid %d) is unreachable: %s",
+                                                    address.pid, opened.status().message()));
+    }
+    return NotADevice(address, std::string(opened.status().message()));
   }
-  // Whatever the GID names is the peer's input: a file of the wrong size, or one its owner could
-  // shrink under our mapping, would SIGBUS us on first touch.
-  if (fstat(fd, st) != 0 || !S_ISREG(st->st_mode) ||
-      static_cast<uint64_t>(st->st_size) != kSegmentBytes) {
-    close(fd);
-    return NotADevice(address, "not a segment-sized file");
-  }
+  const int fd = *opened;
+  // Sealed against shrinking first, then sized: once sealed, its size can no longer drop under
+  // a mapping (a file of the wrong size, or one that could shrink, would SIGBUS us on first
+  // touch).
   if (!SealedAgainstShrinking(fd)) {
     close(fd);
     return NotADevice(address, "not sealed against shrinking");
+  }
+  if (fstat(fd, st) != 0 || static_cast<uint64_t>(st->st_size) != kSegmentBytes) {
+    close(fd);
+    return NotADevice(address, "not a segment-sized file");
   }
   return fd;
 }
@@ -141,8 +148,10 @@ SegmentMapping::~SegmentMapping() {
 }
 
 // --------------------------------------------------------------------------------- peers
-Peer::Peer(std::unique_ptr<SegmentMapping> segment, bool map_unsealed_regions)
+Peer::Peer(std::unique_ptr<SegmentMapping> segment, const MemfdDevices& memfds,
+           bool map_unsealed_regions)
     : segment_(std::move(segment)),
+      memfds_(memfds),
       map_unsealed_regions_(map_unsealed_regions),
       regions_(new std::atomic<const MappedRegion*>[kMaxMrs]) {
   for (uint32_t i = 0; i < kMaxMrs; ++i) regions_[i].store(nullptr, std::memory_order_relaxed);
@@ -204,8 +213,8 @@ namespace {
 // one is no memory a region could be laid out in; the cap also bounds the reservation's slack.
 constexpr uint64_t kMaxFilePageBytes = uint64_t{1} << 30;
 
-// One of the owner's files, opened through /proc/<pid>/fd, and its page size; closed when this
-// goes.
+// One of the owner's files, opened through /proc/<pid>/fd (peer_file.h), and its page size;
+// closed when this goes.
 class OwnerFile {
  public:
   OwnerFile() = default;
@@ -215,19 +224,19 @@ class OwnerFile {
     if (fd_ >= 0) close(fd_);
   }
 
-  // False when it cannot be opened, is not a regular file or is shorter than `end` bytes (a
-  // mapping past its end would SIGBUS us), or, unless `unsealed_too`, is not sealed against
-  // shrinking: its owner could truncate it under our mapping, and our next touch would SIGBUS
-  // us (a file on disk or FUSE could also stall us on each fault).
-  bool Open(int32_t pid, int32_t owner_fd, uint64_t end, bool unsealed_too) {
-    const std::string path = absl::StrFormat("/proc/%d/fd/%d", pid, owner_fd);
-    fd_ = open(path.c_str(), O_RDWR | O_CLOEXEC);
-    struct stat st;
-    if (fd_ < 0 || fstat(fd_, &st) != 0 || !S_ISREG(st.st_mode) ||
-        static_cast<uint64_t>(st.st_size) < end) {
-      return false;
-    }
+  // False unless the file is a memfd sealed against shrinking (or, with `unsealed_too`, any
+  // regular file) at least `end` bytes long. Its owner could truncate any other under our
+  // mapping, and our next touch past the new end would SIGBUS us; a mapping past its end would
+  // too. The seal is checked before the size: a file sealed after we read its size could have
+  // shrunk in between.
+  bool Open(int32_t pid, int32_t owner_fd, uint64_t end, const MemfdDevices& memfds,
+            bool unsealed_too) {
+    absl::StatusOr<int> opened = OpenPeerFile(pid, owner_fd, memfds, unsealed_too);
+    if (!opened.ok()) return false;
+    fd_ = *opened;
     if (!unsealed_too && !SealedAgainstShrinking(fd_)) return false;
+    struct stat st;
+    if (fstat(fd_, &st) != 0 || static_cast<uint64_t>(st.st_size) < end) return false;
     // Mappings start and end on the file's page boundaries: 2 MiB ones for hugetlb memory
     // (st_blksize is the file's page size there, and the base page size elsewhere).
     page_ = st.st_blksize > 0 ? static_cast<uint64_t>(st.st_blksize)
@@ -306,7 +315,7 @@ bool Peer::Map(MrEntry& entry, uint32_t key, MappedRegion* region) {
 
 bool Peer::MapOneExtent(const MrExtent& extent, MappedRegion* region) {
   OwnerFile file;
-  if (!file.Open(header()->pid, extent.fd, extent.file_offset + extent.length,
+  if (!file.Open(header()->pid, extent.fd, extent.file_offset + extent.length, memfds_,
                  map_unsealed_regions_)) {
     return false;
   }
@@ -332,7 +341,7 @@ bool Peer::MapExtents(uint64_t addr, uint64_t length, absl::Span<const MrExtent>
   uint64_t offset = 0;  // of extent i in the region
   for (size_t i = 0; i < extents.size(); ++i) {
     const MrExtent& extent = extents[i];
-    if (!files[i].Open(header()->pid, extent.fd, extent.file_offset + extent.length,
+    if (!files[i].Open(header()->pid, extent.fd, extent.file_offset + extent.length, memfds_,
                        map_unsealed_regions_)) {
       return false;
     }
@@ -796,7 +805,7 @@ void ShmDevice::Release(uint64_t offset, uint64_t bytes) {
 
 absl::StatusOr<std::shared_ptr<Peer>> ShmDevice::PeerAt(const ShmAddress& address) {
   struct stat st;
-  absl::StatusOr<int> fd = SegmentMapping::Open(address, &st);
+  absl::StatusOr<int> fd = SegmentMapping::Open(address, memfds_, &st);
   if (!fd.ok()) return fd.status();
   const std::pair<uint64_t, uint64_t> file{st.st_dev, st.st_ino};
 #if defined(__SANITIZE_THREAD__)
@@ -806,7 +815,7 @@ absl::StatusOr<std::shared_ptr<Peer>> ShmDevice::PeerAt(const ShmAddress& addres
   // the cache, keeps their addresses apart (on a NIC it cannot see the DMA at all).
   absl::StatusOr<std::unique_ptr<SegmentMapping>> own = SegmentMapping::Attach(address, *fd);
   if (!own.ok()) return own.status();
-  return std::make_shared<Peer>(*std::move(own), map_unsealed_regions_);
+  return std::make_shared<Peer>(*std::move(own), memfds_, map_unsealed_regions_);
 #endif
   util::MutexLock lock(&peers_mutex_);
   if (auto it = peers_.find(file); it != peers_.end()) {
@@ -821,7 +830,7 @@ absl::StatusOr<std::shared_ptr<Peer>> ShmDevice::PeerAt(const ShmAddress& addres
   }
   absl::StatusOr<std::unique_ptr<SegmentMapping>> segment = SegmentMapping::Attach(address, *fd);
   if (!segment.ok()) return segment.status();
-  auto peer = std::make_shared<Peer>(*std::move(segment), map_unsealed_regions_);
+  auto peer = std::make_shared<Peer>(*std::move(segment), memfds_, map_unsealed_regions_);
   absl::erase_if(peers_, [](const auto& entry) { return entry.second.expired(); });
   peers_[file] = peer;
   return peer;

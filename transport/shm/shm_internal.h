@@ -18,6 +18,7 @@
 #include "transport/fabric.h"
 #include "transport/shared_memory.h"
 #include "transport/shm/partition_table.h"
+#include "transport/shm/peer_file.h"
 #include "transport/shm/segment.h"
 #include "util/mutex.h"
 
@@ -37,10 +38,11 @@ inline int64_t SteadyNanos() {
 class SegmentMapping {
  public:
   static absl::StatusOr<std::unique_ptr<SegmentMapping>> Create(uint64_t fabric_id, uint32_t mtu);
-  // A peer's segment: Open checks the file /proc/<pid>/fd/<fd> names (a sealed, segment-sized
-  // file) and returns its descriptor, with its stat; Attach maps it (and closes the descriptor)
-  // and checks the header names `address`.
-  static absl::StatusOr<int> Open(const ShmAddress& address, struct stat* st);
+  // A peer's segment: Open checks the file /proc/<pid>/fd/<fd> names (a memfd, one of
+  // `memfds`, sealed and segment-sized) and returns its descriptor, with its stat; Attach maps it
+  // (and closes the descriptor) and checks the header names `address`.
+  static absl::StatusOr<int> Open(const ShmAddress& address, const MemfdDevices& memfds,
+                                  struct stat* st);
   static absl::StatusOr<std::unique_ptr<SegmentMapping>> Attach(const ShmAddress& address, int fd);
   // Whether this (peer) segment's header names `address`.
   bool Names(const ShmAddress& address) const;
@@ -64,8 +66,10 @@ class SegmentMapping {
 // share between threads (an address handle is: several QPs on several threads post with one).
 class Peer {
  public:
-  // `map_unsealed_regions`: DeviceOptions::shm_map_unsealed_regions of the device that maps it.
-  Peer(std::unique_ptr<SegmentMapping> segment, bool map_unsealed_regions);
+  // `memfds` and `map_unsealed_regions`: those of the device that maps it (the latter is its
+  // DeviceOptions::shm_map_unsealed_regions).
+  Peer(std::unique_ptr<SegmentMapping> segment, const MemfdDevices& memfds,
+       bool map_unsealed_regions);
   ~Peer();
   SegmentHeader* header() const { return segment_->header(); }
   const SegmentMapping& segment() const { return *segment_; }
@@ -125,6 +129,7 @@ class Peer {
   bool MapExtents(uint64_t addr, uint64_t length, absl::Span<const MrExtent> extents,
                   MappedRegion* region);
   std::unique_ptr<SegmentMapping> segment_;
+  const MemfdDevices memfds_;  // where a region's file must live (unless unsealed ones are mapped)
   // Whether a region in a file its owner could shrink is mapped (else refused, as a bad key).
   const bool map_unsealed_regions_;
   // The current mapping of each region index (nullptr: none yet), read without a lock.
@@ -229,6 +234,7 @@ class ShmDevice : public Device {
       : segment_(std::move(segment)),
         faults_(faults),
         async_(async),
+        memfds_(MemfdDevices::Probe()),
         map_unsealed_regions_(map_unsealed_regions) {}
   // The progress thread's loop: every QP's due WRs, then a short sleep when none ran.
   void RunProgress();
@@ -236,6 +242,7 @@ class ShmDevice : public Device {
   const FaultOptions faults_;
   std::unique_ptr<PartitionTable> partitions_;  // FaultOptions::partition_file, or null
   const bool async_;
+  const MemfdDevices memfds_;        // the devices memfds live on here (peer_file.h)
   const bool map_unsealed_regions_;  // DeviceOptions::shm_map_unsealed_regions
   // Started with the device in both modes. Synchronous mode: while no QP has WRs queued it
   // waits (without a timeout) for the next WakeProgress.

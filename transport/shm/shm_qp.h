@@ -86,9 +86,8 @@ class ShmQp : public QueuePair {
   // by one (Deliver reserves before it places). Known cost left: whatever else holds this thread
   // between the claims and the last placement holds the later runs' completions too, where one by
   // one held one receiver's at a time: being descheduled, a first touch of a fresh mapping's
-  // page, a fault on this sender's own buffers, or a fault on a mapped file the owner chose (a
-  // disk file's page read back; a FUSE file's for as long as its daemon takes: region files are
-  // not checked to be memory).
+  // page, a fault on this sender's own buffers, or a fault on a region's file (a memfd; a disk
+  // file's page read back where the device maps unsealed files: shm_map_unsealed_regions).
   static constexpr uint32_t kMaxUdBatch = 16;
   bool StartsUdRun(const SendWr& wr) const;
   // Whether two SENDs of a batch (each one StartsUdRun took) go to one receiver: one run.
