@@ -219,7 +219,7 @@ absl::Status AddExtent(const MapsLine& line, uintptr_t from, uintptr_t to, const
         "registered",
         from));
   }
-  backings.push_back(Backing{fd, file_offset, to - from});
+  backings.push_back(Backing{fd, file_offset, to - from, line.device, line.inode});
   extents->last_device = line.device;
   extents->last_inode = line.inode;
   return absl::OkStatus();

@@ -5,6 +5,8 @@
 #ifndef HERD_TRANSPORT_SHARED_MEMORY_H_
 #define HERD_TRANSPORT_SHARED_MEMORY_H_
 
+#include <sys/types.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <string_view>
@@ -75,6 +77,12 @@ struct Backing {
   int fd = -1;
   uint64_t file_offset = 0;
   uint64_t length = 0;
+  // The file's identity (the mapping's device and inode), which `fd` named when it was found:
+  // another thread may close that descriptor and reuse its number for another file at any time
+  // (a same-process peer opens the file transiently to map it), so a caller that keeps one
+  // duplicates it and checks the duplicate against these.
+  dev_t device = 0;
+  ino_t inode = 0;
 };
 
 // The shared file mappings (memfd, /dev/shm, a file on disk) that hold [addr, addr + length), in

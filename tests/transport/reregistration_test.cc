@@ -44,11 +44,12 @@ TEST(ShmReregistration, AWriterMapsEachRegistrationOnceWhileItsOwnerRegistersAga
   std::atomic<uint32_t> tried{0};
   std::atomic<bool> owner_done{false};
   std::atomic<bool> writer_stopped{false};
+  // Two registrations stand at a time, each new one at the index the one before last held: the
+  // writer maps one index while the owner rewrites the other, and every index it mapped is
+  // rewritten two rounds on. The last stays registered until the writer has stopped (it may
+  // still be writing with its key when the owner finishes).
+  std::unique_ptr<MemoryRegion> standing;
   std::thread owner([&] {
-    // Two registrations stand at a time, each new one at the index the one before last held:
-    // the writer maps one index while the owner rewrites the other, and every index it mapped
-    // is rewritten two rounds on.
-    std::unique_ptr<MemoryRegion> standing;
     for (uint32_t i = 0; i < kRegistrations && !writer_stopped.load(); ++i) {
       auto mr = b->pd->RegisterMemory(target.data(), kBytes, kRegionAccess);
       if (!mr.ok()) {

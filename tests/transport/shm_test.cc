@@ -219,34 +219,28 @@ class HostileSegment : public ::testing::Test {
   std::unique_ptr<AddressHandle> ah_;
 };
 
-// A regular file of `bytes` in the test's temporary directory (a file system no memfd lives on),
-// open read-write; removed when this goes. `opens` counts the opens of it anyone made since
-// (inotify IN_OPEN): how a test shows the fabric never opened a file a peer named.
-class DiskFile {
+// Counts the opens of one file anyone makes from now on (inotify IN_OPEN): how a test shows what
+// the fabric opened, or never opened.
+class OpenWatch {
  public:
-  explicit DiskFile(uint64_t bytes) {
-    const char* dir = std::getenv("TEST_TMPDIR");
-    path_ = std::string(dir != nullptr ? dir : "/tmp") + "/shm_test_disk_file.XXXXXX";
-    fd_ = mkstemp(path_.data());
-    if (fd_ < 0 || ftruncate(fd_, static_cast<off_t>(bytes)) != 0) return;
-    watch_ = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
-    if (watch_ >= 0 && inotify_add_watch(watch_, path_.c_str(), IN_OPEN) < 0) {
-      close(watch_);
-      watch_ = -1;
+  explicit OpenWatch(const std::string& path) : fd_(inotify_init1(IN_NONBLOCK | IN_CLOEXEC)) {
+    if (fd_ >= 0 && inotify_add_watch(fd_, path.c_str(), IN_OPEN) < 0) {
+      close(fd_);
+      fd_ = -1;
     }
   }
-  ~DiskFile() {
-    if (watch_ >= 0) close(watch_);
+  ~OpenWatch() {
     if (fd_ >= 0) close(fd_);
-    unlink(path_.c_str());
   }
-  bool ok() const { return fd_ >= 0 && watch_ >= 0; }
-  int fd() const { return fd_; }
-  int opens() const {
+  OpenWatch(const OpenWatch&) = delete;
+  OpenWatch& operator=(const OpenWatch&) = delete;
+  bool ok() const { return fd_ >= 0; }
+  // Opens seen since the last call.
+  uint64_t opens() const {
     alignas(inotify_event) char events[4096];
-    int count = 0;
+    uint64_t count = 0;
     ssize_t got;
-    while ((got = read(watch_, events, sizeof(events))) > 0) {
+    while ((got = read(fd_, events, sizeof(events))) > 0) {
       for (ssize_t at = 0; at < got;) {
         const auto* event = reinterpret_cast<const inotify_event*>(events + at);
         if ((event->mask & IN_OPEN) != 0) ++count;
@@ -257,9 +251,33 @@ class DiskFile {
   }
 
  private:
+  int fd_;
+};
+
+// A regular file of `bytes` in the test's temporary directory (a file system no memfd lives on),
+// open read-write, its opens watched from here on; removed when this goes.
+class DiskFile {
+ public:
+  explicit DiskFile(uint64_t bytes) {
+    const char* dir = std::getenv("TEST_TMPDIR");
+    path_ = std::string(dir != nullptr ? dir : "/tmp") + "/shm_test_disk_file.XXXXXX";
+    fd_ = mkstemp(path_.data());
+    if (fd_ < 0 || ftruncate(fd_, static_cast<off_t>(bytes)) != 0) return;
+    watch_ = std::make_unique<OpenWatch>(path_);
+  }
+  ~DiskFile() {
+    watch_.reset();
+    if (fd_ >= 0) close(fd_);
+    unlink(path_.c_str());
+  }
+  bool ok() const { return fd_ >= 0 && watch_ != nullptr && watch_->ok(); }
+  int fd() const { return fd_; }
+  uint64_t opens() const { return watch_->opens(); }
+
+ private:
   std::string path_;
   int fd_ = -1;
-  int watch_ = -1;
+  std::unique_ptr<OpenWatch> watch_;
 };
 
 // A GID names a descriptor; what it is open on is the peer's choice. A file that is no memfd is
@@ -276,7 +294,7 @@ TEST_F(HostileSegment, AGidNamingAFileThatIsNoMemfdIsRefusedUnopened) {
   const absl::Status status = qa->Connect(config);
   EXPECT_FALSE(status.ok());
   EXPECT_NE(status.message().find("no memfd"), std::string::npos) << status;
-  EXPECT_EQ(file.opens(), 0) << "the fabric opened a file a peer named before knowing what it is";
+  EXPECT_EQ(file.opens(), 0u) << "the fabric opened a file a peer named before knowing what it is";
 }
 
 TEST_F(HostileSegment, AGidNamingAnEmptyFileIsAnErrorNotSigbus) {
@@ -852,7 +870,72 @@ TEST_F(ShmPeerRegions, ARegionInAFileThatIsNoMemfdIsRefusedUnopened) {
   const std::vector<Completion> got = PollN(*b->recv_cq, 1);
   ASSERT_EQ(got.size(), 1u);
   EXPECT_EQ(got[0].status, CompletionStatus::kLocalProtectionError);
-  EXPECT_EQ(file.opens(), 0) << "the sender opened a file a peer named before knowing what it is";
+  EXPECT_EQ(file.opens(), 0u) << "the sender opened a file a peer named before knowing what it is";
+}
+
+// A region that cannot be mapped is tried again at each access: an O_PATH open, a statx, an open
+// and a look at its seals, under the peer's mapping lock. A peer whose regions keep failing
+// (here a file that is no sealed memfd, WRITTEN to over UC, which drops what fails and stays
+// usable) stops being tried after Peer::kMaxFailedMappings: its file is opened that many times,
+// then never again.
+TEST_F(ShmPeerRegions, APeerWhoseRegionsKeepFailingIsNoLongerTried) {
+  BackBsRegionWithAnUnsealedFile();
+  const OpenWatch watch("/proc/self/fd/" + std::to_string(unsealed_fd));
+  ASSERT_TRUE(watch.ok());
+  std::unique_ptr<QueuePair> writer = MakeQp(*a, QpType::kUc);
+  std::unique_ptr<QueuePair> target = MakeQp(*b, QpType::kUc);
+  ConnectPair(*writer, *target);
+  constexpr uint64_t kPast = 10;
+  uint64_t opens = 0;
+  for (uint64_t i = 0; i < shm::Peer::kMaxFailedMappings + kPast; ++i) {
+    Sge sge = a->sge(0, 8);
+    SendWr wr;
+    wr.wr_id = i;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    wr.opcode = Opcode::kWrite;
+    wr.flags = kSignaled;
+    wr.remote_addr = b->addr();
+    wr.rkey = b->mr->rkey();
+    ASSERT_TRUE(Post(*writer, wr).ok());
+    const std::vector<Completion> done = PollN(*a->send_cq, 1);
+    ASSERT_EQ(done.size(), 1u);
+    ASSERT_EQ(done[0].status, CompletionStatus::kSuccess);  // UC: what fails is dropped
+    opens += watch.opens();  // read each time: inotify merges an event with an unread twin
+  }
+  EXPECT_EQ(opens, shm::Peer::kMaxFailedMappings);
+  EXPECT_EQ(writer->counters().dropped.Get(), shm::Peer::kMaxFailedMappings + kPast);
+}
+
+// A region's file is found by a descriptor of it this process holds (/proc/self/fd), which may be
+// one another thread opened for a moment (a same-process peer mapping the file opens it) and
+// closes right after. The registration holds a descriptor of its own: the region stays mappable
+// whatever becomes of the one it was found by.
+TEST_F(ShmPeerRegions, ARegionStaysMappableAfterTheDescriptorItWasFoundByCloses) {
+  constexpr uint32_t kBytes = 4096;
+  // A second descriptor of the memory's file, at a lower number than its own: found first.
+  const int transient = open("/dev/null", O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(transient, 0);
+  SharedMemory memory = *SharedMemory::Allocate(kBytes);
+  ASSERT_LT(transient, memory.fd());
+  ASSERT_EQ(dup3(memory.fd(), transient, O_CLOEXEC), transient);
+  auto mr = b->pd->RegisterMemory(memory.data(), kBytes, kAllAccess);
+  ASSERT_TRUE(mr.ok()) << mr.status();
+  close(transient);
+  // The sender maps the region with its first message there.
+  Sge sge{reinterpret_cast<uint64_t>(memory.data()), kBytes, (*mr)->lkey()};
+  RecvWr wr;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  RecvWr* bad = nullptr;
+  ASSERT_TRUE(receiver->PostRecv(&wr, &bad).ok());
+  std::memcpy(a->bytes(), "held", 4);
+  ASSERT_EQ(Send(4), CompletionStatus::kSuccess);
+  const std::vector<Completion> got = PollN(*b->recv_cq, 1);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].status, CompletionStatus::kSuccess)
+      << "the region named a descriptor that was closed";
+  EXPECT_EQ(std::memcmp(memory.data() + kGrhBytes, "held", 4), 0);
 }
 
 }  // namespace transport::testing

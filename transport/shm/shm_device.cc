@@ -198,8 +198,16 @@ const Peer::MappedRegion* Peer::MapRegion(uint32_t index, uint32_t key) {
     }
     return nullptr;
   }
+  if (failed_ >= kMaxFailedMappings) return nullptr;
   auto region = std::make_unique<MappedRegion>();
-  if (!Map(header()->mrs[index], key, region.get())) return nullptr;
+  if (!Map(header()->mrs[index], key, region.get())) {
+    if (++failed_ == kMaxFailedMappings) {
+      LOG(ERROR) << "shm: " << kMaxFailedMappings << " of peer pid " << header()->pid
+                 << "'s regions could not be mapped; no more are tried (its receives and "
+                    "regions that need a mapping fail)";
+    }
+    return nullptr;
+  }
   if (replaces) ++replaced_;
   const MappedRegion* published = region.get();
   mappings_.push_back(std::move(region));
@@ -573,14 +581,52 @@ size_t ShmCq::Poll(absl::Span<Completion> out) {
 // ------------------------------------------------------------------------- PD, MR, AH
 namespace {
 
+// The registration's own descriptors of its files, duplicated from those FindBackings found and
+// checked to be of the mapped files: the entry's extents name these, so a peer can open them for
+// as long as the region is registered, whatever the application (or another thread opening the
+// file for a moment: a same-process peer mapping it) does with its own descriptors. Each try
+// that finds a descriptor closed or reused before it was duplicated looks again; after this many
+// the registration fails.
+constexpr int kMaxHoldTries = 8;
+
+absl::StatusOr<std::vector<Backing>> HoldBackings(void* addr, size_t length) {
+  for (int attempt = 0; attempt < kMaxHoldTries; ++attempt) {
+    absl::StatusOr<std::vector<Backing>> found = FindBackings(addr, length);
+    if (!found.ok()) return found.status();
+    size_t held = 0;
+    for (; held < found->size(); ++held) {
+      Backing& backing = (*found)[held];
+      const int dup = fcntl(backing.fd, F_DUPFD_CLOEXEC, 0);
+      struct stat st;
+      if (dup >= 0 && fstat(dup, &st) == 0 && st.st_dev == backing.device &&
+          st.st_ino == backing.inode) {
+        backing.fd = dup;
+        continue;
+      }
+      if (dup >= 0) close(dup);
+      break;
+    }
+    if (held == found->size()) return found;
+    for (size_t i = 0; i < held; ++i) close((*found)[i].fd);
+  }
+  return absl::UnavailableError(absl::StrFormat(
+      "memory at %p (+%d bytes): its file's descriptors kept closing before one could be held",
+      addr, length));
+}
+
 class ShmMr : public MemoryRegion {
  public:
-  ShmMr(ShmDevice* device, void* addr, size_t length, uint32_t key, uint32_t access)
-      : MemoryRegion(addr, length, key, key, access), device_(device) {}
-  ~ShmMr() override { device_->RemoveRegion(lkey()); }
+  ShmMr(ShmDevice* device, void* addr, size_t length, uint32_t key, uint32_t access,
+        std::vector<int> fds)
+      : MemoryRegion(addr, length, key, key, access), device_(device), fds_(std::move(fds)) {}
+  ~ShmMr() override {
+    device_->RemoveRegion(lkey());
+    for (const int fd : fds_) close(fd);
+  }
 
  private:
   ShmDevice* device_;
+  const std::vector<int> fds_;  // HoldBackings' descriptors, which the entry's extents name
 };
 
 class ShmPd : public ProtectionDomain {
@@ -592,12 +638,18 @@ class ShmPd : public ProtectionDomain {
   absl::StatusOr<std::unique_ptr<MemoryRegion>> DoRegisterMemory(void* addr, size_t length,
                                                                  uint32_t access) override {
     if (length == 0) return absl::InvalidArgumentError("cannot register 0 bytes");
-    absl::StatusOr<std::vector<Backing>> extents = FindBackings(addr, length);
+    absl::StatusOr<std::vector<Backing>> extents = HoldBackings(addr, length);
     if (!extents.ok()) return extents.status();
+    std::vector<int> fds;
+    for (const Backing& backing : *extents) fds.push_back(backing.fd);
     absl::StatusOr<uint32_t> key =
         device_->AddRegion(id_, reinterpret_cast<uint64_t>(addr), length, access, *extents);
-    if (!key.ok()) return key.status();
-    return std::unique_ptr<MemoryRegion>(new ShmMr(device_, addr, length, *key, access));
+    if (!key.ok()) {
+      for (const int fd : fds) close(fd);
+      return key.status();
+    }
+    return std::unique_ptr<MemoryRegion>(
+        new ShmMr(device_, addr, length, *key, access, std::move(fds)));
   }
 
   absl::StatusOr<std::unique_ptr<QueuePair>> DoCreateQp(const QpConfig& config) override {

@@ -87,6 +87,12 @@ class Peer {
   // its first mappings of other indexes, at most kMaxMrs, still are). Far above what herd's own
   // peers do (they re-register once per session or re-attachment).
   static constexpr uint64_t kMaxReplacedMappings = 1024;
+  // A region that cannot be mapped (a file that is no sealed memfd, lengths past it, an entry
+  // rewritten under the read) is tried again at its next access, each try a few syscalls under
+  // map_mutex_: a peer whose regions keep failing would make every access to it cost them. Past
+  // this many failed tries nothing more of it is mapped. An honest peer fails one only when it
+  // re-registers an index while we map it.
+  static constexpr uint64_t kMaxFailedMappings = 1024;
   // Whether region `key` is mapped here now, so that Resolve of it opens and maps nothing (it may
   // still fault on the owner's file). Lock-free; inline: the data path asks it per run.
   bool Mapped(uint32_t key) const {
@@ -140,6 +146,8 @@ class Peer {
   std::vector<std::unique_ptr<MappedRegion>> mappings_ ABSL_GUARDED_BY(map_mutex_);
   // Mappings made in place of an earlier one at the same index (see kMaxReplacedMappings).
   uint64_t replaced_ ABSL_GUARDED_BY(map_mutex_) = 0;
+  // Tries to map that failed (see kMaxFailedMappings).
+  uint64_t failed_ ABSL_GUARDED_BY(map_mutex_) = 0;
 };
 
 // A UD address handle: its peer is resolved (the segment mapped, or the device's mapping of it
