@@ -4,6 +4,7 @@
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -596,7 +597,10 @@ absl::StatusOr<std::vector<Backing>> HoldBackings(void* addr, size_t length) {
     size_t held = 0;
     for (; held < found->size(); ++held) {
       Backing& backing = (*found)[held];
-      const int dup = fcntl(backing.fd, F_DUPFD_CLOEXEC, 0);
+      // The raw system call, as FindBackings' own probes: the descriptor may be another thread's
+      // of the moment, closing right now, and ThreadSanitizer would take fcntl(3) on it for a
+      // use racing with that close (a dup of a closed or reused one is caught just below).
+      const auto dup = static_cast<int>(syscall(SYS_fcntl, backing.fd, F_DUPFD_CLOEXEC, 0));
       struct stat st;
       if (dup >= 0 && fstat(dup, &st) == 0 && st.st_dev == backing.device &&
           st.st_ino == backing.inode) {
