@@ -172,6 +172,22 @@ inline CompletionStatus SendUd(QueuePair& qp, CompletionQueue& send_cq, Sge sge,
   return sent.size() == 1 ? sent[0].status : CompletionStatus::kFlushed;
 }
 
+// WRITEs `sge` to [remote_addr, ...) under `rkey`, signalled, and waits for its completion: its
+// status, or kFlushed when the post failed or nothing completed in time.
+inline CompletionStatus WriteAndWait(QueuePair& qp, CompletionQueue& send_cq, Sge sge,
+                                     uint64_t remote_addr, uint32_t rkey) {
+  SendWr wr;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.opcode = Opcode::kWrite;
+  wr.flags = kSignaled;
+  wr.remote_addr = remote_addr;
+  wr.rkey = rkey;
+  if (!Post(qp, wr).ok()) return CompletionStatus::kFlushed;
+  const std::vector<Completion> done = PollN(send_cq, 1);
+  return done.size() == 1 ? done[0].status : CompletionStatus::kFlushed;
+}
+
 inline absl::Status PostRecv(QueuePair& qp, Node& node, uint64_t wr_id, size_t offset,
                              uint32_t length) {
   Sge sge = node.sge(offset, length);

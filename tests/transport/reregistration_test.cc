@@ -69,18 +69,9 @@ TEST(ShmReregistration, AWriterMapsEachRegistrationOnceWhileItsOwnerRegistersAga
   // next.
   auto write = [&](uint64_t word, uint32_t rkey, uint64_t offset) {
     std::memcpy(a->bytes(), &word, sizeof(word));
-    Sge sge{a->addr(), sizeof(word), a->mr->lkey()};
-    SendWr wr;
-    wr.wr_id = word;
-    wr.sg_list = &sge;
-    wr.num_sge = 1;
-    wr.opcode = Opcode::kWrite;
-    wr.flags = kSignaled;
-    wr.remote_addr = reinterpret_cast<uint64_t>(target.data()) + offset;
-    wr.rkey = rkey;
-    if (!Post(*writer, wr).ok()) return false;
-    const std::vector<Completion> done = PollN(*a->send_cq, 1);
-    return done.size() == 1 && done[0].status == CompletionStatus::kSuccess;
+    return WriteAndWait(*writer, *a->send_cq, a->sge(0, sizeof(word)),
+                        reinterpret_cast<uint64_t>(target.data()) + offset,
+                        rkey) == CompletionStatus::kSuccess;
   };
   const int mappings_before = MappingsOf(target.fd());
   uint64_t word = 0;
