@@ -706,6 +706,13 @@ class ShmPeerRegions : public ::testing::Test {
   CompletionStatus Send(uint32_t bytes) {
     return SendUd(*sender, *a->send_cq, a->sge(0, bytes), ah.get(), receiver->qp_num());
   }
+  // b's region's entry in b's own segment: what a hostile b may rewrite.
+  shm::MrEntry& BsEntry() {
+    return dynamic_cast<shm::ShmDevice&>(*b->device)
+        .segment()
+        .header()
+        ->mrs[b->mr->lkey() >> shm::kMrIndexShift];
+  }
   // Makes b's region name, as its backing file, a memfd of the region's size that is not sealed
   // against shrinking (what a hostile b may write in its own entry), mapped here as `unsealed`;
   // the fd is unsealed_fd.
@@ -717,10 +724,7 @@ class ShmPeerRegions : public ::testing::Test {
         mmap(nullptr, b->memory->size(), PROT_READ | PROT_WRITE, MAP_SHARED, unsealed_fd, 0);
     ASSERT_NE(mapped, MAP_FAILED);
     unsealed = static_cast<uint8_t*>(mapped);
-    shm::MrEntry& entry = dynamic_cast<shm::ShmDevice&>(*b->device)
-                              .segment()
-                              .header()
-                              ->mrs[b->mr->lkey() >> shm::kMrIndexShift];
+    shm::MrEntry& entry = BsEntry();
     ASSERT_EQ(entry.extent_count, 1u);
     std::atomic_ref<int32_t>(entry.extents[0].fd).store(unsealed_fd, std::memory_order_relaxed);
   }
@@ -789,10 +793,7 @@ TEST_F(ShmPeerRegions, ARegionWhoseKeyComesRoundAgainIsNotTakenForTheOldOne) {
 // Past Peer::kMaxReplacedMappings no more replacements are made for that peer: its receive fails
 // (the receiver goes to ERR), and this process holds no more mappings of its file.
 TEST_F(ShmPeerRegions, APeerThatReplacesItsRegionsWithoutEndIsRefusedMoreMappings) {
-  shm::MrEntry& entry = dynamic_cast<shm::ShmDevice&>(*b->device)
-                            .segment()
-                            .header()
-                            ->mrs[b->mr->lkey() >> shm::kMrIndexShift];
+  shm::MrEntry& entry = BsEntry();
   const int before = MappingsOf(b->memory->fd());
   constexpr uint64_t kPast = 10;
   uint64_t delivered = 0;
@@ -860,10 +861,7 @@ TEST_F(ShmPeerRegions, ADeviceThatTrustsItsPeersMapsTheirUnsealedFiles) {
 TEST_F(ShmPeerRegions, ARegionInAFileThatIsNoMemfdIsRefusedUnopened) {
   DiskFile file(b->memory->size());
   ASSERT_TRUE(file.ok());
-  shm::MrEntry& entry = dynamic_cast<shm::ShmDevice&>(*b->device)
-                            .segment()
-                            .header()
-                            ->mrs[b->mr->lkey() >> shm::kMrIndexShift];
+  shm::MrEntry& entry = BsEntry();
   std::atomic_ref<int32_t>(entry.extents[0].fd).store(file.fd(), std::memory_order_relaxed);
   ASSERT_TRUE(PostRecv(*receiver, *b, 1, 0, 256).ok());
   ASSERT_EQ(Send(8), CompletionStatus::kSuccess);
