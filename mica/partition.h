@@ -251,6 +251,9 @@ class Partition {
   // Prefetches the first lines of every item the spot's bucket holds under its tag (batch.cc).
   template <StoreMode kMode>
   void PrefetchCandidates(const Spot& spot) const;
+  // Cache mode: prefetches the log's lines from its tail on, as many as `bytes` of appends will
+  // write (at most kTailPrefetchLines; batch.cc).
+  void PrefetchLogTail(uint64_t bytes) const;
   // The operations at a spot SpotOf found (ExecuteBatch finds every spot before executing).
   Response ExecuteAt(const Request& request, const Spot& spot);
   Response GetAt(const Spot& spot, std::string_view key, uint64_t keyhash, char* value_out,
