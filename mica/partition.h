@@ -156,8 +156,8 @@ class Partition {
                        uint32_t value_out_bytes, absl::Span<uint64_t> scratch) const;
 
   // The worker's hot path (batch.cc): prefetches every request's bucket, then each candidate
-  // item's first cache lines, then executes the requests in order. responses.size() must be
-  // >= requests.size().
+  // item's first cache lines, then (cache mode) the log's lines the writes will append to, then
+  // executes the requests in order. responses.size() must be >= requests.size().
   void ExecuteBatch(absl::Span<const Request> requests, absl::Span<Response> responses);
 
   const PartitionStats& stats() const { return stats_; }
