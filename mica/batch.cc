@@ -51,9 +51,11 @@ void Partition::ExecuteBatchIn(absl::Span<const Request> requests, absl::Span<Re
     for (size_t i = 0; i < n; ++i) {
       const Request& request = requests[first + i];
       spots[i] = SpotOf(request.key, secret);
-      if (kMode == StoreMode::kCache && Appends(request.op)) {
-        append_bytes +=
-            ItemBytes(request.key.size(), request.value.size(), Checksummed(request.value.size()));
+      if constexpr (kMode == StoreMode::kCache) {
+        if (Appends(request.op)) {
+          append_bytes += ItemBytes(request.key.size(), request.value.size(),
+                                    Checksummed(request.value.size()));
+        }
       }
     }
     // All the hashes first, then the bucket prefetches back to back. A prefetch that misses
@@ -68,7 +70,9 @@ void Partition::ExecuteBatchIn(absl::Span<const Request> requests, absl::Span<Re
     for (size_t i = 0; i < n; ++i) PrefetchCandidates<kMode>(spots[i]);
     // Cache mode writes each item at the log's tail, into lines untouched for a lap of the ring:
     // the appends' misses overlap the rest of the chunk's instead of filling the store buffer.
-    if (kMode == StoreMode::kCache && append_bytes > 0) PrefetchLogTail(append_bytes);
+    if constexpr (kMode == StoreMode::kCache) {
+      if (append_bytes > 0) PrefetchLogTail(append_bytes);
+    }
     for (size_t i = 0; i < n; ++i) {
       responses[first + i] = ExecuteAt(requests[first + i], spots[i]);
     }
