@@ -17,6 +17,8 @@
 #include "gflags/gflags.h"
 #include "glog/logging.h"
 #include "herd/flags.h"
+#include "herd/replication/configuration.h"
+#include "herd/replication/coordinator.h"
 #include "herd/server.h"
 #include "mica/flags.h"
 #include "mica/item.h"
@@ -116,6 +118,24 @@ absl::StatusOr<std::unique_ptr<herd::Server>> RejoinAsBackup(herd::ServerOptions
       return absl::CancelledError("stopped while rejoining");
     }
   }
+}
+
+// How long a fenced primary waits for the coordination service to read the stored
+// configuration; unanswered, it keeps its copy and reads again on its next second.
+constexpr absl::Duration kFencedReadTimeout = absl::Seconds(5);
+
+// Whether this fenced primary holds the cluster's only copy, by the configuration stored now
+// (herd::FencedPrimaryHoldsTheOnlyCopy), read through a session of its own: the one it was
+// fenced in expired, and the configuration it last held can be behind the stored one either
+// way (the answer to its own last change lost).
+absl::StatusOr<bool> HoldsTheOnlyCopy(const herd::ReplicationServerOptions& replication) {
+  herd::CoordinatorOptions o = replication.coordinator;
+  o.connect_timeout = kFencedReadTimeout;
+  absl::StatusOr<std::unique_ptr<herd::Coordinator>> coordinator = herd::Coordinator::Connect(o);
+  if (!coordinator.ok()) return coordinator.status();
+  absl::StatusOr<herd::VersionedConfiguration> stored = (*coordinator)->ReadConfiguration();
+  if (!stored.ok()) return stored.status();
+  return herd::FencedPrimaryHoldsTheOnlyCopy(stored->configuration, replication.member);
 }
 
 int Fail(const absl::Status& status) {
@@ -240,8 +260,17 @@ int main(int argc, char** argv) {
     last = stats;
     tick = now;
     if (stats.fenced && FLAGS_rejoin_when_fenced && !stayed_fenced) {
-      if (stats.backups == 0) {
-        // Nobody in its configuration can take over: its memory holds the cluster's only copy.
+      // (Without a coordination service, only the configuration it holds says.)
+      const absl::StatusOr<bool> only_copy = options.replication.coordinator.hosts.empty()
+                                                 ? absl::StatusOr<bool>(stats.backups == 0)
+                                                 : HoldsTheOnlyCopy(options.replication);
+      if (!only_copy.ok()) {
+        // A rejoin needs the service too: nothing is lost by keeping the copy until it answers.
+        LOG_EVERY_N(WARNING, 10) << "fenced; the stored configuration is unreadable, so this "
+                                    "server keeps its copy until it can read it: "
+                                 << only_copy.status();
+      } else if (*only_copy) {
+        // Nobody in the configuration can take over: its memory holds the cluster's only copy.
         // Kept (fenced, serving nothing) rather than dropped by a restart.
         LOG(ERROR) << "fenced with no backup in its configuration: no member can take over, so "
                       "this server keeps its copy and does not rejoin (restart it by hand)";

@@ -228,4 +228,8 @@ absl::StatusOr<MemberInfo> MemberInfo::Decode(std::string_view text) {
   return info;
 }
 
+bool FencedPrimaryHoldsTheOnlyCopy(const Configuration& stored, std::string_view member) {
+  return stored.primary == member && stored.backups.empty();
+}
+
 }  // namespace herd

@@ -94,6 +94,14 @@ absl::StatusOr<Configuration> DropBackupIn(const Configuration& current, std::st
 absl::StatusOr<Configuration> AddBackupIn(const Configuration& current, std::string_view primary,
                                           std::string_view backup);
 
+// Whether `member`, a primary that was fenced, holds the cluster's only copy of its acknowledged
+// writes by the configuration `stored` (as read from the service after the fence, never as the
+// member last held it: an answer lost to a connection loss leaves that one behind the stored one,
+// either way). Only a configuration still naming it primary with no backup leaves no member that
+// can take over; then its copy must be kept. Another primary has every acknowledged write, and a
+// listed backup holds every one (it counted for every release since it synced).
+bool FencedPrimaryHoldsTheOnlyCopy(const Configuration& stored, std::string_view member);
+
 }  // namespace herd
 
 #endif  // HERD_REPLICATION_CONFIGURATION_H_

@@ -132,6 +132,24 @@ TEST(ConfigurationTest, OnlyTheEpochsPrimaryChangesItsBackups) {
   EXPECT_FALSE(AddBackupIn(*dropped, "p", "p").ok());
 }
 
+// A fenced primary keeps its copy only where the stored configuration leaves nobody to take
+// over: it still names it primary, with no backup.
+TEST(ConfigurationTest, AFencedPrimaryHoldsTheOnlyCopyOnlyWithNoBackupStored) {
+  Configuration alone;
+  alone.epoch = 3;
+  alone.primary = "p";
+  EXPECT_TRUE(FencedPrimaryHoldsTheOnlyCopy(alone, "p"));
+  EXPECT_FALSE(FencedPrimaryHoldsTheOnlyCopy(Three(), "p"));  // two backups can take over
+  absl::StatusOr<Configuration> one = AddBackupIn(alone, "p", "b1");
+  ASSERT_TRUE(one.ok());
+  EXPECT_FALSE(FencedPrimaryHoldsTheOnlyCopy(*one, "p"));
+  // Another member took over: it has every acknowledged write, with or without backups.
+  Configuration taken = alone;
+  taken.primary = "b1";
+  EXPECT_FALSE(FencedPrimaryHoldsTheOnlyCopy(taken, "p"));
+  EXPECT_FALSE(FencedPrimaryHoldsTheOnlyCopy(Three(), "b1"));
+}
+
 TEST(ConfigurationTest, MemberInfoRoundTrips) {
   MemberInfo info{"127.0.0.1:4000", "127.0.0.1:4001"};
   absl::StatusOr<MemberInfo> back = MemberInfo::Decode(info.Encode());

@@ -1,6 +1,7 @@
-// What herd_server does once its primary is fenced (--rejoin_when_fenced, issue 35), in the two
+// What herd_server does once its primary is fenced (--rejoin_when_fenced, issue 35), in the
 // branches the chaos checker never reaches: a primary whose configuration lists no backup keeps
-// its copy and stays up, fenced, instead of dropping the cluster's only copy to rejoin; and a
+// its copy and stays up, fenced, instead of dropping the cluster's only copy to rejoin; that
+// configuration is the stored one, read after the fence, not the one it last held; and a
 // stop signal while a fenced primary waits to come back as a backup (no member took over yet)
 // ends the process at once, cleanly. The real binary, a real ZooKeeper; a primary is fenced by
 // pausing it (SIGSTOP) until its coordination session is gone, then waking it.
@@ -9,6 +10,7 @@
 #include <unistd.h>
 
 #include <fstream>
+#include <functional>
 #include <map>
 #include <memory>
 #include <sstream>
@@ -19,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
+#include "herd/replication/configuration.h"
 #include "herd/replication/coordinator.h"
 #include "tests/herd/server_binary.h"
 #include "tests/herd/tcp_proxy.h"
@@ -126,13 +129,34 @@ class FencedPrimaryTest : public ::testing::Test {
   }
 
   // Pauses the member until its coordination session has expired (its registration is gone),
-  // then wakes it: it learns it is fenced.
-  void PauseUntilFenced(const std::string& member) {
+  // runs `while_paused`, then wakes it: it learns it is fenced.
+  void PauseUntilFenced(
+      const std::string& member, const std::function<void()>& while_paused = [] {}) {
     ASSERT_TRUE(Await([&] { return Registered(member); })) << member << " never registered";
     Server(member).Signal(SIGSTOP);
     ASSERT_TRUE(Await([&] { return !Registered(member); }))
         << member << "'s registration outlived its paused session";
+    while_paused();
     Server(member).Signal(SIGCONT);
+  }
+
+  // Replaces the stored configuration by change(stored), as the answer to a write the paused
+  // primary made and never heard back about would have left it.
+  template <typename Change>
+  void ChangeStoredConfiguration(Change change) {
+    absl::StatusOr<VersionedConfiguration> current = view_->ReadConfiguration();
+    ASSERT_TRUE(current.ok()) << current.status();
+    absl::StatusOr<Configuration> next = change(current->configuration);
+    ASSERT_TRUE(next.ok()) << next.status();
+    ASSERT_TRUE(view_->ReplaceConfiguration(*current, *next).ok());
+  }
+
+  // A stop ends the member with status 0.
+  void StopAndExpectCleanExit(const std::string& member) {
+    Server(member).Signal(SIGTERM);
+    const int status = AwaitExit(member, kDeadline);
+    ASSERT_NE(status, -1) << "a stop did not end " << member;
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
   }
 
   // Whether the member's process is still running; one that exited is reaped (and forgotten).
@@ -196,10 +220,8 @@ TEST_F(FencedPrimaryTest, AStopWhileItWaitsToRejoinEndsItAtOnce) {
     absl::StatusOr<VersionedConfiguration> v = view_->ReadConfiguration();
     return v.ok() && v->configuration.primary == "p" && v->configuration.HasBackup("b");
   })) << "b never joined p";
-  // p decides between rejoining and staying on the configuration it holds, which can lag the
-  // stored one: when the answer to its own write of b's addition is lost (a loaded ZooKeeper),
-  // it learns the change on a later read. Paused before that read, it would hold no backup and
-  // rightly stay. So it is paused only once its own progress line counts b.
+  // Paused only once p itself serves with b as its backup (its progress line counts b): the
+  // stored configuration can list b before p heard the answer to its write.
   ASSERT_TRUE(Await([&] { return LogHas("p", kHoldsOneBackup); })) << LogTail("p");
   PauseUntilFenced("p");
   ASSERT_TRUE(Await([&] { return LogHas("p", kRejoining); })) << LogTail("p");
@@ -209,6 +231,37 @@ TEST_F(FencedPrimaryTest, AStopWhileItWaitsToRejoinEndsItAtOnce) {
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
   EXPECT_TRUE(LogHas("p", kExitWhileRejoining));
   EXPECT_FALSE(LogHas("p", kRejoined)) << "no member took over: it cannot have rejoined";
+}
+
+// A fenced primary decides on the configuration stored when it learns it is fenced, not on the
+// one it last held, which lags the stored one when the answer to its own last change was lost.
+// Here the stored configuration gains a backup while the primary is paused (it held none): one
+// that can take over exists, so the primary rejoins. Deciding on what it held, it stayed.
+TEST_F(FencedPrimaryTest, ABackupStoredButNeverHeardOfIsOneThatCanTakeOver) {
+  ASSERT_TRUE(Start("p", /*primary=*/true, /*auto_failover=*/true).ok());
+  PauseUntilFenced("p", [&] {
+    ChangeStoredConfiguration([](const Configuration& c) { return AddBackupIn(c, "p", "b"); });
+  });
+  ASSERT_TRUE(Await([&] { return LogHas("p", kRejoining); })) << LogTail("p");
+  EXPECT_FALSE(LogHas("p", kFencedNoBackup)) << LogTail("p");
+  StopAndExpectCleanExit("p");
+}
+
+// The other way: p held b as its backup, and the stored configuration dropped b while p was
+// paused (p's own drop, whose answer it lost). Nobody can take over now, so p keeps the only
+// copy. Deciding on what it held, it dropped that copy to wait for a takeover that cannot come.
+TEST_F(FencedPrimaryTest, ABackupDroppedFromTheStoredConfigurationCannotTakeOver) {
+  ASSERT_TRUE(Start("p", /*primary=*/true, /*auto_failover=*/true).ok());
+  ASSERT_TRUE(Start("b", /*primary=*/false, /*auto_failover=*/false).ok());
+  ASSERT_TRUE(Await([&] { return LogHas("p", kHoldsOneBackup); })) << LogTail("p");
+  PauseUntilFenced("p", [&] {
+    ChangeStoredConfiguration([](const Configuration& c) { return DropBackupIn(c, "p", "b"); });
+  });
+  ASSERT_TRUE(Await([&] { return LogHas("p", kFencedNoBackup); })) << LogTail("p");
+  EXPECT_FALSE(LogHas("p", kRejoining)) << "it dropped the only copy to rejoin";
+  int status = 0;
+  ASSERT_TRUE(StillRunning("p", &status)) << "it exited: " << status;
+  StopAndExpectCleanExit("p");
 }
 
 }  // namespace
