@@ -128,6 +128,53 @@ class EngineBenchTest(unittest.TestCase):
         self.assertEqual(lines[0]["store_pages_kib"] == 4, "on 4 KiB pages" in run.stderr,
                          run.stderr)
 
+    def test_the_mixed_phase_carries_both_ops_in_its_share(self):
+        # GET answers carry the 32-byte value, PUT answers none: a mixed phase's bytes per answer
+        # lie strictly between the two phases', and move with the share of PUTs.
+        def bytes_per_request(phases, percent):
+            run = subprocess.run([str(OPT_BIN / "bench" / "engine_bench"), "--duration_s=0.2",
+                                  "--warmup_s=0.05", "--stage_ops=20000", "--keys=5000",
+                                  "--core=-1", f"--phases={phases}",
+                                  f"--mixed_put_percent={percent}"],
+                                 cwd=REPO, capture_output=True, text=True, timeout=RUN_BUDGET_S)
+            self.assertEqual(run.returncode, 0, run.stderr)
+            lines = [json.loads(l) for l in run.stdout.splitlines() if l.startswith("{")]
+            self.assertEqual([l["phase"] for l in lines], phases.split(","))
+            for line in lines:
+                self.assertEqual(line["wrs_per_request"], 1.0)
+            return {l["phase"]: (l["bytes_per_request"], l["put_percent"]) for l in lines}
+
+        both = bytes_per_request("get,put,mixed", 50)
+        get, put, mixed = both["get"][0], both["put"][0], both["mixed"][0]
+        self.assertEqual([both[p][1] for p in ("get", "put", "mixed")], [0, 100, 50])
+        self.assertLess(put, mixed)
+        self.assertLess(mixed, get)
+        # Half PUTs: about halfway (the ops are drawn at random; 0.2 s is many thousands).
+        self.assertAlmostEqual((mixed - put) / (get - put), 0.5, delta=0.1)
+        few_puts = bytes_per_request("mixed", 5)["mixed"][0]
+        self.assertGreater(few_puts, mixed)
+
+    def test_only_the_mixed_phase_may_miss_and_its_misses_stay_its_own(self):
+        # A 1 MiB log laps every ~13,000 appends, so the mix's PUTs drop keys its GETs then miss:
+        # counted, not failed. The PUT phase after it misses nothing and must not inherit them.
+        run = subprocess.run([str(OPT_BIN / "bench" / "engine_bench"), "--duration_s=0.2",
+                              "--warmup_s=0.05", "--stage_ops=20000", "--keys=5000", "--core=-1",
+                              "--phases=mixed,put", "--mica_log_bytes=1048576",
+                              "--mica_hugepages=false"],
+                             cwd=REPO, capture_output=True, text=True, timeout=RUN_BUDGET_S)
+        self.assertEqual(run.returncode, 0, run.stderr)
+        lines = [json.loads(l) for l in run.stdout.splitlines() if l.startswith("{")]
+        self.assertEqual([l["phase"] for l in lines], ["mixed", "put"])
+        self.assertGreater(lines[0]["not_found"], 0)
+        self.assertEqual(lines[1]["not_found"], 0)
+
+    def test_a_mixed_share_past_100_percent_is_refused(self):
+        run = subprocess.run([str(OPT_BIN / "bench" / "engine_bench"), "--phases=mixed",
+                              "--mixed_put_percent=101"],
+                             cwd=REPO, capture_output=True, text=True, timeout=RUN_BUDGET_S)
+        self.assertEqual(run.returncode, 1)
+        self.assertIn("--mixed_put_percent=101: not 0..100", run.stderr)
+
     def test_small_pages_asked_for_are_reported_without_a_warning(self):
         run = subprocess.run([str(OPT_BIN / "bench" / "engine_bench"), "--duration_s=0.1",
                               "--warmup_s=0.05", "--stage_ops=20000", "--keys=5000", "--core=-1",
