@@ -17,8 +17,6 @@
 #include "gflags/gflags.h"
 #include "glog/logging.h"
 #include "herd/flags.h"
-#include "herd/replication/configuration.h"
-#include "herd/replication/coordinator.h"
 #include "herd/server.h"
 #include "mica/flags.h"
 #include "mica/item.h"
@@ -68,9 +66,10 @@ DEFINE_uint32(read_lease_ms, 500,
               "lease; a write waits at most this long for a backup that stops answering");
 DEFINE_bool(rejoin_when_fenced, true,
             "--coordinator: a primary that was fenced (another member took over, or its "
-            "coordination session expired) stops and starts again in this process as a backup "
-            "under the same --member and client port, brought up to date by state transfer; "
-            "false: it serves nothing until restarted");
+            "coordination session expired) keeps its copy until the stored configuration names "
+            "another primary, then stops and starts again in this process as a backup under the "
+            "same --member and client port, brought up to date by state transfer; false: it "
+            "serves nothing until restarted");
 
 namespace {
 
@@ -79,13 +78,14 @@ namespace {
 constexpr absl::Duration kRejoinRetry = absl::Seconds(1);
 constexpr absl::Duration kRejoinPoll = absl::Milliseconds(50);
 
-// A fenced primary's next life (--rejoin_when_fenced): a backup server under the same member
-// name. Server::Create registers it only once another member took over (seconds; minutes when
-// no backup can), so it runs on a thread of its own while this one answers stop signals: a stop
-// meanwhile ends the process at once (it holds nothing yet, nor anyone's data). A failed try (the
-// coordinator unreachable from a partitioned member, the port taken) is tried again every
-// kRejoinRetry, a stop between tries returning Cancelled; a client port taken by someone else
-// falls back to any free one.
+// A fenced primary's next life (--rejoin_when_fenced), begun once another member took over: a
+// backup server under the same member name. Server::Create connects, registers and listens
+// (seconds when the coordinator is slow; a name another live session holds keeps it out for a
+// session timeout), so it runs on a thread of its own while this one answers stop signals: a
+// stop meanwhile ends the process at once (it holds nothing yet, nor anyone's data). A failed try
+// (the coordinator unreachable from a partitioned member, the name or the port taken) is tried
+// again every kRejoinRetry, a stop between tries returning Cancelled; a client port taken by
+// someone else falls back to any free one.
 absl::StatusOr<std::unique_ptr<herd::Server>> RejoinAsBackup(herd::ServerOptions& options,
                                                              const sigset_t& stop_signals) {
   while (true) {
@@ -118,24 +118,6 @@ absl::StatusOr<std::unique_ptr<herd::Server>> RejoinAsBackup(herd::ServerOptions
       return absl::CancelledError("stopped while rejoining");
     }
   }
-}
-
-// How long a fenced primary waits for the coordination service to read the stored
-// configuration; unanswered, it keeps its copy and reads again on its next second.
-constexpr absl::Duration kFencedReadTimeout = absl::Seconds(5);
-
-// Whether this fenced primary holds the cluster's only copy, by the configuration stored now
-// (herd::FencedPrimaryHoldsTheOnlyCopy), read through a session of its own: the one it was
-// fenced in expired, and the configuration it last held can be behind the stored one either
-// way (the answer to its own last change lost).
-absl::StatusOr<bool> HoldsTheOnlyCopy(const herd::ReplicationServerOptions& replication) {
-  herd::CoordinatorOptions o = replication.coordinator;
-  o.connect_timeout = kFencedReadTimeout;
-  absl::StatusOr<std::unique_ptr<herd::Coordinator>> coordinator = herd::Coordinator::Connect(o);
-  if (!coordinator.ok()) return coordinator.status();
-  absl::StatusOr<herd::VersionedConfiguration> stored = (*coordinator)->ReadConfiguration();
-  if (!stored.ok()) return stored.status();
-  return herd::FencedPrimaryHoldsTheOnlyCopy(stored->configuration, replication.member);
 }
 
 int Fail(const absl::Status& status) {
@@ -244,7 +226,9 @@ int main(int argc, char** argv) {
   herd::ServerStats first = last;
   absl::Time start = absl::Now();  // of this life (a rejoin after a fence starts another)
   const absl::Time began = start;
-  bool stayed_fenced = false;  // fenced with no backup to take over: no rejoin (logged once)
+  // What a fenced primary last said it waits for (logged once per change): -1 nothing yet, else
+  // the stored configuration's backup count (0: nobody can take over).
+  int64_t fenced_wait_said = -1;
   absl::Time tick = start;
   while (true) {
     timespec second{1, 0};
@@ -259,48 +243,47 @@ int main(int argc, char** argv) {
             herd::StatsJson(stats, last, absl::ToDoubleSeconds(now - tick)).c_str());
     last = stats;
     tick = now;
-    if (stats.fenced && FLAGS_rejoin_when_fenced && !stayed_fenced) {
-      // (Without a coordination service, only the configuration it holds says.)
-      const absl::StatusOr<bool> only_copy = options.replication.coordinator.hosts.empty()
-                                                 ? absl::StatusOr<bool>(stats.backups == 0)
-                                                 : HoldsTheOnlyCopy(options.replication);
-      if (!only_copy.ok()) {
-        // A rejoin needs the service too: nothing is lost by keeping the copy until it answers.
-        LOG_EVERY_N(WARNING, 10) << "fenced; the stored configuration is unreadable, so this "
-                                    "server keeps its copy until it can read it: "
-                                 << only_copy.status();
-      } else if (*only_copy) {
-        // Nobody in the configuration can take over: its memory holds the cluster's only copy.
-        // Kept (fenced, serving nothing) rather than dropped by a restart.
+    // A fenced primary drops its copy (to rejoin as a backup) only once another member took
+    // over: until then its memory may hold acknowledged writes no other copy can serve, even
+    // where the configuration lists backups (one never told it is in sync, or dropped and not
+    // yet removed, cannot take over). Kept (fenced, serving nothing) meanwhile.
+    if (stats.fenced && FLAGS_rejoin_when_fenced && stats.succession == herd::Succession::kNone &&
+        fenced_wait_said != static_cast<int64_t>(stats.backups)) {
+      fenced_wait_said = stats.backups;
+      if (stats.backups == 0) {
         LOG(ERROR) << "fenced with no backup in its configuration: no member can take over, so "
                       "this server keeps its copy and does not rejoin (restart it by hand)";
-        stayed_fenced = true;
       } else {
-        // This life's totals, as a stop prints them: the next life is a backup's.
-        printf("{\"server\":%s}\n",
-               herd::StatsJson(stats, first, absl::ToDoubleSeconds(now - start)).c_str());
-        fflush(stdout);
-        LOG(WARNING) << "fenced: stopping, and starting again as a backup of cluster "
-                     << options.replication.coordinator.cluster << " (--rejoin_when_fenced)";
-        options.port = (*server)->port();
-        options.replication.role = herd::ReplicationRole::kBackup;
-        if (gflags::GetCommandLineFlagInfoOrDie("replication_port").is_default) {
-          options.replication.port = 0;  // a primary never listened there: any free port
-        }
-        (*server)->Stop();
-        server->reset();  // every port, device and region let go before the next life takes them
-        server = RejoinAsBackup(options, stop_signals);
-        if (!server.ok()) {
-          if (absl::IsCancelled(server.status())) return 0;  // a stop signal meanwhile
-          return Fail(server.status());
-        }
-        if (absl::Status s = (*server)->Start(); !s.ok()) return Fail(s);
-        print_ready(**server);
-        LOG(INFO) << "rejoined cluster " << options.replication.coordinator.cluster
-                  << " as a backup";
-        last = first = (*server)->Stats();
-        start = tick = absl::Now();
+        LOG(WARNING) << "fenced: keeping this copy until one of the configuration's "
+                     << stats.backups << " backups takes over; then rejoining as a backup";
       }
+    }
+    if (stats.fenced && FLAGS_rejoin_when_fenced &&
+        stats.succession == herd::Succession::kTakenOver) {
+      // This life's totals, as a stop prints them: the next life is a backup's.
+      printf("{\"server\":%s}\n",
+             herd::StatsJson(stats, first, absl::ToDoubleSeconds(now - start)).c_str());
+      fflush(stdout);
+      LOG(WARNING) << "fenced: stopping, and starting again as a backup of cluster "
+                   << options.replication.coordinator.cluster << " (--rejoin_when_fenced)";
+      options.port = (*server)->port();
+      options.replication.role = herd::ReplicationRole::kBackup;
+      if (gflags::GetCommandLineFlagInfoOrDie("replication_port").is_default) {
+        options.replication.port = 0;  // a primary never listened there: any free port
+      }
+      (*server)->Stop();
+      server->reset();  // every port, device and region let go before the next life takes them
+      server = RejoinAsBackup(options, stop_signals);
+      if (!server.ok()) {
+        if (absl::IsCancelled(server.status())) return 0;  // a stop signal meanwhile
+        return Fail(server.status());
+      }
+      if (absl::Status s = (*server)->Start(); !s.ok()) return Fail(s);
+      print_ready(**server);
+      LOG(INFO) << "rejoined cluster " << options.replication.coordinator.cluster << " as a backup";
+      last = first = (*server)->Stats();
+      start = tick = absl::Now();
+      fenced_wait_said = -1;
     }
     if (FLAGS_duration_s > 0 && now - began >= absl::Seconds(FLAGS_duration_s)) break;
   }

@@ -94,6 +94,9 @@ struct ServerStats {
   // is fenced (it lost its place as primary: it serves nothing), and its lease's time left.
   uint64_t epoch = 0;
   bool fenced = false;
+  // Fenced: whether another member took over (only then may its copy be dropped; see
+  // herd/replication/configuration.h, Succession), read from the stored configuration.
+  Succession succession = Succession::kUnknown;
   double lease_left_s = 0;
   transport::CounterSnapshot fabric;  // all of the server's QPs and CQs
 };

@@ -139,6 +139,7 @@ ServerStats Server::Stats() const {
     stats.role = m.role;
     stats.promoted = m.promoted;
     stats.fenced = m.fenced;
+    stats.succession = m.succession;
     stats.epoch = m.epoch;
     stats.lease_left_s = m.lease_left_s;
     stats.backups = m.backups;

@@ -123,6 +123,7 @@ readonly tsan_tests=(
   //tests/herd:smoke_test //tests/herd:e2e_test
   //tests/herd:robustness_test //tests/herd:replication_e2e_test
   //tests/herd:failover_follow_test //tests/herd:coordinator_test //tests/util:lease_test
+  //tests/herd:fenced_primary_test
 )
 if [ "${HERD_SKIP_TSAN:-0}" != 1 ]; then
   stage "test (tsan)" bazel test --config=tsan "${tsan_tests[@]}"

@@ -228,8 +228,22 @@ absl::StatusOr<MemberInfo> MemberInfo::Decode(std::string_view text) {
   return info;
 }
 
-bool FencedPrimaryHoldsTheOnlyCopy(const Configuration& stored, std::string_view member) {
-  return stored.primary == member && stored.backups.empty();
+std::string_view SuccessionName(Succession succession) {
+  switch (succession) {
+    case Succession::kUnknown:
+      return "unknown";
+    case Succession::kNone:
+      return "none";
+    case Succession::kTakenOver:
+      return "taken_over";
+  }
+  return "?";
+}
+
+Succession SuccessionOf(const Configuration& stored, std::string_view member, uint64_t held_epoch) {
+  if (stored.epoch < held_epoch) return Succession::kUnknown;
+  if (stored.primary == member) return Succession::kNone;
+  return stored.epoch > held_epoch ? Succession::kTakenOver : Succession::kUnknown;
 }
 
 }  // namespace herd

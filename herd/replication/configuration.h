@@ -94,13 +94,24 @@ absl::StatusOr<Configuration> DropBackupIn(const Configuration& current, std::st
 absl::StatusOr<Configuration> AddBackupIn(const Configuration& current, std::string_view primary,
                                           std::string_view backup);
 
-// Whether `member`, a primary that was fenced, holds the cluster's only copy of its acknowledged
-// writes by the configuration `stored` (as read from the service after the fence, never as the
-// member last held it: an answer lost to a connection loss leaves that one behind the stored one,
-// either way). Only a configuration still naming it primary with no backup leaves no member that
-// can take over; then its copy must be kept. Another primary has every acknowledged write, and a
-// listed backup holds every one (it counted for every release since it synced).
-bool FencedPrimaryHoldsTheOnlyCopy(const Configuration& stored, std::string_view member);
+// What a fenced primary knows of what came after it: whether its copy may be dropped.
+enum class Succession : uint8_t {
+  // Not read yet (or only a stale read: a configuration older than its own).
+  kUnknown,
+  // The stored configuration still names it primary: nobody took over, and its copy may hold
+  // acknowledged writes no other copy can serve (a listed backup may never have been told it is
+  // in sync, or may have been dropped with its removal not yet committed). Kept.
+  kNone,
+  // A configuration newer than its own names another primary, which took over with every
+  // acknowledged write: its copy may be dropped (a rejoin as a backup).
+  kTakenOver,
+};
+std::string_view SuccessionName(Succession succession);
+
+// The succession a fenced `member`, primary of epoch `held_epoch`, reads in `stored`. Only a
+// newer configuration counts as a takeover: an older one naming another primary is a read from
+// a lagging server (kUnknown), never a reason to drop the copy.
+Succession SuccessionOf(const Configuration& stored, std::string_view member, uint64_t held_epoch);
 
 }  // namespace herd
 

@@ -82,6 +82,7 @@ MemberStats ReplicationMember::Stats() const {
   stats.role = role_.current();
   stats.promoted = role_.promoted();
   stats.fenced = role_.fenced();
+  stats.succession = succession_.load();
   stats.epoch = epoch_.load();
   const bool coordinated = options_.coordinated();
   if (coordinated) {

@@ -110,6 +110,9 @@ class ReplicationHost {
 struct MemberStats {
   ReplicationRole role = ReplicationRole::kNone;
   bool promoted = false, fenced = false;
+  // Fenced: what the stored configuration says came after it (WatchSuccession); kTakenOver is
+  // the one state in which its copy may be dropped.
+  Succession succession = Succession::kUnknown;
   uint64_t epoch = 0;
   double lease_left_s = 0;
   // A primary's gates summed (live_backups: the fewest any worker still has).
@@ -245,6 +248,11 @@ class ReplicationMember {
   // backup's failover, a primary's fencing), attaches registered members as backups, and
   // commits their addition and removal.
   void Coordinate();
+  // Control thread, each pass of a fenced member (at most every kCoordinationInterval): reads
+  // the stored configuration through a session of its own (the one it was fenced in may have
+  // expired; it registers nothing) and publishes the succession (SuccessionOf) and the stored
+  // configuration's backups (Stats). Stops once a takeover is seen.
+  void WatchSuccession(absl::Time now);
   // A coordinated server's thread: while it acts as primary, renews its lease on its place.
   void KeepPrimaryLease();
   void CoordinateAsPrimary(const Configuration& stored, int32_t version);
@@ -322,7 +330,12 @@ class ReplicationMember {
   Configuration held_;                       // the configuration this server acts in
   int32_t held_version_ = 0;                 // its stored version (what a conditional write names)
   std::atomic<uint32_t> config_backups_{0};  // held_.backups.size(), for Stats
-  uint64_t coordinator_changes_ = 0;         // coordinator_->changes() last acted on
+  // A fenced member's (WatchSuccession): its read-only session, when to read next, and what it
+  // read (any thread).
+  std::unique_ptr<Coordinator> succession_view_;
+  absl::Time next_succession_read_ = absl::InfinitePast();
+  std::atomic<Succession> succession_{Succession::kUnknown};
+  uint64_t coordinator_changes_ = 0;  // coordinator_->changes() last acted on
   absl::Time next_coordination_ = absl::InfinitePast();
   // A backup's: the configuration it committed to take over, while the old primary detaches.
   std::optional<Configuration> taking_over_;

@@ -232,7 +232,10 @@ void ReplicationMember::Coordinate() {
   const absl::Time now = absl::Now();
   const bool acting_primary = role_.primary();
   if (acting_primary && coordinator_->expired()) Fence("the coordination session expired");
-  if (role_.fenced()) return;
+  if (role_.fenced()) {
+    WatchSuccession(now);
+    return;
+  }
   if (!acting_primary && coordinator_->expired()) {
     // A backup's session ended (it was paused or cut off for longer than the timeout): its
     // registration went with it. A new session registers it again; its place in the
@@ -258,6 +261,36 @@ void ReplicationMember::Coordinate() {
   if (role_.serving_primary() && !backup_states_.empty()) {
     WatchBackups();
   }
+}
+
+void ReplicationMember::WatchSuccession(absl::Time now) {
+  if (succession_.load() == Succession::kTakenOver || now < next_succession_read_) return;
+  next_succession_read_ = now + kCoordinationInterval;
+  if (succession_view_ == nullptr || succession_view_->expired()) {
+    absl::StatusOr<std::unique_ptr<Coordinator>> view = Coordinator::Connect(options_.coordinator);
+    if (!view.ok()) {
+      LOG_EVERY_N(WARNING, 10) << "fenced: the configuration is not readable yet (this server "
+                                  "keeps its copy meanwhile): "
+                               << view.status();
+      return;
+    }
+    succession_view_ = *std::move(view);
+  }
+  absl::StatusOr<VersionedConfiguration> stored = succession_view_->ReadConfiguration();
+  if (!stored.ok()) {
+    VLOG(1) << "fenced: " << stored.status();
+    return;
+  }
+  const Succession succession = SuccessionOf(stored->configuration, options_.member, held_.epoch);
+  if (succession == Succession::kNone) {
+    config_backups_.store(static_cast<uint32_t>(stored->configuration.backups.size()));
+  }
+  if (succession != succession_.load()) {
+    LOG(INFO) << "fenced; the stored configuration (" << stored->configuration.ToString()
+              << ") says succession " << SuccessionName(succession);
+  }
+  succession_.store(succession);
+  if (succession == Succession::kTakenOver) succession_view_.reset();  // nothing more to read
 }
 
 void ReplicationMember::CoordinateAsPrimary(const Configuration& stored, int32_t version) {

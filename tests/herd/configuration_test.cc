@@ -132,22 +132,29 @@ TEST(ConfigurationTest, OnlyTheEpochsPrimaryChangesItsBackups) {
   EXPECT_FALSE(AddBackupIn(*dropped, "p", "p").ok());
 }
 
-// A fenced primary keeps its copy only where the stored configuration leaves nobody to take
-// over: it still names it primary, with no backup.
-TEST(ConfigurationTest, AFencedPrimaryHoldsTheOnlyCopyOnlyWithNoBackupStored) {
-  Configuration alone;
-  alone.epoch = 3;
-  alone.primary = "p";
-  EXPECT_TRUE(FencedPrimaryHoldsTheOnlyCopy(alone, "p"));
-  EXPECT_FALSE(FencedPrimaryHoldsTheOnlyCopy(Three(), "p"));  // two backups can take over
-  absl::StatusOr<Configuration> one = AddBackupIn(alone, "p", "b1");
-  ASSERT_TRUE(one.ok());
-  EXPECT_FALSE(FencedPrimaryHoldsTheOnlyCopy(*one, "p"));
-  // Another member took over: it has every acknowledged write, with or without backups.
-  Configuration taken = alone;
-  taken.primary = "b1";
-  EXPECT_FALSE(FencedPrimaryHoldsTheOnlyCopy(taken, "p"));
-  EXPECT_FALSE(FencedPrimaryHoldsTheOnlyCopy(Three(), "b1"));
+// A fenced primary may drop its copy only once a configuration newer than its own names
+// another primary. Backups listed under its own name do not count (one may never have been told
+// it is in sync), nor does an older configuration (a lagging server's read).
+TEST(ConfigurationTest, OnlyANewerConfigurationWithAnotherPrimaryIsATakeover) {
+  // Three(): epoch 4, primary p, backups b1 and b2.
+  EXPECT_EQ(SuccessionOf(Three(), "p", 4), Succession::kNone);
+  absl::StatusOr<Configuration> added = AddBackupIn(Three(), "p", "b3");
+  ASSERT_TRUE(added.ok());
+  EXPECT_EQ(SuccessionOf(*added, "p", 4), Succession::kNone);  // its own change, answer lost
+  Configuration alone{4, "p", {}, kPrimarySession};
+  EXPECT_EQ(SuccessionOf(alone, "p", 4), Succession::kNone);
+  absl::StatusOr<Configuration> taken =
+      PromoteIn(Three(), "b2", kCandidateSession, PrimaryPresence::kGone);
+  ASSERT_TRUE(taken.ok());
+  EXPECT_EQ(SuccessionOf(*taken, "p", 4), Succession::kTakenOver);
+  EXPECT_EQ(SuccessionOf(*taken, "p", 3), Succession::kTakenOver);
+  // p became primary at epoch 5 (a takeover); a read from a server still at epoch 4, whose
+  // primary was another member, is stale, not a takeover.
+  Configuration earlier{4, "q", {"p"}, kPrimarySession};
+  EXPECT_EQ(SuccessionOf(earlier, "p", 5), Succession::kUnknown);
+  Configuration own_earlier{4, "p", {}, kPrimarySession};
+  EXPECT_EQ(SuccessionOf(own_earlier, "p", 5), Succession::kUnknown);
+  EXPECT_EQ(SuccessionName(Succession::kTakenOver), "taken_over");
 }
 
 TEST(ConfigurationTest, MemberInfoRoundTrips) {

@@ -1,10 +1,12 @@
-// What herd_server does once its primary is fenced (--rejoin_when_fenced, issue 35), in the
-// branches the chaos checker never reaches: a primary whose configuration lists no backup keeps
-// its copy and stays up, fenced, instead of dropping the cluster's only copy to rejoin; that
-// configuration is the stored one, read after the fence, not the one it last held; and a
-// stop signal while a fenced primary waits to come back as a backup (no member took over yet)
-// ends the process at once, cleanly. The real binary, a real ZooKeeper; a primary is fenced by
-// pausing it (SIGSTOP) until its coordination session is gone, then waking it.
+// What herd_server does once its primary is fenced (--rejoin_when_fenced, issues 35 and 37), in
+// the branches the chaos checker never reaches. A fenced primary drops its copy, to come back as a
+// backup, only once the stored configuration names another primary: a primary whose
+// configuration lists no backup keeps its copy and stays up, fenced; one whose stored
+// configuration lists a backup (even one it never heard of, the answer to its own write lost)
+// keeps it too, until a takeover is stored, and then rejoins; the backup count it reports is the
+// stored configuration's, not the one it last held. A stop signal while it rejoins ends the
+// process at once, cleanly. The real binary, a real ZooKeeper; a primary is fenced by pausing it
+// (SIGSTOP) until its coordination session is gone, then waking it.
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -36,12 +38,14 @@ constexpr int kSessionTimeoutMs = 2000;
 constexpr absl::Duration kDeadline = absl::Seconds(60);
 constexpr absl::Duration kPoll = absl::Milliseconds(20);
 constexpr absl::Duration kViewSessionTimeout = absl::Seconds(30);
-// A stop must end a server at once (it waits for nothing): far less than the takeover wait
-// (minutes) it must not sit through, far more than a loaded machine needs.
+// A stop must end a server at once (it waits for nothing): far less than the rejoin's retries
+// (forever) it must not sit through, far more than a loaded machine needs.
 constexpr absl::Duration kStopDeadline = absl::Seconds(10);
 constexpr char kFencedNoBackup[] = "fenced with no backup in its configuration";
 constexpr char kRejoining[] = "starting again as a backup";
 constexpr char kRejoined[] = "rejoined cluster";
+constexpr char kKeepsUntilTakeover[] = "fenced: keeping this copy until one of the configuration's";
+constexpr char kRejoinRetried[] = "not rejoined yet";
 constexpr char kExitWhileRejoining[] = "while rejoining: exiting";
 constexpr char kProgress[] = "progress {";
 // A primary's progress line while its configuration lists one backup.
@@ -141,14 +145,27 @@ class FencedPrimaryTest : public ::testing::Test {
   }
 
   // Replaces the stored configuration by change(stored), as the answer to a write the paused
-  // primary made and never heard back about would have left it.
+  // primary made and never heard back about, or another member's takeover, would have left it.
   template <typename Change>
-  void ChangeStoredConfiguration(Change change) {
+  ::testing::AssertionResult ChangeStoredConfiguration(Change change) {
     absl::StatusOr<VersionedConfiguration> current = view_->ReadConfiguration();
-    ASSERT_TRUE(current.ok()) << current.status();
+    if (!current.ok()) return ::testing::AssertionFailure() << current.status();
     absl::StatusOr<Configuration> next = change(current->configuration);
-    ASSERT_TRUE(next.ok()) << next.status();
-    ASSERT_TRUE(view_->ReplaceConfiguration(*current, *next).ok());
+    if (!next.ok()) return ::testing::AssertionFailure() << next.status();
+    if (absl::Status s = view_->ReplaceConfiguration(*current, *next); !s.ok()) {
+      return ::testing::AssertionFailure() << s;
+    }
+    return ::testing::AssertionSuccess();
+  }
+
+  // Whether `text` is in the member's log followed by at least two progress lines (two more of
+  // its once-a-second passes, each of which could have acted on it).
+  bool LogHasTwoPassesAfter(const std::string& member, const std::string& text) {
+    const std::string log = ReadFile(Server(member).log());
+    const size_t at = log.find(text);
+    if (at == std::string::npos) return false;
+    const size_t first = log.find(kProgress, at);
+    return first != std::string::npos && log.find(kProgress, first + 1) != std::string::npos;
   }
 
   // A stop ends the member with status 0.
@@ -194,74 +211,81 @@ TEST_F(FencedPrimaryTest, WithNoBackupItKeepsItsCopyAndStaysUp) {
   PauseUntilFenced("p");
   ASSERT_TRUE(Await([&] { return LogHas("p", kFencedNoBackup); })) << LogTail("p");
   // Its main loop goes on, fenced: two more of its once-a-second progress lines after that one.
-  ASSERT_TRUE(Await([&] {
-    const std::string log = ReadFile(Server("p").log());
-    const size_t fenced = log.find(kFencedNoBackup);
-    const size_t first = log.find(kProgress, fenced);
-    return first != std::string::npos && log.find(kProgress, first + 1) != std::string::npos;
-  })) << "its loop stopped after it stayed fenced";
+  ASSERT_TRUE(Await([&] { return LogHasTwoPassesAfter("p", kFencedNoBackup); }))
+      << "its loop stopped after it stayed fenced";
   int status = 0;
   ASSERT_TRUE(StillRunning("p", &status)) << "it exited: " << status;
   EXPECT_FALSE(LogHas("p", kRejoining)) << "a primary with no backup dropped its copy to rejoin";
-  Server("p").Signal(SIGTERM);
-  status = AwaitExit("p", kDeadline);  // an ordinary stop: it prints its totals first
-  ASSERT_NE(status, -1) << "a stop did not end it";
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  StopAndExpectCleanExit("p");
   EXPECT_TRUE(LogHas("p", "{\"server\":")) << "no totals printed at the stop";
 }
 
-// A fenced primary with a backup stops and starts again as a backup, which waits until another
-// member took over; here none will (the backup's automatic failover is off). A SIGTERM during
-// that wait ends the process at once with status 0 (before: it waited for the takeover).
-TEST_F(FencedPrimaryTest, AStopWhileItWaitsToRejoinEndsItAtOnce) {
+// The stored configuration gains a backup while the primary is paused, as the answer to its own
+// addition, lost, would leave it: that backup was never told it is in sync, so it cannot take
+// over, and the primary keeps its copy (before: a backup in the configuration was reason enough
+// to drop it). Once a takeover is stored, the primary drops its copy and rejoins.
+TEST_F(FencedPrimaryTest, ItKeepsItsCopyUntilATakeoverIsStored) {
   ASSERT_TRUE(Start("p", /*primary=*/true, /*auto_failover=*/true).ok());
-  ASSERT_TRUE(Start("b", /*primary=*/false, /*auto_failover=*/false).ok());
-  ASSERT_TRUE(Await([&] {
-    absl::StatusOr<VersionedConfiguration> v = view_->ReadConfiguration();
-    return v.ok() && v->configuration.primary == "p" && v->configuration.HasBackup("b");
-  })) << "b never joined p";
-  // Paused only once p itself serves with b as its backup (its progress line counts b): the
-  // stored configuration can list b before p heard the answer to its write.
-  ASSERT_TRUE(Await([&] { return LogHas("p", kHoldsOneBackup); })) << LogTail("p");
-  PauseUntilFenced("p");
-  ASSERT_TRUE(Await([&] { return LogHas("p", kRejoining); })) << LogTail("p");
-  Server("p").Signal(SIGTERM);
-  const int status = AwaitExit("p", kStopDeadline);
-  ASSERT_NE(status, -1) << "a stop did not end a rejoin that waits for a takeover";
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
-  EXPECT_TRUE(LogHas("p", kExitWhileRejoining));
-  EXPECT_FALSE(LogHas("p", kRejoined)) << "no member took over: it cannot have rejoined";
-}
-
-// A fenced primary decides on the configuration stored when it learns it is fenced, not on the
-// one it last held, which lags the stored one when the answer to its own last change was lost.
-// Here the stored configuration gains a backup while the primary is paused (it held none): one
-// that can take over exists, so the primary rejoins. Deciding on what it held, it stayed.
-TEST_F(FencedPrimaryTest, ABackupStoredButNeverHeardOfIsOneThatCanTakeOver) {
-  ASSERT_TRUE(Start("p", /*primary=*/true, /*auto_failover=*/true).ok());
+  bool added = false;
   PauseUntilFenced("p", [&] {
-    ChangeStoredConfiguration([](const Configuration& c) { return AddBackupIn(c, "p", "b"); });
+    added =
+        ChangeStoredConfiguration([](const Configuration& c) { return AddBackupIn(c, "p", "b"); });
   });
-  ASSERT_TRUE(Await([&] { return LogHas("p", kRejoining); })) << LogTail("p");
-  EXPECT_FALSE(LogHas("p", kFencedNoBackup)) << LogTail("p");
+  ASSERT_TRUE(added);
+  ASSERT_TRUE(Await([&] { return LogHasTwoPassesAfter("p", kKeepsUntilTakeover); }))
+      << LogTail("p");
+  EXPECT_FALSE(LogHas("p", kRejoining)) << "it dropped its copy with no takeover stored";
+  EXPECT_FALSE(LogHas("p", kFencedNoBackup)) << "it counted the configuration it held";
+  ASSERT_TRUE(ChangeStoredConfiguration([&](const Configuration& c) {
+    return PromoteIn(c, "b", view_->session_id(), PrimaryPresence::kGone);
+  }));
+  ASSERT_TRUE(Await([&] { return LogHas("p", kRejoined); })) << LogTail("p");
   StopAndExpectCleanExit("p");
 }
 
 // The other way: p held b as its backup, and the stored configuration dropped b while p was
-// paused (p's own drop, whose answer it lost). Nobody can take over now, so p keeps the only
-// copy. Deciding on what it held, it dropped that copy to wait for a takeover that cannot come.
+// paused (p's own drop, whose answer it lost). p reports the stored configuration: no backup,
+// nobody can take over, and it keeps the only copy.
 TEST_F(FencedPrimaryTest, ABackupDroppedFromTheStoredConfigurationCannotTakeOver) {
   ASSERT_TRUE(Start("p", /*primary=*/true, /*auto_failover=*/true).ok());
   ASSERT_TRUE(Start("b", /*primary=*/false, /*auto_failover=*/false).ok());
   ASSERT_TRUE(Await([&] { return LogHas("p", kHoldsOneBackup); })) << LogTail("p");
+  bool dropped = false;
   PauseUntilFenced("p", [&] {
-    ChangeStoredConfiguration([](const Configuration& c) { return DropBackupIn(c, "p", "b"); });
+    dropped =
+        ChangeStoredConfiguration([](const Configuration& c) { return DropBackupIn(c, "p", "b"); });
   });
-  ASSERT_TRUE(Await([&] { return LogHas("p", kFencedNoBackup); })) << LogTail("p");
+  ASSERT_TRUE(dropped);
+  ASSERT_TRUE(Await([&] { return LogHasTwoPassesAfter("p", kFencedNoBackup); })) << LogTail("p");
   EXPECT_FALSE(LogHas("p", kRejoining)) << "it dropped the only copy to rejoin";
   int status = 0;
   ASSERT_TRUE(StillRunning("p", &status)) << "it exited: " << status;
   StopAndExpectCleanExit("p");
+}
+
+// A fenced primary rejoins once its backup took over. Its new life cannot register while another
+// live session holds its name (here the test's, taken while it was paused), so it retries every
+// second; a SIGTERM then ends the process at once with status 0, and it never rejoined.
+TEST_F(FencedPrimaryTest, AStopWhileItRejoinsEndsItAtOnce) {
+  ASSERT_TRUE(Start("p", /*primary=*/true, /*auto_failover=*/true).ok());
+  ASSERT_TRUE(Start("b", /*primary=*/false, /*auto_failover=*/true).ok());
+  // Paused only once p itself serves with b as its backup (its progress line counts b), so that
+  // b holds a whole copy and takes over.
+  ASSERT_TRUE(Await([&] { return LogHas("p", kHoldsOneBackup); })) << LogTail("p");
+  absl::Status squatted = absl::UnknownError("not tried");
+  PauseUntilFenced("p", [&] {
+    MemberInfo squatter;
+    squatter.client_address = "127.0.0.1:1";
+    squatted = view_->Register("p", squatter);
+  });
+  ASSERT_TRUE(squatted.ok()) << squatted;
+  ASSERT_TRUE(Await([&] { return LogHas("p", kRejoinRetried); })) << LogTail("p");
+  Server("p").Signal(SIGTERM);
+  const int status = AwaitExit("p", kStopDeadline);
+  ASSERT_NE(status, -1) << "a stop did not end a rejoin that retries";
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  EXPECT_TRUE(LogHas("p", kExitWhileRejoining));
+  EXPECT_FALSE(LogHas("p", kRejoined)) << "its name was taken: it cannot have rejoined";
 }
 
 }  // namespace
