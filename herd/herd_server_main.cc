@@ -17,6 +17,7 @@
 #include "gflags/gflags.h"
 #include "glog/logging.h"
 #include "herd/flags.h"
+#include "herd/replication/configuration.h"
 #include "herd/server.h"
 #include "mica/flags.h"
 #include "mica/item.h"
@@ -226,8 +227,9 @@ int main(int argc, char** argv) {
   herd::ServerStats first = last;
   absl::Time start = absl::Now();  // of this life (a rejoin after a fence starts another)
   const absl::Time began = start;
-  // What a fenced primary last said it waits for (logged once per change): -1 nothing yet, else
-  // the stored configuration's backup count (0: nobody can take over).
+  // The stored configuration's backup count a fenced primary last said it waits on (logged once
+  // per change; 0: nobody can take over; -1: nothing said yet). A plain integer: GCC 12 warns of
+  // a std::optional here as maybe uninitialized under -O1 (the sanitizer builds).
   int64_t fenced_wait_said = -1;
   absl::Time tick = start;
   while (true) {
@@ -252,10 +254,12 @@ int main(int argc, char** argv) {
       fenced_wait_said = stats.backups;
       if (stats.backups == 0) {
         LOG(ERROR) << "fenced with no backup in its configuration: no member can take over, so "
-                      "this server keeps its copy and does not rejoin (restart it by hand)";
+                      "this server keeps its copy, serving nothing (a restart would drop it)";
       } else {
         LOG(WARNING) << "fenced: keeping this copy until one of the configuration's "
-                     << stats.backups << " backups takes over; then rejoining as a backup";
+                     << stats.backups
+                     << " backups takes over (one not in sync never can); then rejoining as a "
+                        "backup";
       }
     }
     if (stats.fenced && FLAGS_rejoin_when_fenced &&

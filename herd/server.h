@@ -14,6 +14,7 @@
 #include "absl/status/statusor.h"
 #include "herd/config.h"
 #include "herd/pinning.h"
+#include "herd/replication/configuration.h"
 #include "herd/replication/member.h"
 #include "herd/replication/role.h"
 #include "herd/worker.h"

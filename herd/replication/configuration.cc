@@ -240,10 +240,14 @@ std::string_view SuccessionName(Succession succession) {
   return "?";
 }
 
-Succession SuccessionOf(const Configuration& stored, std::string_view member, uint64_t held_epoch) {
+Succession SuccessionOf(const Configuration& stored, std::string_view member, uint64_t held_epoch,
+                        const absl::StatusOr<MemberInfo>& primary_registration) {
   if (stored.epoch < held_epoch) return Succession::kUnknown;
   if (stored.primary == member) return Succession::kNone;
-  return stored.epoch > held_epoch ? Succession::kTakenOver : Succession::kUnknown;
+  if (stored.epoch == held_epoch) return Succession::kUnknown;  // one epoch, one primary
+  const absl::StatusOr<PrimaryPresence> presence = PresenceOf(stored, primary_registration);
+  return presence.ok() && *presence == PrimaryPresence::kLive ? Succession::kTakenOver
+                                                              : Succession::kUnknown;
 }
 
 }  // namespace herd

@@ -102,16 +102,23 @@ enum class Succession : uint8_t {
   // acknowledged writes no other copy can serve (a listed backup may never have been told it is
   // in sync, or may have been dropped with its removal not yet committed). Kept.
   kNone,
-  // A configuration newer than its own names another primary, which took over with every
-  // acknowledged write: its copy may be dropped (a rejoin as a backup).
+  // A configuration newer than its own names another primary, live in the incarnation that
+  // configuration names: promoted from an in-sync backup (PromoteIn takes no other), it holds
+  // every acknowledged write, and it can attach this member as a backup. Its copy may be
+  // dropped (a rejoin as a backup).
   kTakenOver,
 };
 std::string_view SuccessionName(Succession succession);
 
-// The succession a fenced `member`, primary of epoch `held_epoch`, reads in `stored`. Only a
-// newer configuration counts as a takeover: an older one naming another primary is a read from
-// a lagging server (kUnknown), never a reason to drop the copy.
-Succession SuccessionOf(const Configuration& stored, std::string_view member, uint64_t held_epoch);
+// The succession a fenced `member`, primary of epoch `held_epoch`, reads in `stored`, given the
+// registration of stored.primary (`primary_registration`, as Coordinator::Member read it; only
+// consulted when stored names another primary). Only a newer configuration counts: an older one
+// naming another primary is a read from a lagging server (kUnknown). A newer primary that is not
+// live (its registration gone, or held by another session: it died or stopped after its
+// promotion was committed, maybe before its takeover ended) is kUnknown too: the copy is kept
+// until a primary that can take this member back is there.
+Succession SuccessionOf(const Configuration& stored, std::string_view member, uint64_t held_epoch,
+                        const absl::StatusOr<MemberInfo>& primary_registration);
 
 }  // namespace herd
 

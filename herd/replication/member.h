@@ -249,9 +249,10 @@ class ReplicationMember {
   // commits their addition and removal.
   void Coordinate();
   // Control thread, each pass of a fenced member (at most every kCoordinationInterval): reads
-  // the stored configuration through a session of its own (the one it was fenced in may have
-  // expired; it registers nothing) and publishes the succession (SuccessionOf) and the stored
-  // configuration's backups (Stats). Stops once a takeover is seen.
+  // the stored configuration, and a newer primary's registration, through a session of its own
+  // (the one it was fenced in may have expired; it registers nothing) and publishes the
+  // succession (SuccessionOf) and the stored configuration's backups (Stats). Stops once a
+  // takeover is seen.
   void WatchSuccession(absl::Time now);
   // A coordinated server's thread: while it acts as primary, renews its lease on its place.
   void KeepPrimaryLease();
@@ -327,9 +328,10 @@ class ReplicationMember {
 
   // Coordinated replication (control thread, but for the atomics).
   std::unique_ptr<Coordinator> coordinator_;
-  Configuration held_;                       // the configuration this server acts in
-  int32_t held_version_ = 0;                 // its stored version (what a conditional write names)
-  std::atomic<uint32_t> config_backups_{0};  // held_.backups.size(), for Stats
+  Configuration held_;        // the configuration this server acts in
+  int32_t held_version_ = 0;  // its stored version (what a conditional write names)
+  // held_.backups.size() (once fenced: the stored configuration's, WatchSuccession), for Stats.
+  std::atomic<uint32_t> config_backups_{0};
   // A fenced member's (WatchSuccession): its read-only session, when to read next, and what it
   // read (any thread).
   std::unique_ptr<Coordinator> succession_view_;

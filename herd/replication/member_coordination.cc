@@ -267,7 +267,11 @@ void ReplicationMember::WatchSuccession(absl::Time now) {
   if (succession_.load() == Succession::kTakenOver || now < next_succession_read_) return;
   next_succession_read_ = now + kCoordinationInterval;
   if (succession_view_ == nullptr || succession_view_->expired()) {
-    absl::StatusOr<std::unique_ptr<Coordinator>> view = Coordinator::Connect(options_.coordinator);
+    // Bounded by the session timeout, not the default connect timeout: this blocks the control
+    // thread, and so a stop, while the service does not answer.
+    CoordinatorOptions o = options_.coordinator;
+    o.connect_timeout = std::min(o.connect_timeout, o.session_timeout);
+    absl::StatusOr<std::unique_ptr<Coordinator>> view = Coordinator::Connect(o);
     if (!view.ok()) {
       LOG_EVERY_N(WARNING, 10) << "fenced: the configuration is not readable yet (this server "
                                   "keeps its copy meanwhile): "
@@ -278,16 +282,22 @@ void ReplicationMember::WatchSuccession(absl::Time now) {
   }
   absl::StatusOr<VersionedConfiguration> stored = succession_view_->ReadConfiguration();
   if (!stored.ok()) {
-    VLOG(1) << "fenced: " << stored.status();
+    LOG_EVERY_N(WARNING, 10) << "fenced: the configuration is not readable (this server keeps "
+                                "its copy meanwhile): "
+                             << stored.status();
     return;
   }
-  const Succession succession = SuccessionOf(stored->configuration, options_.member, held_.epoch);
+  const Configuration& c = stored->configuration;
+  const absl::StatusOr<MemberInfo> primary = c.primary == options_.member
+                                                 ? absl::NotFoundError("this member")
+                                                 : succession_view_->Member(c.primary);
+  const Succession succession = SuccessionOf(c, options_.member, held_.epoch, primary);
   if (succession == Succession::kNone) {
-    config_backups_.store(static_cast<uint32_t>(stored->configuration.backups.size()));
+    config_backups_.store(static_cast<uint32_t>(c.backups.size()));
   }
   if (succession != succession_.load()) {
-    LOG(INFO) << "fenced; the stored configuration (" << stored->configuration.ToString()
-              << ") says succession " << SuccessionName(succession);
+    LOG(INFO) << "fenced; the stored configuration (" << c.ToString() << ") says succession "
+              << SuccessionName(succession);
   }
   succession_.store(succession);
   if (succession == Succession::kTakenOver) succession_view_.reset();  // nothing more to read

@@ -133,27 +133,43 @@ TEST(ConfigurationTest, OnlyTheEpochsPrimaryChangesItsBackups) {
 }
 
 // A fenced primary may drop its copy only once a configuration newer than its own names
-// another primary. Backups listed under its own name do not count (one may never have been told
-// it is in sync), nor does an older configuration (a lagging server's read).
-TEST(ConfigurationTest, OnlyANewerConfigurationWithAnotherPrimaryIsATakeover) {
+// another primary, live in the incarnation that configuration names. Backups listed under its
+// own name do not count (one may never have been told it is in sync), nor does an older
+// configuration (a lagging server's read), nor a newer primary that is not live (it died or
+// stopped after its promotion was committed, maybe before its takeover ended).
+TEST(ConfigurationTest, OnlyANewerLivePrimaryIsATakeover) {
+  const absl::StatusOr<MemberInfo> none = absl::NotFoundError("no registration");
   // Three(): epoch 4, primary p, backups b1 and b2.
-  EXPECT_EQ(SuccessionOf(Three(), "p", 4), Succession::kNone);
+  EXPECT_EQ(SuccessionOf(Three(), "p", 4, none), Succession::kNone);
   absl::StatusOr<Configuration> added = AddBackupIn(Three(), "p", "b3");
   ASSERT_TRUE(added.ok());
-  EXPECT_EQ(SuccessionOf(*added, "p", 4), Succession::kNone);  // its own change, answer lost
+  EXPECT_EQ(SuccessionOf(*added, "p", 4, none), Succession::kNone);  // its own change, answer lost
   Configuration alone{4, "p", {}, kPrimarySession};
-  EXPECT_EQ(SuccessionOf(alone, "p", 4), Succession::kNone);
+  EXPECT_EQ(SuccessionOf(alone, "p", 4, none), Succession::kNone);
+
   absl::StatusOr<Configuration> taken =
       PromoteIn(Three(), "b2", kCandidateSession, PrimaryPresence::kGone);
   ASSERT_TRUE(taken.ok());
-  EXPECT_EQ(SuccessionOf(*taken, "p", 4), Succession::kTakenOver);
-  EXPECT_EQ(SuccessionOf(*taken, "p", 3), Succession::kTakenOver);
+  MemberInfo b2;
+  b2.session = kCandidateSession;
+  EXPECT_EQ(SuccessionOf(*taken, "p", 4, b2), Succession::kTakenOver);
+  EXPECT_EQ(SuccessionOf(*taken, "p", 3, b2), Succession::kTakenOver);
+  // The new primary gone, or its name held by another session (a later life, empty).
+  EXPECT_EQ(SuccessionOf(*taken, "p", 4, none), Succession::kUnknown);
+  MemberInfo later_life = b2;
+  later_life.session = kCandidateSession + 1;
+  EXPECT_EQ(SuccessionOf(*taken, "p", 4, later_life), Succession::kUnknown);
+  EXPECT_EQ(SuccessionOf(*taken, "p", 4, absl::UnavailableError("lost")), Succession::kUnknown);
+
   // p became primary at epoch 5 (a takeover); a read from a server still at epoch 4, whose
-  // primary was another member, is stale, not a takeover.
-  Configuration earlier{4, "q", {"p"}, kPrimarySession};
-  EXPECT_EQ(SuccessionOf(earlier, "p", 5), Succession::kUnknown);
+  // primary was another member, is stale, not a takeover; and one epoch has one primary.
+  Configuration earlier{4, "q", {"p"}, kCandidateSession};
+  MemberInfo q;
+  q.session = kCandidateSession;
+  EXPECT_EQ(SuccessionOf(earlier, "p", 5, q), Succession::kUnknown);
+  EXPECT_EQ(SuccessionOf(earlier, "p", 4, q), Succession::kUnknown);
   Configuration own_earlier{4, "p", {}, kPrimarySession};
-  EXPECT_EQ(SuccessionOf(own_earlier, "p", 5), Succession::kUnknown);
+  EXPECT_EQ(SuccessionOf(own_earlier, "p", 5, none), Succession::kUnknown);
   EXPECT_EQ(SuccessionName(Succession::kTakenOver), "taken_over");
 }
 

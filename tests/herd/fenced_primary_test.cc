@@ -46,6 +46,8 @@ constexpr char kRejoining[] = "starting again as a backup";
 constexpr char kRejoined[] = "rejoined cluster";
 constexpr char kKeepsUntilTakeover[] = "fenced: keeping this copy until one of the configuration's";
 constexpr char kRejoinRetried[] = "not rejoined yet";
+// The stored configuration names a newer primary that is not live (WatchSuccession's log line).
+constexpr char kTakeoverNotLive[] = "says succession unknown";
 constexpr char kExitWhileRejoining[] = "while rejoining: exiting";
 constexpr char kProgress[] = "progress {";
 // A primary's progress line while its configuration lists one backup.
@@ -223,8 +225,10 @@ TEST_F(FencedPrimaryTest, WithNoBackupItKeepsItsCopyAndStaysUp) {
 // The stored configuration gains a backup while the primary is paused, as the answer to its own
 // addition, lost, would leave it: that backup was never told it is in sync, so it cannot take
 // over, and the primary keeps its copy (before: a backup in the configuration was reason enough
-// to drop it). Once a takeover is stored, the primary drops its copy and rejoins.
-TEST_F(FencedPrimaryTest, ItKeepsItsCopyUntilATakeoverIsStored) {
+// to drop it). A takeover stored for a primary that is not live (it died after its promotion was
+// committed) is no reason either. Once that primary is live, the primary drops its copy and
+// rejoins.
+TEST_F(FencedPrimaryTest, ItKeepsItsCopyUntilANewPrimaryIsLive) {
   ASSERT_TRUE(Start("p", /*primary=*/true, /*auto_failover=*/true).ok());
   bool added = false;
   PauseUntilFenced("p", [&] {
@@ -239,6 +243,12 @@ TEST_F(FencedPrimaryTest, ItKeepsItsCopyUntilATakeoverIsStored) {
   ASSERT_TRUE(ChangeStoredConfiguration([&](const Configuration& c) {
     return PromoteIn(c, "b", view_->session_id(), PrimaryPresence::kGone);
   }));
+  ASSERT_TRUE(Await([&] { return LogHasTwoPassesAfter("p", kTakeoverNotLive); })) << LogTail("p");
+  EXPECT_FALSE(LogHas("p", kRejoining)) << "it dropped its copy for a primary that is not live";
+  // b comes to life in the session its promotion names (the test's).
+  MemberInfo b;
+  b.client_address = "127.0.0.1:1";
+  ASSERT_TRUE(view_->Register("b", b).ok());
   ASSERT_TRUE(Await([&] { return LogHas("p", kRejoined); })) << LogTail("p");
   StopAndExpectCleanExit("p");
 }
@@ -246,7 +256,7 @@ TEST_F(FencedPrimaryTest, ItKeepsItsCopyUntilATakeoverIsStored) {
 // The other way: p held b as its backup, and the stored configuration dropped b while p was
 // paused (p's own drop, whose answer it lost). p reports the stored configuration: no backup,
 // nobody can take over, and it keeps the only copy.
-TEST_F(FencedPrimaryTest, ABackupDroppedFromTheStoredConfigurationCannotTakeOver) {
+TEST_F(FencedPrimaryTest, ABackupDroppedFromTheStoredConfigurationIsNotCounted) {
   ASSERT_TRUE(Start("p", /*primary=*/true, /*auto_failover=*/true).ok());
   ASSERT_TRUE(Start("b", /*primary=*/false, /*auto_failover=*/false).ok());
   ASSERT_TRUE(Await([&] { return LogHas("p", kHoldsOneBackup); })) << LogTail("p");
@@ -279,6 +289,10 @@ TEST_F(FencedPrimaryTest, AStopWhileItRejoinsEndsItAtOnce) {
     squatted = view_->Register("p", squatter);
   });
   ASSERT_TRUE(squatted.ok()) << squatted;
+  ASSERT_TRUE(Await([&] {
+    absl::StatusOr<VersionedConfiguration> v = view_->ReadConfiguration();
+    return v.ok() && v->configuration.primary == "b";
+  })) << "b never took over";
   ASSERT_TRUE(Await([&] { return LogHas("p", kRejoinRetried); })) << LogTail("p");
   Server("p").Signal(SIGTERM);
   const int status = AwaitExit("p", kStopDeadline);
