@@ -68,9 +68,9 @@ DEFINE_uint32(read_lease_ms, 500,
 DEFINE_bool(rejoin_when_fenced, true,
             "--coordinator: a primary that was fenced (another member took over, or its "
             "coordination session expired) keeps its copy until the stored configuration names "
-            "another primary, then stops and starts again in this process as a backup under the "
-            "same --member and client port, brought up to date by state transfer; false: it "
-            "serves nothing until restarted");
+            "another primary and that primary is live, then stops and starts again in this "
+            "process as a backup under the same --member and client port, brought up to date by "
+            "state transfer; false: it serves nothing until restarted");
 
 namespace {
 
