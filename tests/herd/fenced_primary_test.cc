@@ -1,12 +1,12 @@
 // What herd_server does once its primary is fenced (--rejoin_when_fenced, issues 35 and 37), in
 // the branches the chaos checker never reaches. A fenced primary drops its copy, to come back as a
-// backup, only once the stored configuration names another primary: a primary whose
+// backup, only once the stored configuration names another primary, live: a primary whose
 // configuration lists no backup keeps its copy and stays up, fenced; one whose stored
 // configuration lists a backup (even one it never heard of, the answer to its own write lost)
-// keeps it too, until a takeover is stored, and then rejoins; the backup count it reports is the
-// stored configuration's, not the one it last held. A stop signal while it rejoins ends the
-// process at once, cleanly. The real binary, a real ZooKeeper; a primary is fenced by pausing it
-// (SIGSTOP) until its coordination session is gone, then waking it.
+// keeps it too, until a takeover is stored and its new primary is live, and then rejoins; the
+// backup count it reports is the stored configuration's, not the one it last held. A stop signal
+// while it rejoins ends the process at once, cleanly. The real binary, a real ZooKeeper; a primary
+// is fenced by pausing it (SIGSTOP) until its coordination session is gone, then waking it.
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
