@@ -23,11 +23,14 @@ JAR=/usr/share/java/zookeeper.jar
 
 die() { echo "zk.sh: $*" >&2; exit 1; }
 
-answers() {  # answers HOST PORT: the four-letter "ruok" gets "imok"
+serving() {  # serving HOST PORT: the four-letter "srvr" reports a mode (standalone, leader...)
+  # Not "ruok": it answers "imok" once the port is bound, before the server serves; a session
+  # asked for then is refused (the client's EHOSTDOWN), and on a loaded machine that window lasts
+  # long enough for a test's first request to time out.
   local reply
-  reply=$(timeout 1 bash -c "exec 3<>/dev/tcp/$1/$2 && echo ruok >&3 && cat <&3" 2>/dev/null) ||
+  reply=$(timeout 1 bash -c "exec 3<>/dev/tcp/$1/$2 && echo srvr >&3 && cat <&3" 2>/dev/null) ||
     return 1
-  [ "$reply" = imok ]
+  [[ "$reply" == *"Mode: "* ]]
 }
 
 pid_of() { [ -s "$1/zk.pid" ] && cat "$1/zk.pid"; }
@@ -82,10 +85,10 @@ EOF
     disown
   fi
   local deadline=$((SECONDS + READY_TIMEOUT_S))
-  until answers "$address" "$port"; do
+  until serving "$address" "$port"; do
     kill -0 "$(pid_of "$dir")" 2>/dev/null ||
       die "ZooKeeper exited at start (port $port taken?): $(tail -5 "$dir/zk.log")"
-    [ $SECONDS -lt $deadline ] || die "ZooKeeper did not answer on $address:$port in ${READY_TIMEOUT_S}s"
+    [ $SECONDS -lt $deadline ] || die "ZooKeeper did not serve on $address:$port in ${READY_TIMEOUT_S}s"
     sleep 0.05
   done
   echo "$address:$port"

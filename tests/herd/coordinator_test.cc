@@ -16,7 +16,12 @@ namespace {
 class CoordinatorTest : public ::testing::Test {
  protected:
   void SetUp() override { ASSERT_TRUE(zk_.ok()) << zk_.status(); }
-  std::unique_ptr<Coordinator> Open(absl::Duration session = absl::Seconds(2)) {
+  // Sessions are long unless a test is about their end: a session's client gives up on a request
+  // after 2/3 of the session timeout, and on a loaded machine a fresh ZooKeeper left its first
+  // write unanswered longer than a 2 s session waits (CI: "create /herd: operation timeout").
+  // Every session these tests end, they close.
+  static constexpr absl::Duration kSession = absl::Seconds(20);
+  std::unique_ptr<Coordinator> Open(absl::Duration session = kSession) {
     CoordinatorOptions options;
     options.hosts = zk_.hosts();
     options.cluster = "test";
@@ -58,17 +63,15 @@ TEST_F(CoordinatorTest, ExactlyOneOfRacingChangesWins) {
   ASSERT_TRUE(setup->CreateConfiguration(first).ok());
   EXPECT_EQ(setup->CreateConfiguration(first).code(), absl::StatusCode::kAlreadyExists);
 
-  // Three backups race to take over epoch 1 (read, then a conditional write): one wins. Their
-  // sessions are long: what is tested is the conditional write, and on a loaded machine a
-  // 2 s session's connection can time out while ZooKeeper's JVM pauses (an operation then ends
-  // UNAVAILABLE, its outcome unknown; seen in a full scripts/test.sh beside other builds).
+  // Three backups race to take over epoch 1 (read, then a conditional write): one wins. (A racer
+  // whose connection times out while ZooKeeper's JVM pauses ends UNAVAILABLE, its outcome
+  // unknown; seen in a full scripts/test.sh beside other builds, with 2 s sessions.)
   constexpr int kRounds = 20;
-  constexpr absl::Duration kRacerSession = absl::Seconds(20);
   for (int round = 0; round < kRounds; ++round) {
     absl::StatusOr<VersionedConfiguration> now = setup->ReadConfiguration();
     ASSERT_TRUE(now.ok());
     std::vector<std::unique_ptr<Coordinator>> racers;
-    for (int i = 0; i < 3; ++i) racers.push_back(Open(kRacerSession));
+    for (int i = 0; i < 3; ++i) racers.push_back(Open());
     std::vector<absl::Status> results(3);
     absl::Notification go;
     std::vector<std::thread> threads;
