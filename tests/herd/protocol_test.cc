@@ -452,8 +452,10 @@ TEST(ProtocolTest, ResponseRoundTrips) {
       h.version = 77;
       h.value_bytes = v;
       h.client_id = kClient;  // not sent
-      h.status = static_cast<uint8_t>(Status::kOk);
-      h.worker = 2;
+      // Every field distinct and nonzero: the encoder packs the narrow ones into one word.
+      h.status = static_cast<uint8_t>(Status::kCasFailed);
+      h.flags = kResponseOutOfLine | kResponseCopied;
+      h.worker = 0x1234;
       h.attempt = 4;
       h.seq = kSeq;
       std::vector<uint8_t> buffer;
@@ -466,6 +468,8 @@ TEST(ProtocolTest, ResponseRoundTrips) {
       EXPECT_EQ(parsed.header.value_bytes, v);
       EXPECT_EQ(parsed.header.attempt, h.attempt);
       EXPECT_EQ(parsed.header.worker, h.worker);
+      EXPECT_EQ(parsed.header.status, h.status);
+      EXPECT_EQ(parsed.header.flags, h.flags);
       EXPECT_EQ(parsed.header.seq, kSeq);
       if (secret == 0) {
         EXPECT_EQ(parsed.header.checksum, 0u);
