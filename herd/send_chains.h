@@ -24,7 +24,10 @@ class SendChains {
   // queue; the WR's staging buffer is queue.StagingFor(index).
   static uint64_t Reserve(SendQueue& queue) { return queue.posted + queue.unposted++; }
   // A WR to fill for the next response, with its SGE, both reset; appended by Append.
-  transport::SendWr& NextWr() { return wrs_[count_] = transport::SendWr{}; }
+  transport::SendWr& NextWr() {
+    transport::ResetSendWr(wrs_[count_]);
+    return wrs_[count_];
+  }
   transport::Sge& NextSge() { return sges_[count_]; }
   // Appends the WR returned by NextWr() to `queue`'s chain.
   void Append(SendQueue* queue);

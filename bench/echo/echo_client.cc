@@ -199,6 +199,9 @@ int Main() {
     return post_receives(static_cast<uint32_t>(got));
   };
 
+  // One WR, reset per request (transport::ResetSendWr: a fresh SendWr per request was a `rep
+  // stosq`, a cost herd's own post path no longer pays).
+  transport::SendWr wr;
   for (uint32_t iteration = 0;; ++iteration) {
     if (iteration % kIterationsPerClockCheck == 0) {
       const Clock::time_point now = Clock::now();
@@ -232,7 +235,7 @@ int Main() {
       const Tag tag{client, index, next_seq};
       std::memcpy(request + config.request_bytes - sizeof(Tag), &tag, sizeof(Tag));
       transport::Sge sge{reinterpret_cast<uint64_t>(request), config.request_bytes, mr->lkey()};
-      transport::SendWr wr;
+      transport::ResetSendWr(wr);
       wr.wr_id = queue.WrId(queue.posted);
       wr.sg_list = &sge;
       wr.num_sge = 1;
