@@ -6,6 +6,7 @@
 #include "absl/strings/str_format.h"
 #include "glog/logging.h"
 #include "herd/client.h"
+#include "util/modulo.h"
 #include "util/prefetch.h"
 
 namespace herd {
@@ -27,7 +28,7 @@ Client::Accepted Client::Accept(const ParsedResponse& response, Result* out) {
       h.value_bytes > config_.slot_value_bytes()) {
     return Accepted::kStray;
   }
-  const auto slot = static_cast<uint32_t>(h.seq % config_.window);
+  const auto slot = static_cast<uint32_t>(util::Mod(h.seq, config_.window));
   Outstanding& o = slots_[SlotIndex(client, h.worker, slot)];
   if (!o.active || o.seq != h.seq || h.attempt > o.attempt) {
     return Accepted::kStray;

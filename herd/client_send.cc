@@ -7,6 +7,7 @@
 #include "glog/logging.h"
 #include "herd/client.h"
 #include "mica/keyhash.h"
+#include "util/modulo.h"
 
 namespace herd {
 
@@ -14,7 +15,7 @@ bool Client::CanSubmit(uint32_t client, uint64_t keyhash, uint64_t value_bytes) 
   const uint32_t worker = WorkerOf(keyhash);
   const uint64_t seq = next_seq_[uint64_t{client} * config_.workers + worker];
   const Outstanding& o =
-      slots_[SlotIndex(client, worker, static_cast<uint32_t>(seq % config_.window))];
+      slots_[SlotIndex(client, worker, static_cast<uint32_t>(util::Mod(seq, config_.window)))];
   if (o.active || !BufferFree(o)) return false;
   if (value_bytes <= config_.inline_limit()) return true;
   const SendQueue& large = queues_[large_queue_base_ + worker];
@@ -94,7 +95,7 @@ absl::Status Client::Stage(const Staged& r) {
   // Over the inline limit: WRITE_WITH_IMM into a landing buffer at the worker.
   const bool large = r.value.size() > config_.inline_limit();
   const uint32_t worker = WorkerOf(r.keyhash);
-  const auto slot = static_cast<uint32_t>(r.seq % config_.window);
+  const auto slot = static_cast<uint32_t>(util::Mod(r.seq, config_.window));
   const uint64_t index = SlotIndex(r.client, worker, slot);
   Outstanding& o = slots_[index];
   if (o.active) {

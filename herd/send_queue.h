@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "transport/fabric.h"
+#include "util/modulo.h"
 
 namespace herd {
 
@@ -36,8 +37,10 @@ struct SendQueue {
 
   // Room for one more WR after those already assigned.
   bool HasRoom() const { return posted + unposted - retired < depth; }
-  uint8_t* StagingFor(uint64_t index) const { return staging + (index % depth) * buffer_bytes; }
-  bool Signal(uint64_t index) const { return index % unsig_batch == unsig_batch - 1; }
+  uint8_t* StagingFor(uint64_t index) const {
+    return staging + util::Mod(index, depth) * buffer_bytes;
+  }
+  bool Signal(uint64_t index) const { return util::Mod(index, unsig_batch) == unsig_batch - 1; }
   uint64_t WrId(uint64_t index) const {
     return (uint64_t{table_slot} << (kWrIndexBits + kWrGenerationBits)) |
            (uint64_t{generation} << kWrIndexBits) | (index & kWrIndexMask);

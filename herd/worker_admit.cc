@@ -5,6 +5,7 @@
 #include "herd/admission.h"
 #include "herd/worker.h"
 #include "herd/worker_internal.h"
+#include "util/modulo.h"
 
 namespace herd {
 namespace {
@@ -76,12 +77,12 @@ Worker::Admitted Worker::Admit(uint32_t client, uint32_t slot, const uint8_t* me
   p.route = route;
   p.version = 0;
   p.value_bytes = 0;
-  p.slot = whole ? static_cast<uint32_t>(h.seq % config_.window) : slot;
+  p.slot = whole ? static_cast<uint32_t>(util::Mod(h.seq, config_.window)) : slot;
   p.response_flags = 0;
   // Authentic (the session's checksum) but naming another slot: the session's own bug. Answered,
   // but kept out of the slot's dedupe state, which it does not belong to. Any other request,
   // valid or not, goes through it: a duplicate landing is never answered twice.
-  const bool consistent = h.seq != 0 && h.seq % config_.window == p.slot;
+  const bool consistent = h.seq != 0 && util::Mod(h.seq, config_.window) == p.slot;
   if (!consistent) p.status = Status::kBadRequest;
   SlotState* claim = nullptr;  // set when this send is new
   if (consistent) {
