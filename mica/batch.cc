@@ -4,6 +4,8 @@
 // bucket's miss, then every item's, then the tail's, lets them proceed in parallel.
 #include <algorithm>
 #include <bit>
+#include <new>
+#include <type_traits>
 
 #include "mica/keyhash.h"
 #include "mica/partition.h"
@@ -28,6 +30,9 @@ constexpr uint64_t kTailPrefetchLines = 64;
 constexpr bool Appends(OpCode op) {
   return op == OpCode::kPut || op == OpCode::kCas || op == OpCode::kInsert;
 }
+
+// A response is replaced by constructing over it (ExecuteBatchIn), with nothing to destroy.
+static_assert(std::is_trivially_destructible_v<Response>);
 
 }  // namespace
 
@@ -74,7 +79,13 @@ void Partition::ExecuteBatchIn(absl::Span<const Request> requests, absl::Span<Re
       if (append_bytes > 0) PrefetchLogTail(append_bytes);
     }
     for (size_t i = 0; i < n; ++i) {
-      responses[first + i] = ExecuteAt(requests[first + i], spots[i]);
+      // Constructed in place from the call's result (C++17's guaranteed elision): ExecuteAt
+      // stores each field straight into the caller's response. Assigned instead, the result went
+      // to a temporary on the stack, field by field, and was copied over in two 16-byte loads
+      // that span several of those stores, which the CPU cannot forward: the copy waited for
+      // them to reach L1 (~15% of this function's samples, on one load).
+      ::new (static_cast<void*>(&responses[first + i]))
+          Response(ExecuteAt(requests[first + i], spots[i]));
     }
   }
 }
