@@ -217,14 +217,13 @@ uint32_t SetRequestCopyToLanding(uint32_t landing_buffer, uint64_t secret, uint8
   // bytes landing after a copy must not change what passed. The slot can be rewritten under
   // the parse by its session's next request (ParsedRequest::key_copy says when). A key too long
   // to copy is refused below and never used: its bytes are checked in place.
-  const uint8_t* key_source = start;
   out->key_length = 0;
-  if (t.key_bytes <= mica::kMaxKeyBytes) {
-    std::memcpy(out->key_copy, start, key_space);
-    key_source = reinterpret_cast<const uint8_t*>(out->key_copy);
-  }
   util::WordChecksum sum(secret, need);
-  sum.AbsorbWords(key_source, key_space / sizeof(uint64_t));
+  if (t.key_bytes <= mica::kMaxKeyBytes) {
+    sum.CopyAbsorbWords(start, out->key_copy, key_space / sizeof(uint64_t));
+  } else {
+    sum.AbsorbWords(start, key_space / sizeof(uint64_t));
+  }
   sum.AbsorbWords(start + key_space, Pad8(t.value_bytes) / sizeof(uint64_t));
   AbsorbLastPart(sum, header_copy, header_bytes);
   if (sum.Finish() != t.checksum) return Parse::kIncomplete;

@@ -29,16 +29,12 @@ class WordChecksum {
     ++words_;
   }
   // Absorbs `count` words starting at `p` (any alignment).
-  void AbsorbWords(const uint8_t* p, uint64_t count) {
-    uint64_t i = 0;
-    for (; i < count && words_ % kLanes != 0; ++i) Absorb(Load(p + i * sizeof(uint64_t)));
-    for (; i + kLanes <= count; i += kLanes) {  // whole rounds: no lane arithmetic
-      for (int l = 0; l < kLanes; ++l) {
-        lane_[l] = Round(lane_[l], Load(p + (i + l) * sizeof(uint64_t)));
-      }
-      words_ += kLanes;
-    }
-    for (; i < count; ++i) Absorb(Load(p + i * sizeof(uint64_t)));
+  void AbsorbWords(const uint8_t* p, uint64_t count) { Words</*kCopy=*/false>(p, nullptr, count); }
+  // The same, and stores each word at `to` as it is absorbed (`to` must not overlap `from`): the
+  // copy holds exactly the bytes the sum saw, each read once. (A copy first and a sum over it
+  // read every word twice and call memcpy for a key's few words.)
+  void CopyAbsorbWords(const uint8_t* from, void* to, uint64_t count) {
+    Words</*kCopy=*/true>(from, static_cast<uint8_t*>(to), count);
   }
 
   uint64_t Finish() const {
@@ -65,6 +61,21 @@ class WordChecksum {
   }
   static uint64_t Round(uint64_t lane, uint64_t word) {
     return Rotl(lane ^ (word * kMixB), 31) * kMixA;
+  }
+  template <bool kCopy>
+  void Words(const uint8_t* p, uint8_t* to, uint64_t count) {
+    auto take = [&](uint64_t i) {
+      const uint64_t word = Load(p + i * sizeof(uint64_t));
+      if constexpr (kCopy) std::memcpy(to + i * sizeof(uint64_t), &word, sizeof(word));
+      return word;
+    };
+    uint64_t i = 0;
+    for (; i < count && words_ % kLanes != 0; ++i) Absorb(take(i));
+    for (; i + kLanes <= count; i += kLanes) {  // whole rounds: no lane arithmetic
+      for (int l = 0; l < kLanes; ++l) lane_[l] = Round(lane_[l], take(i + l));
+      words_ += kLanes;
+    }
+    for (; i < count; ++i) Absorb(take(i));
   }
 
   uint64_t lane_[kLanes];
