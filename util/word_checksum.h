@@ -19,13 +19,14 @@ class WordChecksum {
   // `length_bytes`: the whole message's length (what the words absorbed will add up to).
   WordChecksum(uint64_t seed, uint64_t length_bytes) {
     for (int l = 0; l < kLanes; ++l) {
-      lane_[l] = (seed + static_cast<uint64_t>(l) * kMixC) ^ (length_bytes * kMixA);
+      due_[l] = (seed + static_cast<uint64_t>(l) * kMixC) ^ (length_bytes * kMixA);
     }
   }
 
   void Absorb(uint64_t word) {
-    uint64_t& l = lane_[words_ % kLanes];
-    l = Round(l, word);
+    const uint64_t absorbed = Round(due_[0], word);
+    for (int l = 0; l + 1 < kLanes; ++l) due_[l] = due_[l + 1];
+    due_[kLanes - 1] = absorbed;
     ++words_;
   }
   // Absorbs `count` words starting at `p` (any alignment).
@@ -38,7 +39,25 @@ class WordChecksum {
   }
 
   uint64_t Finish() const {
-    uint64_t h = Rotl(lane_[0], 1) + Rotl(lane_[1], 7) + Rotl(lane_[2], 12) + Rotl(lane_[3], 18);
+    // Lane l (the words w with w % kLanes == l) is due_[(l - words_) % kLanes].
+    auto sum = [](uint64_t l0, uint64_t l1, uint64_t l2, uint64_t l3) {
+      return Rotl(l0, 1) + Rotl(l1, 7) + Rotl(l2, 12) + Rotl(l3, 18);
+    };
+    uint64_t h;
+    switch (words_ % kLanes) {
+      case 0:
+        h = sum(due_[0], due_[1], due_[2], due_[3]);
+        break;
+      case 1:
+        h = sum(due_[3], due_[0], due_[1], due_[2]);
+        break;
+      case 2:
+        h = sum(due_[2], due_[3], due_[0], due_[1]);
+        break;
+      default:
+        h = sum(due_[1], due_[2], due_[3], due_[0]);
+        break;
+    }
     h ^= h >> 33;
     h *= kMixC;
     h ^= h >> 29;
@@ -69,16 +88,47 @@ class WordChecksum {
       if constexpr (kCopy) std::memcpy(to + i * sizeof(uint64_t), &word, sizeof(word));
       return word;
     };
+    // kLanes words in a row go to the kLanes lanes in turn, from whichever is due, and leave
+    // them in the same order: no rotation, no index arithmetic.
     uint64_t i = 0;
-    for (; i < count && words_ % kLanes != 0; ++i) Absorb(take(i));
-    for (; i + kLanes <= count; i += kLanes) {  // whole rounds: no lane arithmetic
-      for (int l = 0; l < kLanes; ++l) lane_[l] = Round(lane_[l], take(i + l));
-      words_ += kLanes;
+    for (; i + kLanes <= count; i += kLanes) {
+      for (int l = 0; l < kLanes; ++l) due_[l] = Round(due_[l], take(i + l));
     }
-    for (; i < count; ++i) Absorb(take(i));
+    // The last 0..3 words, straight-line (a loop of Absorb costs more than the rounds).
+    static_assert(kLanes == 4);
+    switch (count - i) {
+      case 3:
+        Rotate<3>(Round(due_[0], take(i)), Round(due_[1], take(i + 1)),
+                  Round(due_[2], take(i + 2)));
+        break;
+      case 2:
+        Rotate<2>(Round(due_[0], take(i)), Round(due_[1], take(i + 1)), 0);
+        break;
+      case 1:
+        Rotate<1>(Round(due_[0], take(i)), 0, 0);
+        break;
+      default:
+        break;
+    }
+    words_ += count;
+  }
+  // After the first kTaken due lanes absorbed (a, b, c: the first kTaken of them), they are due
+  // last, in the same order.
+  template <int kTaken>
+  void Rotate(uint64_t a, uint64_t b, uint64_t c) {
+    if constexpr (kTaken == 1) {
+      due_[0] = due_[1], due_[1] = due_[2], due_[2] = due_[3], due_[3] = a;
+    } else if constexpr (kTaken == 2) {
+      due_[0] = due_[2], due_[1] = due_[3], due_[2] = a, due_[3] = b;
+    } else {
+      due_[0] = due_[3], due_[1] = a, due_[2] = b, due_[3] = c;
+    }
   }
 
-  uint64_t lane_[kLanes];
+  // The lanes in the order they are due: due_[0] takes the next word. Kept rotating (rather than
+  // indexed by words_ % kLanes) so that every index is a constant and, inlined, the lanes stay
+  // in registers.
+  uint64_t due_[kLanes];
   uint64_t words_ = 0;  // absorbed so far
 };
 

@@ -1,9 +1,12 @@
-// util::WordChecksum: CopyAbsorbWords sums exactly what AbsorbWords sums, at every lane phase,
-// and copies each word it absorbed; the sum depends on the words' order and on the length.
+// util::WordChecksum: the sum is the definition's (word i into lane i % 4, whatever mix of calls
+// absorbed it: the wire and one-sided readers depend on it), CopyAbsorbWords sums exactly what
+// AbsorbWords sums, at every lane phase, and copies each word it absorbed; the sum depends on
+// the words' order and on the length.
 #include "util/word_checksum.h"
 
 #include <cstdint>
 #include <cstring>
+#include <random>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -18,6 +21,54 @@ std::vector<uint8_t> Bytes(uint64_t words) {
   std::vector<uint8_t> bytes(words * sizeof(uint64_t));
   for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<uint8_t>(i * 131 + 7);
   return bytes;
+}
+
+// The definition, written plainly: lane i % 4 takes word i.
+uint64_t Rotl(uint64_t x, int r) { return (x << r) | (x >> (64 - r)); }
+uint64_t DefinedSum(uint64_t seed, uint64_t length, const std::vector<uint64_t>& words) {
+  constexpr uint64_t kA = 0x9E3779B97F4A7C15ULL, kB = 0xC2B2AE3D27D4EB4FULL,
+                     kC = 0x165667B19E3779F9ULL;
+  uint64_t lane[4];
+  for (int l = 0; l < 4; ++l) lane[l] = (seed + static_cast<uint64_t>(l) * kC) ^ (length * kA);
+  for (size_t i = 0; i < words.size(); ++i) {
+    lane[i % 4] = Rotl(lane[i % 4] ^ (words[i] * kB), 31) * kA;
+  }
+  uint64_t h = Rotl(lane[0], 1) + Rotl(lane[1], 7) + Rotl(lane[2], 12) + Rotl(lane[3], 18);
+  h ^= h >> 33;
+  h *= kC;
+  h ^= h >> 29;
+  return h;
+}
+
+TEST(WordChecksumTest, AnyMixOfCallsSumsAsDefined) {
+  std::mt19937_64 random(42);
+  for (int trial = 0; trial < 2000; ++trial) {
+    const uint64_t length = random() % 4096;
+    WordChecksum sum(kSeed, length);
+    std::vector<uint64_t> words;
+    const int calls = static_cast<int>(random() % 6);
+    for (int c = 0; c < calls; ++c) {
+      const uint64_t count = random() % 11;
+      std::vector<uint64_t> part(count);
+      for (uint64_t& w : part) w = random();
+      switch (random() % 3) {
+        case 0:
+          for (uint64_t w : part) sum.Absorb(w);
+          break;
+        case 1:
+          sum.AbsorbWords(reinterpret_cast<const uint8_t*>(part.data()), count);
+          break;
+        default: {
+          std::vector<uint64_t> copy(count);
+          sum.CopyAbsorbWords(reinterpret_cast<const uint8_t*>(part.data()), copy.data(), count);
+          break;
+        }
+      }
+      words.insert(words.end(), part.begin(), part.end());
+    }
+    ASSERT_EQ(sum.Finish(), DefinedSum(kSeed, length, words))
+        << "trial " << trial << ", " << words.size() << " words";
+  }
 }
 
 TEST(WordChecksumTest, CopyAbsorbSumsWhatAbsorbSumsAndCopiesIt) {
