@@ -14,6 +14,10 @@
 #include <atomic>
 #include <cstdint>
 
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
 namespace mica {
 
 inline constexpr int kSlotsPerBucket = 7;
@@ -63,15 +67,44 @@ inline constexpr uint16_t SlotTag(uint64_t slot) {
 inline constexpr uint64_t SlotOffset(uint64_t slot) { return slot & kSlotOffsetMask; }
 
 // The slots of `bucket` whose tag is `tag`, as a mask (bit i: slots[i]). `tag` is never 0 (TagOf),
-// so an empty slot never matches. Branch-free over the seven slots (the compiler turns it into a
-// few vector instructions): a lookup pays no mispredicted branch per slot, only one per candidate,
-// and nearly every bucket holds at most one candidate for a 16-bit tag.
-inline uint32_t SlotsTagged(const Bucket& bucket, uint16_t tag) {
+// so an empty slot never matches. Branch-free over the seven slots: a lookup pays no mispredicted
+// branch per slot, only one per candidate, and nearly every bucket holds at most one candidate
+// for a 16-bit tag. Every lookup computes it twice (prefetch, then find), so it is vector code
+// where the build allows (AVX2, as --config=opt targets: ~12 instructions against ~33 slot by
+// slot, which GCC 12 does not vectorize).
+inline uint32_t SlotsTagged(const Bucket& bucket, uint16_t tag);
+
+// Slot by slot: the definition, and the code where AVX2 is not available.
+inline uint32_t SlotsTaggedEach(const Bucket& bucket, uint16_t tag) {
   uint32_t mask = 0;
   for (int i = 0; i < kSlotsPerBucket; ++i) {
     mask |= static_cast<uint32_t>(SlotTag(bucket.slots[i]) == tag) << i;
   }
   return mask;
+}
+
+#if defined(__AVX2__)
+// Four slots at a time: slots 0..3 and 3..6 (two loads inside the bucket's line, never its
+// version and link word), each 64-bit lane's tag bits compared whole.
+inline uint32_t SlotsTaggedAvx2(const Bucket& bucket, uint16_t tag) {
+  static_assert(kSlotsPerBucket == 7, "two overlapping loads of four slots");
+  const __m256i tag_bits = _mm256_set1_epi64x(static_cast<int64_t>(~kSlotOffsetMask));
+  const __m256i wanted = _mm256_set1_epi64x(static_cast<int64_t>(uint64_t{tag} << kSlotTagShift));
+  auto matches = [&](const uint64_t* first) {
+    const __m256i slots = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(first));
+    const __m256i equal = _mm256_cmpeq_epi64(_mm256_and_si256(slots, tag_bits), wanted);
+    return static_cast<uint32_t>(_mm256_movemask_pd(_mm256_castsi256_pd(equal)));
+  };
+  return matches(&bucket.slots[0]) | matches(&bucket.slots[3]) << 3;
+}
+#endif
+
+inline uint32_t SlotsTagged(const Bucket& bucket, uint16_t tag) {
+#if defined(__AVX2__)
+  return SlotsTaggedAvx2(bucket, tag);
+#else
+  return SlotsTaggedEach(bucket, tag);
+#endif
 }
 
 // The owner's side of the sequence lock: every change of a bucket's slots happens between
