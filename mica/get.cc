@@ -38,7 +38,7 @@ Response Partition::GetAt(const Spot& spot, std::string_view key, uint64_t keyha
   }
   // A copy is checked first: the value handed out is one the log holds intact. (A caller that
   // fetches the item itself, above, checks its own copy: remote_item.h.)
-  if (!Intact(item)) {
+  if (!IntactInBounds(item)) {
     stats_.corrupt.Add();
     return Response{Result::kCorrupt, 0, 0};
   }

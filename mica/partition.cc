@@ -329,22 +329,7 @@ Result Partition::CheckWrite(std::string_view key, std::string_view value) {
   return Result::kOk;
 }
 
-bool Partition::InBounds(const ItemHeader* item) const {
-  const uint64_t item_bytes = StoredItemBytes(item);
-  // Lengths no write could have stored would read past the mirror: damaged.
-  if (item_bytes > layout_.max_item_bytes) return false;
-  if (!store_mode()) return true;
-  // Store mode: nor past the pool's end (a block holds its item; lengths past it are damage).
-  const auto offset = static_cast<uint64_t>(reinterpret_cast<const uint8_t*>(item) - items_);
-  return offset <= layout_.pool_bytes && item_bytes <= layout_.pool_bytes - offset;
-}
-
-bool Partition::Intact(const ItemHeader* item) const {
-  if (!InBounds(item)) return false;
-  const bool flagged = (item->flags & kItemHasChecksum) != 0;
-  if (!flagged && !Checksummed(item->value_bytes)) return true;  // nothing to verify it by
-  // An item of a checksummed length without the flag lost it: damaged as well.
-  if (!flagged) return false;
+bool Partition::ChecksumVerifies(const ItemHeader* item) const {
   uint64_t stored;
   std::memcpy(
       &stored,

@@ -326,9 +326,27 @@ class Partition {
   }
   // Whether a found item's lengths are ones a write could have stored, within the log's mirror or
   // the pool: a GET may name it to a one-sided reader (whose READ must stay in the region).
-  bool InBounds(const ItemHeader* item) const;
+  // Inline, as Intact's common case: both run on every GET that finds its key.
+  bool InBounds(const ItemHeader* item) const {
+    const uint64_t item_bytes = StoredItemBytes(item);
+    // Lengths no write could have stored would read past the mirror: damaged.
+    if (item_bytes > layout_.max_item_bytes) return false;
+    if (!store_mode()) return true;
+    // Store mode: nor past the pool's end (a block holds its item; lengths past it are damage).
+    const auto offset = static_cast<uint64_t>(reinterpret_cast<const uint8_t*>(item) - items_);
+    return offset <= layout_.pool_bytes && item_bytes <= layout_.pool_bytes - offset;
+  }
+  // Whether an item InBounds found may be handed out: a checksummed one must verify.
+  bool IntactInBounds(const ItemHeader* item) const {
+    const bool flagged = (item->flags & kItemHasChecksum) != 0;
+    if (!flagged && !Checksummed(item->value_bytes)) return true;  // nothing to verify it by
+    // An item of a checksummed length without the flag lost it: damaged as well.
+    return flagged && ChecksumVerifies(item);
+  }
   // Whether a found item may be handed out: in bounds, and a checksummed one must verify.
-  bool Intact(const ItemHeader* item) const;
+  bool Intact(const ItemHeader* item) const { return InBounds(item) && IntactInBounds(item); }
+  // Whether a flagged item's checksum word matches its bytes.
+  bool ChecksumVerifies(const ItemHeader* item) const;
   // Makes the key's slot (`slot`, found by FindSlot; nullptr for a key the index does not hold:
   // one is claimed) index an item holding key/value under the next version, stored in `*version`.
   // kOk, or kNoMemory with nothing changed (store mode: no block, or no slot).
