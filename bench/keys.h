@@ -3,18 +3,36 @@
 #ifndef HERD_BENCH_KEYS_H_
 #define HERD_BENCH_KEYS_H_
 
+#include <bit>
 #include <cstdint>
 #include <cstring>
 
 namespace bench {
 
 // Writes key `index` into out[0, key_bytes): the index's little-endian bytes first (unique for
-// key_bytes >= 8, or while index < 256^key_bytes), then filler derived from the index.
+// key_bytes >= 8, or while index < 256^key_bytes), then filler derived from the index: byte i is
+// byte i % 8 of the index XOR the low byte of i * 0x9d.
+//
+// A word at a time (a client draws two keys per request, and byte by byte they were a tenth of
+// its time): bytes [c, c + 8) are the index XOR the word whose byte j is (c + j) * 0x9d mod 256,
+// the bytes j * 0x9d plus c * 0x9d, added bytewise (no carry from one byte into the next).
 inline void MakeKey(uint64_t index, uint32_t key_bytes, char* out) {
+  static_assert(std::endian::native == std::endian::little, "the index's bytes, lowest first");
+  constexpr uint64_t kHighBits = 0x8080808080808080ULL;
+  uint64_t steps = 0;  // byte j: j * 0x9d mod 256
+  for (uint64_t j = 0; j < 8; ++j) steps |= ((j * 0x9d) & 0xff) << (8 * j);
   const uint32_t head = key_bytes < 8 ? key_bytes : 8;
   std::memcpy(out, &index, head);
-  for (uint32_t i = head; i < key_bytes; ++i) {
-    out[i] = static_cast<char>((index >> ((i % 8) * 8)) ^ (i * 0x9d));
+  for (uint32_t c = 8; c < key_bytes; c += 8) {
+    const uint64_t base = ((c * uint64_t{0x9d}) & 0xff) * 0x0101010101010101ULL;
+    const uint64_t filler =
+        ((steps & ~kHighBits) + (base & ~kHighBits)) ^ ((steps ^ base) & kHighBits);
+    const uint64_t word = index ^ filler;
+    if (key_bytes - c >= 8) {
+      std::memcpy(out + c, &word, 8);
+    } else {
+      std::memcpy(out + c, &word, key_bytes - c);
+    }
   }
 }
 
