@@ -24,9 +24,7 @@ class WordChecksum {
   }
 
   void Absorb(uint64_t word) {
-    const uint64_t absorbed = Round(due_[0], word);
-    for (int l = 0; l + 1 < kLanes; ++l) due_[l] = due_[l + 1];
-    due_[kLanes - 1] = absorbed;
+    Rotate<1>(Round(due_[0], word), 0, 0);
     ++words_;
   }
   // Absorbs `count` words starting at `p` (any alignment).
