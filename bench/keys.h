@@ -23,8 +23,8 @@ inline void MakeKey(uint64_t index, uint32_t key_bytes, char* out) {
   for (uint64_t j = 0; j < 8; ++j) steps |= ((j * 0x9d) & 0xff) << (8 * j);
   const uint32_t head = key_bytes < 8 ? key_bytes : 8;
   std::memcpy(out, &index, head);
-  for (uint32_t c = 8; c < key_bytes; c += 8) {
-    const uint64_t base = ((c * uint64_t{0x9d}) & 0xff) * 0x0101010101010101ULL;
+  for (uint64_t c = 8; c < key_bytes; c += 8) {  // 64-bit: never wraps near 2^32 bytes
+    const uint64_t base = ((c * 0x9d) & 0xff) * 0x0101010101010101ULL;
     const uint64_t filler =
         ((steps & ~kHighBits) + (base & ~kHighBits)) ^ ((steps ^ base) & kHighBits);
     const uint64_t word = index ^ filler;

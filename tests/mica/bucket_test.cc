@@ -4,6 +4,7 @@
 #include "mica/bucket.h"
 
 #include <cstdint>
+#include <iterator>
 #include <random>
 
 #include "gtest/gtest.h"
@@ -11,7 +12,7 @@
 namespace mica {
 namespace {
 
-#if defined(__AVX2__)
+#if defined(__x86_64__)
 TEST(BucketTest, VectorSlotsTaggedMatchesTheDefinition) {
   if (!__builtin_cpu_supports("avx2")) GTEST_SKIP() << "this CPU has no AVX2";
   std::mt19937_64 random(7);
@@ -54,8 +55,6 @@ TEST(BucketTest, VectorSlotsTaggedSeesEverySlotAlone) {
     EXPECT_EQ(SlotsTaggedAvx2(bucket, 0xffff), 1u << i) << "slot " << i;
   }
 }
-#else
-#error "bucket_test is built with -mavx2 (tests/mica/BUILD.bazel)"
 #endif
 
 }  // namespace
