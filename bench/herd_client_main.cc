@@ -107,6 +107,8 @@ herd::ClientStats MeasuredWindow(const herd::ClientStats& start, const herd::Cli
 void AddStats(const herd::ClientStats& b, herd::ClientStats* a) {
   a->submitted += b.submitted;
   a->retransmissions += b.retransmissions;
+  a->absences += b.absences;
+  a->holds += b.holds;
   a->timed_out += b.timed_out;
   a->send_failed += b.send_failed;
   a->stray += b.stray;
@@ -492,7 +494,8 @@ int main(int argc, char** argv) {
       "\"errors\":%d,\"gets\":%d,\"get_misses\":%d,\"no_memory\":%d,\"mops\":%.4f,\"thread_mops\":["
       "%s],\"worker_mops\":[%s],\"p50_us\":%.2f,\"p99_"
       "us\":%.2f,"
-      "\"p999_us\":%.2f,\"max_us\":%.2f,\"retransmissions\":%d,\"timed_out\":%d,"
+      "\"p999_us\":%.2f,\"max_us\":%.2f,\"retransmissions\":%d,\"absences\":%d,\"holds\":%d,"
+      "\"timed_out\":%d,"
       "\"send_failed\":%d,\"stray\":%d,\"torn\":%d,\"retry_timeout_us\":%.1f,"
       "\"large_puts\":%d,\"out_of_line_gets\":%d,\"item_rereads\":%d,\"copied_gets\":%d,"
       "\"client_wrs\":%d,\"wrs_per_op\":%.3f,\"payload_bytes_per_op\":%.1f,"
@@ -506,9 +509,9 @@ int main(int argc, char** argv) {
       seconds, ops, errors, gets, get_misses, no_memory, ops / seconds / 1e6,
       absl::StrJoin(per_thread, ","), absl::StrJoin(per_worker, ","), latency.Quantile(0.5) / 1e3,
       latency.Quantile(0.99) / 1e3, latency.Quantile(0.999) / 1e3, latency.max() / 1e3,
-      total.retransmissions, total.timed_out, total.send_failed, total.stray, total.torn,
-      absl::ToDoubleMicroseconds(total.retry_timeout), total.large_puts, total.out_of_line_gets,
-      total.item_rereads, total.copied_gets, total.fabric.wrs,
+      total.retransmissions, total.absences, total.holds, total.timed_out, total.send_failed,
+      total.stray, total.torn, absl::ToDoubleMicroseconds(total.retry_timeout), total.large_puts,
+      total.out_of_line_gets, total.item_rereads, total.copied_gets, total.fabric.wrs,
       ops == 0 ? 0.0 : static_cast<double>(total.fabric.wrs) / ops,
       ops == 0 ? 0.0 : static_cast<double>(total.fabric.bytes) / ops,
       total.fabric.doorbells * per_op,

@@ -60,7 +60,8 @@ RetransmitPolicy PolicyOf(const ClientOptions& options) {
 Client::Client(const ClientOptions& options)
     : options_(options),
       batching_(options.batch_doorbells),
-      retransmit_policy_(PolicyOf(options)) {}
+      retransmit_policy_(PolicyOf(options)),
+      absence_threshold_(RetransmitTimer(retransmit_policy_).TimeoutFor(1) / kAbsenceFraction) {}
 
 Client::~Client() = default;
 
@@ -131,6 +132,7 @@ absl::Status Client::Handshake() {
     worker_ahs_.push_back(std::move(ah));
   }
   next_retry_check_ = Clock::now();
+  last_watch_ = next_retry_check_;
   return absl::OkStatus();
 }
 
@@ -222,6 +224,8 @@ absl::Status Client::CreateResources(const Config& config) {
   next_seq_.assign(uint64_t{options_.clients} * c.workers, 1);
   // A client that follows a failover keeps what it learned of the workers' round trips.
   if (timers_.size() != c.workers) timers_.assign(c.workers, RetransmitTimer(retransmit_policy_));
+  last_answer_.assign(c.workers, Clock::time_point{});
+  probe_due_.assign(c.workers, Clock::time_point{});
   if (c.response_uses_slots()) {
     delivered_.resize(slot_count * c.response_slot_bytes());
     live_.reserve(slot_count);

@@ -48,8 +48,13 @@
 // table instead of applying it twice. The timeout adapts, per worker, to the round trips measured
 // to it (srtt + 4 rttvar, as TCP's RTO, and at least twice the recent tail; each answer timed
 // from its request's first send: herd/retransmit_timer.h) within [min_retry_timeout,
-// max_retry_timeout], doubling per retransmission of a request. Every request ends (answered,
-// kTimedOut, or kSendFailed) within request_deadline.
+// max_retry_timeout], doubling per retransmission of a request. Two kinds of timeout are no
+// evidence of loss. The client's own absence (a gap between Polls of a quarter of the shortest
+// timeout or more: a descheduled thread, or an application that did not poll) resends nothing:
+// the deadlines of the requests outstanding over it move by the gap, once per send. A worker
+// silent for half its timeout gets one request, a probe, not its whole window: the others due
+// are held until the probe times out, backing off as if sent (adaptive policy only). Every
+// request ends (answered, kTimedOut, or kSendFailed) within request_deadline.
 #ifndef HERD_HERD_CLIENT_H_
 #define HERD_HERD_CLIENT_H_
 
@@ -90,8 +95,9 @@ struct ClientOptions {
   // thread descheduled for a scheduler slice) times out everything outstanding at once.
   absl::Duration min_retry_timeout = absl::Milliseconds(5);
   absl::Duration max_retry_timeout = absl::Seconds(1);  // ceiling, backoff included
-  // Sends of one request; then it completes with kTimedOut. Attempt numbers past kMaxAttempt
-  // (65,535) do not fit the wire: a request that reaches it completes with kTimedOut too.
+  // Sends (and holds, above) of one request; then it completes with kTimedOut. Attempt numbers past
+  // kMaxAttempt (65,535) do not fit the wire: a request that reaches it completes with kTimedOut
+  // too.
   uint32_t max_attempts = 250;
   // A request outstanding this long completes with kTimedOut whatever its attempts.
   absl::Duration request_deadline = absl::Seconds(10);
@@ -138,6 +144,12 @@ struct ClientStats {
   uint64_t submitted = 0, completed = 0, retransmissions = 0, timed_out = 0, send_failed = 0,
            stray = 0;
   uint64_t torn = 0;  // WRITE responses seen torn or still landing (checked again later)
+  // Gaps between Polls long enough to excuse the requests outstanding over them (the thread
+  // descheduled, or the application not polling): their deadlines moved by the gap.
+  uint64_t absences = 0;
+  // Timed-out requests held instead of resent: their worker had answered nothing for half its
+  // timeout, and another request, resent as a probe, had not timed out yet.
+  uint64_t holds = 0;
   // Large values: PUTs sent by WRITE_WITH_IMM; GETs answered out of line; READs of an item
   // that failed its check (read again); GETs that fell back to a copy through the worker.
   uint64_t large_puts = 0, out_of_line_gets = 0, item_rereads = 0, copied_gets = 0;
@@ -283,6 +295,12 @@ class Client {
     bool copied = false;           // ... a bare value in the landing buffer (kResponseCopied)
     uint32_t item_reads = 0;       // READs of the item that failed their check
     bool handed_over = false;      // by Follow: first sent before the failover (no RTT sample)
+    // This send's deadline was moved for the client's own absence (ExcuseAbsence): at most once
+    // per send, and its answer is no round trip (the absence is in it).
+    bool excused = false;
+    // Timeouts met by holding it instead of sending it again (its worker silent, another
+    // request probing it): they back its timeout off and count toward max_attempts as sends do.
+    uint32_t holds = 0;
   };
   // What Accept made of a response.
   enum class Accepted : uint8_t { kStray, kDelivered, kDeferred };
@@ -365,8 +383,12 @@ class Client {
   void Fail(Outstanding& o, Status status, Result* r);
   // Ends `o` without a result (its buffers freed or orphaned).
   void Forget(Outstanding& o);
-  // This Poll's clock: read at the first call of the Poll.
+  // This Poll's clock: read at the first call of the Poll. A gap since the previous reading of
+  // at least absence_threshold_ is the client's absence: ExcuseAbsence.
   Clock::time_point PollClock();
+  // Moves each outstanding request's deadline later by `gap` (once per send): the client did not
+  // look at its responses for that long, so a request unanswered over it is no evidence of loss.
+  void ExcuseAbsence(std::chrono::nanoseconds gap);
   // Whether the retransmission timer is due: a Poll that took no response looks at the clock
   // only once in kPollsPerIdleClockRead.
   bool RetryCheckDue();
@@ -440,6 +462,10 @@ class Client {
   // worker's queue does not set another's timeout).
   RetransmitPolicy retransmit_policy_;
   std::vector<RetransmitTimer> timers_;
+  // Per worker: the clock of the Poll that took its latest answer (adaptive policy: a silent
+  // worker is probed with one request, not sent all that are due), and its probe's deadline.
+  std::vector<Clock::time_point> last_answer_;
+  std::vector<Clock::time_point> probe_due_;
   std::vector<uint32_t> to_repost_;  // receive buffers consumed and not yet re-posted
   std::vector<transport::Completion> completions_;
   std::vector<transport::RecvWr> recv_wrs_;
@@ -453,7 +479,13 @@ class Client {
   // it (a clock read costs 20-40 ns on a VM; three per response were a fifth of the client's
   // time).
   std::chrono::steady_clock::time_point poll_now_;
-  bool clock_read_ = false;         // this Poll read poll_now_
+  bool clock_read_ = false;  // this Poll read poll_now_
+  // The previous PollClock reading, and the gap between two that is an absence: a quarter of
+  // the shortest first timeout of any worker (as of the last retransmission check). A shorter
+  // gap leaves a request at least three quarters of its timeout watched.
+  static constexpr int kAbsenceFraction = 4;
+  std::chrono::steady_clock::time_point last_watch_;
+  std::chrono::nanoseconds absence_threshold_;
   uint32_t polls_since_clock_ = 0;  // Polls that took no response since the last read
   uint32_t repost_batch_ = 1;       // receives consumed before Poll re-posts them
   std::chrono::steady_clock::time_point next_health_check_;

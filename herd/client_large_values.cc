@@ -236,7 +236,7 @@ void Client::Resend(Outstanding& o) {
     ++o.sends;  // as a retransmission that found no room: the timer sends it again
     LOG_EVERY_N(WARNING, 1000) << "re-sending a GET for its value: " << s;
   }
-  o.deadline = now + timers_[o.worker].TimeoutFor(o.sends);
+  o.deadline = now + timers_[o.worker].TimeoutFor(o.sends + o.holds);
   next_retry_check_ = std::min(next_retry_check_, o.deadline);
 }
 

@@ -16,6 +16,8 @@ namespace {
 // this many; an empty poll of a CQ is about 50-100 ns, the retry timeout milliseconds. (WRITE
 // responses: every Poll looks at every outstanding request's slot, and reads it.)
 constexpr uint32_t kPollsPerIdleClockRead = 64;
+// A worker that answered nothing for this fraction of its timeout is silent (Retransmit).
+constexpr int kSilenceFraction = 2;
 // How often Poll asks the control connection whether the server is still there (a syscall).
 constexpr absl::Duration kHealthCheckInterval = absl::Milliseconds(10);
 
@@ -53,10 +55,14 @@ Client::Accepted Client::Accept(const ParsedResponse& response, Result* out) {
   const bool out_of_line = (h.flags & kResponseOutOfLine) != 0;
   if (!out_of_line && h.flags != 0) return Accepted::kStray;
   if (out_of_line && !DeferOutOfLine(o, h, response.value)) return Accepted::kStray;
-  if (!o.handed_over) {
+  // Nor is an answer whose wait the client's own absence lengthened (ExcuseAbsence: the clock
+  // read first, as it may find the absence).
+  const Clock::time_point now = PollClock();
+  last_answer_[o.worker] = now;
+  if (!o.handed_over && !o.excused) {
     timers_[o.worker].Sample(
         SincePoll(o.submitted),
-        std::chrono::duration_cast<std::chrono::nanoseconds>(PollClock().time_since_epoch()));
+        std::chrono::duration_cast<std::chrono::nanoseconds>(now.time_since_epoch()));
   }
   if (out_of_line) return Accepted::kDeferred;
   Deliver(o, status, h.version,
@@ -234,8 +240,27 @@ Client::Clock::time_point Client::PollClock() {
     poll_now_ = Clock::now();
     clock_read_ = true;
     polls_since_clock_ = 0;
+    if (poll_now_ - last_watch_ >= absence_threshold_) [[unlikely]] {
+      ExcuseAbsence(poll_now_ - last_watch_);
+    }
+    last_watch_ = poll_now_;
   }
   return poll_now_;
+}
+
+void Client::ExcuseAbsence(std::chrono::nanoseconds gap) {
+  // The answers that came meanwhile wait in the CQ (this Poll and the next few take them), and a
+  // host that descheduled this thread may have descheduled the worker too: a request unanswered
+  // over the gap is no evidence of loss, so its timeout restarts where it stopped. Once per send
+  // (Send clears it): an application that polls less often than its timeouts still retransmits,
+  // one gap late. The retransmission check stays due when it was: deadlines only moved later.
+  if (outstanding_ == 0) return;
+  ++stats_.absences;
+  for (Outstanding& o : slots_) {
+    if (!o.active || o.excused) continue;
+    o.deadline += gap;
+    o.excused = true;
+  }
 }
 
 bool Client::RetryCheckDue() {
@@ -267,6 +292,7 @@ void Client::Retransmit(absl::Span<Result> out, size_t* n) {
   // No later than any worker's first timeout from now (a request submitted meanwhile).
   std::chrono::nanoseconds shortest = retransmit_policy_.ceiling;
   for (const RetransmitTimer& timer : timers_) shortest = std::min(shortest, timer.TimeoutFor(1));
+  absence_threshold_ = shortest / kAbsenceFraction;
   Clock::time_point next = now + shortest;
   for (Outstanding& o : slots_) {
     if (!o.active) continue;
@@ -282,11 +308,30 @@ void Client::Retransmit(absl::Span<Result> out, size_t* n) {
     // A client with members keeps its requests for Follow() when the server is lost.
     const bool lost = !health_.ok() && (options_.members.empty() || followed_);
     if (!health_.ok() && !lost && now - o.submitted < deadline) continue;
-    if (lost || o.sends >= options_.max_attempts || o.attempt >= kMaxAttempt ||
+    if (lost || o.sends + o.holds >= options_.max_attempts || o.attempt >= kMaxAttempt ||
         now - o.submitted >= deadline) {
       if (*n == out.size()) return;  // the rest on the next Poll
       Fail(o, Status::kTimedOut, &out[(*n)++]);
       continue;
+    }
+    // A worker silent for half its timeout (longer than any recent round trip: the timeout is
+    // at least twice their tail) is stalled, gone, or cut off: resending its whole window helps
+    // none of those (a stalled worker answers the requests already in its slots when it runs
+    // again). So one request probes it, and until the probe's own timeout the others due are
+    // held, backing off as if sent (TCP resends only its oldest segment on a timeout). An answer
+    // from the worker ends the silence: the next check resends the rest that are due. Under load
+    // a lost request's worker is not silent, and it is resent at once.
+    if (retransmit_policy_.adaptive &&
+        now - last_answer_[o.worker] >= timers_[o.worker].TimeoutFor(1) / kSilenceFraction) {
+      if (now < probe_due_[o.worker]) {
+        ++o.holds;
+        ++stats_.holds;
+        o.deadline =
+            std::max(probe_due_[o.worker], now + timers_[o.worker].TimeoutFor(o.sends + o.holds));
+        next = std::min(next, o.deadline);
+        continue;
+      }
+      probe_due_[o.worker] = now + timers_[o.worker].TimeoutFor(o.sends + o.holds + 1);
     }
     ++stats_.retransmissions;
     absl::Status sent = Send(o, /*wait_for_room=*/false);
@@ -299,7 +344,7 @@ void Client::Retransmit(absl::Span<Result> out, size_t* n) {
       ++o.sends;  // a full send queue: counted as a send, so max_attempts still bounds it
       LOG_EVERY_N(WARNING, 1000) << "retransmission not sent: " << sent;
     }
-    o.deadline = now + timers_[o.worker].TimeoutFor(o.sends);
+    o.deadline = now + timers_[o.worker].TimeoutFor(o.sends + o.holds);
     next = std::min(next, o.deadline);
   }
   next_retry_check_ = next;

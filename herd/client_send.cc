@@ -140,6 +140,7 @@ absl::Status Client::Stage(const Staged& r) {
   o.active = true;
   o.op = r.op;
   o.sends = 0;
+  o.holds = 0;
   o.attempt = r.attempt;
   o.seq = r.seq;
   o.tag = r.tag;
@@ -198,6 +199,7 @@ absl::Status Client::Send(Outstanding& o, bool wait_for_room) {
         "the request QP is in the error state (the server is gone?): reconnect");
   }
   uint8_t* staged = StagedBytes(o);
+  o.excused = false;  // a new send, a new timeout (its caller sets the deadline)
   // A retransmission is a new attempt (the worker tells it from a duplicate landing of the last
   // one) unless a WR still reads the buffer: then the same bytes go again, and the next
   // retransmission, after that WR retired, is the new attempt.

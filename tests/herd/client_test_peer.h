@@ -3,6 +3,7 @@
 #ifndef HERD_TESTS_HERD_CLIENT_TEST_PEER_H_
 #define HERD_TESTS_HERD_CLIENT_TEST_PEER_H_
 
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 
@@ -66,6 +67,18 @@ class ClientTestPeer {
   // Whether `worker`'s retransmission timer has measured a round trip yet.
   static bool TimerHasSample(const Client& c, uint32_t worker) {
     return c.timers_[worker].has_sample();
+  }
+  // The client as if it had last looked at its responses `ago` earlier, and submitted (or last
+  // sent) every outstanding request then: its last clock reading, the requests' submission
+  // times and deadlines, and its next retransmission check, all moved back by `ago`.
+  static void Backdate(Client& c, std::chrono::nanoseconds ago) {
+    c.last_watch_ -= ago;
+    c.next_retry_check_ -= ago;
+    for (Client::Outstanding& o : c.slots_) {
+      if (!o.active) continue;
+      o.submitted -= ago;
+      o.deadline -= ago;
+    }
   }
   // A broken NIC path while the server lives on: the client's QPs forced into the error state.
   static void BreakQps(Client& c) {
