@@ -61,7 +61,9 @@ Client::Client(const ClientOptions& options)
     : options_(options),
       batching_(options.batch_doorbells),
       retransmit_policy_(PolicyOf(options)),
-      absence_threshold_(RetransmitTimer(retransmit_policy_).TimeoutFor(1) / kAbsenceFraction) {}
+      absence_threshold_(retransmit_policy_.adaptive
+                             ? RetransmitTimer(retransmit_policy_).TimeoutFor(1) / kAbsenceFraction
+                             : std::chrono::nanoseconds::max()) {}
 
 Client::~Client() = default;
 
@@ -224,7 +226,9 @@ absl::Status Client::CreateResources(const Config& config) {
   next_seq_.assign(uint64_t{options_.clients} * c.workers, 1);
   // A client that follows a failover keeps what it learned of the workers' round trips.
   if (timers_.size() != c.workers) timers_.assign(c.workers, RetransmitTimer(retransmit_policy_));
-  last_answer_.assign(c.workers, Clock::time_point{});
+  // A silence is counted from the join (an epoch-old last answer would make the first answer
+  // end a silence as long as the clock's age).
+  last_answer_.assign(c.workers, Clock::now());
   probe_due_.assign(c.workers, Clock::time_point{});
   if (c.response_uses_slots()) {
     delivered_.resize(slot_count * c.response_slot_bytes());

@@ -53,7 +53,9 @@
 // timeout or more: a descheduled thread, or an application that did not poll) resends nothing:
 // the deadlines of the requests outstanding over it move by the gap, once per send. A worker
 // silent for half its timeout gets one request, a probe, not its whole window: the others due
-// are held until the probe times out, backing off as if sent (adaptive policy only). Every
+// are held until the probe times out, backing off as if sent. And when a worker answers again
+// after a silence, its requests that waited over it get that part of the wait back (once per
+// send): it is working through a backlog. (All three with the adaptive policy only.) Every
 // request ends (answered, kTimedOut, or kSendFailed) within request_deadline.
 #ifndef HERD_HERD_CLIENT_H_
 #define HERD_HERD_CLIENT_H_
@@ -295,9 +297,11 @@ class Client {
     bool copied = false;           // ... a bare value in the landing buffer (kResponseCopied)
     uint32_t item_reads = 0;       // READs of the item that failed their check
     bool handed_over = false;      // by Follow: first sent before the failover (no RTT sample)
-    // This send's deadline was moved for the client's own absence (ExcuseAbsence): at most once
-    // per send, and its answer is no round trip (the absence is in it).
+    // This send's deadline was moved for the client's own absence or its worker's silence
+    // (ExcuseAbsence, ExcuseSilence): at most once per send.
     bool excused = false;
+    // ... for the client's absence: its answer is no round trip (the absence is in it).
+    bool client_away = false;
     // Timeouts met by holding it instead of sending it again (its worker silent, another
     // request probing it): they back its timeout off and count toward max_attempts as sends do.
     uint32_t holds = 0;
@@ -389,6 +393,10 @@ class Client {
   // Moves each outstanding request's deadline later by `gap` (once per send): the client did not
   // look at its responses for that long, so a request unanswered over it is no evidence of loss.
   void ExcuseAbsence(std::chrono::nanoseconds gap);
+  // An answer from `worker` after it answered nothing for `gap`: moves the deadline of each of
+  // its requests that waited over the gap, never held, later by the part of the gap it waited
+  // (once per send). The worker was stalled or cut off, and is working through its backlog.
+  void ExcuseSilence(uint32_t worker, std::chrono::nanoseconds gap, Clock::time_point now);
   // Whether the retransmission timer is due: a Poll that took no response looks at the clock
   // only once in kPollsPerIdleClockRead.
   bool RetryCheckDue();
@@ -480,9 +488,11 @@ class Client {
   // time).
   std::chrono::steady_clock::time_point poll_now_;
   bool clock_read_ = false;  // this Poll read poll_now_
-  // The previous PollClock reading, and the gap between two that is an absence: a quarter of
-  // the shortest first timeout of any worker (as of the last retransmission check). A shorter
-  // gap leaves a request at least three quarters of its timeout watched.
+  // The previous PollClock reading, and the gap between two that is an absence (or between two
+  // answers of a worker, a silence): a quarter of the shortest first timeout of any worker (as
+  // of the last retransmission check). A shorter gap leaves a request at least three quarters
+  // of its timeout watched. Never, without the adaptive policy (a fixed timeout resends every
+  // request due).
   static constexpr int kAbsenceFraction = 4;
   std::chrono::steady_clock::time_point last_watch_;
   std::chrono::nanoseconds absence_threshold_;

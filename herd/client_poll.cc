@@ -58,8 +58,11 @@ Client::Accepted Client::Accept(const ParsedResponse& response, Result* out) {
   // Nor is an answer whose wait the client's own absence lengthened (ExcuseAbsence: the clock
   // read first, as it may find the absence).
   const Clock::time_point now = PollClock();
+  if (now - last_answer_[o.worker] >= absence_threshold_) [[unlikely]] {
+    ExcuseSilence(o.worker, now - last_answer_[o.worker], now);
+  }
   last_answer_[o.worker] = now;
-  if (!o.handed_over && !o.excused) {
+  if (!o.handed_over && !o.client_away) {
     timers_[o.worker].Sample(
         SincePoll(o.submitted),
         std::chrono::duration_cast<std::chrono::nanoseconds>(now.time_since_epoch()));
@@ -260,6 +263,22 @@ void Client::ExcuseAbsence(std::chrono::nanoseconds gap) {
     if (!o.active || o.excused) continue;
     o.deadline += gap;
     o.excused = true;
+    o.client_away = true;
+  }
+}
+
+void Client::ExcuseSilence(uint32_t worker, std::chrono::nanoseconds gap, Clock::time_point now) {
+  // A worker that stalls for a little less than the timeout answers its backlog (slot by slot,
+  // not oldest first) after the oldest requests' deadlines: they were resent though the worker
+  // was only catching up (measured: 930 of 4,096 at 1,024 clients, after a 2-vCPU VM's host
+  // took the worker's core for ~5 ms). A held request already waited for a probe's answer, and
+  // goes at its deadline. The time a request waited before the silence, and its round trips,
+  // stay counted: the silence is the server's, and the estimator should see it.
+  for (Outstanding& o : slots_) {
+    if (!o.active || o.worker != worker || o.excused || o.holds > 0) continue;
+    o.deadline +=
+        std::min(gap, std::chrono::duration_cast<std::chrono::nanoseconds>(now - o.submitted));
+    o.excused = true;
   }
 }
 
@@ -292,7 +311,7 @@ void Client::Retransmit(absl::Span<Result> out, size_t* n) {
   // No later than any worker's first timeout from now (a request submitted meanwhile).
   std::chrono::nanoseconds shortest = retransmit_policy_.ceiling;
   for (const RetransmitTimer& timer : timers_) shortest = std::min(shortest, timer.TimeoutFor(1));
-  absence_threshold_ = shortest / kAbsenceFraction;
+  if (retransmit_policy_.adaptive) absence_threshold_ = shortest / kAbsenceFraction;
   Clock::time_point next = now + shortest;
   for (Outstanding& o : slots_) {
     if (!o.active) continue;

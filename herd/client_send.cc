@@ -200,6 +200,7 @@ absl::Status Client::Send(Outstanding& o, bool wait_for_room) {
   }
   uint8_t* staged = StagedBytes(o);
   o.excused = false;  // a new send, a new timeout (its caller sets the deadline)
+  o.client_away = false;
   // A retransmission is a new attempt (the worker tells it from a duplicate landing of the last
   // one) unless a WR still reads the buffer: then the same bytes go again, and the next
   // retransmission, after that WR retired, is the new attempt.

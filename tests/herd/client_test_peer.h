@@ -68,17 +68,20 @@ class ClientTestPeer {
   static bool TimerHasSample(const Client& c, uint32_t worker) {
     return c.timers_[worker].has_sample();
   }
-  // The client as if it had last looked at its responses `ago` earlier, and submitted (or last
-  // sent) every outstanding request then: its last clock reading, the requests' submission
-  // times and deadlines, and its next retransmission check, all moved back by `ago`.
-  static void Backdate(Client& c, std::chrono::nanoseconds ago) {
-    c.last_watch_ -= ago;
+  // Time moved back by `ago` for what a test names: every outstanding request as if submitted
+  // (or last sent) that much earlier, its deadline too, and the next retransmission check;
+  // the client's last look at its responses; every worker's last answer.
+  static void BackdateRequests(Client& c, std::chrono::nanoseconds ago) {
     c.next_retry_check_ -= ago;
     for (Client::Outstanding& o : c.slots_) {
       if (!o.active) continue;
       o.submitted -= ago;
       o.deadline -= ago;
     }
+  }
+  static void BackdateWatch(Client& c, std::chrono::nanoseconds ago) { c.last_watch_ -= ago; }
+  static void BackdateAnswers(Client& c, std::chrono::nanoseconds ago) {
+    for (auto& last : c.last_answer_) last -= ago;
   }
   // A broken NIC path while the server lives on: the client's QPs forced into the error state.
   static void BreakQps(Client& c) {

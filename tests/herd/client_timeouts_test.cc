@@ -1,6 +1,7 @@
-// Timeouts that are no evidence of loss resend nothing (herd/client.h): a request unanswered
-// over the client's own absence is not resent for it (once per send), and a worker silent past
-// its timeout gets one probe at a time, not its whole window again.
+// Timeouts that are no evidence of loss (herd/client.h): a request unanswered over the client's
+// own absence is not resent for it (once per send), nor one a worker answers as it works through
+// its backlog after a silence, and a worker silent past its timeout gets one probe at a time, not
+// its whole window again.
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -83,7 +84,7 @@ void PollUntilAbsences(Client& client, uint64_t absences) {
   ASSERT_EQ(client.stats().absences, absences);
 }
 
-// Every window full, then the client away for a second (longer than any timeout): the answers
+// Every window full, then the client away for 5 s (longer than any timeout): the answers
 // wait in its CQ, more of them than one Poll takes. None of the requests may be resent, and
 // none of their waits (the absence in them) is a round trip.
 TEST(ClientTimeouts, TheClientsOwnAbsenceResendsNothing) {
@@ -97,7 +98,8 @@ TEST(ClientTimeouts, TheClientsOwnAbsenceResendsNothing) {
   // A Poll takes at most sq_depth answers from the CQ (herd/client.cc).
   ASSERT_GT(outstanding, client->config().sq_depth) << "too few to outlast one Poll";
 
-  ClientTestPeer::Backdate(*client, std::chrono::seconds(1));
+  ClientTestPeer::BackdateRequests(*client, std::chrono::seconds(5));
+  ClientTestPeer::BackdateWatch(*client, std::chrono::seconds(5));
   PollAll(*client, outstanding);
   const ClientStats stats = client->stats();
   EXPECT_EQ(stats.retransmissions, 0u) << "requests resent for the client's own absence";
@@ -119,13 +121,37 @@ TEST(ClientTimeouts, AnAbsenceExcusesASendOnlyOnce) {
   ASSERT_NE(client, nullptr);
   ASSERT_TRUE(client->Submit(0, Op::kGet, "lost", "", 0, /*tag=*/1).ok());
 
-  ClientTestPeer::Backdate(*client, std::chrono::seconds(5));
+  ClientTestPeer::BackdateRequests(*client, std::chrono::seconds(5));
+  ClientTestPeer::BackdateWatch(*client, std::chrono::seconds(5));
   PollUntilAbsences(*client, 1);
   EXPECT_EQ(client->stats().retransmissions, 0u) << "resent though the client was away";
 
-  ClientTestPeer::Backdate(*client, std::chrono::seconds(5));
+  ClientTestPeer::BackdateRequests(*client, std::chrono::seconds(5));
+  ClientTestPeer::BackdateWatch(*client, std::chrono::seconds(5));
   PollUntilAbsences(*client, 2);
   EXPECT_EQ(client->stats().retransmissions, 1u) << "a second absence excused the same send";
+}
+
+// Every window full, the workers silent for 5 s since (longer than any timeout), then answering
+// all of it while the client looks on: more answers than a Poll takes, so the oldest requests are
+// past their deadlines when the first answers come. A worker working through its backlog after a
+// silence is not sent it again.
+TEST(ClientTimeouts, AWorkerCatchingUpAfterASilenceIsNotSentItsBacklogAgain) {
+  ServerOptions server_options = SmallServer("timeouts-backlog");
+  server_options.config.window = 16;
+  ServerProcess server(server_options);
+  ASSERT_TRUE(server.ok());
+  std::unique_ptr<Client> client = Connect(server, "timeouts-backlog", absl::Seconds(1));
+  ASSERT_NE(client, nullptr);
+  const uint32_t outstanding = FillWindows(*client, ~0u);
+  ASSERT_GT(outstanding, client->config().sq_depth) << "too few to outlast one Poll";
+
+  ClientTestPeer::BackdateRequests(*client, std::chrono::seconds(5));
+  ClientTestPeer::BackdateAnswers(*client, std::chrono::seconds(5));
+  PollAll(*client, outstanding);
+  // At most a probe per worker: a check that came before the first answers found it silent.
+  EXPECT_LE(client->stats().retransmissions, client->config().workers)
+      << "a worker's backlog resent as it caught up";
 }
 
 // Every answer of the worker comes 200 ms after it was sent, the timeout is 10 ms: to the
