@@ -40,7 +40,7 @@ DEFINE_uint32(chain, 16, "WRs per post_send in the chained rows");
 DEFINE_uint32(signal_every, 16, "One WR in this many is signalled");
 DEFINE_uint32(max_threads, 2, "Rate rows run with 1 .. this many sender threads");
 DEFINE_string(rows, "rate,pingpong,fanin,fanout",
-              "Which rows to run: rate, pingpong, fanin, fanout");
+              "Which rows to run: rate, pingpong, fanin, fanout, udloop (one thread both ends)");
 DEFINE_string(fanin_senders, "1,2", "Fan-in rows: sender thread counts, comma-separated");
 DEFINE_uint32(fanout_receivers, 16,
               "Fan-out rows: receivers one sender answers in turn, each its own device");
@@ -536,6 +536,48 @@ void FanInRow(const transport::DeviceOptions& options, uint32_t size, uint32_t s
   fflush(stdout);
 }
 
+// One thread, both ends: SENDs a chain of `chain` `size`-byte UD messages to a receiver on
+// another device, takes them there (poll, repost) and reaps the sender's completion. A SEND's
+// whole cost on one core with no other thread contending: with valgrind's callgrind, a count of
+// instructions per SEND that does not depend on how busy the machine is.
+void UdLoopRow(const transport::DeviceOptions& options, uint32_t size, uint32_t chain) {
+  std::unique_ptr<UdEnd> receiver = OpenUdEnd(options, kFanReceives);
+  PostReceives(*receiver->qp, receiver->node, kFanReceives, size);
+  std::unique_ptr<UdEnd> sender = OpenUdEnd(options);
+  const transport::PortInfo port = receiver->node.device->port();
+  sender->ah = *sender->node.pd->CreateAddressHandle({port.lid, port.gid});
+  std::vector<SendWr> wrs;
+  std::vector<Sge> sges;
+  UdSendChain(sender->node, size, chain, &wrs, &sges);
+  for (SendWr& wr : wrs) {
+    wr.ah = sender->ah.get();
+    wr.remote_qpn = receiver->qp_num;
+  }
+  Reposter reposter(size);
+  Completion c[4];
+  uint64_t delivered = 0;
+  const int64_t cpu_start = bench::ThreadCpuNs();
+  const absl::Time end = absl::Now() + absl::Seconds(FLAGS_duration_s);
+  while (absl::Now() < end) {
+    for (int round = 0; round < 64; ++round) {
+      SendWr* bad = nullptr;
+      BENCH_CHECK_OK(sender->qp->PostSend(&wrs[0], &bad));
+      for (uint64_t got = 0; got < chain;)
+        got += reposter.PollAndRepost(receiver->node, *receiver->qp);
+      delivered += chain;
+      while (sender->node.send_cq->Poll(absl::MakeSpan(c, 4)) == 0) {
+      }
+    }
+  }
+  const int64_t cpu_ns = bench::ThreadCpuNs() - cpu_start;
+  CHECK_EQ(receiver->qp->counters().dropped.Get(), 0u) << "udloop: a SEND found no receive";
+  printf(
+      "{\"kind\":\"udloop\",\"verb\":\"SEND\",\"qp_type\":\"UD\",\"msg_size\":%u,"
+      "\"chain\":%u,\"sends\":%lu,\"cpu_ns_per_send\":%.1f}\n",
+      size, chain, delivered, static_cast<double>(cpu_ns) / static_cast<double>(delivered));
+  fflush(stdout);
+}
+
 // Fan-out: one sender SENDs `size`-byte UD messages in chains of `chain`, each WR of a chain to
 // the next of `receivers` receivers (each its own device, UD QP and CQ, as herd clients are): a
 // herd worker posting one batch's answers. One thread polls every receiver and reposts.
@@ -669,6 +711,10 @@ int main(int argc, char** argv) {
       continue;
     }
     for (uint32_t n : fanin_senders) FanInRow(*options, size, n, FLAGS_chain);
+  }
+  for (uint32_t size : sizes) {
+    if (!wants("udloop") || size > options->mtu || !FanReceivesFit(size)) continue;
+    UdLoopRow(*options, size, FLAGS_chain);
   }
   for (uint32_t size : sizes) {
     if (!wants("fanout") || size > options->mtu) continue;
