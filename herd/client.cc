@@ -61,9 +61,11 @@ Client::Client(const ClientOptions& options)
     : options_(options),
       batching_(options.batch_doorbells),
       retransmit_policy_(PolicyOf(options)),
-      absence_threshold_(retransmit_policy_.adaptive
-                             ? RetransmitTimer(retransmit_policy_).TimeoutFor(1) / kAbsenceFraction
-                             : std::chrono::nanoseconds::max()) {}
+      absence_threshold_(
+          retransmit_policy_.adaptive
+              ? std::max(kMinAbsence,
+                         RetransmitTimer(retransmit_policy_).TimeoutFor(1) / kAbsenceFraction)
+              : std::chrono::nanoseconds::max()) {}
 
 Client::~Client() = default;
 
@@ -229,6 +231,7 @@ absl::Status Client::CreateResources(const Config& config) {
   // A silence is counted from the join (an epoch-old last answer would make the first answer
   // end a silence as long as the clock's age).
   last_answer_.assign(c.workers, Clock::now());
+  probe_sent_.assign(c.workers, Clock::time_point::min());
   probe_due_.assign(c.workers, Clock::time_point{});
   if (c.response_uses_slots()) {
     delivered_.resize(slot_count * c.response_slot_bytes());

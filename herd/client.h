@@ -48,15 +48,15 @@
 // table instead of applying it twice. The timeout adapts, per worker, to the round trips measured
 // to it (srtt + 4 rttvar, as TCP's RTO, and at least twice the recent tail; each answer timed
 // from its request's first send: herd/retransmit_timer.h) within [min_retry_timeout,
-// max_retry_timeout], doubling per retransmission of a request. Two kinds of timeout are no
-// evidence of loss. The client's own absence (a gap between Polls of a quarter of the shortest
-// timeout or more: a descheduled thread, or an application that did not poll) resends nothing:
-// the deadlines of the requests outstanding over it move by the gap, once per send. A worker
-// silent for half its timeout gets one request, a probe, not its whole window: the others due
-// are held until the probe times out, backing off as if sent. And when a worker answers again
-// after a silence, its requests that waited over it get that part of the wait back (once per
-// send): it is working through a backlog. (All three with the adaptive policy only.) Every
-// request ends (answered, kTimedOut, or kSendFailed) within request_deadline.
+// max_retry_timeout], doubling per retransmission of a request. Some timeouts are no evidence of
+// loss. The client's own absence (a gap between its clock readings, which Submit and Poll take,
+// of a quarter of the shortest timeout or more: a descheduled thread, or an application that did
+// not poll) resends nothing: each request outstanding over it gets the part of the gap it waited
+// back, once per send. So does each request of a worker that answers again after such a silence
+// (it is working through a backlog). A worker silent for half its timeout gets one request, a
+// probe, not its whole window: the others due are held until the probe times out, backing off as
+// if sent, and are resent when due once it has answered. (All three with the adaptive policy
+// only.) Every request ends (answered, kTimedOut, or kSendFailed) within request_deadline.
 #ifndef HERD_HERD_CLIENT_H_
 #define HERD_HERD_CLIENT_H_
 
@@ -146,9 +146,11 @@ struct ClientStats {
   uint64_t submitted = 0, completed = 0, retransmissions = 0, timed_out = 0, send_failed = 0,
            stray = 0;
   uint64_t torn = 0;  // WRITE responses seen torn or still landing (checked again later)
-  // Gaps between Polls long enough to excuse the requests outstanding over them (the thread
-  // descheduled, or the application not polling): their deadlines moved by the gap.
-  uint64_t absences = 0;
+  // Gaps between the client's clock readings long enough to excuse requests outstanding over
+  // them (the thread descheduled, or the application not polling): their deadlines moved by
+  // the part of the gap each waited. And answers that ended a worker's silence so (its backlog's
+  // deadlines moved alike).
+  uint64_t absences = 0, silences = 0;
   // Timed-out requests held instead of resent: their worker had answered nothing for half its
   // timeout, and another request, resent as a probe, had not timed out yet.
   uint64_t holds = 0;
@@ -471,8 +473,10 @@ class Client {
   RetransmitPolicy retransmit_policy_;
   std::vector<RetransmitTimer> timers_;
   // Per worker: the clock of the Poll that took its latest answer (adaptive policy: a silent
-  // worker is probed with one request, not sent all that are due), and its probe's deadline.
+  // worker is probed with one request, not sent all that are due), and when its latest probe
+  // went and times out.
   std::vector<Clock::time_point> last_answer_;
+  std::vector<Clock::time_point> probe_sent_;
   std::vector<Clock::time_point> probe_due_;
   std::vector<uint32_t> to_repost_;  // receive buffers consumed and not yet re-posted
   std::vector<transport::Completion> completions_;
@@ -494,6 +498,8 @@ class Client {
   // of its timeout watched. Never, without the adaptive policy (a fixed timeout resends every
   // request due).
   static constexpr int kAbsenceFraction = 4;
+  // ... and never less than this (a floor set near 0 would make every pause an absence).
+  static constexpr std::chrono::nanoseconds kMinAbsence{100'000};
   std::chrono::steady_clock::time_point last_watch_;
   std::chrono::nanoseconds absence_threshold_;
   uint32_t polls_since_clock_ = 0;  // Polls that took no response since the last read

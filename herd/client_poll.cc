@@ -58,6 +58,10 @@ Client::Accepted Client::Accept(const ParsedResponse& response, Result* out) {
   // Nor is an answer whose wait the client's own absence lengthened (ExcuseAbsence: the clock
   // read first, as it may find the absence).
   const Clock::time_point now = PollClock();
+  // The first answer since a probe went: the requests held for it are due a timeout from now.
+  if (probe_sent_[o.worker] > last_answer_[o.worker]) [[unlikely]] {
+    next_retry_check_ = std::min(next_retry_check_, now + timers_[o.worker].TimeoutFor(1));
+  }
   if (now - last_answer_[o.worker] >= absence_threshold_) [[unlikely]] {
     ExcuseSilence(o.worker, now - last_answer_[o.worker], now);
   }
@@ -65,7 +69,8 @@ Client::Accepted Client::Accept(const ParsedResponse& response, Result* out) {
   if (!o.handed_over && !o.client_away) {
     timers_[o.worker].Sample(
         SincePoll(o.submitted),
-        std::chrono::duration_cast<std::chrono::nanoseconds>(now.time_since_epoch()));
+        std::chrono::duration_cast<std::chrono::nanoseconds>(now.time_since_epoch()),
+        /*resent=*/o.sends > 1);
   }
   if (out_of_line) return Accepted::kDeferred;
   Deliver(o, status, h.version,
@@ -254,32 +259,48 @@ Client::Clock::time_point Client::PollClock() {
 void Client::ExcuseAbsence(std::chrono::nanoseconds gap) {
   // The answers that came meanwhile wait in the CQ (this Poll and the next few take them), and a
   // host that descheduled this thread may have descheduled the worker too: a request unanswered
-  // over the gap is no evidence of loss, so its timeout restarts where it stopped. Once per send
-  // (Send clears it): an application that polls less often than its timeouts still retransmits,
-  // one gap late. The retransmission check stays due when it was: deadlines only moved later.
-  if (outstanding_ == 0) return;
-  ++stats_.absences;
+  // over the gap is no evidence of loss, so its timeout restarts where it stopped. Each request
+  // is excused the part of the gap it was outstanding, if that is an absence itself (a Submit
+  // reads the clock too, and marks the start of a gap when nothing was outstanding). Once per
+  // send (Send clears it): an application that polls less often than its timeouts still
+  // retransmits, one gap late. The retransmission check stays due when it was: deadlines only
+  // moved later.
+  bool excused_any = false;
   for (Outstanding& o : slots_) {
     if (!o.active || o.excused) continue;
-    o.deadline += gap;
+    const std::chrono::nanoseconds excuse = std::min(gap, SincePoll(o.submitted));
+    if (excuse < absence_threshold_) continue;
+    o.deadline += excuse;
     o.excused = true;
     o.client_away = true;
+    excused_any = true;
   }
+  if (excused_any) ++stats_.absences;
 }
 
 void Client::ExcuseSilence(uint32_t worker, std::chrono::nanoseconds gap, Clock::time_point now) {
   // A worker that stalls for a little less than the timeout answers its backlog (slot by slot,
   // not oldest first) after the oldest requests' deadlines: they were resent though the worker
-  // was only catching up (measured: 930 of 4,096 at 1,024 clients, after a 2-vCPU VM's host
-  // took the worker's core for ~5 ms). A held request already waited for a probe's answer, and
-  // goes at its deadline. The time a request waited before the silence, and its round trips,
-  // stay counted: the silence is the server's, and the estimator should see it.
-  for (Outstanding& o : slots_) {
-    if (!o.active || o.worker != worker || o.excused || o.holds > 0) continue;
-    o.deadline +=
-        std::min(gap, std::chrono::duration_cast<std::chrono::nanoseconds>(now - o.submitted));
-    o.excused = true;
+  // was only catching up (930 of 4,096 at 1,024 clients, after a 2-vCPU VM's host took the
+  // worker's core for ~5 ms). A held request already waited for a probe's answer, and goes at
+  // its deadline. The time a request waited before the silence, and its round trips, stay
+  // counted: the silence is the server's, and the estimator should see it.
+  bool excused_any = false;
+  for (uint32_t client = 0; client < options_.clients; ++client) {
+    for (uint32_t slot = 0; slot < config_.window; ++slot) {
+      Outstanding& o = slots_[SlotIndex(client, worker, slot)];
+      // A request resent (or held) is backed off already, and maybe lost: only first sends.
+      if (!o.active || o.excused || o.holds > 0 || o.sends > 1) continue;
+      const std::chrono::nanoseconds excuse = std::min(
+          gap, std::max(std::chrono::nanoseconds(0),
+                        std::chrono::duration_cast<std::chrono::nanoseconds>(now - o.submitted)));
+      if (excuse < absence_threshold_) continue;
+      o.deadline += excuse;
+      o.excused = true;
+      excused_any = true;
+    }
   }
+  if (excused_any) ++stats_.silences;
 }
 
 bool Client::RetryCheckDue() {
@@ -311,7 +332,9 @@ void Client::Retransmit(absl::Span<Result> out, size_t* n) {
   // No later than any worker's first timeout from now (a request submitted meanwhile).
   std::chrono::nanoseconds shortest = retransmit_policy_.ceiling;
   for (const RetransmitTimer& timer : timers_) shortest = std::min(shortest, timer.TimeoutFor(1));
-  if (retransmit_policy_.adaptive) absence_threshold_ = shortest / kAbsenceFraction;
+  if (retransmit_policy_.adaptive) {
+    absence_threshold_ = std::max(kMinAbsence, shortest / kAbsenceFraction);
+  }
   Clock::time_point next = now + shortest;
   for (Outstanding& o : slots_) {
     if (!o.active) continue;
@@ -320,8 +343,15 @@ void Client::Retransmit(absl::Span<Result> out, size_t* n) {
     if (o.read_state != ReadState::kNone && health_.ok() && now - o.submitted < deadline) {
       continue;
     }
-    if (o.deadline > now && health_.ok() && o.read_state == ReadState::kNone) {
-      next = std::min(next, o.deadline);
+    // (An excused deadline may lie past the request deadline, which still ends it in time.)
+    // A held request whose worker has answered since its probe went is due one timeout after
+    // that answer (what the worker still had of its backlog came within it), not at the end of
+    // the probe's backed-off timeout.
+    const bool released = o.holds > 0 && last_answer_[o.worker] > probe_sent_[o.worker] &&
+                          now >= last_answer_[o.worker] + timers_[o.worker].TimeoutFor(1);
+    if (o.deadline > now && !released && health_.ok() && o.read_state == ReadState::kNone &&
+        now - o.submitted < deadline) {
+      next = std::min({next, o.deadline, o.submitted + deadline});
       continue;
     }
     // A client with members keeps its requests for Follow() when the server is lost.
@@ -337,21 +367,27 @@ void Client::Retransmit(absl::Span<Result> out, size_t* n) {
     // at least twice their tail) is stalled, gone, or cut off: resending its whole window helps
     // none of those (a stalled worker answers the requests already in its slots when it runs
     // again). So one request probes it, and until the probe's own timeout the others due are
-    // held, backing off as if sent (TCP resends only its oldest segment on a timeout). An answer
-    // from the worker ends the silence: the next check resends the rest that are due. Under load
-    // a lost request's worker is not silent, and it is resent at once.
+    // held, backing off as if sent (TCP resends only its oldest segment on a timeout). A probe
+    // answered says the worker lives: the requests held for it are resent when due, as any
+    // (they were lost; a stalled worker's backlog came before). Under load a lost request's
+    // worker is not silent, and it is resent at once.
+    bool probe = false;
     if (retransmit_policy_.adaptive &&
         now - last_answer_[o.worker] >= timers_[o.worker].TimeoutFor(1) / kSilenceFraction) {
-      if (now < probe_due_[o.worker]) {
+      // A probe sent after the worker's last answer is out, unanswered.
+      const bool probing = probe_sent_[o.worker] > last_answer_[o.worker];
+      if (probing && now < probe_due_[o.worker]) {
         ++o.holds;
         ++stats_.holds;
-        o.deadline =
-            std::max(probe_due_[o.worker], now + timers_[o.worker].TimeoutFor(o.sends + o.holds));
+        o.deadline = probe_due_[o.worker];  // the probe's timeout backs the rounds off
         next = std::min(next, o.deadline);
         continue;
       }
-      probe_due_[o.worker] = now + timers_[o.worker].TimeoutFor(o.sends + o.holds + 1);
+      probe = probing || o.holds == 0;  // else held for a probe since answered: resent as any
     }
+    // Holds back off a probe's rounds while its worker is silent; a request resent to a worker
+    // that answers backs off for its own sends only.
+    if (!probe) o.holds = 0;
     ++stats_.retransmissions;
     absl::Status sent = Send(o, /*wait_for_room=*/false);
     if (!sent.ok() && absl::IsUnavailable(sent)) {
@@ -364,6 +400,10 @@ void Client::Retransmit(absl::Span<Result> out, size_t* n) {
       LOG_EVERY_N(WARNING, 1000) << "retransmission not sent: " << sent;
     }
     o.deadline = now + timers_[o.worker].TimeoutFor(o.sends + o.holds);
+    if (probe) {
+      probe_sent_[o.worker] = now;
+      probe_due_[o.worker] = o.deadline;
+    }
     next = std::min(next, o.deadline);
   }
   next_retry_check_ = next;

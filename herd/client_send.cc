@@ -156,6 +156,9 @@ absl::Status Client::Stage(const Staged& r) {
   if (large) ++stats_.large_puts;
   // A new request's clock was read by Submit; a handed-over one was submitted before a failover.
   o.deadline = (r.attempt == 0 ? r.submitted : Clock::now()) + timers_[o.worker].TimeoutFor(1);
+  // With nothing outstanding, no gap in watching can matter before this: the next absence, if
+  // any, starts here (not at the last Poll, maybe an idle hour ago).
+  if (outstanding_ == 0 && r.attempt == 0) last_watch_ = std::max(last_watch_, r.submitted);
   ++outstanding_;
   MarkLive(o);
   return absl::OkStatus();

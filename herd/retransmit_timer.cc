@@ -5,7 +5,8 @@
 
 namespace herd {
 
-void RetransmitTimer::Sample(std::chrono::nanoseconds rtt, std::chrono::nanoseconds now) {
+void RetransmitTimer::Sample(std::chrono::nanoseconds rtt, std::chrono::nanoseconds now,
+                             bool resent) {
   const auto sample = static_cast<double>(rtt.count());
   if (now - window_start_ >= kTailWindow) {
     // The window that ended becomes the previous one only if it ended just now: a gap of a whole
@@ -14,7 +15,7 @@ void RetransmitTimer::Sample(std::chrono::nanoseconds rtt, std::chrono::nanoseco
     window_max_ns_ = 0;
     window_start_ = now;
   }
-  window_max_ns_ = std::max(window_max_ns_, sample);
+  if (!resent) window_max_ns_ = std::max(window_max_ns_, sample);
   if (srtt_ns_ == 0) {
     srtt_ns_ = sample;
     rttvar_ns_ = sample / 2;

@@ -49,8 +49,10 @@ class RetransmitTimer {
 
   // One measured round trip (an answer timed from its request's first send), answered at `now`
   // (never earlier than the previous sample's). The first sample sets srtt to it and rttvar to
-  // half of it (RFC 6298 2.2).
-  void Sample(std::chrono::nanoseconds rtt, std::chrono::nanoseconds now);
+  // half of it (RFC 6298 2.2). The answer of a request that was `resent` feeds the mean and the
+  // deviation but not the tail: its wait holds at least one timeout, and a tail raised by it
+  // would double the timeout with every loss, to the ceiling under steady loss.
+  void Sample(std::chrono::nanoseconds rtt, std::chrono::nanoseconds now, bool resent = false);
   // The timeout of a request's `sends`-th send (1 = the first): the base (initial before any
   // sample, else the larger of srtt + 4 rttvar and kTailFactor x the recent tail, clamped to
   // [floor, ceiling]) times 2^(sends - 1), at most the

@@ -80,6 +80,8 @@ class ClientTestPeer {
     }
   }
   static void BackdateWatch(Client& c, std::chrono::nanoseconds ago) { c.last_watch_ -= ago; }
+  // The client's last look at its responses: now (what a test did before was no absence).
+  static void WatchNow(Client& c) { c.last_watch_ = std::chrono::steady_clock::now(); }
   static void BackdateAnswers(Client& c, std::chrono::nanoseconds ago) {
     for (auto& last : c.last_answer_) last -= ago;
   }

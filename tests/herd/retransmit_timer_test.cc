@@ -147,5 +147,20 @@ TEST(RetransmitTimerTest, TheTailIsTheLargestRoundTripOfTheLastWindowOrTwo) {
   EXPECT_EQ(timer.tail_ns(), 3e6) << "after a window with no answers, nothing before it";
 }
 
+// Steady loss: every tenth request of a 1 ms round trip is lost and answered after its resend,
+// one timeout later. Its wait is no round trip of the path: were it the tail, the next timeout
+// would be twice it, the next loss's wait longer still, to the ceiling.
+TEST(RetransmitTimerTest, AResentRequestsWaitDoesNotRaiseTheTail) {
+  RetransmitTimer timer(kDefault);
+  nanoseconds now{0};
+  for (int i = 0; i < 100000; ++i) {
+    now += microseconds(10);
+    const bool lost = i % 10 == 9;
+    timer.Sample(lost ? timer.TimeoutFor(1) + milliseconds(1) : milliseconds(1), now, lost);
+  }
+  EXPECT_EQ(timer.tail_ns(), 1e6);
+  EXPECT_LT(timer.TimeoutFor(1), 4 * kDefault.floor) << "the loss's waits fed back into it";
+}
+
 }  // namespace
 }  // namespace herd
