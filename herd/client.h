@@ -305,7 +305,8 @@ class Client {
     // ... for the client's absence: its answer is no round trip (the absence is in it).
     bool client_away = false;
     // Timeouts met by holding it instead of sending it again (its worker silent, another
-    // request probing it): they back its timeout off and count toward max_attempts as sends do.
+    // request probing it): they back off its timeout should it become the probe, and count
+    // toward max_attempts as sends do, until it is resent to a worker that answers again.
     uint32_t holds = 0;
   };
   // What Accept made of a response.
