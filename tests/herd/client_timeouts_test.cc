@@ -2,8 +2,7 @@
 // own absence is not resent for it (once per send), nor one a worker answers as it works through
 // its backlog after a silence, and a worker silent past its timeout gets one probe at a time, not
 // its whole window again. And what must still hold: a lost request is resent, and every request
-// ends within request_deadline. (Requests held for a probe that was answered are resent:
-// e2e_test's InjectedLoss case, whose lost windows otherwise time out.)
+// ends within request_deadline, and requests held for a probe that was answered are resent.
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -218,6 +217,25 @@ TEST(ClientTimeouts, ASilentWorkerIsProbedNotSentItsWholeWindow) {
   EXPECT_LE(stats.retransmissions, 2 * kMaxProbeRounds)
       << "a silent worker was sent more than one probe at a time";
   EXPECT_GT(stats.holds, 0u);
+}
+
+// A quarter of the requests lost, every window full, nothing else for the worker to answer:
+// after the first answers it falls silent with the lost ones outstanding. Its probe is
+// answered, so the requests held for it are resent (held one probe round and a doubled wait
+// each, most of them timed out at the 5 s request deadline).
+TEST(ClientTimeouts, RequestsHeldForAnAnsweredProbeAreResent) {
+  ServerOptions options = SmallServer("timeouts-held");
+  options.config.workers = 1;
+  ServerProcess server(options);
+  ASSERT_TRUE(server.ok());
+  std::unique_ptr<Client> client = Connect(server.address(), "timeouts-held",
+                                           Knobs{.timeout = absl::Milliseconds(10),
+                                                 .uc_loss = 0.25,
+                                                 .request_deadline = absl::Seconds(5)});
+  ASSERT_NE(client, nullptr);
+  const uint32_t outstanding = FillWindows(*client);
+  PollAll(*client, outstanding);  // each answered (NOT_FOUND), none TIMED_OUT
+  EXPECT_GT(client->stats().holds, 0u) << "no request was held: the worker never fell silent?";
 }
 
 }  // namespace
